@@ -1,0 +1,34 @@
+# Two entry points on a fresh machine: `make demo` and `make test`.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+LAKE   ?= .demo-lake
+
+.PHONY: demo test services venv bench-decode clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# The main job on the bundled sample capture, from decode to what it found.
+demo: $(STAMP)
+	rm -rf $(LAKE)
+	$(VENV)/bin/ackscope demo --lake $(LAKE)
+
+# Installs or starts what the tests talk to (tshark, RabbitMQ, Prometheus), then the whole suite.
+test: $(STAMP) services
+	$(PY) -m pytest -q
+
+services:
+	bash deploy/ci/services.sh
+
+bench-decode: $(STAMP) services
+	$(PY) bench/decode.py
+
+clean:
+	rm -rf $(VENV) $(LAKE) .pytest_cache build *.egg-info

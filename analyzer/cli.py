@@ -1,0 +1,167 @@
+"""The `ackscope` command line."""
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from importlib import resources
+
+from .flows import DEFAULT_BROKER_PORTS
+from .framing import DEFAULT_MAX_FRAME
+
+EXIT_OK = 0
+EXIT_DAMAGED = 3      # a capture was truncated or corrupt: everything read before the damage was committed
+EXIT_UNREADABLE = 4   # a file was not a readable capture: nothing was ingested from it
+
+DESCRIPTION = """\
+ackscope: AMQP 0-9-1 (RabbitMQ) traffic analyser. It decodes captures into Delta Lake tables and
+finds lost publisher confirms, unacked-message buildup, requeue loops and out-of-order confirms."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ackscope", description=DESCRIPTION)
+    commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+
+    ingest = commands.add_parser(
+        "ingest", help="decode pcap/pcapng files into the frames and connections Delta tables",
+        description="Decode AMQP 0-9-1 traffic from pcap/pcapng files into the Delta tables LAKE/frames "
+                    "(one row per method frame, plus heartbeats, capture gaps and TCP ends) and "
+                    "LAKE/connections (one row per TCP flow on a broker port). Each file lands in one "
+                    "atomic commit per table; a file already ingested is skipped. Message bodies and "
+                    "SASL credentials are never stored.",
+        epilog=f"Exit status: {EXIT_OK} all files decoded; {EXIT_DAMAGED} a file was truncated or corrupt "
+               f"(every packet before the damage was committed); {EXIT_UNREADABLE} a file was not a "
+               "readable capture (nothing ingested from it); 2 bad arguments.")
+    ingest.add_argument("files", nargs="+", metavar="FILE", help="pcap or pcapng capture files")
+    ingest.add_argument("--lake", required=True, metavar="DIR", help="folder holding the Delta tables")
+    ingest.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    ingest.add_argument("--agent-id", default="", metavar="ID",
+                        help="who captured the traffic (host or pod name); stored with every row")
+    ingest.add_argument("--ports", default=",".join(str(p) for p in sorted(DEFAULT_BROKER_PORTS)),
+                        metavar="P,P", help="broker ports: flows on them are decoded, or reported "
+                        "unsupported if they speak another protocol (default %(default)s); AMQP 0-9-1 "
+                        "on any other port is found by its protocol header")
+    ingest.add_argument("--max-frame-size", type=int, default=DEFAULT_MAX_FRAME, metavar="BYTES",
+                        help="largest frame accepted before frame_max is negotiated (default %(default)s)")
+    ingest.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress line on stderr (default: when stderr is a terminal)")
+    ingest.set_defaults(run=run_ingest)
+
+    summary = commands.add_parser("summary", help="what the lake holds: connections and frames by method",
+                                  description="Summarise the frames and connections tables of a lake.")
+    summary.add_argument("--lake", required=True, metavar="DIR")
+    summary.add_argument("--json", action="store_true", help="print one JSON object")
+    summary.set_defaults(run=run_summary)
+
+    demo = commands.add_parser("demo", help="run the pipeline on the bundled sample capture",
+                               description="Ingest the sample capture shipped with ackscope into LAKE and "
+                                           "print what was found.")
+    demo.add_argument("--lake", default=".demo-lake", metavar="DIR", help="default %(default)s")
+    demo.set_defaults(run=run_demo)
+    return parser
+
+
+def run_ingest(args) -> int:
+    from .ingest import ingest_file
+
+    try:
+        ports = frozenset(int(p) for p in args.ports.split(",") if p.strip())
+    except ValueError:
+        print(f"ackscope ingest: --ports takes comma-separated numbers, not {args.ports!r}", file=sys.stderr)
+        return 2
+    show_progress = sys.stderr.isatty() if args.progress is None else args.progress
+    os.makedirs(args.lake, exist_ok=True)
+    reports = [ingest_file(path, args.lake, agent_id=args.agent_id, broker_ports=ports,
+                           max_frame=args.max_frame_size, show_progress=show_progress and not args.json)
+               for path in args.files]
+    if args.json:
+        print(json.dumps(combined_json(reports), sort_keys=True))
+    else:
+        for report in reports:
+            print(human_report(report, args.lake))
+    for report in reports:
+        for error in report.errors:
+            print(f"ackscope: {error}", file=sys.stderr)
+    if any(r.unreadable for r in reports):
+        return EXIT_UNREADABLE
+    if any(r.damaged for r in reports):
+        return EXIT_DAMAGED
+    return EXIT_OK
+
+
+def combined_json(reports) -> dict:
+    frames = Counter()
+    unsupported = Counter()
+    for r in reports:
+        frames.update(r.frames_by_method)
+        unsupported.update(r.unsupported)
+    return {
+        "files": [r.as_json() for r in reports],
+        "packets": sum(r.packets for r in reports),
+        "flows": sum(r.flows for r in reports),
+        "amqp_connections": sum(r.amqp_connections for r in reports),
+        "frames_by_method": dict(sorted(frames.items())),
+        "gaps": sum(r.gaps for r in reports),
+        "unsupported_flows": sum(unsupported.values()),
+        "unsupported_protocols": dict(unsupported),
+        "rows": sum(r.rows for r in reports),
+        "errors": [e for r in reports for e in r.errors],
+    }
+
+
+def human_report(report, lake_dir: str) -> str:
+    if report.unreadable:
+        return f"{report.file}: not ingested ({report.errors[0] if report.errors else 'unreadable'})"
+    if report.skipped:
+        return f"{report.file}: already in {lake_dir} (sha256 {report.sha256[:12]}), nothing added"
+    lines = [f"{report.file}: {report.packets:,} packets, {report.amqp_connections} AMQP 0-9-1 connection(s)"
+             + (f" ({report.midstream_connections} joined mid-stream)" if report.midstream_connections else "")
+             + (", unsupported flows: " + ", ".join(f"{n} {p}" for p, n in report.unsupported.most_common())
+                if report.unsupported else "")]
+    total = sum(report.frames_by_method.values())
+    if total:
+        top = ", ".join(f"{name} {n:,}" for name, n in report.frames_by_method.most_common(8))
+        lines.append(f"  frames: {total:,} ({top}{', ...' if len(report.frames_by_method) > 8 else ''})")
+    lines.append(f"  capture gaps: {report.gaps}   errors: {len(report.errors)}"
+                 + ("   FILE DAMAGED: kept what came before the damage" if report.damaged else ""))
+    lines.append(f"  wrote {report.rows:,} frame rows to {os.path.join(lake_dir, 'frames')}"
+                 + (f" (version {report.frames_version})" if report.frames_version is not None else "")
+                 + f" in {report.seconds:.2f}s")
+    return "\n".join(lines)
+
+
+def run_summary(args) -> int:
+    from .summary import lake_summary, render_summary
+
+    summary = lake_summary(args.lake)
+    print(json.dumps(summary, sort_keys=True, default=str) if args.json else render_summary(summary))
+    return EXIT_OK
+
+
+def sample_captures() -> list[str]:
+    folder = resources.files("analyzer") / "samples"
+    return sorted(str(p) for p in folder.iterdir() if p.name.endswith((".pcap", ".pcapng")))
+
+
+def run_demo(args) -> int:
+    from .summary import lake_summary, render_summary
+
+    samples = sample_captures()
+    print(f"ackscope demo: ingesting {len(samples)} bundled sample capture(s) into {args.lake}\n")
+    status = run_ingest(argparse.Namespace(files=samples, lake=args.lake, json=False, agent_id="demo",
+                                           ports=",".join(str(p) for p in sorted(DEFAULT_BROKER_PORTS)),
+                                           max_frame_size=DEFAULT_MAX_FRAME, progress=False))
+    print()
+    print(render_summary(lake_summary(args.lake)))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

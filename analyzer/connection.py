@@ -1,0 +1,333 @@
+"""One AMQP connection (one TCP flow): segments in, frame-event rows out.
+
+Sans-IO. The connection owns both directions' reassembly and framing, assembles content
+(method + header + body frames) into one event, keeps the connection-level facts (client and
+broker identity, negotiated limits, how it ended) and appends one row per method frame, plus
+pseudo-rows for heartbeats, capture gaps and TCP ends, to the `rows` list it was given.
+Rows are plain dicts keyed by `schema.FRAMES` column names: the sink turns them into Arrow.
+"""
+
+import hashlib
+from struct import Struct
+
+from pamqp import decode as pamqp_decode
+
+from . import spec
+from .framing import FrameReader, FramingError, ProtocolHeader, Synchronised, Unsupported
+from .methods import MalformedFrame, decode_content_header, decode_method, to_json
+from .reassembly import Gap, TcpDirection
+
+TO_BROKER, TO_CLIENT = 0, 1
+DIRECTION_NAMES = ("to_broker", "to_client")
+_METHOD_ID = Struct("!I")
+
+
+def address_text(raw: bytes) -> str:
+    import ipaddress
+    return str(ipaddress.ip_address(raw))
+
+
+def message_identity(message_id: str | None, exchange: str | None, routing_key: str | None, body_hash: str | None) -> str | None:
+    """DESIGN.md: a message's identity is its message_id when set, else a hash of body, exchange and routing key."""
+    if message_id:
+        return "id:" + message_id
+    if body_hash is None:
+        return None
+    key = f"{exchange or ''}\x00{routing_key or ''}\x00{body_hash}".encode()
+    return "h:" + hashlib.blake2b(key, digest_size=16).hexdigest()
+
+
+class PendingContent:
+    """A content-carrying method waiting for its header and body frames."""
+    __slots__ = ("row", "body_size", "received", "hasher", "header_seen")
+
+    def __init__(self, row: dict):
+        self.row = row
+        self.body_size = 0
+        self.received = 0
+        self.hasher = hashlib.blake2b(digest_size=16)
+        self.header_seen = False
+
+
+class AmqpConnection:
+    def __init__(self, *, client: tuple[bytes, int], server: tuple[bytes, int], first_ts_ns: int,
+                 started_at_syn: bool, rows: list, counts: dict, errors: list, source: str,
+                 agent_id: str, max_frame: int):
+        client_addr, server_addr = address_text(client[0]), address_text(server[0])
+        self.id = f"{client_addr}:{client[1]}>{server_addr}:{server[1]}@{first_ts_ns}"
+        self.rows, self.counts, self.errors = rows, counts, errors
+        self.source = source
+        # Columns every row of this connection shares; merged into each row in one C-level update.
+        self.common = {"connection_id": self.id, "agent_id": agent_id, "source": source,
+                       "client_addr": client_addr, "client_port": client[1],
+                       "server_addr": server_addr, "server_port": server[1]}
+        self.tcp = (TcpDirection(), TcpDirection())
+        self.framers = (FrameReader(True, started_at_syn, max_frame), FrameReader(False, started_at_syn, max_frame))
+        self.content: dict[tuple[int, int], PendingContent] = {}
+        self.seq = 0
+        self.ts_ns = first_ts_ns
+        self.packet = 0
+        self.facts = {
+            "connection_id": self.id, "agent_id": agent_id, "source": source,
+            "client_addr": client_addr, "client_port": client[1], "server_addr": server_addr,
+            "server_port": server[1], "ip_version": 4 if len(client[0]) == 4 else 6,
+            "first_ts_ns": first_ts_ns, "last_ts_ns": first_ts_ns, "started_at_syn": started_at_syn,
+            "protocol": None, "frames_to_broker": 0, "frames_to_client": 0, "bytes_to_broker": 0,
+            "bytes_to_client": 0, "heartbeats": 0, "gaps": 0, "gap_bytes": 0, "retransmitted_bytes": 0,
+            "framing_errors": 0, "ended_by": None,
+        }
+        self.finished = False
+
+    # -- TCP --------------------------------------------------------------------------------------
+
+    def segment(self, direction: int, seg, ts_ns: int, packet: int) -> None:
+        self.ts_ns, self.packet = ts_ns, packet
+        flags = seg.flags
+        if seg.payload or seg.missing or flags & 0x03:  # data, SYN or FIN
+            items = self.tcp[direction].segment(seg.seq, seg.payload, bool(flags & 0x02), bool(flags & 0x01), seg.missing)
+            if items:
+                self._stream(direction, items)
+        if flags & 0x10:  # ACK: the peer has everything before seg.ack; what we never saw is a gap
+            other = self.tcp[1 - direction]
+            if other.next_seq is not None and other.next_seq != seg.ack:
+                items = other.acked(seg.ack)
+                if items:
+                    self._stream(1 - direction, items)
+        if flags & 0x04:
+            self._pseudo(direction, spec.TCP_RST)
+            self.finish("tcp.rst")
+        elif flags & 0x01:
+            self._pseudo(direction, spec.TCP_FIN)
+
+    def finish(self, ended_by: str = "end-of-capture") -> None:
+        """The flow is over: deliver what reassembly still holds, and close out unfinished content."""
+        if self.finished:
+            return
+        for direction in (TO_BROKER, TO_CLIENT):
+            items = self.tcp[direction].finish()
+            if items:
+                self._stream(direction, items)
+        for key in list(self.content):
+            self._emit_content(key, complete=False)
+        if self.facts["ended_by"] is None:
+            self.facts["ended_by"] = ended_by
+        self.facts["retransmitted_bytes"] = self.tcp[0].retransmitted_bytes + self.tcp[1].retransmitted_bytes
+        self.facts["last_ts_ns"] = self.ts_ns
+        self.finished = True
+
+    def _stream(self, direction: int, items: list) -> None:
+        framer = self.framers[direction]
+        for item in items:
+            if item.__class__ is bytes:
+                self.facts["bytes_to_broker" if direction == TO_BROKER else "bytes_to_client"] += len(item)
+                found = framer.feed(item)
+            else:
+                self._gap(direction, item)
+                found = framer.gap(item.nbytes)
+            for frame in found:
+                if frame.__class__ is tuple:
+                    self._frame(direction, frame[0], frame[1], frame[2])
+                else:
+                    self._stream_note(direction, frame)
+
+    def _gap(self, direction: int, gap: Gap) -> None:
+        self.facts["gaps"] += 1
+        self.facts["gap_bytes"] += gap.nbytes
+        self.counts["gaps"] = self.counts.get("gaps", 0) + 1
+        # Content that was being assembled in this direction can no longer be completed.
+        for key in [k for k in self.content if k[0] == direction]:
+            self._emit_content(key, complete=False)
+        self._pseudo(direction, spec.CAPTURE_GAP, {"gap_bytes": gap.nbytes, "detail": gap.reason})
+
+    def _stream_note(self, direction: int, note) -> None:
+        cls = note.__class__
+        if cls is ProtocolHeader:
+            if note.supported:
+                self.facts["protocol"] = "amqp-0-9-1"
+            self._pseudo(direction, spec.PROTOCOL_HEADER, {"detail": note.header.hex()})
+        elif cls is Synchronised:
+            if note.first and self.facts["protocol"] is None:
+                self.facts["protocol"] = "amqp-0-9-1"
+            if note.first:
+                self._pseudo(direction, spec.CAPTURE_MIDSTREAM, {"gap_bytes": note.skipped})
+        elif cls is Unsupported:
+            if self.facts["protocol"] == "amqp-0-9-1":  # the broker refused the client's 0-9-1 header
+                self.facts["ended_by"] = "protocol-version-rejected"
+            else:
+                self.facts["protocol"] = note.protocol
+            for framer in self.framers:  # a foreign protocol on the port: nothing more to decode
+                framer.state = "unsupported"
+        elif cls is FramingError:
+            self.facts["framing_errors"] += 1
+            self._error(direction, f"framing error at stream offset {note.offset}: {note.reason}")
+
+    def _error(self, direction: int, message: str) -> None:
+        self.errors.append(f"{self.source}: packet {self.packet}: connection {self.id} "
+                           f"{DIRECTION_NAMES[direction]}: {message}")
+
+    # -- AMQP frames ------------------------------------------------------------------------------
+
+    def _count(self, name: str) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    def _frame(self, direction: int, ftype: int, channel: int, payload: bytes) -> None:
+        self.facts["frames_to_broker" if direction == TO_BROKER else "frames_to_client"] += 1
+        if ftype == spec.FRAME_BODY:
+            self._count(spec.CONTENT_BODY)
+            pending = self.content.get((direction, channel))
+            if pending is not None and pending.header_seen:
+                pending.hasher.update(payload)
+                pending.received += len(payload)
+                if pending.received >= pending.body_size:
+                    self._emit_content((direction, channel), complete=pending.received == pending.body_size)
+            return
+        if ftype == spec.FRAME_METHOD:
+            self._method(direction, channel, payload)
+            return
+        if ftype == spec.FRAME_HEADER:
+            self._count(spec.CONTENT_HEADER)
+            self._content_header(direction, channel, payload)
+            return
+        self._count(spec.HEARTBEAT)
+        self.facts["heartbeats"] += 1
+        self._pseudo(direction, spec.HEARTBEAT, channel=channel)
+
+    def _method(self, direction: int, channel: int, payload: bytes) -> None:
+        try:
+            row, decoded = decode_method(payload)
+        except MalformedFrame as exc:
+            mid = _METHOD_ID.unpack_from(payload)[0] if len(payload) >= 4 else 0
+            name = spec.METHOD_NAMES.get(mid, "unknown")
+            self._error(direction, f"channel {channel}: {exc}")
+            row, decoded = {"method": name, "malformed": True}, None
+        name = row["method"]
+        self._count(name)
+        key = (direction, channel)
+        if key in self.content:  # a new method before the last content finished: that content is cut short
+            self._emit_content(key, complete=False)
+        self.seq += 1
+        row["seq"] = self.seq
+        row["ts_ns"] = self.ts_ns
+        row["direction"] = DIRECTION_NAMES[direction]
+        row["channel"] = channel
+        row["source_packet"] = self.packet
+        row.update(self.common)
+        if name in spec.CONTENT_METHODS:
+            self.content[key] = PendingContent(row)
+            return
+        if decoded is not None and name.startswith("connection."):
+            self._connection_method(direction, name, decoded, row)
+        self.rows.append(row)
+
+    def _content_header(self, direction: int, channel: int, payload: bytes) -> None:
+        pending = self.content.get((direction, channel))
+        if pending is None or pending.header_seen:
+            return  # content whose method the capture missed: counted, not attributable
+        try:
+            body_size, props = decode_content_header(payload)
+        except MalformedFrame as exc:
+            self._error(direction, f"channel {channel}: {exc}")
+            self._emit_content((direction, channel), complete=False)
+            return
+        pending.header_seen = True
+        pending.body_size = body_size
+        row = pending.row
+        row.update(props)
+        row["body_size"] = body_size
+        if body_size == 0:
+            self._emit_content((direction, channel), complete=True)
+
+    def _emit_content(self, key: tuple[int, int], complete: bool) -> None:
+        pending = self.content.pop(key)
+        row = pending.row
+        row["content_complete"] = complete
+        if complete:
+            body_hash = pending.hasher.hexdigest()
+            row["body_hash"] = body_hash
+            row["message_identity"] = message_identity(row.get("message_id"), row.get("exchange"),
+                                                       row.get("routing_key"), body_hash)
+        elif row.get("message_id"):
+            row["message_identity"] = "id:" + row["message_id"]
+        self.rows.append(row)
+
+    def _pseudo(self, direction: int, name: str, extra: dict | None = None, channel: int = 0) -> None:
+        self.seq += 1
+        row = {"method": name, "seq": self.seq, "ts_ns": self.ts_ns, "direction": DIRECTION_NAMES[direction],
+               "channel": channel, "source_packet": self.packet}
+        if extra:
+            row.update(extra)
+        row.update(self.common)
+        self.rows.append(row)
+
+    # -- connection facts -------------------------------------------------------------------------
+
+    def _connection_method(self, direction: int, name: str, decoded, row: dict) -> None:
+        facts = self.facts
+        if name == "connection.start":
+            props = decoded.server_properties or {}
+            facts["server_product"] = _text(props.get("product"))
+            facts["server_version"] = _text(props.get("version"))
+            facts["server_platform"] = _text(props.get("platform"))
+            facts["cluster_name"] = _text(props.get("cluster_name"))
+            facts["auth_mechanisms_offered"] = _text(decoded.mechanisms)
+        elif name == "connection.start-ok":
+            props = decoded.client_properties or {}
+            facts["client_product"] = _text(props.get("product"))
+            facts["client_version"] = _text(props.get("version"))
+            facts["client_platform"] = _text(props.get("platform"))
+            facts["connection_name"] = _text(props.get("connection_name"))
+            facts["client_capabilities"] = to_json(props.get("capabilities") or {})
+            facts["auth_mechanism"] = _text(decoded.mechanism)
+            facts["user"] = sasl_user(decoded.mechanism, decoded.response)
+            decoded.response = None  # the password goes no further than this line
+        elif name == "connection.tune":
+            facts["offered_channel_max"] = decoded.channel_max
+            facts["offered_frame_max"] = decoded.frame_max
+            facts["offered_heartbeat"] = decoded.heartbeat
+        elif name == "connection.tune-ok":
+            facts["channel_max"] = decoded.channel_max
+            facts["frame_max"] = decoded.frame_max
+            facts["heartbeat"] = decoded.heartbeat
+            for framer in self.framers:
+                framer.set_frame_max(decoded.frame_max)
+        elif name == "connection.open":
+            facts["vhost"] = _text(decoded.virtual_host)
+        elif name == "connection.close":
+            facts["close_code"] = decoded.reply_code
+            facts["close_text"] = _text(decoded.reply_text)
+            facts["closed_by"] = "client" if direction == TO_BROKER else "broker"
+            facts["ended_by"] = "connection.close"
+
+    def connection_row(self) -> dict:
+        row = dict(self.facts)
+        row["last_ts_ns"] = self.ts_ns
+        if row["protocol"] is None:
+            row["protocol"] = "none" if not (row["bytes_to_broker"] or row["bytes_to_client"]) else "unknown"
+        return row
+
+
+def _text(value) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def sasl_user(mechanism, response) -> str | None:
+    """The user name from a SASL response, without keeping anything else of it."""
+    mechanism = _text(mechanism) or ""
+    if isinstance(response, str):
+        response = response.encode("utf-8", "surrogateescape")
+    if not response:
+        return None
+    try:
+        if mechanism == "PLAIN":  # authzid \0 authcid \0 password
+            parts = response.split(b"\x00")
+            return parts[1].decode("utf-8", "replace") if len(parts) == 3 else None
+        if mechanism == "AMQPLAIN":  # a field table without its length prefix
+            _, table = pamqp_decode.field_table(len(response).to_bytes(4, "big") + response)
+            return _text(table.get("LOGIN"))
+    except Exception:  # a malformed response is the client's problem; it only costs us the user name
+        return None
+    return None

@@ -1,0 +1,102 @@
+"""The flow table: TCP segments in, routed to the AMQP connection they belong to.
+
+Sans-IO. Flows on the broker ports are decoded, or reported unsupported when they speak another
+protocol (AMQP 1.0, the stream protocol, TLS). Flows on other ports are decoded only when they
+open with the AMQP 0-9-1 protocol header; everything else is ignored, cheaply.
+"""
+
+from .connection import TO_BROKER, TO_CLIENT, AmqpConnection
+from .framing import DEFAULT_MAX_FRAME
+from .packets import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Segment
+from .reassembly import SEQ_MOD
+from .spec import PROTOCOL_HEADER_091
+
+# AMQP 0-9-1, AMQP over TLS, RabbitMQ streams and streams over TLS.
+DEFAULT_BROKER_PORTS = frozenset((5672, 5671, 5552, 5551))
+
+
+class FlowTable:
+    def __init__(self, *, rows: list, counts: dict, errors: list, source: str, agent_id: str = "",
+                 broker_ports=DEFAULT_BROKER_PORTS, max_frame: int = DEFAULT_MAX_FRAME):
+        self.rows, self.counts, self.errors = rows, counts, errors
+        self.source, self.agent_id = source, agent_id
+        self.broker_ports = frozenset(broker_ports)
+        self.max_frame = max_frame
+        self.flows: dict[tuple, tuple[AmqpConnection, int]] = {}
+        self.ignored: set[tuple] = set()
+        self.connections: list[AmqpConnection] = []
+
+    def packet(self, packet_no: int, ts_ns: int, seg: Segment) -> None:
+        key = (seg.src, seg.sport, seg.dst, seg.dport)
+        entry = self.flows.get(key)
+        if entry is not None:
+            conn, direction = entry
+            if seg.flags & TCP_SYN and not seg.flags & TCP_ACK and self._is_new_connection(conn, seg):
+                conn.finish("port-reused")
+            elif conn.finished:
+                return  # stragglers after a reset
+            else:
+                self._deliver(conn, direction, seg, ts_ns, packet_no)
+                return
+        elif key in self.ignored:
+            return
+        conn, direction = self._open(key, seg, ts_ns)
+        if conn is not None:
+            self._deliver(conn, direction, seg, ts_ns, packet_no)
+
+    def _deliver(self, conn: AmqpConnection, direction: int, seg: Segment, ts_ns: int, packet_no: int) -> None:
+        try:
+            conn.segment(direction, seg, ts_ns, packet_no)
+            if conn.tcp[0].fin_seq is not None and conn.tcp[1].fin_seq is not None:
+                conn.finish("tcp.fin")
+        except Exception as exc:  # a bug or an input we did not foresee: lose this flow, never the others
+            self.errors.append(f"{self.source}: packet {packet_no}: connection {conn.id}: "
+                               f"decoding stopped: {type(exc).__name__}: {exc}")
+            conn.facts["ended_by"] = "decoder-error"
+            conn.finished = True
+
+    def finish(self) -> None:
+        for conn in self.connections:
+            conn.finish()
+
+    @staticmethod
+    def _is_new_connection(conn: AmqpConnection, seg: Segment) -> bool:
+        """A SYN on a known flow is a new connection unless it is the same SYN sent again."""
+        client = conn.tcp[TO_BROKER]
+        return conn.finished or client.next_seq != (seg.seq + 1) % SEQ_MOD
+
+    def _open(self, key: tuple, seg: Segment, ts_ns: int) -> tuple[AmqpConnection | None, int]:
+        flags = seg.flags
+        syn = bool(flags & TCP_SYN)
+        if syn and not flags & TCP_ACK:
+            from_client = True
+        elif syn:
+            from_client = False
+        elif seg.dport in self.broker_ports and seg.sport not in self.broker_ports:
+            from_client = True
+        elif seg.sport in self.broker_ports:
+            from_client = False
+        elif seg.payload.startswith(PROTOCOL_HEADER_091):
+            from_client, syn = True, True  # an AMQP stream's opening bytes: as good as its SYN
+        else:
+            if seg.payload:
+                self.ignored.add(key)
+            return None, 0
+        if from_client:
+            client, server = (seg.src, seg.sport), (seg.dst, seg.dport)
+        else:
+            client, server = (seg.dst, seg.dport), (seg.src, seg.sport)
+        if server[1] not in self.broker_ports and not (syn and seg.payload.startswith(PROTOCOL_HEADER_091)):
+            if syn:
+                return None, 0  # a handshake on another port: wait for its first bytes
+            self.ignored.add(key)
+            return None, 0
+        if flags & (TCP_RST | TCP_FIN) and not seg.payload:
+            return None, 0  # the tail of a flow that ended before the capture began
+        conn = AmqpConnection(client=client, server=server, first_ts_ns=ts_ns, started_at_syn=syn,
+                              rows=self.rows, counts=self.counts, errors=self.errors, source=self.source,
+                              agent_id=self.agent_id, max_frame=self.max_frame)
+        self.connections.append(conn)
+        self.flows[client + server] = (conn, TO_BROKER)
+        self.flows[server + client] = (conn, TO_CLIENT)
+        return conn, TO_BROKER if from_client else TO_CLIENT

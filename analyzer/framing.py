@@ -1,0 +1,255 @@
+"""AMQP 0-9-1 framing for one direction of a connection: stream bytes in, frames out.
+
+Sans-IO. `feed()` takes contiguous stream bytes, `gap()` says bytes were lost; both return a list
+of items in stream order: `(frame_type, channel, payload)` tuples for frames, and the notes
+below for what happened to the stream. A frame is accepted only with its frame-end octet and
+within the size cap, so garbage cannot make us buffer more than one capped frame. After a gap,
+a framing error or a capture that starts mid-connection, the reader *hunts*: it resumes at the
+first offset where frames can be found with confidence (a decodable method or content header,
+followed by another frame or the end of the segment), never guessing.
+"""
+
+from dataclasses import dataclass
+from struct import Struct
+
+from .methods import MalformedFrame, decode_content_header, plausible_method
+from .spec import METHOD_NAMES, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_TYPES, PROTOCOL_HEADER_091
+
+_FRAME_HEADER = Struct("!BHI")
+_METHOD_ID = Struct("!I")
+DEFAULT_MAX_FRAME = 4 << 20   # hard ceiling before frame_max is negotiated, or when it is 0 (no limit)
+HUNT_GIVE_UP = 256 << 10      # bytes without any frame before a never-synchronised flow is called unsupported
+
+START, FRAMES, HUNT, UNSUPPORTED = "start", "frames", "hunt", "unsupported"
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolHeader:
+    header: bytes
+    supported: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Unsupported:
+    protocol: str  # "amqp-1.0", "amqp-0-10", "tls", "rabbitmq-stream", "http", "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Synchronised:
+    skipped: int   # bytes dropped before the first confident frame boundary
+    first: bool    # the first frames ever found in this direction (a capture that began mid-stream)
+
+
+@dataclass(frozen=True, slots=True)
+class FramingError:
+    offset: int    # stream offset of the bad frame
+    reason: str
+
+
+def classify_foreign(data: bytes) -> str:
+    """Name the protocol a non-0-9-1 stream speaks, from its first bytes."""
+    if data.startswith(b"AMQP") and len(data) >= 8:
+        if data[5:8] == b"\x01\x00\x00":
+            return "amqp-1.0"
+        return {b"\x01\x01\x00\x0a": "amqp-0-10", b"\x01\x01\x08\x00": "amqp-0-8",
+                b"\x01\x01\x00\x09": "amqp-0-9"}.get(data[4:8], "amqp-other")
+    if len(data) >= 3 and data[0] == 0x16 and data[1] == 0x03:
+        return "tls"
+    if len(data) >= 8 and data[4:6] in (b"\x00\x11", b"\x00\x12", b"\x00\x13") and data[6:8] in (b"\x00\x01", b"\x00\x02"):
+        return "rabbitmq-stream"  # PeerProperties / SaslHandshake / SaslAuthenticate open a stream connection
+    if data[:4] in (b"GET ", b"POST", b"PUT ", b"HTTP", b"HEAD", b"PRI "):
+        return "http"
+    return "unknown"
+
+
+class FrameReader:
+    __slots__ = ("state", "from_client", "max_frame", "offset", "_chunks", "_have", "_need",
+                 "synced_once", "hunted")
+
+    def __init__(self, from_client: bool, at_stream_start: bool, max_frame: int = DEFAULT_MAX_FRAME):
+        self.from_client = from_client
+        self.state = START if at_stream_start else HUNT
+        self.max_frame = max_frame
+        self.offset = 0            # stream offset of the first byte not yet consumed
+        self._chunks: list[bytes] = []
+        self._have = 0
+        self._need = 0
+        self.synced_once = False
+        self.hunted = 0
+
+    # -- input -----------------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> list:
+        if self.state == UNSUPPORTED:
+            self.offset += len(data)
+            return []
+        if self._chunks:
+            self._chunks.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return []
+            data = b"".join(self._chunks)
+            self._chunks = []
+        out: list = []
+        pos = 0
+        if self.state == START:
+            pos = self._start(data, out)
+            if pos is None:
+                return out
+        if self.state == HUNT:
+            pos = self._hunt(data, pos, out)
+            if pos is None:
+                return out
+        if self.state == FRAMES:
+            self._frames(data, pos, out)
+        return out
+
+    def gap(self, nbytes: int) -> list:
+        """Bytes were lost: drop what was waiting for them and hunt for the next frame boundary."""
+        self.offset += self._have + nbytes
+        self._chunks, self._have = [], 0
+        if self.state in (START, FRAMES):
+            self.state = HUNT
+        return []
+
+    def set_frame_max(self, frame_max: int) -> None:
+        """Negotiated in connection.tune-ok; 0 means no limit, which keeps the hard ceiling."""
+        if 0 < frame_max < self.max_frame:
+            self.max_frame = frame_max
+
+    # -- states ----------------------------------------------------------------------------------
+
+    def _keep(self, data: bytes, pos: int, need: int) -> None:
+        rest = data[pos:]
+        self._chunks = [rest]
+        self._have = len(rest)
+        self._need = need
+        self.offset += pos
+
+    def _start(self, data: bytes, out: list) -> int | None:
+        if len(data) < 8 and PROTOCOL_HEADER_091.startswith(data[:4]) and (self.from_client or data[:1] == b"A"):
+            self._keep(data, 0, 8)
+            return None
+        if data.startswith(b"AMQP"):
+            header = data[:8]
+            supported = header == PROTOCOL_HEADER_091
+            out.append(ProtocolHeader(header, supported))
+            if not supported:
+                # From a client: another protocol. From a broker: its answer to a version it does
+                # not speak (it closes next), or a peer that talks first, as AMQP 1.0 allows.
+                out.append(Unsupported(classify_foreign(data)))
+                self.state = UNSUPPORTED
+                self.offset += len(data)
+                return None
+            self.state = FRAMES
+            return 8
+        if self.from_client:
+            out.append(Unsupported(classify_foreign(data)))
+            self.state = UNSUPPORTED
+            self.offset += len(data)
+            return None
+        self.state = FRAMES
+        return 0
+
+    def _frames(self, data: bytes, pos: int, out: list) -> None:
+        n = len(data)
+        cap = self.max_frame
+        unpack = _FRAME_HEADER.unpack_from
+        while n - pos >= 8:
+            ftype, channel, size = unpack(data, pos)
+            end = pos + 7 + size
+            if size > cap or ftype not in FRAME_TYPES:
+                bad = f"frame size {size} over the limit {cap}" if size > cap else f"unknown frame type {ftype}"
+                pos = self._desync(data, pos, bad, out)
+                if pos is None:
+                    return
+                continue
+            if end >= n:
+                self._keep(data, pos, end + 1 - pos)
+                return
+            if data[end] != FRAME_END:
+                pos = self._desync(data, pos, f"frame end octet is 0x{data[end]:02x}, not 0xce", out)
+                if pos is None:
+                    return
+                continue
+            out.append((ftype, channel, data[pos + 7:end]))
+            pos = end + 1
+        if pos < n:
+            self._keep(data, pos, 8)
+        else:
+            self.offset += n
+
+    def _desync(self, data: bytes, pos: int, reason: str, out: list) -> int | None:
+        out.append(FramingError(self.offset + pos, reason))
+        self.state = HUNT
+        return self._hunt(data, pos + 1, out)
+
+    def _hunt(self, data: bytes, pos: int, out: list) -> int | None:
+        start, n = pos, len(data)
+        need = 0
+        while pos < n:
+            if data[pos] == FRAME_METHOD or data[pos] == FRAME_HEADER:
+                verdict = self._confident(data, pos)
+                if verdict is True:
+                    out.append(Synchronised(pos - start, not self.synced_once))
+                    self.synced_once = True
+                    self.state = FRAMES
+                    return pos
+                if verdict is not False:  # a plausible frame that is not complete yet
+                    need = verdict
+                    break
+            pos += 1
+        self.hunted += pos - start
+        if not self.synced_once and self.hunted > HUNT_GIVE_UP:
+            out.append(Unsupported("unknown"))
+            self.state = UNSUPPORTED
+            self.offset += n
+            return None
+        if pos < n:
+            self._keep(data, pos, need)
+        else:
+            self.offset += n
+        return None
+
+    def _confident(self, data: bytes, pos: int) -> bool | int:
+        """Does a believable chain of frames start at pos? An int: bytes needed from pos to decide."""
+        n, first, frames = len(data), pos, 0
+        while frames < 3:
+            if pos == n:
+                return True  # the chain ends exactly where the segment ends
+            if n - pos < 12:
+                return max(12, pos - first + 12) if frames == 0 else True
+            ftype, channel, size = _FRAME_HEADER.unpack_from(data, pos)
+            end = pos + 7 + size
+            if not self._plausible_start(data, pos, ftype, channel, size, frames == 0):
+                return frames >= 2
+            if end >= n:
+                return end + 1 - first if frames == 0 else True
+            if data[end] != FRAME_END or not self._plausible_payload(ftype, data[pos + 7:end]):
+                return frames >= 2
+            frames += 1
+            pos = end + 1
+        return True
+
+    def _plausible_start(self, data: bytes, pos: int, ftype: int, channel: int, size: int, first: bool) -> bool:
+        """Cheap checks on a frame's first 12 bytes, so garbage is rejected before we wait for its 'payload'."""
+        if size > self.max_frame:
+            return False
+        if ftype == FRAME_METHOD:
+            return _METHOD_ID.unpack_from(data, pos + 7)[0] in METHOD_NAMES
+        if ftype == FRAME_HEADER:
+            return data[pos + 7:pos + 11] == b"\x00\x3c\x00\x00"  # class basic, weight 0
+        if ftype == FRAME_HEARTBEAT:
+            return size == 0 and channel == 0 and not first
+        return ftype == FRAME_BODY and not first
+
+    @staticmethod
+    def _plausible_payload(ftype: int, payload: bytes) -> bool:
+        if ftype == FRAME_METHOD:
+            return plausible_method(payload)
+        if ftype == FRAME_HEADER:
+            try:
+                decode_content_header(payload)
+            except MalformedFrame:
+                return False
+        return True

@@ -1,0 +1,170 @@
+"""`ackscope ingest`: capture files -> decoded frame events -> the `frames` and `connections` Delta tables.
+
+Each file is fingerprinted (SHA-256 of its bytes); the fingerprint is the Delta app transaction
+id of its commits, so a file already in the lake is skipped, and a run cut short between the two
+tables' commits is completed by the next run without duplicating anything.
+"""
+
+import hashlib
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from . import lake, schema
+from .capture_file import CaptureFileError, read_packets
+from .flows import DEFAULT_BROKER_PORTS, FlowTable
+from .framing import DEFAULT_MAX_FRAME
+from .packets import SUPPORTED_LINKTYPES, tcp_segment
+
+BATCH_ROWS = 100_000
+
+
+@dataclass
+class FileReport:
+    file: str
+    sha256: str = ""
+    packets: int = 0
+    flows: int = 0
+    amqp_connections: int = 0
+    midstream_connections: int = 0
+    unsupported: Counter = field(default_factory=Counter)
+    frames_by_method: Counter = field(default_factory=Counter)
+    gaps: int = 0
+    rows: int = 0
+    errors: list[str] = field(default_factory=list)
+    damaged: bool = False       # truncated or corrupt: what came before the damage was kept
+    unreadable: bool = False    # not a capture at all: nothing was ingested
+    skipped: bool = False       # already in the lake
+    frames_version: int | None = None
+    seconds: float = 0.0
+
+    def as_json(self) -> dict:
+        return {
+            "file": self.file, "sha256": self.sha256, "packets": self.packets, "flows": self.flows,
+            "amqp_connections": self.amqp_connections, "midstream_connections": self.midstream_connections,
+            "unsupported_flows": sum(self.unsupported.values()), "unsupported_protocols": dict(self.unsupported),
+            "frames_by_method": dict(sorted(self.frames_by_method.items())), "gaps": self.gaps,
+            "rows": self.rows, "errors": self.errors, "damaged": self.damaged, "unreadable": self.unreadable,
+            "skipped": self.skipped, "frames_version": self.frames_version, "seconds": round(self.seconds, 3),
+        }
+
+
+def fingerprint(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def decode(path: str, on_batch, *, agent_id: str = "", broker_ports=DEFAULT_BROKER_PORTS,
+           max_frame: int = DEFAULT_MAX_FRAME, progress=None) -> tuple[FileReport, list[dict]]:
+    """Decode one capture file; frame rows go to `on_batch(list_of_rows)` in batches.
+
+    Returns the report and the connection rows. Damage in the file ends the read but keeps
+    everything decoded before it; a failure inside one flow drops that flow only.
+    """
+    report = FileReport(path)
+    rows: list[dict] = []
+    counts: dict = {}
+    flows = FlowTable(rows=rows, counts=counts, errors=report.errors, source=path, agent_id=agent_id,
+                      broker_ports=broker_ports, max_frame=max_frame)
+    seen_linktypes: set[int] = set()
+    packets = 0
+    try:
+        for number, ts_ns, linktype, data in read_packets(path):
+            packets = number
+            if linktype not in seen_linktypes:
+                seen_linktypes.add(linktype)
+                if linktype not in SUPPORTED_LINKTYPES:
+                    report.errors.append(f"{path}: packet {number}: link type {linktype} is not supported; "
+                                         f"its packets are skipped")
+            segment = tcp_segment(linktype, data)
+            if segment is not None:
+                flows.packet(number, ts_ns, segment)
+            if len(rows) >= BATCH_ROWS:
+                on_batch(rows[:])
+                rows.clear()
+            if progress is not None and not number & 0x3FFF:
+                progress(number)
+    except CaptureFileError as exc:
+        report.errors.append(str(exc))
+        report.damaged = exc.damaged
+        report.unreadable = not exc.damaged
+    flows.finish()
+    if rows:
+        on_batch(rows[:])
+        rows.clear()
+    report.packets = packets
+    connection_rows = [conn.connection_row() for conn in flows.connections]
+    report.flows = len(connection_rows)
+    for row in connection_rows:
+        protocol = row["protocol"]
+        if protocol == "amqp-0-9-1":
+            report.amqp_connections += 1
+            report.midstream_connections += not row["started_at_syn"]
+        elif protocol != "none":
+            report.unsupported[protocol] += 1
+    report.gaps = counts.pop("gaps", 0)
+    report.frames_by_method.update(counts)
+    return report, connection_rows
+
+
+def ingest_file(path: str, lake_dir: str, *, agent_id: str = "", broker_ports=DEFAULT_BROKER_PORTS,
+                max_frame: int = DEFAULT_MAX_FRAME, show_progress: bool = False) -> FileReport:
+    started = time.perf_counter()
+    try:
+        sha = fingerprint(path)
+    except OSError as exc:
+        report = FileReport(path, unreadable=True)
+        report.errors.append(f"{path}: cannot read: {exc.strerror}")
+        return report
+    app_id = f"ackscope-ingest-{sha}"
+    need_frames = not lake.committed(lake_dir, "frames", app_id)
+    need_connections = not lake.committed(lake_dir, "connections", app_id)
+    if not (need_frames or need_connections):
+        report = FileReport(path, sha256=sha, skipped=True)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    frames = lake.TableWriter(lake_dir, "frames", schema.FRAMES)
+    on_batch = (lambda batch: frames.write(schema.rows_to_table(batch, schema.FRAMES))) if need_frames else (lambda batch: None)
+    progress = _Progress(path) if show_progress else None
+    report, connection_rows = decode(path, on_batch, agent_id=agent_id, broker_ports=broker_ports,
+                                     max_frame=max_frame, progress=progress)
+    if progress is not None:
+        progress.done()
+    report.sha256 = sha
+    if report.unreadable:
+        report.seconds = time.perf_counter() - started
+        return report
+    metadata = {"ackscope.source": path, "ackscope.sha256": sha, "ackscope.agent_id": agent_id,
+                "ackscope.packets": report.packets}
+    if need_frames:
+        report.frames_version = frames.commit(app_id, metadata)
+    report.rows = frames.rows
+    if need_connections:
+        connections = lake.TableWriter(lake_dir, "connections", schema.CONNECTIONS)
+        connections.write(schema.rows_to_table(connection_rows, schema.CONNECTIONS))
+        connections.commit(app_id, metadata)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+class _Progress:
+    """A one-line progress indicator on stderr, for people watching a long file."""
+
+    def __init__(self, path: str):
+        self.path = os.path.basename(path)
+        self.started = time.perf_counter()
+
+    def __call__(self, packets: int) -> None:
+        elapsed = time.perf_counter() - self.started
+        sys.stderr.write(f"\r{self.path}: {packets:,} packets, {packets / max(elapsed, 1e-9):,.0f}/s ")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()

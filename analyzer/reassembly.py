@@ -1,0 +1,135 @@
+"""TCP reassembly for one direction of a flow: segments in any order in, contiguous bytes out.
+
+Sans-IO: `segment()` and `acked()` return what became deliverable, as a list of `bytes` and
+`Gap` items in stream order. A gap means bytes the capture never showed (packet loss in the
+capture, a snap length, a capture that ends early); the framer resynchronises after it.
+Retransmissions and overlaps are trimmed so every stream byte is delivered at most once.
+"""
+
+from dataclasses import dataclass
+
+SEQ_MOD = 1 << 32
+HALF = 1 << 31
+DEFAULT_MAX_PENDING = 4 << 20  # out-of-order bytes held per direction before giving up on a hole
+
+
+def seq_diff(a: int, b: int) -> int:
+    """a - b in 32-bit sequence space, as a signed distance (handles wrap-around)."""
+    return ((a - b + HALF) % SEQ_MOD) - HALF
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    nbytes: int   # bytes missing from the stream (0 when unknown)
+    reason: str   # "lost", "truncated", "buffer-limit", "end-of-capture"
+
+
+class TcpDirection:
+    __slots__ = ("next_seq", "pending", "pending_bytes", "max_pending", "started_at_syn",
+                 "retransmitted_bytes", "fin_seq", "closed")
+
+    def __init__(self, max_pending: int = DEFAULT_MAX_PENDING):
+        self.next_seq: int | None = None
+        self.pending: dict[int, bytes] = {}
+        self.pending_bytes = 0
+        self.max_pending = max_pending
+        self.started_at_syn = False
+        self.retransmitted_bytes = 0
+        self.fin_seq: int | None = None
+        self.closed = False
+
+    def segment(self, seq: int, payload: bytes, syn: bool = False, fin: bool = False,
+                missing: int = 0) -> list:
+        out: list = []
+        if syn:
+            if self.next_seq is None or not self.started_at_syn:
+                self.next_seq = (seq + 1) % SEQ_MOD
+                self.started_at_syn = True
+            seq = (seq + 1) % SEQ_MOD  # data on a SYN (TCP Fast Open) follows the SYN's sequence number
+        if fin:
+            self.fin_seq = (seq + len(payload) + missing) % SEQ_MOD
+        if payload or missing:
+            if self.next_seq is None:
+                self.next_seq = seq  # mid-stream: the first byte we see is where the stream starts for us
+            self._add(seq, payload, missing, out)
+        return out
+
+    def _add(self, seq: int, payload: bytes, missing: int, out: list) -> None:
+        rel = seq_diff(seq, self.next_seq)
+        if rel < 0:  # retransmission or overlap: keep only the new tail
+            keep = len(payload) + rel
+            if keep <= 0:
+                self.retransmitted_bytes += len(payload)
+                if keep + missing > 0:
+                    out.append(Gap(keep + missing, "truncated"))
+                    self.next_seq = (self.next_seq + keep + missing) % SEQ_MOD
+                return
+            self.retransmitted_bytes += -rel
+            payload, seq, rel = payload[-keep:], self.next_seq, 0
+        if rel == 0:
+            out.append(payload)
+            self.next_seq = (seq + len(payload)) % SEQ_MOD
+            if missing:
+                out.append(Gap(missing, "truncated"))
+                self.next_seq = (self.next_seq + missing) % SEQ_MOD
+            if self.pending:
+                self._drain(out)
+            return
+        old = self.pending.get(seq)
+        if old is None or len(old) < len(payload):
+            self.pending[seq] = payload
+            self.pending_bytes += len(payload) - (len(old) if old else 0)
+        if self.pending_bytes > self.max_pending:
+            self._skip_hole(out, "buffer-limit")
+
+    def _drain(self, out: list) -> None:
+        """Deliver buffered segments that now continue the stream."""
+        progressed = True
+        while self.pending and progressed:
+            progressed = False
+            for seq in list(self.pending):
+                rel = seq_diff(seq, self.next_seq)
+                if rel > 0:
+                    continue
+                data = self.pending.pop(seq)
+                self.pending_bytes -= len(data)
+                keep = len(data) + rel
+                if keep > 0:
+                    out.append(data[-keep:])
+                    self.next_seq = (self.next_seq + keep) % SEQ_MOD
+                progressed = True
+
+    def _skip_hole(self, out: list, reason: str) -> None:
+        """Declare the bytes before the earliest buffered segment lost, then deliver what follows."""
+        if not self.pending:
+            return
+        first = min(self.pending, key=lambda s: seq_diff(s, self.next_seq))
+        out.append(Gap(seq_diff(first, self.next_seq), reason))
+        self.next_seq = first
+        self._drain(out)
+
+    def acked(self, ack: int) -> list:
+        """The peer acknowledged up to `ack`: bytes before it that we never saw are lost to the capture."""
+        out: list = []
+        if self.fin_seq is not None and seq_diff(ack, self.fin_seq) > 0:
+            ack = self.fin_seq  # the FIN itself takes one sequence number
+        if self.next_seq is None or seq_diff(ack, self.next_seq) <= 0:
+            return out
+        while self.next_seq is not None and seq_diff(ack, self.next_seq) > 0:
+            if self.pending and min(seq_diff(s, self.next_seq) for s in self.pending) < seq_diff(ack, self.next_seq):
+                self._skip_hole(out, "lost")
+            else:
+                out.append(Gap(seq_diff(ack, self.next_seq), "lost"))
+                self.next_seq = ack
+        return out
+
+    def finish(self) -> list:
+        """The flow ended (FIN, RST or end of capture): whatever is still buffered is delivered after its holes."""
+        out: list = []
+        while self.pending:
+            self._skip_hole(out, "end-of-capture")
+        if self.fin_seq is not None and self.next_seq is not None and seq_diff(self.fin_seq, self.next_seq) > 0:
+            out.append(Gap(seq_diff(self.fin_seq, self.next_seq), "lost"))
+            self.next_seq = self.fin_seq
+        self.closed = True
+        return out
