@@ -144,7 +144,7 @@ class AmqpConnection:
         if cls is ProtocolHeader:
             if note.supported:
                 self.facts["protocol"] = "amqp-0-9-1"
-            self._pseudo(direction, spec.PROTOCOL_HEADER, {"detail": note.header.hex()})
+                self._pseudo(direction, spec.PROTOCOL_HEADER, {"detail": note.header.hex()})
         elif cls is Synchronised:
             if note.first and self.facts["protocol"] is None:
                 self.facts["protocol"] = "amqp-0-9-1"
@@ -251,6 +251,8 @@ class AmqpConnection:
         self.rows.append(row)
 
     def _pseudo(self, direction: int, name: str, extra: dict | None = None, channel: int = 0) -> None:
+        if self.facts["protocol"] != "amqp-0-9-1":
+            return  # the frames table is about AMQP 0-9-1 connections only
         self.seq += 1
         row = {"method": name, "seq": self.seq, "ts_ns": self.ts_ns, "direction": DIRECTION_NAMES[direction],
                "channel": channel, "source_packet": self.packet}

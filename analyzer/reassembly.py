@@ -11,6 +11,9 @@ from dataclasses import dataclass
 SEQ_MOD = 1 << 32
 HALF = 1 << 31
 DEFAULT_MAX_PENDING = 4 << 20  # out-of-order bytes held per direction before giving up on a hole
+# ACKs for bytes we have not seen before we call them lost. Captures reorder the two directions
+# (multi-queue NICs, span ports), so an ACK can show up just before the data it acknowledges.
+ACKS_BEFORE_LOSS = 8
 
 
 def seq_diff(a: int, b: int) -> int:
@@ -26,7 +29,7 @@ class Gap:
 
 class TcpDirection:
     __slots__ = ("next_seq", "pending", "pending_bytes", "max_pending", "started_at_syn",
-                 "retransmitted_bytes", "fin_seq", "closed")
+                 "retransmitted_bytes", "fin_seq", "closed", "unseen_acks", "peer_acked")
 
     def __init__(self, max_pending: int = DEFAULT_MAX_PENDING):
         self.next_seq: int | None = None
@@ -37,6 +40,8 @@ class TcpDirection:
         self.retransmitted_bytes = 0
         self.fin_seq: int | None = None
         self.closed = False
+        self.unseen_acks = 0  # ACKs seen in a row for bytes that have not shown up
+        self.peer_acked: int | None = None  # the highest ACK beyond what we have seen
 
     def segment(self, seq: int, payload: bytes, syn: bool = False, fin: bool = False,
                 missing: int = 0) -> list:
@@ -67,6 +72,7 @@ class TcpDirection:
             self.retransmitted_bytes += -rel
             payload, seq, rel = payload[-keep:], self.next_seq, 0
         if rel == 0:
+            self.unseen_acks = 0
             out.append(payload)
             self.next_seq = (seq + len(payload)) % SEQ_MOD
             if missing:
@@ -109,13 +115,19 @@ class TcpDirection:
         self._drain(out)
 
     def acked(self, ack: int) -> list:
-        """The peer acknowledged up to `ack`: bytes before it that we never saw are lost to the capture."""
-        out: list = []
+        """The peer acknowledged up to `ack`. Bytes before it that still have not shown up after a few
+        such ACKs never will: they were lost by the capture, not the network."""
         if self.fin_seq is not None and seq_diff(ack, self.fin_seq) > 0:
             ack = self.fin_seq  # the FIN itself takes one sequence number
         if self.next_seq is None or seq_diff(ack, self.next_seq) <= 0:
-            return out
-        while self.next_seq is not None and seq_diff(ack, self.next_seq) > 0:
+            return []
+        self.peer_acked = ack
+        self.unseen_acks += 1
+        if self.unseen_acks < ACKS_BEFORE_LOSS:
+            return []
+        self.unseen_acks = 0
+        out: list = []
+        while seq_diff(ack, self.next_seq) > 0:
             if self.pending and min(seq_diff(s, self.next_seq) for s in self.pending) < seq_diff(ack, self.next_seq):
                 self._skip_hole(out, "lost")
             else:
@@ -128,8 +140,9 @@ class TcpDirection:
         out: list = []
         while self.pending:
             self._skip_hole(out, "end-of-capture")
-        if self.fin_seq is not None and self.next_seq is not None and seq_diff(self.fin_seq, self.next_seq) > 0:
-            out.append(Gap(seq_diff(self.fin_seq, self.next_seq), "lost"))
-            self.next_seq = self.fin_seq
+        for end in (self.peer_acked, self.fin_seq):  # bytes the peer got, or sent before its FIN, that we never saw
+            if end is not None and self.next_seq is not None and seq_diff(end, self.next_seq) > 0:
+                out.append(Gap(seq_diff(end, self.next_seq), "lost"))
+                self.next_seq = end
         self.closed = True
         return out

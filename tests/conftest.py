@@ -1,0 +1,22 @@
+import os
+import shutil
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = os.path.join(ROOT, "..", "shared", "corpus", "public")
+
+
+@pytest.fixture(scope="session")
+def corpus_dir() -> str:
+    if not os.path.isdir(CORPUS):
+        pytest.fail(f"the public corpus is missing: expected {CORPUS} (../shared beside the project)")
+    return CORPUS
+
+
+@pytest.fixture(scope="session")
+def dumpcap() -> str:
+    path = shutil.which("dumpcap")
+    if path is None:
+        pytest.fail("dumpcap is not installed: run `make test` (deploy/ci/services.sh installs it)")
+    return path
