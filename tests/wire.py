@@ -100,3 +100,43 @@ def run(segments: list[Segment], finish: bool = True):
 
 def methods_of(rows: list[dict]) -> list[str]:
     return [r["method"] for r in sorted(rows, key=lambda r: (r["connection_id"], r["seq"]))]
+
+
+def write_pcap(path: str, segments: list[Segment], link: str = "ethernet", pcapng: bool = False) -> None:
+    """Write segments as a capture file with the given link layer, through scapy's writers."""
+    from scapy.layers.inet import IP, TCP
+    from scapy.layers.inet6 import IPv6
+    from scapy.layers.l2 import CookedLinux, CookedLinuxV2, Dot1AD, Dot1Q, Ether, Loopback
+    from scapy.packet import Raw
+    from scapy.utils import PcapNgWriter, PcapWriter
+
+    import ipaddress
+
+    linktypes = {"ethernet": 1, "vlan": 1, "qinq": 1, "sll": 113, "sll2": 276, "null": 0, "raw": 101}
+    packets = []
+    for i, seg in enumerate(segments):
+        ip_layer = IP if len(seg.src) == 4 else IPv6
+        src, dst = str(ipaddress.ip_address(seg.src)), str(ipaddress.ip_address(seg.dst))
+        flags = "".join(f for bit, f in ((1, "F"), (2, "S"), (4, "R"), (16, "A")) if seg.flags & bit)
+        packet = ip_layer(src=src, dst=dst) / TCP(sport=seg.sport, dport=seg.dport, seq=seg.seq, ack=seg.ack,
+                                                   flags=flags) / Raw(seg.payload)
+        ethertype = 0x0800 if ip_layer is IP else 0x86DD
+        if link == "ethernet":
+            packet = Ether(type=ethertype) / packet
+        elif link == "vlan":
+            packet = Ether() / Dot1Q(vlan=7) / packet
+        elif link == "qinq":
+            packet = Ether() / Dot1AD(vlan=100) / Dot1Q(vlan=7) / packet
+        elif link == "sll":
+            packet = CookedLinux(proto=ethertype) / packet
+        elif link == "sll2":
+            packet = CookedLinuxV2(proto=ethertype) / packet
+        elif link == "null":
+            packet = Loopback(type=2 if ip_layer is IP else 30) / packet
+        packet.time = 1_700_000_000 + i / 1000
+        packets.append(packet)
+    writer_class = PcapNgWriter if pcapng else PcapWriter
+    writer = writer_class(path, linktype=linktypes[link]) if not pcapng else writer_class(path)
+    for packet in packets:
+        writer.write(packet)
+    writer.close()

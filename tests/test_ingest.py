@@ -1,0 +1,133 @@
+"""`ackscope ingest` end to end: real Delta tables written by delta-rs and read back, idempotency, exit codes."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from deltalake import DeltaTable
+
+from analyzer import lake, schema
+from analyzer.ingest import decode, fingerprint
+
+from .test_capture_files import traffic
+from .wire import PASSWORD, write_pcap
+
+ACKSCOPE = [sys.executable, "-m", "analyzer.cli"]
+
+
+def ackscope(*args):
+    return subprocess.run(ACKSCOPE + list(args), capture_output=True, text=True)
+
+
+def read(lake_dir, name):
+    return DeltaTable(os.path.join(lake_dir, name)).to_pyarrow_table()
+
+
+def test_ingest_writes_partitioned_delta_tables_and_reports_json(tmp_path, corpus_dir):
+    capture = os.path.join(corpus_dir, "deepflow/amqp-error.pcap")
+    result = ackscope("ingest", capture, "--lake", str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    for key in ("packets", "flows", "frames_by_method", "gaps", "unsupported_flows", "errors"):
+        assert key in report
+    assert report["packets"] == 87 and report["flows"] == 4 and report["errors"] == []
+    assert report["frames_by_method"]["connection.start-ok"] == 4
+    frames = read(tmp_path, "frames")
+    assert frames.schema.equals(schema.FRAMES)
+    assert frames.num_rows == report["rows"]
+    assert DeltaTable(os.path.join(tmp_path, "frames")).metadata().partition_columns == ["date"]
+    assert set(frames["date"].to_pylist()) == {"2025-12-23"}
+    methods = frames["method"].to_pylist()
+    assert methods.count("basic.return") == 1 and methods.count("exchange.declare") == 3
+    connections = read(tmp_path, "connections")
+    assert connections.num_rows == 4 and connections.schema.equals(schema.CONNECTIONS)
+
+
+def test_ingesting_the_same_file_twice_adds_nothing(tmp_path, corpus_dir):
+    capture = os.path.join(corpus_dir, "nDPI/amqp.pcap")
+    first = ackscope("ingest", capture, "--lake", str(tmp_path), "--json")
+    copy = str(tmp_path / "same-bytes-other-name.pcap")
+    shutil.copy(capture, copy)
+    second = ackscope("ingest", capture, copy, "--lake", str(tmp_path), "--json")
+    assert first.returncode == second.returncode == 0
+    assert [f["skipped"] for f in json.loads(second.stdout)["files"]] == [True, True]
+    assert read(tmp_path, "frames").num_rows == json.loads(first.stdout)["rows"] > 0
+    assert read(tmp_path, "connections").num_rows == 3
+    assert DeltaTable(os.path.join(tmp_path, "frames")).version() == 1  # create + one append
+
+
+def test_a_run_cut_short_between_the_two_commits_is_completed_without_duplicates(tmp_path, corpus_dir):
+    capture = os.path.join(corpus_dir, "deepflow/amqp1.pcap")
+    frames = lake.TableWriter(str(tmp_path), "frames", schema.FRAMES)
+    decode(capture, lambda rows: frames.write(schema.rows_to_table(rows, schema.FRAMES)))
+    frames.commit(f"ackscope-ingest-{fingerprint(capture)}")  # the crash came before connections
+    rows_before = read(tmp_path, "frames").num_rows
+    result = ackscope("ingest", capture, "--lake", str(tmp_path), "--json")
+    assert result.returncode == 0
+    assert read(tmp_path, "frames").num_rows == rows_before
+    assert read(tmp_path, "connections").num_rows == 4
+
+
+def test_a_truncated_file_commits_what_came_before_and_exits_3(tmp_path, corpus_dir):
+    capture = os.path.join(corpus_dir, "negative-controls/Go-RabbitMQ-Streams/rabbitmq_sub.pcap")
+    amqp = str(tmp_path / "amqp-truncated.pcap")
+    write_pcap(amqp, traffic()[:-3])  # ends with the broker's basic.ack, without the TCP close
+    with open(amqp, "rb") as f:
+        data = f.read()
+    with open(amqp, "wb") as f:
+        f.write(data[:-10])
+    result = ackscope("ingest", capture, amqp, "--lake", str(tmp_path / "lake"), "--json")
+    assert result.returncode == 3
+    report = json.loads(result.stdout)
+    assert [f["damaged"] for f in report["files"]] == [True, True]
+    assert f"{amqp}: packet " in result.stderr and "truncated" in result.stderr
+    frames = read(tmp_path / "lake", "frames")
+    assert frames.num_rows == report["rows"] > 0
+    assert "basic.ack" not in frames["method"].to_pylist()  # the ack was in the cut-off packet
+    assert "basic.publish" in frames["method"].to_pylist()
+
+
+def test_a_file_that_is_not_a_capture_exits_4_and_adds_nothing(tmp_path):
+    bogus = tmp_path / "notes.txt"
+    bogus.write_text("not a capture")
+    result = ackscope("ingest", str(bogus), "--lake", str(tmp_path / "lake"))
+    assert result.returncode == 4
+    assert "not a pcap or pcapng file" in result.stderr and str(bogus) in result.stderr
+    assert lake.open_table(str(tmp_path / "lake"), "frames") is None
+
+
+def test_the_password_never_reaches_the_table_files(tmp_path):
+    capture = str(tmp_path / "login.pcap")
+    write_pcap(capture, traffic())
+    with open(capture, "rb") as f:
+        assert PASSWORD.encode() in f.read()  # the capture itself does hold it
+    result = ackscope("ingest", capture, "--lake", str(tmp_path / "lake"))
+    assert result.returncode == 0, result.stderr
+    assert PASSWORD not in result.stdout + result.stderr
+    for folder, _, files in os.walk(tmp_path / "lake"):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                assert PASSWORD.encode() not in f.read(), name
+    assert read(tmp_path / "lake", "connections")["user"].to_pylist() == ["guest"]
+
+
+def test_summary_reads_the_lake_back(tmp_path, corpus_dir):
+    ackscope("ingest", os.path.join(corpus_dir, "tomhjx-netcat/rabbit.pcap"), "--lake", str(tmp_path))
+    result = ackscope("summary", "--lake", str(tmp_path), "--json")
+    summary = json.loads(result.stdout)
+    assert summary["rows_by_method"]["heartbeat"] == 63
+    assert summary["connections"][0]["client_product"].startswith("RabbitMQ")
+    human = ackscope("summary", "--lake", str(tmp_path)).stdout
+    assert "heartbeat" in human and "1 connection(s)" in human
+
+
+def test_help_texts_name_every_command():
+    result = ackscope("--help")
+    assert result.returncode == 0
+    for command in ("ingest", "summary", "demo"):
+        assert command in result.stdout
+    ingest_help = ackscope("ingest", "--help").stdout
+    assert "--lake" in ingest_help and "Exit status" in ingest_help
