@@ -3,8 +3,9 @@
 Sans-IO. The connection owns both directions' reassembly and framing, assembles content
 (method + header + body frames) into one event, keeps the connection-level facts (client and
 broker identity, negotiated limits, how it ended) and appends one row per method frame, plus
-pseudo-rows for heartbeats, capture gaps and TCP ends, to the `rows` list it was given.
-Rows are plain dicts keyed by `schema.FRAMES` column names: the sink turns them into Arrow.
+pseudo-rows for heartbeats, capture gaps and TCP ends, to the `rows.RowSink` it was given:
+tuples in the sink's fixed layouts for the hot methods, dicts keyed by `schema.FRAMES` column
+names for the rest.
 """
 
 import hashlib
@@ -14,10 +15,16 @@ from pamqp import decode as pamqp_decode
 
 from . import spec
 from .framing import FrameReader, FramingError, ProtocolHeader, Synchronised, Unsupported
-from .methods import MalformedFrame, decode_content_header, decode_method, to_json
+from .methods import ACK_DECODERS, CONTENT_DECODERS, MalformedFrame, content_properties, decode_method, to_json
 from .reassembly import Gap, TcpDirection
+from .methods import NO_PROPERTIES
+from .rows import CONTENT_METHOD_FIELDS, PREFIX, PROPERTY_FIELDS, RowSink
 
 TO_BROKER, TO_CLIENT = 0, 1
+# Positions in a content row tuple (rows.CONTENT_LAYOUT).
+EXCHANGE = len(PREFIX) + CONTENT_METHOD_FIELDS.index("exchange")
+ROUTING_KEY = len(PREFIX) + CONTENT_METHOD_FIELDS.index("routing_key")
+MESSAGE_ID = PROPERTY_FIELDS.index("message_id")
 DIRECTION_NAMES = ("to_broker", "to_client")
 _METHOD_ID = Struct("!I")
 
@@ -38,29 +45,27 @@ def message_identity(message_id: str | None, exchange: str | None, routing_key: 
 
 
 class PendingContent:
-    """A content-carrying method waiting for its header and body frames."""
-    __slots__ = ("row", "body_size", "received", "hasher", "header_seen")
+    """A content-carrying method (its row so far, as a tuple) waiting for its header and body frames."""
+    __slots__ = ("row", "body_size", "received", "hasher", "properties")
 
-    def __init__(self, row: dict):
+    def __init__(self, row: tuple):
         self.row = row
         self.body_size = 0
         self.received = 0
         self.hasher = hashlib.blake2b(digest_size=16)
-        self.header_seen = False
+        self.properties: tuple | None = None  # set when the content header arrives
 
 
 class AmqpConnection:
     def __init__(self, *, client: tuple[bytes, int], server: tuple[bytes, int], first_ts_ns: int,
-                 started_at_syn: bool, rows: list, counts: dict, errors: list, source: str,
+                 started_at_syn: bool, sink: RowSink, counts: dict, errors: list, source: str,
                  agent_id: str, max_frame: int):
         client_addr, server_addr = address_text(client[0]), address_text(server[0])
         self.id = f"{client_addr}:{client[1]}>{server_addr}:{server[1]}@{first_ts_ns}"
-        self.rows, self.counts, self.errors = rows, counts, errors
+        self.sink, self.counts, self.errors = sink, counts, errors
         self.source = source
-        # Columns every row of this connection shares; merged into each row in one C-level update.
-        self.common = {"connection_id": self.id, "agent_id": agent_id, "source": source,
-                       "client_addr": client_addr, "client_port": client[1],
-                       "server_addr": server_addr, "server_port": server[1]}
+        # Columns every row of this connection shares are stored once in the sink, by index.
+        self.index = sink.add_connection((self.id, agent_id, source, client_addr, client[1], server_addr, server[1]))
         self.tcp = (TcpDirection(), TcpDirection())
         self.framers = (FrameReader(True, started_at_syn, max_frame), FrameReader(False, started_at_syn, max_frame))
         self.content: dict[tuple[int, int], PendingContent] = {}
@@ -117,6 +122,8 @@ class AmqpConnection:
 
     def _stream(self, direction: int, items: list) -> None:
         framer = self.framers[direction]
+        counts, content = self.counts, self.content
+        frames = bodies = 0
         for item in items:
             if item.__class__ is bytes:
                 self.facts["bytes_to_broker" if direction == TO_BROKER else "bytes_to_client"] += len(item)
@@ -125,10 +132,32 @@ class AmqpConnection:
                 self._gap(direction, item)
                 found = framer.gap(item.nbytes)
             for frame in found:
-                if frame.__class__ is tuple:
-                    self._frame(direction, frame[0], frame[1], frame[2])
-                else:
+                if frame.__class__ is not tuple:
                     self._stream_note(direction, frame)
+                    continue
+                frames += 1
+                ftype, channel, payload = frame
+                if ftype == spec.FRAME_BODY:  # the most frequent frame: handled inline
+                    bodies += 1
+                    pending = content.get((direction, channel))
+                    if pending is not None and pending.properties is not None:
+                        pending.hasher.update(payload)
+                        pending.received += len(payload)
+                        if pending.received >= pending.body_size:
+                            self._emit_content((direction, channel), complete=pending.received == pending.body_size)
+                elif ftype == spec.FRAME_METHOD:
+                    self._method(direction, channel, payload)
+                elif ftype == spec.FRAME_HEADER:
+                    counts[spec.CONTENT_HEADER] = counts.get(spec.CONTENT_HEADER, 0) + 1
+                    self._content_header(direction, channel, payload)
+                else:
+                    self._count(spec.HEARTBEAT)
+                    self.facts["heartbeats"] += 1
+                    self._pseudo(direction, spec.HEARTBEAT, channel=channel)
+        if bodies:
+            counts[spec.CONTENT_BODY] = counts.get(spec.CONTENT_BODY, 0) + bodies
+        if frames:
+            self.facts["frames_to_broker" if direction == TO_BROKER else "frames_to_client"] += frames
 
     def _gap(self, direction: int, gap: Gap) -> None:
         self.facts["gaps"] += 1
@@ -170,96 +199,78 @@ class AmqpConnection:
     def _count(self, name: str) -> None:
         self.counts[name] = self.counts.get(name, 0) + 1
 
-    def _frame(self, direction: int, ftype: int, channel: int, payload: bytes) -> None:
-        self.facts["frames_to_broker" if direction == TO_BROKER else "frames_to_client"] += 1
-        if ftype == spec.FRAME_BODY:
-            self._count(spec.CONTENT_BODY)
-            pending = self.content.get((direction, channel))
-            if pending is not None and pending.header_seen:
-                pending.hasher.update(payload)
-                pending.received += len(payload)
-                if pending.received >= pending.body_size:
-                    self._emit_content((direction, channel), complete=pending.received == pending.body_size)
-            return
-        if ftype == spec.FRAME_METHOD:
-            self._method(direction, channel, payload)
-            return
-        if ftype == spec.FRAME_HEADER:
-            self._count(spec.CONTENT_HEADER)
-            self._content_header(direction, channel, payload)
-            return
-        self._count(spec.HEARTBEAT)
-        self.facts["heartbeats"] += 1
-        self._pseudo(direction, spec.HEARTBEAT, channel=channel)
-
     def _method(self, direction: int, channel: int, payload: bytes) -> None:
-        try:
-            row, decoded = decode_method(payload)
-        except MalformedFrame as exc:
-            mid = _METHOD_ID.unpack_from(payload)[0] if len(payload) >= 4 else 0
-            name = spec.METHOD_NAMES.get(mid, "unknown")
-            self._error(direction, f"channel {channel}: {exc}")
-            row, decoded = {"method": name, "malformed": True}, None
-        name = row["method"]
-        self._count(name)
         key = (direction, channel)
         if key in self.content:  # a new method before the last content finished: that content is cut short
             self._emit_content(key, complete=False)
-        self.seq += 1
-        row["seq"] = self.seq
-        row["ts_ns"] = self.ts_ns
-        row["direction"] = DIRECTION_NAMES[direction]
-        row["channel"] = channel
-        row["source_packet"] = self.packet
-        row.update(self.common)
-        if name in spec.CONTENT_METHODS:
-            self.content[key] = PendingContent(row)
+        mid = _METHOD_ID.unpack_from(payload)[0] if len(payload) >= 4 else 0
+        fast = ACK_DECODERS.get(mid) or CONTENT_DECODERS.get(mid)
+        if fast is not None:
+            try:
+                fields = fast(payload)
+            except Exception:  # malformed: the generic path names the problem
+                fast = None
+        if fast is not None:
+            name = fields[0]
+            self.counts[name] = self.counts.get(name, 0) + 1
+            self.seq += 1
+            row = (self.index, self.seq, self.ts_ns, direction, channel, name, self.packet) + fields[1:]
+            if mid in CONTENT_DECODERS:
+                self.content[key] = PendingContent(row)
+            else:
+                self.sink.acks.append(row)
             return
+        try:
+            row, decoded = decode_method(payload)
+        except MalformedFrame as exc:
+            self._error(direction, f"channel {channel}: {exc}")
+            row, decoded = {"method": spec.METHOD_NAMES.get(mid, "unknown"), "malformed": True}, None
+        name = row["method"]
+        self._count(name)
         if decoded is not None and name.startswith("connection."):
             self._connection_method(direction, name, decoded, row)
-        self.rows.append(row)
+        self._add_dict_row(direction, channel, row)
 
     def _content_header(self, direction: int, channel: int, payload: bytes) -> None:
         pending = self.content.get((direction, channel))
-        if pending is None or pending.header_seen:
+        if pending is None or pending.properties is not None:
             return  # content whose method the capture missed: counted, not attributable
         try:
-            body_size, props = decode_content_header(payload)
+            pending.body_size, pending.properties = content_properties(payload)
         except MalformedFrame as exc:
             self._error(direction, f"channel {channel}: {exc}")
             self._emit_content((direction, channel), complete=False)
             return
-        pending.header_seen = True
-        pending.body_size = body_size
-        row = pending.row
-        row.update(props)
-        row["body_size"] = body_size
-        if body_size == 0:
+        if pending.body_size == 0:
             self._emit_content((direction, channel), complete=True)
 
     def _emit_content(self, key: tuple[int, int], complete: bool) -> None:
         pending = self.content.pop(key)
-        row = pending.row
-        row["content_complete"] = complete
+        properties = pending.properties or NO_PROPERTIES
+        body_hash = identity = None
+        message_id = properties[MESSAGE_ID]
         if complete:
             body_hash = pending.hasher.hexdigest()
-            row["body_hash"] = body_hash
-            row["message_identity"] = message_identity(row.get("message_id"), row.get("exchange"),
-                                                       row.get("routing_key"), body_hash)
-        elif row.get("message_id"):
-            row["message_identity"] = "id:" + row["message_id"]
-        self.rows.append(row)
+            row = pending.row
+            identity = message_identity(message_id, row[EXCHANGE], row[ROUTING_KEY], body_hash)
+        elif message_id:
+            identity = "id:" + message_id
+        body_size = pending.body_size if pending.properties is not None else None
+        self.sink.contents.append(pending.row + (body_size, complete) + properties + (body_hash, identity))
 
     def _pseudo(self, direction: int, name: str, extra: dict | None = None, channel: int = 0) -> None:
         if self.facts["protocol"] != "amqp-0-9-1":
             return  # the frames table is about AMQP 0-9-1 connections only
-        self.seq += 1
-        row = {"method": name, "seq": self.seq, "ts_ns": self.ts_ns, "direction": DIRECTION_NAMES[direction],
-               "channel": channel, "source_packet": self.packet}
+        row = {"method": name}
         if extra:
             row.update(extra)
-        row.update(self.common)
-        self.rows.append(row)
+        self._add_dict_row(direction, channel, row)
+
+    def _add_dict_row(self, direction: int, channel: int, row: dict) -> None:
+        self.seq += 1
+        row.update(conn=self.index, seq=self.seq, ts_ns=self.ts_ns, direction=direction, channel=channel,
+                   source_packet=self.packet)
+        self.sink.others.append(row)
 
     # -- connection facts -------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from .connection import TO_BROKER, TO_CLIENT, AmqpConnection
 from .framing import DEFAULT_MAX_FRAME
 from .packets import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Segment
 from .reassembly import SEQ_MOD
+from .rows import RowSink
 from .spec import PROTOCOL_HEADER_091
 
 # AMQP 0-9-1, AMQP over TLS, RabbitMQ streams and streams over TLS.
@@ -16,9 +17,9 @@ DEFAULT_BROKER_PORTS = frozenset((5672, 5671, 5552, 5551))
 
 
 class FlowTable:
-    def __init__(self, *, rows: list, counts: dict, errors: list, source: str, agent_id: str = "",
+    def __init__(self, *, sink: RowSink, counts: dict, errors: list, source: str, agent_id: str = "",
                  broker_ports=DEFAULT_BROKER_PORTS, max_frame: int = DEFAULT_MAX_FRAME):
-        self.rows, self.counts, self.errors = rows, counts, errors
+        self.sink, self.counts, self.errors = sink, counts, errors
         self.source, self.agent_id = source, agent_id
         self.broker_ports = frozenset(broker_ports)
         self.max_frame = max_frame
@@ -94,7 +95,7 @@ class FlowTable:
         if flags & (TCP_RST | TCP_FIN) and not seg.payload:
             return None, 0  # the tail of a flow that ended before the capture began
         conn = AmqpConnection(client=client, server=server, first_ts_ns=ts_ns, started_at_syn=syn,
-                              rows=self.rows, counts=self.counts, errors=self.errors, source=self.source,
+                              sink=self.sink, counts=self.counts, errors=self.errors, source=self.source,
                               agent_id=self.agent_id, max_frame=self.max_frame)
         self.connections.append(conn)
         self.flows[client + server] = (conn, TO_BROKER)

@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from . import lake, schema
+from .rows import RowSink, dicts_to_table
 from .capture_file import CaptureFileError, read_packets
 from .flows import DEFAULT_BROKER_PORTS, FlowTable
 from .framing import DEFAULT_MAX_FRAME
@@ -61,15 +62,15 @@ def fingerprint(path: str) -> str:
 
 def decode(path: str, on_batch, *, agent_id: str = "", broker_ports=DEFAULT_BROKER_PORTS,
            max_frame: int = DEFAULT_MAX_FRAME, progress=None) -> tuple[FileReport, list[dict]]:
-    """Decode one capture file; frame rows go to `on_batch(list_of_rows)` in batches.
+    """Decode one capture file; frame rows go to `on_batch(arrow_table)` in batches of schema.FRAMES.
 
     Returns the report and the connection rows. Damage in the file ends the read but keeps
     everything decoded before it; a failure inside one flow drops that flow only.
     """
     report = FileReport(path)
-    rows: list[dict] = []
+    rows = RowSink()
     counts: dict = {}
-    flows = FlowTable(rows=rows, counts=counts, errors=report.errors, source=path, agent_id=agent_id,
+    flows = FlowTable(sink=rows, counts=counts, errors=report.errors, source=path, agent_id=agent_id,
                       broker_ports=broker_ports, max_frame=max_frame)
     seen_linktypes: set[int] = set()
     packets = 0
@@ -85,8 +86,7 @@ def decode(path: str, on_batch, *, agent_id: str = "", broker_ports=DEFAULT_BROK
             if segment is not None:
                 flows.packet(number, ts_ns, segment)
             if len(rows) >= BATCH_ROWS:
-                on_batch(rows[:])
-                rows.clear()
+                on_batch(rows.take())
             if progress is not None and not number & 0x3FFF:
                 progress(number)
     except CaptureFileError as exc:
@@ -94,9 +94,8 @@ def decode(path: str, on_batch, *, agent_id: str = "", broker_ports=DEFAULT_BROK
         report.damaged = exc.damaged
         report.unreadable = not exc.damaged
     flows.finish()
-    if rows:
-        on_batch(rows[:])
-        rows.clear()
+    if len(rows):
+        on_batch(rows.take())
     report.packets = packets
     connection_rows = [conn.connection_row() for conn in flows.connections]
     report.flows = len(connection_rows)
@@ -110,6 +109,11 @@ def decode(path: str, on_batch, *, agent_id: str = "", broker_ports=DEFAULT_BROK
     report.gaps = counts.pop("gaps", 0)
     report.frames_by_method.update(counts)
     return report, connection_rows
+
+
+def connections_table(connection_rows: list[dict]):
+    return dicts_to_table(connection_rows, schema.CONNECTIONS, schema.CONNECTION_TIMESTAMPS,
+                          schema.CONNECTION_DATE_FROM)
 
 
 def ingest_file(path: str, lake_dir: str, *, agent_id: str = "", broker_ports=DEFAULT_BROKER_PORTS,
@@ -130,7 +134,7 @@ def ingest_file(path: str, lake_dir: str, *, agent_id: str = "", broker_ports=DE
         return report
 
     frames = lake.TableWriter(lake_dir, "frames", schema.FRAMES)
-    on_batch = (lambda batch: frames.write(schema.rows_to_table(batch, schema.FRAMES))) if need_frames else (lambda batch: None)
+    on_batch = frames.write if need_frames else (lambda batch: None)
     progress = _Progress(path) if show_progress else None
     report, connection_rows = decode(path, on_batch, agent_id=agent_id, broker_ports=broker_ports,
                                      max_frame=max_frame, progress=progress)
@@ -147,7 +151,7 @@ def ingest_file(path: str, lake_dir: str, *, agent_id: str = "", broker_ports=DE
     report.rows = frames.rows
     if need_connections:
         connections = lake.TableWriter(lake_dir, "connections", schema.CONNECTIONS)
-        connections.write(schema.rows_to_table(connection_rows, schema.CONNECTIONS))
+        connections.write(connections_table(connection_rows))
         connections.commit(app_id, metadata)
     report.seconds = time.perf_counter() - started
     return report

@@ -12,6 +12,7 @@ from struct import Struct
 from pamqp import commands as pamqp_commands
 from pamqp import decode as pamqp_decode
 
+from .rows import ACK_FIELDS, CONTENT_METHOD_FIELDS, PROPERTY_FIELDS
 from .spec import METHOD_NAMES, method_id
 
 _U8 = Struct("!B")
@@ -43,58 +44,58 @@ def _shortstr(buf: bytes, pos: int) -> tuple[str, int]:
     return buf[pos + 1:end].decode("utf-8", "replace"), end
 
 
-def _ack(p: bytes) -> dict:
+# Fast decoders return tuples laid out as rows.ACK_FIELDS / rows.CONTENT_METHOD_FIELDS, method name first.
+
+def _ack(p: bytes) -> tuple:
     tag, bits = _TAG_BITS.unpack_from(p, 4)
-    return {"method": "basic.ack", "delivery_tag": tag, "multiple": bool(bits & 1)}
+    return "basic.ack", tag, bool(bits & 1), None
 
 
-def _nack(p: bytes) -> dict:
+def _nack(p: bytes) -> tuple:
     tag, bits = _TAG_BITS.unpack_from(p, 4)
-    return {"method": "basic.nack", "delivery_tag": tag, "multiple": bool(bits & 1), "requeue": bool(bits & 2)}
+    return "basic.nack", tag, bool(bits & 1), bool(bits & 2)
 
 
-def _reject(p: bytes) -> dict:
+def _reject(p: bytes) -> tuple:
     tag, bits = _TAG_BITS.unpack_from(p, 4)
-    return {"method": "basic.reject", "delivery_tag": tag, "requeue": bool(bits & 1)}
+    return "basic.reject", tag, None, bool(bits & 1)
 
 
-def _deliver(p: bytes) -> dict:
+def _deliver(p: bytes) -> tuple:
     consumer_tag, pos = _shortstr(p, 4)
     tag, bits = _TAG_BITS.unpack_from(p, pos)
     exchange, pos = _shortstr(p, pos + 9)
     routing_key, _ = _shortstr(p, pos)
-    return {"method": "basic.deliver", "consumer_tag": consumer_tag, "delivery_tag": tag,
-            "redelivered": bool(bits & 1), "exchange": exchange, "routing_key": routing_key}
+    return "basic.deliver", tag, bool(bits & 1), exchange, routing_key, consumer_tag, None, None, None, None, None
 
 
-def _publish(p: bytes) -> dict:
+def _publish(p: bytes) -> tuple:
     exchange, pos = _shortstr(p, 6)  # after the reserved 16-bit ticket
     routing_key, pos = _shortstr(p, pos)
     bits = p[pos]
-    return {"method": "basic.publish", "exchange": exchange, "routing_key": routing_key,
-            "mandatory": bool(bits & 1), "immediate": bool(bits & 2)}
+    return "basic.publish", None, None, exchange, routing_key, None, bool(bits & 1), bool(bits & 2), None, None, None
 
 
-def _get_ok(p: bytes) -> dict:
+def _get_ok(p: bytes) -> tuple:
     tag, bits = _TAG_BITS.unpack_from(p, 4)
     exchange, pos = _shortstr(p, 13)
     routing_key, pos = _shortstr(p, pos)
-    return {"method": "basic.get-ok", "delivery_tag": tag, "redelivered": bool(bits & 1),
-            "exchange": exchange, "routing_key": routing_key,
-            "message_count": _U32.unpack_from(p, pos)[0]}
+    return ("basic.get-ok", tag, bool(bits & 1), exchange, routing_key, None, None, None, None, None,
+            _U32.unpack_from(p, pos)[0])
 
 
-def _return(p: bytes) -> dict:
+def _return(p: bytes) -> tuple:
     code = _RETURN_CODE.unpack_from(p, 4)[0]
     text, pos = _shortstr(p, 6)
     exchange, pos = _shortstr(p, pos)
     routing_key, _ = _shortstr(p, pos)
-    return {"method": "basic.return", "reply_code": code, "reply_text": text,
-            "exchange": exchange, "routing_key": routing_key}
+    return "basic.return", None, None, exchange, routing_key, None, None, None, code, text, None
 
 
-FAST_DECODERS = {ID_ACK: _ack, ID_NACK: _nack, ID_REJECT: _reject, ID_DELIVER: _deliver,
-                 ID_PUBLISH: _publish, ID_GET_OK: _get_ok, ID_RETURN: _return}
+ACK_DECODERS = {ID_ACK: _ack, ID_NACK: _nack, ID_REJECT: _reject}
+CONTENT_DECODERS = {ID_DELIVER: _deliver, ID_PUBLISH: _publish, ID_GET_OK: _get_ok, ID_RETURN: _return}
+FAST_DECODERS = {**{mid: (f, ACK_FIELDS) for mid, f in ACK_DECODERS.items()},
+                 **{mid: (f, CONTENT_METHOD_FIELDS) for mid, f in CONTENT_DECODERS.items()}}
 
 # pamqp attribute -> frames column. Anything not listed here is dropped on purpose.
 FIELDS_FROM_PAMQP = {
@@ -132,7 +133,11 @@ def decode_method(payload: bytes) -> tuple[dict, object | None]:
         mid = _U32.unpack_from(payload)[0]
         fast = FAST_DECODERS.get(mid)
         if fast is not None:
-            return fast(payload), None
+            decoder, names = fast
+            values = decoder(payload)
+            fields = {"method": values[0]}
+            fields.update((k, v) for k, v in zip(names, values[1:]) if v is not None)
+            return fields, None
         name = METHOD_NAMES.get(mid)
         cls = pamqp_commands.INDEX_MAPPING.get(mid)
         if name is None or cls is None:
@@ -169,54 +174,60 @@ def plausible_method(payload: bytes) -> bool:
         return False
 
 
-# Content header properties in flag-bit order (AMQP 0-9-1 basic class): (bit, column, type).
+# Content header properties in flag-bit order (AMQP 0-9-1 basic class): (bit, index in
+# rows.PROPERTY_FIELDS, type). cluster_id (bit 2) is deprecated and never set by RabbitMQ: skipped.
 PROPERTIES = (
-    (15, "content_type", "s"), (14, "content_encoding", "s"), (13, "headers", "t"),
-    (12, "delivery_mode", "o"), (11, "priority", "o"), (10, "correlation_id", "s"),
-    (9, "reply_to", "s"), (8, "expiration", "s"), (7, "message_id", "s"),
-    (6, "message_timestamp", "T"), (5, "message_type", "s"), (4, "user_id", "s"), (3, "app_id", "s"),
-    (2, "cluster_id", "s"),
+    (15, 0, "s"), (14, 1, "s"), (13, 2, "t"), (12, 3, "o"), (11, 4, "o"), (10, 5, "s"), (9, 6, "s"),
+    (8, 7, "s"), (7, 8, "s"), (6, 9, "T"), (5, 10, "s"), (4, 11, "s"), (3, 12, "s"), (2, None, "s"),
 )
+NO_PROPERTIES = (None,) * len(PROPERTY_FIELDS)
+X_DEATH = PROPERTY_FIELDS.index("x_death_count")
+HEADERS = PROPERTY_FIELDS.index("headers")
 
 
-def decode_content_header(payload: bytes) -> tuple[int, dict]:
-    """(body size, property fields) of a content header frame. Raises MalformedFrame."""
+def content_properties(payload: bytes) -> tuple[int, tuple]:
+    """(body size, values laid out as rows.PROPERTY_FIELDS) of a content header frame. Raises MalformedFrame."""
     try:
         class_id, weight, body_size, flags = _CONTENT_HEADER.unpack_from(payload)
         if class_id != 60 or weight != 0:
             raise MalformedFrame(f"content header for class {class_id} weight {weight}")
+        if not flags:
+            return body_size, NO_PROPERTIES
         pos = 14
         while payload[pos - 1] & 1:  # continuation bit: another flag word follows
             pos += 2
-        props = {}
-        if flags:
-            for bit, column, kind in PROPERTIES:
-                if not flags & (1 << bit):
-                    continue
-                if kind == "s":
-                    props[column], pos = _shortstr(payload, pos)
-                elif kind == "o":
-                    props[column] = payload[pos]
-                    pos += 1
-                elif kind == "T":
-                    props[column] = _U64.unpack_from(payload, pos)[0]
-                    pos += 8
-                else:
-                    used, table = pamqp_decode.field_table(payload[pos:])
-                    pos += used
-                    props[column] = table
-            if pos > len(payload):
-                raise MalformedFrame("content header properties run past the end of the frame")
+        values = list(NO_PROPERTIES)
+        for bit, index, kind in PROPERTIES:
+            if not flags & (1 << bit):
+                continue
+            if kind == "s":
+                value, pos = _shortstr(payload, pos)
+            elif kind == "o":
+                value = payload[pos]
+                pos += 1
+            elif kind == "T":
+                value = _U64.unpack_from(payload, pos)[0]
+                pos += 8
+            else:
+                used, table = pamqp_decode.field_table(payload[pos:])
+                pos += used
+                values[X_DEATH] = x_death_count(table)
+                value = to_json(table)
+            if index is not None:
+                values[index] = value
+        if pos > len(payload):
+            raise MalformedFrame("content header properties run past the end of the frame")
     except MalformedFrame:
         raise
     except Exception as exc:
         raise MalformedFrame(f"cannot decode content header: {type(exc).__name__}") from None
-    headers = props.get("headers")
-    if headers is not None:
-        props["x_death_count"] = x_death_count(headers)
-        props["headers"] = to_json(headers)
-    props.pop("cluster_id", None)  # deprecated, never set by RabbitMQ
-    return body_size, props
+    return body_size, tuple(values)
+
+
+def decode_content_header(payload: bytes) -> tuple[int, dict]:
+    """(body size, the properties that are set, by column name). Raises MalformedFrame."""
+    body_size, values = content_properties(payload)
+    return body_size, {k: v for k, v in zip(PROPERTY_FIELDS, values) if v is not None}
 
 
 def x_death_count(headers: dict) -> int | None:

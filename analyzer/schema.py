@@ -6,7 +6,6 @@ timestamp) is the partition column of every table.
 """
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 PARTITION_BY = ["date"]
 
@@ -61,49 +60,6 @@ CONNECTIONS = pa.schema([
     ("retransmitted_bytes", _i64), ("framing_errors", _i64),
 ])
 
-# Derived columns: (table column, source nanosecond column).
-_DERIVED_TS = {"ts": "ts_ns", "first_ts": "first_ts_ns", "last_ts": "last_ts_ns"}
-_DATE_FROM = {"frames": "ts_ns", "connections": "first_ts_ns"}
-
-
-def rows_to_table(rows: list[dict], schema: pa.Schema) -> pa.Table:
-    """Sparse row dicts -> an Arrow table of `schema`, with timestamps and the date partition derived.
-
-    Rows of one method share their keys, so rows are grouped by key set and each group is built
-    column by column: much cheaper than Arrow's per-row struct conversion of 90 sparse fields.
-    """
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        shape = tuple(row)
-        group = groups.get(shape)
-        if group is None:
-            groups[shape] = group = []
-        group.append(row)
-    ns_source = _DATE_FROM["frames" if schema is FRAMES else "connections"]
-    tables = []
-    for shape, group in groups.items():
-        present = set(shape)
-        n = len(group)
-        by_name = {}
-        for field in schema:
-            name = field.name
-            if name in present:
-                by_name[name] = pa.array([row[name] for row in group], type=field.type)
-            elif name != "date" and name not in _DERIVED_TS:
-                by_name[name] = pa.nulls(n, field.type)
-        for name, source in _DERIVED_TS.items():
-            if name in schema.names:
-                by_name[name] = _ns_to_timestamp(by_name[source])
-        by_name["date"] = _ns_to_date(by_name[ns_source])
-        tables.append(pa.Table.from_arrays([by_name[f.name] for f in schema], schema=schema))
-    if not tables:
-        return schema.empty_table()
-    return pa.concat_tables(tables)
-
-
-def _ns_to_timestamp(ns: pa.Array) -> pa.Array:
-    return pc.divide(ns, 1000).cast(_ts)
-
-
-def _ns_to_date(ns: pa.Array) -> pa.Array:
-    return _ns_to_timestamp(ns).cast(pa.date32()).cast(pa.string())
+# Connections: timestamp columns derived from nanosecond ones, and where the date partition comes from.
+CONNECTION_TIMESTAMPS = {"first_ts": "first_ts_ns", "last_ts": "last_ts_ns"}
+CONNECTION_DATE_FROM = "first_ts_ns"

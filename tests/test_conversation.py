@@ -57,7 +57,7 @@ def clean_run(sizes=None, shuffle_seed=None, duplicate=False):
 
 
 def comparable(rows):
-    return [{k: v for k, v in r.items() if k not in ("seq", "ts_ns", "source_packet")}
+    return [{k: v for k, v in r.items() if k not in ("seq", "ts_ns", "ts", "source_packet")}
             for r in sorted(rows, key=lambda r: r["seq"])]
 
 

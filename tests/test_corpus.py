@@ -10,6 +10,7 @@ from analyzer.ingest import decode
 from analyzer.spec import CONTENT_BODY, CONTENT_HEADER, HEARTBEAT
 
 from .conftest import CORPUS
+from .wire import compact
 from .tshark import frames_by_method as tshark_frames_by_method
 
 
@@ -27,7 +28,7 @@ NEGATIVE = [row["file"] for row in manifest("NEGATIVE_CONTROLS.tsv")]
 
 def decode_rows(path: str):
     rows = []
-    report, connections = decode(path, rows.extend)
+    report, connections = decode(path, lambda table: rows.extend(compact(table.to_pylist())))
     return report, rows, connections
 
 

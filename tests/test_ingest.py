@@ -62,7 +62,7 @@ def test_ingesting_the_same_file_twice_adds_nothing(tmp_path, corpus_dir):
 def test_a_run_cut_short_between_the_two_commits_is_completed_without_duplicates(tmp_path, corpus_dir):
     capture = os.path.join(corpus_dir, "deepflow/amqp1.pcap")
     frames = lake.TableWriter(str(tmp_path), "frames", schema.FRAMES)
-    decode(capture, lambda rows: frames.write(schema.rows_to_table(rows, schema.FRAMES)))
+    decode(capture, frames.write)
     frames.commit(f"ackscope-ingest-{fingerprint(capture)}")  # the crash came before connections
     rows_before = read(tmp_path, "frames").num_rows
     result = ackscope("ingest", capture, "--lake", str(tmp_path), "--json")

@@ -3,6 +3,7 @@
 from pamqp import body, commands, frame, header
 
 from analyzer.flows import FlowTable
+from analyzer.rows import RowSink
 from analyzer.packets import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Segment
 
 CLIENT = (bytes([10, 0, 0, 1]), 40000)
@@ -88,14 +89,19 @@ class Conversation:
 
 
 def run(segments: list[Segment], finish: bool = True):
-    """Feed segments through a FlowTable; returns (rows, counts, errors, flow table)."""
-    rows, counts, errors = [], {}, []
-    table = FlowTable(rows=rows, counts=counts, errors=errors, source="test")
+    """Feed segments through a FlowTable; returns (rows as dicts of schema.FRAMES, counts, errors, flow table)."""
+    sink, counts, errors = RowSink(), {}, []
+    table = FlowTable(sink=sink, counts=counts, errors=errors, source="test")
     for number, seg in enumerate(segments, 1):
         table.packet(number, 1_700_000_000_000_000_000 + number * 1000, seg)
     if finish:
         table.finish()
-    return rows, counts, errors, table
+    return compact(sink.take().to_pylist()), counts, errors, table
+
+
+def compact(rows: list[dict]) -> list[dict]:
+    """Rows without their null columns, as the decoder meant them."""
+    return [{k: v for k, v in row.items() if v is not None} for row in rows]
 
 
 def methods_of(rows: list[dict]) -> list[str]:

@@ -1,0 +1,122 @@
+"""Frame rows as they are produced, and their conversion to Arrow tables of `schema.FRAMES`.
+
+The hot rows (acks and content methods, most of any capture) are tuples in a fixed layout,
+turned into columns with one `zip` and one `pa.array` per column; a dict per row cost more
+than decoding the frame. Rare methods stay dicts. Columns shared by every row of a connection
+(its id, addresses, source) are stored once and joined by index at conversion.
+"""
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .schema import FRAMES
+
+DIRECTIONS = pa.array(["to_broker", "to_client"])
+
+# Leading columns of every row; `conn` indexes the connection constants.
+PREFIX = ("conn", "seq", "ts_ns", "direction", "channel", "method", "source_packet")
+CONNECTION_COLUMNS = ("connection_id", "agent_id", "source", "client_addr", "client_port", "server_addr", "server_port")
+ACK_FIELDS = ("delivery_tag", "multiple", "requeue")
+CONTENT_METHOD_FIELDS = ("delivery_tag", "redelivered", "exchange", "routing_key", "consumer_tag",
+                         "mandatory", "immediate", "reply_code", "reply_text", "message_count")
+PROPERTY_FIELDS = ("content_type", "content_encoding", "headers", "delivery_mode", "priority",
+                   "correlation_id", "reply_to", "expiration", "message_id", "message_timestamp",
+                   "message_type", "user_id", "app_id", "x_death_count")
+CONTENT_FIELDS = CONTENT_METHOD_FIELDS + ("body_size", "content_complete") + PROPERTY_FIELDS + ("body_hash", "message_identity")
+ACK_LAYOUT = PREFIX + ACK_FIELDS
+CONTENT_LAYOUT = PREFIX + CONTENT_FIELDS
+
+
+class RowSink:
+    """Collects one batch of frame rows; `take()` hands them over as an Arrow table and starts anew."""
+
+    def __init__(self):
+        self.connections: list[tuple] = []   # constants per connection, by index
+        self.acks: list[tuple] = []
+        self.contents: list[tuple] = []
+        self.others: list[dict] = []
+
+    def add_connection(self, constants: tuple) -> int:
+        self.connections.append(constants)
+        return len(self.connections) - 1
+
+    def __len__(self) -> int:
+        return len(self.acks) + len(self.contents) + len(self.others)
+
+    def take(self) -> pa.Table:
+        parts = [_layout_table(self.acks, ACK_LAYOUT), _layout_table(self.contents, CONTENT_LAYOUT),
+                 _dict_table(self.others)]
+        self.acks, self.contents, self.others = [], [], []
+        parts = [p for p in parts if p is not None]
+        if not parts:
+            return FRAMES.empty_table()
+        table = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
+        return self._finish(table)
+
+    def _finish(self, partial: pa.Table) -> pa.Table:
+        """Join connection constants, name directions, derive ts/date, and order columns as the schema says."""
+        conn = partial["conn"]
+        constants = list(zip(*self.connections))
+        by_name = {name: partial[name] for name in partial.column_names}
+        for name, values in zip(CONNECTION_COLUMNS, constants):
+            by_name[name] = pa.array(values, type=FRAMES.field(name).type).take(conn)
+        by_name["direction"] = DIRECTIONS.take(partial["direction"])
+        ts = _ns_to_timestamp(partial["ts_ns"])
+        by_name["ts"] = ts
+        by_name["date"] = ts.cast(pa.date32()).cast(pa.string())
+        n = partial.num_rows
+        columns = [by_name[f.name] if f.name in by_name else pa.nulls(n, f.type) for f in FRAMES]
+        return pa.Table.from_arrays(columns, schema=FRAMES)
+
+
+_TYPES = {f.name: f.type for f in FRAMES}
+_TYPES.update(conn=pa.int32(), direction=pa.int8())
+
+
+def _layout_table(rows: list[tuple], layout: tuple) -> pa.Table | None:
+    if not rows:
+        return None
+    columns = zip(*rows)
+    return pa.Table.from_arrays([pa.array(col, type=_TYPES[name]) for name, col in zip(layout, columns)],
+                                names=list(layout))
+
+
+def _dict_table(rows: list[dict]) -> pa.Table | None:
+    """Rare methods: rows of one method share their keys, so group by key set and build column-wise."""
+    if not rows:
+        return None
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        shape = tuple(row)
+        group = groups.get(shape)
+        if group is None:
+            groups[shape] = group = []
+        group.append(row)
+    names = list(PREFIX) + [f.name for f in FRAMES if f.name not in PREFIX and f.name not in CONNECTION_COLUMNS
+                            and f.name not in ("ts", "date")]
+    tables = []
+    for shape, group in groups.items():
+        present = set(shape)
+        n = len(group)
+        tables.append(pa.Table.from_arrays(
+            [pa.array([row[name] for row in group], type=_TYPES[name]) if name in present else pa.nulls(n, _TYPES[name])
+             for name in names], names=names))
+    return pa.concat_tables(tables)
+
+
+def dicts_to_table(rows: list[dict], schema: pa.Schema, ts_columns: dict[str, str], date_from: str) -> pa.Table:
+    """Plain dict rows (the connections table) -> `schema`, deriving timestamps and the date partition."""
+    n = len(rows)
+    columns = {}
+    for field in schema:
+        if field.name in ts_columns or field.name == "date":
+            continue
+        columns[field.name] = pa.array([row.get(field.name) for row in rows], type=field.type) if n else pa.nulls(0, field.type)
+    for name, source in ts_columns.items():
+        columns[name] = _ns_to_timestamp(columns[source])
+    columns["date"] = _ns_to_timestamp(columns[date_from]).cast(pa.date32()).cast(pa.string())
+    return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
+
+
+def _ns_to_timestamp(ns):
+    return pc.divide(ns, 1000).cast(pa.timestamp("us", tz="UTC"))
