@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "on any other port is found by its protocol header")
     ingest.add_argument("--max-frame-size", type=int, default=DEFAULT_MAX_FRAME, metavar="BYTES",
                         help="largest frame accepted before frame_max is negotiated (default %(default)s)")
+    ingest.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="decode with N processes, flows split between them (default %(default)s)")
     ingest.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress line on stderr (default: when stderr is a terminal)")
     ingest.set_defaults(run=run_ingest)
@@ -79,7 +81,8 @@ def run_ingest(args) -> int:
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
     os.makedirs(args.lake, exist_ok=True)
     reports = [ingest_file(path, args.lake, agent_id=args.agent_id, broker_ports=ports,
-                           max_frame=args.max_frame_size, show_progress=show_progress and not args.json)
+                           max_frame=args.max_frame_size, show_progress=show_progress and not args.json,
+                           workers=max(1, args.workers))
                for path in args.files]
     if args.json:
         print(json.dumps(combined_json(reports), sort_keys=True))
@@ -157,7 +160,7 @@ def run_demo(args) -> int:
     print(f"ackscope demo: ingesting {len(samples)} bundled sample capture(s) into {args.lake}\n")
     status = run_ingest(argparse.Namespace(files=samples, lake=args.lake, json=False, agent_id="demo",
                                            ports=",".join(str(p) for p in sorted(DEFAULT_BROKER_PORTS)),
-                                           max_frame_size=DEFAULT_MAX_FRAME, progress=False))
+                                           max_frame_size=DEFAULT_MAX_FRAME, progress=False, workers=1))
     print()
     print(render_summary(lake_summary(args.lake)))
     return status

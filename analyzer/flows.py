@@ -5,6 +5,8 @@ protocol (AMQP 1.0, the stream protocol, TLS). Flows on other ports are decoded 
 open with the AMQP 0-9-1 protocol header; everything else is ignored, cheaply.
 """
 
+import zlib
+
 from .connection import TO_BROKER, TO_CLIENT, AmqpConnection
 from .framing import DEFAULT_MAX_FRAME
 from .packets import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Segment
@@ -16,13 +18,21 @@ from .spec import PROTOCOL_HEADER_091
 DEFAULT_BROKER_PORTS = frozenset((5672, 5671, 5552, 5551))
 
 
+def flow_shard(seg: Segment, shards: int) -> int:
+    """Which of `shards` workers owns a flow: the same answer for both directions, in every process."""
+    a, b = seg.src + seg.sport.to_bytes(2, "big"), seg.dst + seg.dport.to_bytes(2, "big")
+    return zlib.crc32(min(a, b) + max(a, b)) % shards
+
+
 class FlowTable:
     def __init__(self, *, sink: RowSink, counts: dict, errors: list, source: str, agent_id: str = "",
-                 broker_ports=DEFAULT_BROKER_PORTS, max_frame: int = DEFAULT_MAX_FRAME):
+                 broker_ports=DEFAULT_BROKER_PORTS, max_frame: int = DEFAULT_MAX_FRAME,
+                 shard: tuple[int, int] = (0, 1)):
         self.sink, self.counts, self.errors = sink, counts, errors
         self.source, self.agent_id = source, agent_id
         self.broker_ports = frozenset(broker_ports)
         self.max_frame = max_frame
+        self.shard, self.shards = shard  # this table decodes only the flows that hash to its shard
         self.flows: dict[tuple, tuple[AmqpConnection, int]] = {}
         self.ignored: set[tuple] = set()
         self.connections: list[AmqpConnection] = []
@@ -40,6 +50,9 @@ class FlowTable:
                 self._deliver(conn, direction, seg, ts_ns, packet_no)
                 return
         elif key in self.ignored:
+            return
+        if self.shards > 1 and flow_shard(seg, self.shards) != self.shard:
+            self.ignored.add(key)
             return
         conn, direction = self._open(key, seg, ts_ns)
         if conn is not None:

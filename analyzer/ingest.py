@@ -6,6 +6,7 @@ tables' commits is completed by the next run without duplicating anything.
 """
 
 import hashlib
+import multiprocessing
 import os
 import sys
 import time
@@ -61,7 +62,8 @@ def fingerprint(path: str) -> str:
 
 
 def decode(path: str, on_batch, *, agent_id: str = "", broker_ports=DEFAULT_BROKER_PORTS,
-           max_frame: int = DEFAULT_MAX_FRAME, progress=None) -> tuple[FileReport, list[dict]]:
+           max_frame: int = DEFAULT_MAX_FRAME, progress=None, shard: tuple[int, int] = (0, 1)
+           ) -> tuple[FileReport, list[dict]]:
     """Decode one capture file; frame rows go to `on_batch(arrow_table)` in batches of schema.FRAMES.
 
     Returns the report and the connection rows. Damage in the file ends the read but keeps
@@ -71,7 +73,7 @@ def decode(path: str, on_batch, *, agent_id: str = "", broker_ports=DEFAULT_BROK
     rows = RowSink()
     counts: dict = {}
     flows = FlowTable(sink=rows, counts=counts, errors=report.errors, source=path, agent_id=agent_id,
-                      broker_ports=broker_ports, max_frame=max_frame)
+                      broker_ports=broker_ports, max_frame=max_frame, shard=shard)
     seen_linktypes: set[int] = set()
     packets = 0
     try:
@@ -117,7 +119,7 @@ def connections_table(connection_rows: list[dict]):
 
 
 def ingest_file(path: str, lake_dir: str, *, agent_id: str = "", broker_ports=DEFAULT_BROKER_PORTS,
-                max_frame: int = DEFAULT_MAX_FRAME, show_progress: bool = False) -> FileReport:
+                max_frame: int = DEFAULT_MAX_FRAME, show_progress: bool = False, workers: int = 1) -> FileReport:
     started = time.perf_counter()
     try:
         sha = fingerprint(path)
@@ -134,12 +136,14 @@ def ingest_file(path: str, lake_dir: str, *, agent_id: str = "", broker_ports=DE
         return report
 
     frames = lake.TableWriter(lake_dir, "frames", schema.FRAMES)
-    on_batch = frames.write if need_frames else (lambda batch: None)
-    progress = _Progress(path) if show_progress else None
-    report, connection_rows = decode(path, on_batch, agent_id=agent_id, broker_ports=broker_ports,
-                                     max_frame=max_frame, progress=progress)
-    if progress is not None:
-        progress.done()
+    options = dict(agent_id=agent_id, broker_ports=broker_ports, max_frame=max_frame)
+    if workers > 1:
+        report, connection_rows = _decode_in_workers(path, frames, need_frames, workers, options)
+    else:
+        progress = _Progress(path) if show_progress else None
+        report, connection_rows = decode(path, frames.write if need_frames else _discard, progress=progress, **options)
+        if progress is not None:
+            progress.done()
     report.sha256 = sha
     if report.unreadable:
         report.seconds = time.perf_counter() - started
@@ -155,6 +159,43 @@ def ingest_file(path: str, lake_dir: str, *, agent_id: str = "", broker_ports=DE
         connections.commit(app_id, metadata)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _discard(batch) -> None:
+    pass
+
+
+def _decode_shard(path: str, lake_dir: str, need_frames: bool, shard: tuple[int, int], options: dict):
+    """One worker: decode the flows of its shard, write their Parquet files, commit nothing."""
+    frames = lake.TableWriter(lake_dir, "frames", schema.FRAMES)
+    report, connection_rows = decode(path, frames.write if need_frames else _discard, shard=shard, **options)
+    return report, connection_rows, frames.files(), frames.rows
+
+
+def _decode_in_workers(path: str, frames: lake.TableWriter, need_frames: bool, workers: int, options: dict):
+    """Flows are split across processes by a hash of their addresses; each reads the whole file but
+    decodes only its own flows. The parent commits every worker's files in one transaction."""
+    lake_dir = os.path.dirname(frames.path)
+    # spawn, not fork: delta-rs runs threads that a forked child would inherit in an unknown state.
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        results = pool.starmap(_decode_shard, [(path, lake_dir, need_frames, (k, workers), options)
+                                               for k in range(workers)])
+    report = results[0][0]
+    connection_rows = []
+    errors = []
+    for shard_report, rows, files, frame_rows in results:
+        frames.adopt(files, frame_rows)
+        connection_rows += rows
+        errors += shard_report.errors
+        if shard_report is not report:
+            report.frames_by_method.update(shard_report.frames_by_method)
+            report.unsupported.update(shard_report.unsupported)
+            report.gaps += shard_report.gaps
+            report.flows += shard_report.flows
+            report.amqp_connections += shard_report.amqp_connections
+            report.midstream_connections += shard_report.midstream_connections
+    report.errors = list(dict.fromkeys(errors))  # damage to the file is reported by every worker: once is enough
+    return report, connection_rows
 
 
 class _Progress:

@@ -56,6 +56,16 @@ class TableWriter:
                                           int(time.time() * 1000), True, json.dumps(stats)))
             self.rows += part.num_rows
 
+    def files(self) -> list[tuple]:
+        """The files written so far, as plain tuples another process can hand to `adopt()`."""
+        return [(a.path, a.size, dict(a.partition_values), a.modification_time, a.stats) for a in self.actions]
+
+    def adopt(self, files: list[tuple], rows: int) -> None:
+        """Include files another process wrote into this table's folder in the next commit."""
+        for path, size, partition_values, mtime, stats in files:
+            self.actions.append(AddAction(path, size, partition_values, mtime, True, stats))
+        self.rows += rows
+
     def commit(self, app_id: str, metadata: dict | None = None) -> int:
         """Add every file written so far in one commit; returns the table version."""
         table = open_table(os.path.dirname(self.path), os.path.basename(self.path))

@@ -131,3 +131,22 @@ def test_help_texts_name_every_command():
         assert command in result.stdout
     ingest_help = ackscope("ingest", "--help").stdout
     assert "--lake" in ingest_help and "Exit status" in ingest_help
+
+
+def test_workers_produce_the_same_tables_in_one_commit(tmp_path, corpus_dir):
+    captures = [os.path.join(corpus_dir, name) for name in ("deepflow/amqp-error.pcap", "nDPI/amqp.pcap")]
+    results = {}
+    for workers in (1, 2):
+        lake_dir = str(tmp_path / f"w{workers}")
+        result = ackscope("ingest", *captures, "--lake", lake_dir, "--workers", str(workers), "--json")
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        frames = read(lake_dir, "frames").drop_columns(["source"]).sort_by([("connection_id", "ascending"),
+                                                                             ("seq", "ascending")])
+        connections = read(lake_dir, "connections").sort_by("connection_id")
+        results[workers] = (report["frames_by_method"], report["flows"], frames, connections)
+        assert DeltaTable(os.path.join(lake_dir, "frames")).version() == 2  # create + one commit per file
+    one, two = results[1], results[2]
+    assert one[0] == two[0] and one[1] == two[1] == 7
+    assert one[2].equals(two[2])
+    assert one[3].equals(two[3])
