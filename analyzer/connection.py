@@ -18,9 +18,11 @@ from .framing import FrameReader, FramingError, ProtocolHeader, Synchronised, Un
 from .methods import ACK_DECODERS, CONTENT_DECODERS, MalformedFrame, content_properties, decode_method, to_json
 from .reassembly import Gap, TcpDirection
 from .methods import NO_PROPERTIES
+from .schema import CONNECTION_TIMESTAMPS, CONNECTIONS
 from .rows import CONTENT_METHOD_FIELDS, PREFIX, PROPERTY_FIELDS, RowSink
 
 TO_BROKER, TO_CLIENT = 0, 1
+CONNECTION_FIELDS = [n for n in CONNECTIONS.names if n not in CONNECTION_TIMESTAMPS and n != "date"]
 # Positions in a content row tuple (rows.CONTENT_LAYOUT).
 EXCHANGE = len(PREFIX) + CONTENT_METHOD_FIELDS.index("exchange")
 ROUTING_KEY = len(PREFIX) + CONTENT_METHOD_FIELDS.index("routing_key")
@@ -312,7 +314,9 @@ class AmqpConnection:
             facts["ended_by"] = "connection.close"
 
     def connection_row(self) -> dict:
-        row = dict(self.facts)
+        """This connection as a row of schema.CONNECTIONS (its derived timestamp and date columns aside)."""
+        row = dict.fromkeys(CONNECTION_FIELDS)
+        row.update(self.facts)
         row["last_ts_ns"] = self.ts_ns
         if row["protocol"] is None:
             row["protocol"] = "none" if not (row["bytes_to_broker"] or row["bytes_to_client"]) else "unknown"

@@ -1,0 +1,52 @@
+"""The real RabbitMQ the lab drives: where it is, and what only rabbitmqctl can do to it."""
+
+from __future__ import annotations
+
+import subprocess
+from contextlib import contextmanager
+
+from tests.lab.errors import LabError
+
+HOST, PORT, USER, PASSWORD = "127.0.0.1", 5672, "guest", "guest"
+# The broker's default; DESIGN.md's machines run with it, and the lab always goes back to it.
+NORMAL_MEMORY_WATERMARK = "0.4"
+# Low enough that any running broker is over it: the memory alarm goes off at once.
+ALARM_MEMORY_WATERMARK = "0.000001"
+
+
+def rabbitmqctl(*args: str, timeout: float = 60) -> str:
+    try:
+        result = subprocess.run(["rabbitmqctl", *args], capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError as missing:
+        raise LabError("rabbitmqctl is not installed (apt-get install rabbitmq-server)") from missing
+    if result.returncode != 0:
+        raise LabError(f"rabbitmqctl {' '.join(args)} failed: {result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout
+
+
+def connection_pid(connection_name: str) -> str:
+    """The pid of the open connection with this connection_name, as close_connection takes it
+    (the table form; the JSON form shows pids as '#PID<...>')."""
+    for row in rabbitmqctl("list_connections", "pid", "client_properties", "--quiet",
+                           "--no-table-headers").splitlines():
+        pid, _, properties = row.partition("\t")
+        if f'{{"connection_name","{connection_name}"}}' in properties:
+            return pid
+    raise LabError(f"the broker has no open connection named {connection_name!r}")
+
+
+def force_close_connection(pid: str, reason: str) -> None:
+    """What an operator does with `rabbitmqctl close_connection`: the broker sends
+    connection.close 320 CONNECTION_FORCED and drops the connection."""
+    rabbitmqctl("close_connection", pid, reason)
+
+
+@contextmanager
+def memory_alarm():
+    """Raise the broker-wide memory alarm, and always clear it again: while it is on, every
+    publishing connection on the broker is blocked, not only the lab's."""
+    rabbitmqctl("set_vm_memory_high_watermark", ALARM_MEMORY_WATERMARK)
+    try:
+        yield
+    finally:
+        rabbitmqctl("set_vm_memory_high_watermark", NORMAL_MEMORY_WATERMARK)

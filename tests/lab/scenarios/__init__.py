@@ -1,0 +1,41 @@
+"""Every lab scenario, in the order `list` prints them."""
+
+from tests.lab.scenarios import (
+    channel_reuse,
+    clean_async_confirms,
+    confirm_nacks,
+    flow_control,
+    heartbeats,
+    lost_confirms,
+    mid_stream,
+    out_of_order_confirms,
+    persistent_without_confirms,
+    polling_and_autoack,
+    redelivery_after_close,
+    requeue_loop,
+    synchronous_confirms,
+    transactions,
+    unacked_buildup,
+    unknown_delivery_tag,
+    unroutable_mandatory,
+)
+
+SCENARIOS = {scenario.name: scenario for scenario in [
+    clean_async_confirms.SCENARIO,
+    lost_confirms.SCENARIO,
+    confirm_nacks.SCENARIO,
+    out_of_order_confirms.SCENARIO,
+    unacked_buildup.SCENARIO,
+    requeue_loop.SCENARIO,
+    unknown_delivery_tag.SCENARIO,
+    redelivery_after_close.SCENARIO,
+    unroutable_mandatory.SCENARIO,
+    synchronous_confirms.SCENARIO,
+    persistent_without_confirms.SCENARIO,
+    transactions.SCENARIO,
+    flow_control.SCENARIO,
+    polling_and_autoack.SCENARIO,
+    channel_reuse.SCENARIO,
+    mid_stream.SCENARIO,
+    heartbeats.SCENARIO,
+]}
