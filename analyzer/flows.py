@@ -10,7 +10,6 @@ import zlib
 from .connection import TO_BROKER, TO_CLIENT, AmqpConnection
 from .framing import DEFAULT_MAX_FRAME
 from .packets import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Segment
-from .reassembly import SEQ_MOD
 from .rows import RowSink
 from .spec import PROTOCOL_HEADER_091
 
@@ -76,8 +75,7 @@ class FlowTable:
     @staticmethod
     def _is_new_connection(conn: AmqpConnection, seg: Segment) -> bool:
         """A SYN on a known flow is a new connection unless it is the same SYN sent again."""
-        client = conn.tcp[TO_BROKER]
-        return conn.finished or client.next_seq != (seg.seq + 1) % SEQ_MOD
+        return conn.finished or conn.tcp[TO_BROKER].isn != seg.seq
 
     def _open(self, key: tuple, seg: Segment, ts_ns: int) -> tuple[AmqpConnection | None, int]:
         flags = seg.flags

@@ -17,6 +17,7 @@ from .spec import METHOD_NAMES, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEART
 
 _FRAME_HEADER = Struct("!BHI")
 _METHOD_ID = Struct("!I")
+_CHAIN_STARTS = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY))
 DEFAULT_MAX_FRAME = 4 << 20   # hard ceiling before frame_max is negotiated, or when it is 0 (no limit)
 HUNT_GIVE_UP = 256 << 10      # bytes without any frame before a never-synchronised flow is called unsupported
 
@@ -64,7 +65,7 @@ def classify_foreign(data: bytes) -> str:
 
 class FrameReader:
     __slots__ = ("state", "from_client", "max_frame", "offset", "_chunks", "_have", "_need",
-                 "synced_once", "hunted")
+                 "_frame_len", "_skip", "synced_once", "hunted", "skipped")
 
     def __init__(self, from_client: bool, at_stream_start: bool, max_frame: int = DEFAULT_MAX_FRAME):
         self.from_client = from_client
@@ -74,8 +75,11 @@ class FrameReader:
         self._chunks: list[bytes] = []
         self._have = 0
         self._need = 0
+        self._frame_len = 0        # length of the frame being buffered, once its header was read
+        self._skip = 0             # bytes of a frame cut by a gap still to pass before the next frame
         self.synced_once = False
-        self.hunted = 0
+        self.hunted = 0            # bytes skipped by hunts in all (for giving up on foreign flows)
+        self.skipped = 0           # bytes skipped by the current hunt, across feeds
 
     # -- input -----------------------------------------------------------------------------------
 
@@ -83,13 +87,19 @@ class FrameReader:
         if self.state == UNSUPPORTED:
             self.offset += len(data)
             return []
+        if self._skip:
+            if len(data) <= self._skip:
+                self._skip -= len(data)
+                self.offset += len(data)
+                return []
+            data, self.offset, self._skip = data[self._skip:], self.offset + self._skip, 0
         if self._chunks:
             self._chunks.append(data)
             self._have += len(data)
             if self._have < self._need:
                 return []
             data = b"".join(self._chunks)
-            self._chunks = []
+            self._chunks, self._have, self._frame_len = [], 0, 0
         out: list = []
         pos = 0
         if self.state == START:
@@ -105,11 +115,18 @@ class FrameReader:
         return out
 
     def gap(self, nbytes: int) -> list:
-        """Bytes were lost: drop what was waiting for them and hunt for the next frame boundary."""
+        """Bytes were lost. Inside a frame whose length we read, and ending before it does, the frame is
+        lost but the next one starts where it ends; otherwise hunt for the next frame boundary."""
+        left_in_frame = self._frame_len - self._have if self.state == FRAMES and self._frame_len else 0
         self.offset += self._have + nbytes
-        self._chunks, self._have = [], 0
+        self._chunks, self._have, self._frame_len = [], 0, 0
+        if nbytes < left_in_frame - self._skip:
+            self._skip += left_in_frame - nbytes
+            return []
+        self._skip = 0
         if self.state in (START, FRAMES):
             self.state = HUNT
+            self.skipped = 0
         return []
 
     def set_frame_max(self, frame_max: int) -> None:
@@ -119,11 +136,12 @@ class FrameReader:
 
     # -- states ----------------------------------------------------------------------------------
 
-    def _keep(self, data: bytes, pos: int, need: int) -> None:
+    def _keep(self, data: bytes, pos: int, need: int, frame_len: int = 0) -> None:
         rest = data[pos:]
         self._chunks = [rest]
         self._have = len(rest)
         self._need = need
+        self._frame_len = frame_len
         self.offset += pos
 
     def _start(self, data: bytes, out: list) -> int | None:
@@ -165,7 +183,7 @@ class FrameReader:
                     return
                 continue
             if end >= n:
-                self._keep(data, pos, end + 1 - pos)
+                self._keep(data, pos, end + 1 - pos, frame_len=end + 1 - pos)
                 return
             if data[end] != FRAME_END:
                 pos = self._desync(data, pos, f"frame end octet is 0x{data[end]:02x}, not 0xce", out)
@@ -182,24 +200,27 @@ class FrameReader:
     def _desync(self, data: bytes, pos: int, reason: str, out: list) -> int | None:
         out.append(FramingError(self.offset + pos, reason))
         self.state = HUNT
+        self.skipped = 0
         return self._hunt(data, pos + 1, out)
 
     def _hunt(self, data: bytes, pos: int, out: list) -> int | None:
         start, n = pos, len(data)
         need = 0
         while pos < n:
-            if data[pos] == FRAME_METHOD or data[pos] == FRAME_HEADER:
+            if data[pos] in _CHAIN_STARTS:
                 verdict = self._confident(data, pos)
                 if verdict is True:
-                    out.append(Synchronised(pos - start, not self.synced_once))
+                    out.append(Synchronised(self.skipped + pos - start, not self.synced_once))
                     self.synced_once = True
+                    self.skipped = 0
                     self.state = FRAMES
                     return pos
-                if verdict is not False:  # a plausible frame that is not complete yet
+                if verdict is not False:  # a plausible chain that is not complete yet
                     need = verdict
                     break
             pos += 1
         self.hunted += pos - start
+        self.skipped += pos - start
         if not self.synced_once and self.hunted > HUNT_GIVE_UP:
             out.append(Unsupported("unknown"))
             self.state = UNSUPPORTED
@@ -212,22 +233,28 @@ class FrameReader:
         return None
 
     def _confident(self, data: bytes, pos: int) -> bool | int:
-        """Does a believable chain of frames start at pos? An int: bytes needed from pos to decide."""
-        n, first, frames = len(data), pos, 0
-        while frames < 3:
-            if pos == n:
-                return True  # the chain ends exactly where the segment ends
-            if n - pos < 12:
-                return max(12, pos - first + 12) if frames == 0 else True
+        """Does a believable chain of frames start at pos? An int: bytes needed from pos to decide.
+
+        Believable: three valid frames in a row, or two with a method or content header among
+        them, or a method or content header ending exactly where the data ends (the segment
+        boundary). Chains may start with a body frame, so a capture that begins inside a large
+        message finds its footing before the message ends."""
+        n, first, frames, anchored = len(data), pos, 0, False
+        while frames < 3 and not (anchored and frames >= 2):
+            if n - pos < 7:  # the chain reaches the end of the data (exactly, or into a frame header)
+                return True if anchored else pos - first + 8
             ftype, channel, size = _FRAME_HEADER.unpack_from(data, pos)
             end = pos + 7 + size
-            if not self._plausible_start(data, pos, ftype, channel, size, frames == 0):
-                return frames >= 2
-            if end >= n:
-                return end + 1 - first if frames == 0 else True
-            if data[end] != FRAME_END or not self._plausible_payload(ftype, data[pos + 7:end]):
-                return frames >= 2
+            if end >= n:  # the frame is not complete yet: reject what we can, else wait for it
+                if ftype not in FRAME_TYPES or size > self.max_frame or (
+                        n - pos >= 11 and not self._plausible_start(data, pos, ftype, channel, size, frames == 0)):
+                    return False
+                return True if anchored else end + 1 - first
+            if (not self._plausible_start(data, pos, ftype, channel, size, frames == 0)
+                    or data[end] != FRAME_END or not self._plausible_payload(ftype, data[pos + 7:end])):
+                return False
             frames += 1
+            anchored = anchored or ftype == FRAME_METHOD or ftype == FRAME_HEADER
             pos = end + 1
         return True
 
@@ -236,12 +263,12 @@ class FrameReader:
         if size > self.max_frame:
             return False
         if ftype == FRAME_METHOD:
-            return _METHOD_ID.unpack_from(data, pos + 7)[0] in METHOD_NAMES
+            return size >= 4 and _METHOD_ID.unpack_from(data, pos + 7)[0] in METHOD_NAMES
         if ftype == FRAME_HEADER:
-            return data[pos + 7:pos + 11] == b"\x00\x3c\x00\x00"  # class basic, weight 0
+            return size >= 14 and data[pos + 7:pos + 11] == b"\x00\x3c\x00\x00"  # class basic, weight 0
         if ftype == FRAME_HEARTBEAT:
             return size == 0 and channel == 0 and not first
-        return ftype == FRAME_BODY and not first
+        return ftype == FRAME_BODY and size > 0
 
     @staticmethod
     def _plausible_payload(ftype: int, payload: bytes) -> bool:

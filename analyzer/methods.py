@@ -23,6 +23,7 @@ _TAG_BITS = Struct("!QB")
 _CONTENT_HEADER = Struct("!HHQH")
 _RETURN_CODE = Struct("!H")
 
+INT64_MAX = (1 << 63) - 1
 ID_ACK = method_id(60, 80)
 ID_NACK = method_id(60, 120)
 ID_REJECT = method_id(60, 90)
@@ -46,19 +47,26 @@ def _shortstr(buf: bytes, pos: int) -> tuple[str, int]:
 
 # Fast decoders return tuples laid out as rows.ACK_FIELDS / rows.CONTENT_METHOD_FIELDS, method name first.
 
+def _tag(value: int) -> int:
+    """Delivery tags are 64-bit on the wire but RabbitMQ stays below 2**63, as do our int64 columns."""
+    if value > INT64_MAX:
+        raise MalformedFrame(f"delivery tag {value} is beyond 2**63-1")
+    return value
+
+
 def _ack(p: bytes) -> tuple:
     tag, bits = _TAG_BITS.unpack_from(p, 4)
-    return "basic.ack", tag, bool(bits & 1), None
+    return "basic.ack", _tag(tag), bool(bits & 1), None
 
 
 def _nack(p: bytes) -> tuple:
     tag, bits = _TAG_BITS.unpack_from(p, 4)
-    return "basic.nack", tag, bool(bits & 1), bool(bits & 2)
+    return "basic.nack", _tag(tag), bool(bits & 1), bool(bits & 2)
 
 
 def _reject(p: bytes) -> tuple:
     tag, bits = _TAG_BITS.unpack_from(p, 4)
-    return "basic.reject", tag, None, bool(bits & 1)
+    return "basic.reject", _tag(tag), None, bool(bits & 1)
 
 
 def _deliver(p: bytes) -> tuple:
@@ -66,7 +74,7 @@ def _deliver(p: bytes) -> tuple:
     tag, bits = _TAG_BITS.unpack_from(p, pos)
     exchange, pos = _shortstr(p, pos + 9)
     routing_key, _ = _shortstr(p, pos)
-    return "basic.deliver", tag, bool(bits & 1), exchange, routing_key, consumer_tag, None, None, None, None, None
+    return "basic.deliver", _tag(tag), bool(bits & 1), exchange, routing_key, consumer_tag, None, None, None, None, None
 
 
 def _publish(p: bytes) -> tuple:
@@ -80,7 +88,7 @@ def _get_ok(p: bytes) -> tuple:
     tag, bits = _TAG_BITS.unpack_from(p, 4)
     exchange, pos = _shortstr(p, 13)
     routing_key, pos = _shortstr(p, pos)
-    return ("basic.get-ok", tag, bool(bits & 1), exchange, routing_key, None, None, None, None, None,
+    return ("basic.get-ok", _tag(tag), bool(bits & 1), exchange, routing_key, None, None, None, None, None,
             _U32.unpack_from(p, pos)[0])
 
 
@@ -143,7 +151,7 @@ def decode_method(payload: bytes) -> tuple[dict, object | None]:
         if name is None or cls is None:
             raise MalformedFrame(f"unknown method class {mid >> 16} method {mid & 0xFFFF}")
         obj = cls()
-        obj.unmarshal(payload[4:])
+        _unmarshal_checked(obj, payload[4:])
     except MalformedFrame:
         raise
     except Exception as exc:  # pamqp raises assorted types on hostile bytes; all mean the same here
@@ -163,6 +171,30 @@ def decode_method(payload: bytes) -> tuple[dict, object | None]:
         fields["failing_method"] = METHOD_NAMES.get(method_id(obj.class_id, obj.method_id),
                                                    f"{obj.class_id}.{obj.method_id}")
     return fields, obj
+
+
+def _unmarshal_checked(obj, data: bytes) -> None:
+    """pamqp's Frame.unmarshal, but failing on arguments cut short: pamqp's string decoders slice
+    without checking the declared length, so a truncated frame would decode to shortened values."""
+    bit_offset, in_bits = 0, False
+    for argument in obj.__slots__:
+        data_type = obj.amqp_type(argument)
+        if in_bits and (data_type != "bit" or bit_offset == 8):
+            data = data[1:]
+            bit_offset, in_bits = 0, False
+        if not data:
+            raise MalformedFrame(f"{obj.name} ends before its argument {argument}")
+        consumed, value = pamqp_decode.by_type(data, data_type, bit_offset)
+        if data_type == "bit":
+            bit_offset += 1
+            in_bits = True
+            consumed = 0
+        elif consumed > len(data):
+            raise MalformedFrame(f"{obj.name} argument {argument} runs past the end of the frame")
+        if isinstance(value, int) and not isinstance(value, bool) and value > INT64_MAX:
+            raise MalformedFrame(f"{obj.name} argument {argument} is beyond 2**63-1")
+        setattr(obj, argument, value)
+        data = data[consumed:]
 
 
 def plausible_method(payload: bytes) -> bool:
@@ -191,6 +223,8 @@ def content_properties(payload: bytes) -> tuple[int, tuple]:
         class_id, weight, body_size, flags = _CONTENT_HEADER.unpack_from(payload)
         if class_id != 60 or weight != 0:
             raise MalformedFrame(f"content header for class {class_id} weight {weight}")
+        if body_size > INT64_MAX:
+            raise MalformedFrame(f"body size {body_size} is beyond 2**63-1")
         if not flags:
             return body_size, NO_PROPERTIES
         pos = 14
@@ -208,6 +242,8 @@ def content_properties(payload: bytes) -> tuple[int, tuple]:
             elif kind == "T":
                 value = _U64.unpack_from(payload, pos)[0]
                 pos += 8
+                if value > INT64_MAX:  # a nonsense timestamp costs the property, not the message
+                    value = None
             else:
                 used, table = pamqp_decode.field_table(payload[pos:])
                 pos += used
@@ -231,8 +267,15 @@ def decode_content_header(payload: bytes) -> tuple[int, dict]:
 
 
 def x_death_count(headers: dict) -> int | None:
-    """Times a message was dead-lettered, summed over RabbitMQ's x-death entries (one per queue and reason)."""
+    """Times a message was dead-lettered, summed over RabbitMQ's x-death entries (one per queue and
+    reason). A count we cannot read is skipped: it costs this figure, never the message's properties."""
     deaths = headers.get("x-death")
     if not isinstance(deaths, list):
         return None
-    return sum(int(d.get("count", 1)) for d in deaths if isinstance(d, dict))
+    total = 0
+    for death in deaths:
+        if isinstance(death, dict):
+            count = death.get("count", 1)  # brokers before 3.5 wrote one entry per death, without a count
+            if type(count) is int and count >= 0:
+                total += count
+    return min(total, INT64_MAX)

@@ -29,7 +29,7 @@ class Gap:
 
 class TcpDirection:
     __slots__ = ("next_seq", "pending", "pending_bytes", "max_pending", "started_at_syn",
-                 "retransmitted_bytes", "fin_seq", "closed", "unseen_acks", "peer_acked")
+                 "retransmitted_bytes", "fin_seq", "closed", "unseen_acks", "peer_acked", "isn")
 
     def __init__(self, max_pending: int = DEFAULT_MAX_PENDING):
         self.next_seq: int | None = None
@@ -42,6 +42,7 @@ class TcpDirection:
         self.closed = False
         self.unseen_acks = 0  # ACKs seen in a row for bytes that have not shown up
         self.peer_acked: int | None = None  # the highest ACK beyond what we have seen
+        self.isn: int | None = None  # the SYN's sequence number, when the capture saw it
 
     def segment(self, seq: int, payload: bytes, syn: bool = False, fin: bool = False,
                 missing: int = 0) -> list:
@@ -50,6 +51,7 @@ class TcpDirection:
             if self.next_seq is None or not self.started_at_syn:
                 self.next_seq = (seq + 1) % SEQ_MOD
                 self.started_at_syn = True
+                self.isn = seq
             seq = (seq + 1) % SEQ_MOD  # data on a SYN (TCP Fast Open) follows the SYN's sequence number
         if fin:
             self.fin_seq = (seq + len(payload) + missing) % SEQ_MOD
@@ -65,9 +67,10 @@ class TcpDirection:
             keep = len(payload) + rel
             if keep <= 0:
                 self.retransmitted_bytes += len(payload)
-                if keep + missing > 0:
+                if keep + missing > 0:  # a retransmission cut by the snap length, reaching past what we have
                     out.append(Gap(keep + missing, "truncated"))
                     self.next_seq = (self.next_seq + keep + missing) % SEQ_MOD
+                    self._drain(out)
                 return
             self.retransmitted_bytes += -rel
             payload, seq, rel = payload[-keep:], self.next_seq, 0
@@ -82,10 +85,12 @@ class TcpDirection:
                 self._drain(out)
             return
         old = self.pending.get(seq)
+        if old is not None:
+            self.retransmitted_bytes += min(len(old), len(payload))
         if old is None or len(old) < len(payload):
             self.pending[seq] = payload
             self.pending_bytes += len(payload) - (len(old) if old else 0)
-        if self.pending_bytes > self.max_pending:
+        while self.pending_bytes > self.max_pending:
             self._skip_hole(out, "buffer-limit")
 
     def _drain(self, out: list) -> None:
@@ -100,6 +105,7 @@ class TcpDirection:
                 data = self.pending.pop(seq)
                 self.pending_bytes -= len(data)
                 keep = len(data) + rel
+                self.retransmitted_bytes += min(len(data), -rel)  # bytes already delivered
                 if keep > 0:
                     out.append(data[-keep:])
                     self.next_seq = (self.next_seq + keep) % SEQ_MOD
@@ -110,8 +116,10 @@ class TcpDirection:
         if not self.pending:
             return
         first = min(self.pending, key=lambda s: seq_diff(s, self.next_seq))
-        out.append(Gap(seq_diff(first, self.next_seq), reason))
-        self.next_seq = first
+        missing = seq_diff(first, self.next_seq)
+        if missing > 0:
+            out.append(Gap(missing, reason))
+            self.next_seq = first
         self._drain(out)
 
     def acked(self, ack: int) -> list:
@@ -133,6 +141,7 @@ class TcpDirection:
             else:
                 out.append(Gap(seq_diff(ack, self.next_seq), "lost"))
                 self.next_seq = ack
+                self._drain(out)  # segments buffered at or across `ack` continue the stream now
         return out
 
     def finish(self) -> list:
