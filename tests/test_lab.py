@@ -286,3 +286,20 @@ def test_heartbeats_flow_both_ways_on_an_idle_connection(lab_out):
         "connection.start", "connection.start-ok", "connection.tune", "connection.tune-ok", "connection.open",
         "connection.open-ok", "channel.open", "channel.open-ok", "connection.close", "connection.close-ok",
         "channel.close", "channel.close-ok"}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_analyzer_decodes_every_scenario_like_tshark(lab_out, scenario):
+    """ackscope's decoder against tshark on each freshly recorded scenario: the same frames by method,
+    no decoding errors, and every connection the lab named is found with its name."""
+    from analyzer.ingest import decode
+
+    from tests.tshark import frames_by_method as tshark_frames_by_method
+
+    path = str(lab_out / f"{scenario}.pcapng")
+    report, connections = decode(path, lambda table: None)
+    assert report.errors == []
+    assert report.frames_by_method == tshark_frames_by_method(path)
+    _, expected = read_lab_capture(lab_out, scenario)
+    if scenario != "mid_stream":  # its connections were opened before the recording: no names on the wire
+        assert set(expected["facts"]["connections"]) <= {c["connection_name"] for c in connections}
