@@ -15,7 +15,7 @@ from pamqp import decode as pamqp_decode
 
 from . import spec
 from .framing import FrameReader, FramingError, ProtocolHeader, Synchronised, Unsupported
-from .methods import ACK_DECODERS, CONTENT_DECODERS, MalformedFrame, content_properties, decode_method, to_json
+from .methods import ACK_DECODERS, CONTENT_DECODERS, DecodeMemo, MalformedFrame, decode_method, to_json
 from .reassembly import Gap, TcpDirection
 from .methods import NO_PROPERTIES
 from .schema import CONNECTION_TIMESTAMPS, CONNECTIONS
@@ -71,6 +71,7 @@ class AmqpConnection:
         self.tcp = (TcpDirection(), TcpDirection())
         self.framers = (FrameReader(True, started_at_syn, max_frame), FrameReader(False, started_at_syn, max_frame))
         self.content: dict[tuple[int, int], PendingContent] = {}
+        self.memo = DecodeMemo()
         self.seq = 0
         self.ts_ns = first_ts_ns
         self.packet = 0
@@ -206,10 +207,11 @@ class AmqpConnection:
         if key in self.content:  # a new method before the last content finished: that content is cut short
             self._emit_content(key, complete=False)
         mid = _METHOD_ID.unpack_from(payload)[0] if len(payload) >= 4 else 0
-        fast = ACK_DECODERS.get(mid) or CONTENT_DECODERS.get(mid)
-        if fast is not None:
+        fast = ACK_DECODERS.get(mid)
+        if fast is not None or mid in CONTENT_DECODERS:
             try:
-                fields = fast(payload)
+                fields = fast(payload) if fast is not None else self.memo.content_method(mid, payload)
+                fast = True
             except Exception:  # malformed: the generic path names the problem
                 fast = None
         if fast is not None:
@@ -238,7 +240,7 @@ class AmqpConnection:
         if pending is None or pending.properties is not None:
             return  # content whose method the capture missed: counted, not attributable
         try:
-            pending.body_size, pending.properties = content_properties(payload)
+            pending.body_size, pending.properties = self.memo.content_header(payload)
         except MalformedFrame as exc:
             self._error(direction, f"channel {channel}: {exc}")
             self._emit_content((direction, channel), complete=False)

@@ -5,8 +5,6 @@ protocol (AMQP 1.0, the stream protocol, TLS). Flows on other ports are decoded 
 open with the AMQP 0-9-1 protocol header; everything else is ignored, cheaply.
 """
 
-import zlib
-
 from .connection import TO_BROKER, TO_CLIENT, AmqpConnection
 from .framing import DEFAULT_MAX_FRAME
 from .packets import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Segment
@@ -17,12 +15,6 @@ from .spec import PROTOCOL_HEADER_091
 DEFAULT_BROKER_PORTS = frozenset((5672, 5671, 5552, 5551))
 
 
-def flow_shard(seg: Segment, shards: int) -> int:
-    """Which of `shards` workers owns a flow: the same answer for both directions, in every process."""
-    a, b = seg.src + seg.sport.to_bytes(2, "big"), seg.dst + seg.dport.to_bytes(2, "big")
-    return zlib.crc32(min(a, b) + max(a, b)) % shards
-
-
 class FlowTable:
     def __init__(self, *, sink: RowSink, counts: dict, errors: list, source: str, agent_id: str = "",
                  broker_ports=DEFAULT_BROKER_PORTS, max_frame: int = DEFAULT_MAX_FRAME,
@@ -31,7 +23,10 @@ class FlowTable:
         self.source, self.agent_id = source, agent_id
         self.broker_ports = frozenset(broker_ports)
         self.max_frame = max_frame
-        self.shard, self.shards = shard  # this table decodes only the flows that hash to its shard
+        # With several workers reading the same file, each decodes every shards-th flow in order of
+        # first appearance: the same deal in every process, and two busy flows land on two workers.
+        self.shard, self.shards = shard
+        self.flow_owner: dict[tuple, int] = {}
         self.flows: dict[tuple, tuple[AmqpConnection, int]] = {}
         self.ignored: set[tuple] = set()
         self.connections: list[AmqpConnection] = []
@@ -50,7 +45,7 @@ class FlowTable:
                 return
         elif key in self.ignored:
             return
-        if self.shards > 1 and flow_shard(seg, self.shards) != self.shard:
+        if self.shards > 1 and self._owner(seg) != self.shard:
             self.ignored.add(key)
             return
         conn, direction = self._open(key, seg, ts_ns)
@@ -67,6 +62,14 @@ class FlowTable:
                                f"decoding stopped: {type(exc).__name__}: {exc}")
             conn.facts["ended_by"] = "decoder-error"
             conn.finished = True
+
+    def _owner(self, seg: Segment) -> int:
+        a, b = (seg.src, seg.sport), (seg.dst, seg.dport)
+        flow = (a, b) if a < b else (b, a)
+        owner = self.flow_owner.get(flow)
+        if owner is None:
+            owner = self.flow_owner[flow] = len(self.flow_owner) % self.shards
+        return owner
 
     def finish(self) -> None:
         for conn in self.connections:

@@ -21,6 +21,7 @@ _U32 = Struct("!I")
 _U64 = Struct("!Q")
 _TAG_BITS = Struct("!QB")
 _CONTENT_HEADER = Struct("!HHQH")
+_CLASS_WEIGHT_SIZE = Struct("!HHQ")
 _RETURN_CODE = Struct("!H")
 
 INT64_MAX = (1 << 63) - 1
@@ -279,3 +280,50 @@ def x_death_count(headers: dict) -> int | None:
             if type(count) is int and count >= 0:
                 total += count
     return min(total, INT64_MAX)
+
+
+class DecodeMemo:
+    """Per-connection memo of content-method and content-header decodes. A publisher repeats its
+    exchange, routing key and properties message after message, and a consumer sees the same
+    consumer tag and routing: the bytes repeat, so most decodes become one dict look-up. Delivery
+    tags, the one field that always changes, are cut out of the key and put back."""
+
+    __slots__ = ("methods", "properties", "limit")
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit  # entries per memo; a connection with more distinct shapes starts over
+        self.methods: dict[bytes, tuple] = {}
+        self.properties: dict[bytes, tuple] = {}
+
+    def content_method(self, mid: int, payload: bytes) -> tuple:
+        if mid == ID_DELIVER:
+            tag_at = 5 + payload[4]
+        elif mid == ID_GET_OK:
+            tag_at = 4
+        else:
+            tag_at = 0
+        key = payload[:tag_at] + payload[tag_at + 8:] if tag_at else payload
+        fields = self.methods.get(key)
+        if fields is None:
+            fields = CONTENT_DECODERS[mid](payload)
+            if len(self.methods) >= self.limit:
+                self.methods.clear()
+            self.methods[key] = fields
+            return fields
+        if tag_at:
+            return (fields[0], _tag(_U64.unpack_from(payload, tag_at)[0])) + fields[2:]
+        return fields
+
+    def content_header(self, payload: bytes) -> tuple[int, tuple]:
+        key = payload[12:]  # property flags and values; the body size varies, and is read every time
+        values = self.properties.get(key)
+        if values is None:
+            body_size, values = content_properties(payload)
+            if len(self.properties) >= self.limit:
+                self.properties.clear()
+            self.properties[key] = values
+            return body_size, values
+        class_id, weight, body_size = _CLASS_WEIGHT_SIZE.unpack_from(payload)
+        if class_id != 60 or weight != 0 or body_size > INT64_MAX:
+            return content_properties(payload)  # raises MalformedFrame with the reason
+        return body_size, values
