@@ -155,19 +155,19 @@ class FrameReader:
             if not supported:
                 # From a client: another protocol. From a broker: its answer to a version it does
                 # not speak (it closes next), or a peer that talks first, as AMQP 1.0 allows.
-                out.append(Unsupported(classify_foreign(data)))
-                self.state = UNSUPPORTED
-                self.offset += len(data)
-                return None
+                return self._foreign(data, out)
             self.state = FRAMES
             return 8
         if self.from_client:
-            out.append(Unsupported(classify_foreign(data)))
-            self.state = UNSUPPORTED
-            self.offset += len(data)
-            return None
+            return self._foreign(data, out)
         self.state = FRAMES
         return 0
+
+    def _foreign(self, data: bytes, out: list) -> None:
+        out.append(Unsupported(classify_foreign(data)))
+        self.state = UNSUPPORTED
+        self.offset += len(data)
+        return None
 
     def _frames(self, data: bytes, pos: int, out: list) -> None:
         n = len(data)

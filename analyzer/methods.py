@@ -157,6 +157,11 @@ def decode_method(payload: bytes) -> tuple[dict, object | None]:
         raise
     except Exception as exc:  # pamqp raises assorted types on hostile bytes; all mean the same here
         raise MalformedFrame(f"cannot decode {METHOD_NAMES.get(mid, 'method')}: {type(exc).__name__}") from None
+    return fields_from_pamqp(name, obj), obj
+
+
+def fields_from_pamqp(name: str, obj) -> dict:
+    """Row fields from a decoded pamqp method, through the FIELDS_FROM_PAMQP whitelist."""
     fields = {"method": name}
     for attr in obj.__slots__:
         column = FIELDS_FROM_PAMQP.get(attr)
@@ -171,7 +176,7 @@ def decode_method(payload: bytes) -> tuple[dict, object | None]:
     if name.endswith(".close") and getattr(obj, "class_id", 0):
         fields["failing_method"] = METHOD_NAMES.get(method_id(obj.class_id, obj.method_id),
                                                    f"{obj.class_id}.{obj.method_id}")
-    return fields, obj
+    return fields
 
 
 def _unmarshal_checked(obj, data: bytes) -> None:

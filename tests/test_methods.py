@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pamqp import commands, encode, frame, header
 
 from analyzer import methods, spec
-from analyzer.methods import FIELDS_FROM_PAMQP, MalformedFrame, decode_content_header, decode_method, to_json
+from analyzer.methods import FIELDS_FROM_PAMQP, MalformedFrame, decode_content_header, decode_method, fields_from_pamqp, to_json
 from analyzer.schema import FRAMES
 
 from . import amqp_bytes as ab
@@ -50,22 +50,10 @@ def pamqp_unmarshal(raw: bytes):
 
 
 def expected_fields(name: str, ref) -> dict:
-    """The row fields pamqp's decoding implies under the FIELDS_FROM_PAMQP mapping."""
-    fields = {"method": name}
-    for attr in type(ref).__slots__:
-        column = FIELDS_FROM_PAMQP.get(attr)
-        if column is None:
-            continue
-        value = getattr(ref, attr)
-        if column == "arguments":
-            value = to_json(value) if value else None
-        elif isinstance(value, bytes):
-            value = value.decode("utf-8", "replace")
-        fields[column] = value
-    if name.endswith(".close") and ref.class_id:
-        fields["failing_method"] = spec.METHOD_NAMES.get(spec.method_id(ref.class_id, ref.method_id),
-                                                         f"{ref.class_id}.{ref.method_id}")
-    return fields
+    """The row fields pamqp's own decoding implies, under the analyzer's whitelist of columns. For the
+    fast-path methods this is the differential check; for the rest it checks our length-checked
+    unmarshal against pamqp's."""
+    return fields_from_pamqp(name, ref)
 
 
 def schema_misfits(fields: dict) -> list:
