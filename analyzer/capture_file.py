@@ -111,7 +111,20 @@ def _pcapng(path: str, f) -> Iterator[tuple[int, int, int, bytes]]:
     interfaces: list[tuple[int, int, int]] = []  # (linktype, ticks per second, snap length)
     number = 0
     last_ts = 0
+    epb_head = Struct("<IIIIII")
     while True:
+        # Fast path: an Enhanced Packet Block entirely in the buffer (nearly every block of a capture).
+        buf, pos = blocks.buf, blocks.pos
+        if len(buf) - pos >= 28:
+            block_type, length, iface, high, low, caplen = epb_head.unpack_from(buf, pos)
+            if (block_type == EPB and length <= len(buf) - pos and not length % 4 and iface < len(interfaces)
+                    and caplen <= length - 32):
+                blocks.pos = pos + length
+                linktype, ticks, _ = interfaces[iface]
+                number += 1
+                last_ts = ((high << 32) | low) * 1_000_000_000 // ticks
+                yield number, last_ts, linktype, buf[pos + 28:pos + 28 + caplen]
+                continue
         if not blocks.need(8):
             if blocks.left():
                 raise CaptureFileError(f"{path}: packet {number + 1}: file is truncated "
@@ -124,7 +137,7 @@ def _pcapng(path: str, f) -> Iterator[tuple[int, int, int, bytes]]:
                 raise CaptureFileError(f"{path}: packet {number + 1}: truncated section header", damaged=number > 0)
             buf = blocks.buf
             order = "<" if buf[blocks.pos + 8:blocks.pos + 12] == b"\x4d\x3c\x2b\x1a" else ">"
-            u32, epb = Struct(order + "I"), Struct(order + "IIIII")
+            u32, epb, epb_head = Struct(order + "I"), Struct(order + "IIIII"), Struct(order + "IIIIII")
             interfaces = []
         length = u32.unpack_from(blocks.buf, blocks.pos + 4)[0]
         if length < 12 or length % 4:

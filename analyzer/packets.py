@@ -88,10 +88,13 @@ def link_payload(linktype: int, data: bytes) -> tuple[int, int] | None:
 
 def tcp_segment(linktype: int, data: bytes) -> Segment | None:
     """Decode one captured packet down to its TCP segment."""
-    found = link_payload(linktype, data)
-    if found is None:
-        return None
-    off, version = found
+    if linktype == LINKTYPE_ETHERNET and data[12:14] == b"\x08\x00":  # untagged Ethernet + IPv4: most packets
+        off, version = 14, 4
+    else:
+        found = link_payload(linktype, data)
+        if found is None:
+            return None
+        off, version = found
     n = len(data)
     if version == 4:
         if n < off + 20:
