@@ -29,6 +29,33 @@ def open_table(lake: str, name: str) -> DeltaTable | None:
         return None
 
 
+def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table | None:
+    """A table's current snapshot as Arrow, or None if there is no such table.
+
+    delta-rs resolves the snapshot (files and their partition values from the Delta log); pyarrow
+    reads the Parquet files. Scanning through delta-rs's pyarrow dataset instead leaves threads
+    behind that can abort the interpreter at exit (delta-rs#2184, polars#24169)."""
+    table = open_table(lake, name)
+    if table is None:
+        return None
+    wanted = [f for f in schema if columns is None or f.name in columns]
+    parts = []
+    actions = pa.table(table.get_add_actions(flatten=True))
+    for path, values in zip(actions["path"].to_pylist(),
+                            zip(*(actions[f"partition.{p}"].to_pylist() for p in PARTITION_BY))):
+        part = pq.read_table(os.path.join(lake, name, path), partitioning=None,
+                             columns=[f.name for f in wanted if f.name not in PARTITION_BY])
+        n = part.num_rows
+        by_name = dict(zip(PARTITION_BY, values))
+        parts.append(pa.Table.from_arrays(
+            [pa.array([by_name[f.name]] * n, f.type) if f.name in by_name
+             else part[f.name].cast(f.type) if f.name in part.column_names else pa.nulls(n, f.type)
+             for f in wanted], schema=pa.schema(wanted)))
+    if not parts:
+        return pa.schema(wanted).empty_table()
+    return pa.concat_tables(parts)
+
+
 def committed(lake: str, name: str, app_id: str) -> bool:
     """Has a commit with this app transaction id already landed in the table?"""
     table = open_table(lake, name)
@@ -46,7 +73,8 @@ class TableWriter:
         if table.num_rows == 0:
             return
         for date in pc.unique(table["date"]).to_pylist():
-            part = table.filter(pc.equal(table["date"], date))
+            # Delta keeps partition values in the log, not in the data files.
+            part = table.filter(pc.equal(table["date"], date)).drop_columns(PARTITION_BY)
             relative = f"date={date}/part-{uuid.uuid4().hex}.zstd.parquet"
             full = os.path.join(self.path, relative)
             os.makedirs(os.path.dirname(full), exist_ok=True)

@@ -3,23 +3,23 @@
 import pyarrow.compute as pc
 
 from . import lake
+from .schema import CONNECTIONS, FRAMES
 
 
 def lake_summary(lake_dir: str) -> dict:
-    frames = lake.open_table(lake_dir, "frames")
-    connections = lake.open_table(lake_dir, "connections")
+    frames = lake.read_table(lake_dir, "frames", FRAMES, columns=["method"])
     summary = {"lake": lake_dir, "frames_version": None, "frame_rows": 0, "rows_by_method": {},
                "connections": []}
     if frames is not None:
-        table = frames.to_pyarrow_table(columns=["method"])
-        summary["frames_version"] = frames.version()
-        summary["frame_rows"] = table.num_rows
-        counts = pc.value_counts(table["method"]).to_pylist()
+        summary["frames_version"] = lake.open_table(lake_dir, "frames").version()
+        summary["frame_rows"] = frames.num_rows
+        counts = pc.value_counts(frames["method"]).to_pylist()
         summary["rows_by_method"] = {c["values"]: c["counts"] for c in sorted(counts, key=lambda c: -c["counts"])}
+    columns = ["connection_id", "protocol", "connection_name", "client_product", "server_product",
+               "user", "vhost", "frames_to_broker", "frames_to_client", "gaps", "ended_by", "started_at_syn"]
+    connections = lake.read_table(lake_dir, "connections", CONNECTIONS, columns=columns)
     if connections is not None:
-        columns = ["connection_id", "protocol", "connection_name", "client_product", "server_product",
-                   "user", "vhost", "frames_to_broker", "frames_to_client", "gaps", "ended_by", "started_at_syn"]
-        rows = connections.to_pyarrow_table(columns=columns).to_pylist()
+        rows = connections.to_pylist()
         summary["connections"] = sorted(rows, key=lambda r: r["connection_id"].rsplit("@", 1)[-1])
     return summary
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pika
 import pytest
-from deltalake import DeltaTable
+
+from analyzer.lake import read_table
+from analyzer.schema import CONNECTIONS, FRAMES
 
 from tests.lab import broker
 from tests.lab.recording import Recording
@@ -85,7 +87,7 @@ def test_real_broker_traffic_decodes_like_tshark_and_keeps_no_password(tmp_path,
     assert frames["content.header"] == 2 * MESSAGES
     assert frames["confirm.select"] == 1 and frames["basic.qos"] == 1
 
-    table = DeltaTable(str(lake / "frames")).to_pyarrow_table().to_pylist()
+    table = read_table(str(lake), "frames", FRAMES).to_pylist()
     confirms = [r for r in table if r["method"] == "basic.ack" and r["direction"] == "to_client"]
     consumer_acks = [r for r in table if r["method"] == "basic.ack" and r["direction"] == "to_broker"]
     assert max(r["delivery_tag"] for r in confirms) == MESSAGES  # every publish was confirmed
@@ -95,7 +97,7 @@ def test_real_broker_traffic_decodes_like_tshark_and_keeps_no_password(tmp_path,
     assert {r["delivery_mode"] for r in publishes} == {2}
     assert sorted(r["message_identity"] for r in publishes) == sorted(f"id:{name}-{i}" for i in range(MESSAGES))
 
-    connections = DeltaTable(str(lake / "connections")).to_pyarrow_table().to_pylist()
+    connections = read_table(str(lake), "connections", CONNECTIONS).to_pylist()
     mine = [c for c in connections if c["connection_name"] == name]
     assert len(mine) == 1 and mine[0]["user"] == USER and mine[0]["server_product"] == "RabbitMQ"
     assert mine[0]["ended_by"] in ("connection.close", "tcp.fin")
