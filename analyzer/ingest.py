@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from . import lake, schema
 from .rows import RowSink, dicts_to_table
-from .capture_file import CaptureFileError, read_packets
+from .capture_file import PCAPNG_MAGIC, CaptureFileError, read_packets
 from .flows import DEFAULT_BROKER_PORTS, FlowTable
 from .framing import DEFAULT_MAX_FRAME
 from .packets import SUPPORTED_LINKTYPES, tcp_segment
@@ -76,9 +76,11 @@ def decode(path: str, on_batch, *, agent_id: str = "", broker_ports=DEFAULT_BROK
                       broker_ports=broker_ports, max_frame=max_frame, shard=shard)
     seen_linktypes: set[int] = set()
     packets = 0
+    captured_bytes = 0  # packet bytes read so far: the progress bar's measure of how far into the file
     try:
         for number, ts_ns, linktype, data in read_packets(path):
             packets = number
+            captured_bytes += len(data)
             if linktype not in seen_linktypes:
                 seen_linktypes.add(linktype)
                 if linktype not in SUPPORTED_LINKTYPES:
@@ -91,7 +93,7 @@ def decode(path: str, on_batch, *, agent_id: str = "", broker_ports=DEFAULT_BROK
                 if len(rows) >= BATCH_ROWS:
                     on_batch(rows.take())
                 if progress is not None and not number & 0x3FFF:
-                    progress(number)
+                    progress(number, captured_bytes)
     except CaptureFileError as exc:
         report.errors.append(str(exc))
         report.damaged = exc.damaged
@@ -200,15 +202,24 @@ def _decode_in_workers(path: str, frames: lake.TableWriter, need_frames: bool, w
 
 
 class _Progress:
-    """A one-line progress indicator on stderr, for people watching a long file."""
+    """A progress bar on stderr, for people watching a long file. Packet bytes read plus their record
+    headers, against the file's size, give the fraction."""
+
+    WIDTH = 30
 
     def __init__(self, path: str):
-        self.path = os.path.basename(path)
+        self.name = os.path.basename(path)
+        self.size = max(os.path.getsize(path), 1)
+        with open(path, "rb") as f:
+            self.overhead = 34 if f.read(4) == PCAPNG_MAGIC else 16  # pcapng: 32-byte block + padding
         self.started = time.perf_counter()
 
-    def __call__(self, packets: int) -> None:
-        elapsed = time.perf_counter() - self.started
-        sys.stderr.write(f"\r{self.path}: {packets:,} packets, {packets / max(elapsed, 1e-9):,.0f}/s ")
+    def __call__(self, packets: int, captured_bytes: int) -> None:
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        fraction = min((captured_bytes + self.overhead * packets) / self.size, 1.0)
+        filled = int(fraction * self.WIDTH)
+        sys.stderr.write(f"\r{self.name} [{'#' * filled}{'.' * (self.WIDTH - filled)}] {fraction:4.0%} "
+                         f"{packets:,} packets, {packets / elapsed:,.0f}/s ")
         sys.stderr.flush()
 
     def done(self) -> None:
