@@ -176,11 +176,12 @@ def test_demo_runs_the_bundled_sample_and_exits_cleanly(tmp_path):
 
 
 def test_progress_bar_shows_how_far_into_the_file(tmp_path, capsys, corpus_dir):
+    from analyzer.capture_file import read_packets
     from analyzer.ingest import _Progress
 
     path = os.path.join(corpus_dir, "nDPI/amqp.pcap")
     progress = _Progress(path)
-    packet_bytes = sum(len(data) for *_, data in __import__("analyzer.capture_file").capture_file.read_packets(path))
+    packet_bytes = sum(len(data) for *_, data in read_packets(path))
     progress(160, packet_bytes)  # every packet of the file read
     progress.done()
     line = capsys.readouterr().err.split("\r")[1]
