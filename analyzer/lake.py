@@ -11,6 +11,7 @@ import json
 import os
 import time
 import uuid
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,7 +44,7 @@ def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | Non
     actions = pa.table(table.get_add_actions(flatten=True))
     for path, values in zip(actions["path"].to_pylist(),
                             zip(*(actions[f"partition.{p}"].to_pylist() for p in PARTITION_BY))):
-        part = pq.read_table(os.path.join(lake, name, path), partitioning=None,
+        part = pq.read_table(os.path.join(lake, name, unquote(path)), partitioning=None,  # the log holds URI-encoded paths
                              columns=[f.name for f in wanted if f.name not in PARTITION_BY])
         n = part.num_rows
         by_name = dict(zip(PARTITION_BY, values))

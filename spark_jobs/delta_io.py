@@ -1,0 +1,258 @@
+"""Delta tables in and out of Spark, with the Delta Lake JARs (native) or without them (bridge).
+
+The bridge gives the same tables as delta-spark: delta-rs resolves the snapshot and commits,
+Spark only reads and writes Parquet. A read hands Spark exactly the snapshot's files, and the
+partition values Spark sees are checked against the log's (Delta keeps them in the log, not in the
+files). A write commits every file Spark wrote in one Delta commit, carrying the app-transaction id
+delta-spark's `txnAppId` would, so whichever path wrote a table, the other path, `deltalake` and
+`analyzer.lake.read_table` read it, and a retried write is a no-op.
+"""
+
+import json
+import os
+import re
+import shutil
+import uuid
+from datetime import date, datetime, timezone
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.transaction import AddAction
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from analyzer.lake import committed, open_table
+from analyzer.schema import PARTITION_BY
+
+from . import session
+from .types import spark_schema
+
+# Where Spark writes before the commit; a leading underscore hides it from Delta and Spark readers.
+STAGING_DIR = "_ackscope_staging"
+# analyzer.lake.TableWriter commits app ids at version 1 too: an app id has landed or it has not.
+TRANSACTION_VERSION = 1
+# How Spark (like Hive) names the directory of a null partition value.
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+SAVE_MODES = ("append", "overwrite")
+# Reader features that leave a Parquet file meaning what it says. Anything else (deletion vectors
+# hiding rows, column mapping renaming columns, ...) needs delta-spark to read correctly.
+BRIDGE_READER_FEATURES = {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck"}
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+
+
+def read_delta(spark: SparkSession, lake: str, name: str, schema: pa.Schema | None = None, mode: str = "auto",
+               since: date | str | None = None, until: date | str | None = None) -> DataFrame:
+    """The table's current snapshot, in `schema` (by default the table's own).
+
+    `since` and `until` are UTC days, both inclusive, and select `date` partitions; a datetime
+    selects the day it falls on. A missing table reads as an empty DataFrame of `schema`.
+    `mode` is the Delta path: auto, native or bridge (see `session.delta_mode`)."""
+    table = open_table(lake, name)
+    if schema is None:
+        if table is None:
+            raise FileNotFoundError(f"no Delta table {name!r} in {lake}, and no schema to make an empty one")
+        schema = pa.schema(table.schema().to_arrow())
+    struct = spark_schema(schema)
+    days = (_utc_day(since), _utc_day(until))
+    route = session.delta_mode(spark, mode)
+    if table is None:
+        return spark.createDataFrame([], struct)
+    if days != (None, None) and "date" not in table.metadata().partition_columns:
+        raise ValueError(f"table {name!r} is not partitioned by date: since/until cannot select its days")
+    location = os.path.join(lake, name)
+    if route == "native":
+        data = _in_days(spark.read.format("delta").load(os.path.abspath(location)), *days)
+    else:
+        data = _read_bridge(spark, table, location, struct, *days)
+    return _schema_contract(data, struct)
+
+
+def write_delta(df: DataFrame, lake: str, name: str, schema: pa.Schema, app_id: str | None = None,
+                mode: str = "append", partition_by: list[str] = PARTITION_BY, delta_mode: str = "auto") -> int:
+    """Append `df` to the table, or replace its contents (`mode="overwrite"`), in one commit.
+
+    With an `app_id` that the table has already committed, nothing is written: retried jobs stay
+    idempotent. Returns a table version that includes the write (a concurrent writer may have
+    committed after it)."""
+    if mode not in SAVE_MODES:
+        raise ValueError(f"mode must be one of {', '.join(SAVE_MODES)}, not {mode!r}")
+    route = session.delta_mode(df.sparkSession, delta_mode)
+    if app_id is not None and committed(lake, name, app_id):
+        return open_table(lake, name).version()
+    data = _schema_contract(df, spark_schema(schema))
+    location = os.path.join(lake, name)
+    if route == "native":
+        _write_native(data, location, app_id, mode, partition_by)
+    else:
+        _write_bridge(data, location, schema, app_id, mode, partition_by)
+    return open_table(lake, name).version()
+
+
+def _schema_contract(df: DataFrame, struct: T.StructType) -> DataFrame:
+    """Exactly the schema's columns, in its order and types."""
+    types = {field.name: field.dataType for field in df.schema}
+    missing = [field.name for field in struct if field.name not in types]
+    if missing:
+        raise ValueError(f"the DataFrame lacks the table's columns {missing}")
+    # A cast is several JVM round trips per column: only where the type differs.
+    return df.select(*[field.name if types[field.name] == field.dataType
+                       else F.col(field.name).cast(field.dataType).alias(field.name) for field in struct])
+
+
+def _in_days(df: DataFrame, since: str | None, until: str | None) -> DataFrame:
+    if since is not None:
+        df = df.where(F.col("date") >= F.lit(since))
+    if until is not None:
+        df = df.where(F.col("date") <= F.lit(until))
+    return df
+
+
+def _utc_day(value: date | str | None) -> str | None:
+    """'YYYY-MM-DD', the form of the `date` partition values."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError(f"{value} has no time zone: partitions are UTC days, so say which instant you mean")
+        return value.astimezone(timezone.utc).date().isoformat()
+    if isinstance(value, date):
+        return value.isoformat()
+    return date.fromisoformat(value).isoformat()
+
+
+# --- bridge: read ---------------------------------------------------------------------------------
+
+def _read_bridge(spark: SparkSession, table: DeltaTable, location: str, struct: T.StructType,
+                 since: str | None, until: str | None) -> DataFrame:
+    """Spark reads exactly the snapshot's files; their partition values are checked against the log first.
+
+    Spark takes partition values from `column=value/` folders under `basePath`, as a constant per
+    file at no cost per row. Both delta-rs and delta-spark lay files out that way, but the log is
+    the truth: a file whose folders would give Spark anything else stops the read."""
+    _check_bridge_can_read(table, location)
+    root = os.path.abspath(location)
+    files = {file: values for file, values in _snapshot_files(table, root).items()
+             if _day_selected(values.get("date"), since, until)}
+    if not files:
+        return spark.createDataFrame([], struct)
+    for file, values in files.items():
+        _check_partition_folders(os.path.relpath(file, root), values)
+    return spark.read.schema(struct).option("basePath", root).parquet(*files)
+
+
+def _check_bridge_can_read(table: DeltaTable, location: str) -> None:
+    protocol = table.protocol()
+    if protocol.min_reader_version == 1:
+        return
+    # Reader version 2 is column mapping; 3 lists its features.
+    features = set(protocol.reader_features or []) if protocol.min_reader_version >= 3 else {"columnMapping"}
+    if not features <= BRIDGE_READER_FEATURES:
+        raise RuntimeError(f"{location}: the table uses {sorted(features - BRIDGE_READER_FEATURES)}, which the "
+                           f"bridge cannot apply to its Parquet files; read it with --delta-mode native")
+
+
+def _snapshot_files(table: DeltaTable, root: str) -> dict[str, dict]:
+    """Absolute path of each file in the current snapshot -> its partition values, from the Delta log."""
+    partition_columns = table.metadata().partition_columns
+    actions = pa.table(table.get_add_actions(flatten=True))
+    files = {}
+    for action in actions.select(["path"] + [f"partition.{c}" for c in partition_columns]).to_pylist():
+        # Paths in the log are URIs: `%` in a file name is written `%25`.
+        files[os.path.normpath(os.path.join(root, unquote(action["path"])))] = {
+            column: action[f"partition.{column}"] for column in partition_columns}
+    return files
+
+
+def _day_selected(day: str | None, since: str | None, until: str | None) -> bool:
+    if since is None and until is None:
+        return True
+    return day is not None and (since is None or day >= since) and (until is None or day <= until)
+
+
+# --- bridge: write --------------------------------------------------------------------------------
+
+def _write_bridge(data: DataFrame, path: str, schema: pa.Schema, app_id: str | None, mode: str,
+                  partition_by: list[str]) -> None:
+    """Spark writes Parquet to a private staging folder; its files move into the table and are committed together.
+
+    Until the commit, nothing in the log names them, so no reader sees a partial write; after a
+    crash they are unreferenced files that `VACUUM` removes."""
+    staging = os.path.join(path, STAGING_DIR, uuid.uuid4().hex)
+    data.write.partitionBy(*partition_by).option("compression", "zstd").parquet(staging)
+    try:
+        actions = [_move_into_table(staging, relative, path, partition_by) for relative in _written_files(staging)]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    table = _open_or_create(path, schema, partition_by)
+    transactions = [Transaction(app_id, TRANSACTION_VERSION)] if app_id is not None else None
+    # "overwrite" removes every file of the snapshot in this same commit.
+    table.create_write_transaction(actions, mode=mode, schema=schema, partition_by=partition_by,
+                                   commit_properties=CommitProperties(app_transactions=transactions))
+
+
+def _written_files(staging: str) -> list[str]:
+    """Data files under the staging folder, relative to it; Spark's `_SUCCESS` and `.crc` files are not data."""
+    found = []
+    for folder, _, names in os.walk(staging):
+        found += [os.path.relpath(os.path.join(folder, n), staging) for n in names if not n.startswith(("_", "."))]
+    return sorted(found)
+
+
+def _move_into_table(staging: str, relative: str, path: str, partition_by: list[str]) -> AddAction:
+    """Move one file Spark wrote to the same place in the table; its add action comes from what is on disk."""
+    values = _folder_partition_values(relative)
+    if list(values) != list(partition_by):
+        raise RuntimeError(f"Spark wrote {relative}, not under folders for partitions {partition_by}")
+    target = os.path.join(path, relative)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.rename(os.path.join(staging, relative), target)
+    stats = {"numRecords": pq.read_metadata(target).num_rows}
+    # delta-rs URI-encodes the path as it writes the log: give it the plain one.
+    return AddAction(relative, os.path.getsize(target), values,
+                     int(os.path.getmtime(target) * 1000), True, json.dumps(stats))
+
+
+def _folder_partition_values(relative: str) -> dict[str, str | None]:
+    """Partition values as Spark reads them from the `column=value/` folders of a file's path.
+
+    Spark escapes a few ASCII characters in folder names (`:` as `%3A`) and unescapes every `%XX`
+    as one character; it never decodes UTF-8 sequences, so neither does this."""
+    values = {}
+    for folder in relative.split(os.sep)[:-1]:
+        column, _, value = folder.partition("=")
+        values[column] = None if value == NULL_PARTITION else _ESCAPE.sub(lambda m: chr(int(m[1], 16)), value)
+    return values
+
+
+def _check_partition_folders(relative: str, logged: dict) -> None:
+    logged_as_text = {column: None if value is None else str(value) for column, value in logged.items()}
+    from_folders = _folder_partition_values(relative)
+    if from_folders != logged_as_text:
+        raise RuntimeError(f"{relative}: the Delta log gives partition values {logged_as_text}, its folders "
+                           f"{from_folders}; the bridge cannot read this table, --delta-mode native can")
+
+
+def _open_or_create(path: str, schema: pa.Schema, partition_by: list[str]) -> DeltaTable:
+    try:
+        return DeltaTable(path)
+    except TableNotFoundError:
+        pass
+    try:
+        DeltaTable.create(path, schema, mode="ignore", partition_by=partition_by)
+    except CommitFailedError:  # another writer created it first: use theirs
+        pass
+    return DeltaTable(path)
+
+
+# --- native ---------------------------------------------------------------------------------------
+
+def _write_native(data: DataFrame, path: str, app_id: str | None, mode: str, partition_by: list[str]) -> None:
+    writer = data.write.format("delta").mode(mode).partitionBy(*partition_by)
+    if app_id is not None:
+        # delta-spark skips a write whose app id the table already has at this version.
+        writer = writer.option("txnAppId", app_id).option("txnVersion", TRANSACTION_VERSION)
+    writer.save(os.path.abspath(path))

@@ -1,0 +1,119 @@
+"""The SparkSession the jobs run in, and which Delta path it can take.
+
+`native`: delta-spark reads and writes the tables; needs the Delta Lake JARs on Spark's classpath
+(Databricks, EMR, `--packages io.delta:...` with Maven access, or JARs baked into the image).
+`bridge`: delta-rs resolves snapshots and commits, Spark only reads and writes Parquet; works
+anywhere, including air-gapped sites and the build machines (see DESIGN.md, "Delta Lake on both sides").
+"""
+
+import os
+import re
+from importlib.metadata import version
+
+from py4j.protocol import Py4JJavaError
+from pyspark import SparkConf
+from pyspark.core.context import SparkContext
+from pyspark.sql import SparkSession
+
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+DELTA_MODES = ("auto", "native", "bridge")
+
+_SESSION_CONF = {
+    # Partition dates and every timestamp the agent writes are UTC.
+    "spark.sql.session.timeZone": "UTC",
+    # INT96, Spark's default, is deprecated and not what the agent writes: INT64 microseconds
+    # read back in pyarrow and delta-rs as timestamp[us, UTC], the type in analyzer.schema.
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    # pyarrow and delta-rs use the proleptic Gregorian calendar: never rebase to Spark 2's hybrid one.
+    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+    "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
+    "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+    "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
+    # Between Spark and pandas through Arrow batches rather than a Python object per row.
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.ui.showConsoleProgress": "false",
+}
+
+
+class NativeDeltaUnavailable(RuntimeError):
+    """`--delta-mode native` was asked for, but this Spark cannot run delta-spark."""
+
+
+def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memory: str | None = None) -> SparkSession:
+    """The session for a job; `driver_memory` (e.g. "8g") counts only if this call starts the driver JVM."""
+    conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(_SESSION_CONF.items()))
+    cores = _local_cores(master)
+    if cores is not None:
+        # 200 shuffle partitions of a few KB each dominate small local runs; two per core keep
+        # every core busy, and adaptive execution coalesces further.
+        conf.set("spark.sql.shuffle.partitions", str(2 * cores))
+        # Local runs are batch jobs and tests, often several at once: no UI, no fight over port 4040.
+        conf.set("spark.ui.enabled", "false")
+    if driver_memory:
+        conf.set("spark.driver.memory", driver_memory)
+    if _delta_jars_in_driver(conf):
+        conf.set("spark.sql.extensions", DELTA_EXTENSION).set("spark.sql.catalog.spark_catalog", DELTA_CATALOG)
+    spark = SparkSession.builder.config(conf=conf).getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def delta_mode(spark: SparkSession, requested: str = "auto") -> str:
+    """`native` or `bridge`: what `--delta-mode` asked for, or under `auto` the best this session can do."""
+    if requested not in DELTA_MODES:
+        raise ValueError(f"--delta-mode must be one of {', '.join(DELTA_MODES)}, not {requested!r}")
+    if requested == "bridge":
+        return "bridge"
+    problem = _native_delta_problem(spark)
+    if problem is None:
+        return "native"
+    if requested == "native":
+        raise NativeDeltaUnavailable(
+            f"--delta-mode native: {problem}. Add them (spark-submit --packages "
+            f"io.delta:delta-spark_2.13:{version('delta-spark')}, or spark.jars) or use --delta-mode bridge, "
+            f"which reads and writes the same tables through delta-rs.")
+    return "bridge"
+
+
+def _native_delta_problem(spark: SparkSession) -> str | None:
+    if not _class_loadable(spark.sparkContext._jvm, DELTA_EXTENSION):
+        return f"the Delta Lake JARs are not on Spark's classpath ({DELTA_EXTENSION} cannot be loaded)"
+    if DELTA_EXTENSION not in spark.conf.get("spark.sql.extensions", ""):
+        return (f"the Delta Lake JARs are present but this session was built without "
+                f"spark.sql.extensions={DELTA_EXTENSION}")
+    return None
+
+
+def _delta_jars_in_driver(conf: SparkConf) -> bool:
+    """Are the Delta classes loadable in the driver this conf starts?
+
+    Delta's session extension must be configured before the session exists, and only the driver
+    JVM knows its final classpath (`--packages`, `spark.jars`, JARs in SPARK_HOME), so start that
+    JVM first (PySpark reuses it for the session) and ask it."""
+    SparkContext._ensure_initialized(conf=conf)
+    return _class_loadable(SparkContext._jvm, DELTA_EXTENSION)
+
+
+def _class_loadable(jvm, name: str) -> bool:
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    try:
+        jvm.java.lang.Class.forName(name, False, loader)
+    except Py4JJavaError as exc:
+        if exc.java_exception.getClass().getName() == "java.lang.ClassNotFoundException":
+            return False
+        raise
+    return True
+
+
+def _local_cores(master: str) -> int | None:
+    """Threads of a local master (`local`, `local[4]`, `local[*]`, `local[4,2]`); None for a cluster."""
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master)
+    if match is None:
+        return None
+    threads = match.group(1)
+    if threads is None:
+        return 1
+    if threads == "*":
+        return os.cpu_count() or 1
+    return int(threads)

@@ -1,0 +1,261 @@
+"""Spark on the lake's Delta tables without the Delta JARs: real Spark, real tables written by the real agent.
+
+The bridge (delta-rs snapshots and commits, Spark reads and writes Parquet) must give the tables
+delta-spark would: what the agent writes Spark reads, what Spark writes the agent reads, with
+`analyzer.schema`'s types exactly, one commit per write, and retried writes adding nothing.
+"""
+
+import glob
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from datetime import date, datetime, timedelta, timezone
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from analyzer import lake, schema
+from analyzer.ingest import ingest_file
+from spark_jobs.delta_io import STAGING_DIR, read_delta, write_delta
+from spark_jobs.session import NativeDeltaUnavailable, delta_mode, get_spark
+from spark_jobs.types import spark_schema
+
+from .conftest import ROOT
+
+TABLES = {"frames": schema.FRAMES, "connections": schema.CONNECTIONS}
+EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))
+ERROR_DAY, EXAMPLES_DAY = "2025-12-23", "2026-11-21"   # amqp-error.pcap's day, and every example's
+
+
+@pytest.fixture(scope="session")
+def spark():
+    session = get_spark("local[2]", "ackscope-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def error_capture(corpus_dir) -> str:
+    return os.path.join(corpus_dir, "deepflow", "amqp-error.pcap")
+
+
+@pytest.fixture(scope="module")
+def agent_lake(tmp_path_factory, error_capture) -> str:
+    """The agent's tables for the deepflow error capture and every example; read only by these tests."""
+    lake_dir = str(tmp_path_factory.mktemp("agent-lake"))
+    assert len(EXAMPLES) >= 10
+    for capture in [error_capture, *EXAMPLES]:
+        assert not ingest_file(capture, lake_dir).unreadable
+    return lake_dir
+
+
+def agent_read(lake_dir: str, name: str) -> pa.Table:
+    return lake.read_table(lake_dir, name, TABLES[name])
+
+
+def in_order(table: pa.Table) -> pa.Table:
+    return table.sort_by([(column, "ascending") for column in table.column_names])
+
+
+def assert_same_rows(actual: pa.Table, expected: pa.Table) -> None:
+    assert actual.schema.equals(expected.schema)
+    assert actual.num_rows == expected.num_rows
+    assert in_order(actual).equals(in_order(expected))
+
+
+def table_version(lake_dir: str, name: str) -> int:
+    return DeltaTable(os.path.join(lake_dir, name)).version()
+
+
+def commit_actions(lake_dir: str, name: str, version: int) -> list[dict]:
+    with open(os.path.join(lake_dir, name, "_delta_log", f"{version:020}.json")) as log:
+        return [json.loads(line) for line in log]
+
+
+def test_spark_types_are_the_agents_types_exactly():
+    frames = spark_schema(schema.FRAMES)
+    assert frames.names == schema.FRAMES.names
+    assert all(field.nullable for field in frames)
+    assert frames["ts"].dataType == T.TimestampType()
+    assert frames["seq"].dataType == T.LongType() and frames["channel"].dataType == T.IntegerType()
+    assert frames["multiple"].dataType == T.BooleanType() and frames["date"].dataType == T.StringType()
+    assert spark_schema(pa.schema([("flag", pa.int8())]))["flag"].dataType == T.ByteType()
+    with pytest.raises(TypeError, match="column 'ts_ns'.*timestamp\\[ns\\]"):
+        spark_schema(pa.schema([("ts_ns", pa.timestamp("ns"))]))
+
+
+def test_spark_reads_the_agents_tables_as_the_agent_does(spark, agent_lake):
+    for name, arrow_schema in TABLES.items():
+        df = read_delta(spark, agent_lake, name, arrow_schema)
+        assert df.schema == spark_schema(arrow_schema)
+        # Without a schema the table's own, from the Delta log, is the same.
+        assert read_delta(spark, agent_lake, name).schema == spark_schema(arrow_schema)
+        expected = agent_read(agent_lake, name)
+        assert expected.num_rows > 0
+        assert_same_rows(df.toArrow(), expected)
+    assert set(agent_read(agent_lake, "frames")["date"].to_pylist()) == {ERROR_DAY, EXAMPLES_DAY}
+
+
+def test_the_agent_reads_what_spark_writes(spark, agent_lake, tmp_path):
+    out = str(tmp_path)
+    for name, arrow_schema in TABLES.items():
+        version = write_delta(read_delta(spark, agent_lake, name, arrow_schema), out, name, arrow_schema,
+                              app_id="copy-1")
+        assert_same_rows(agent_read(out, name), agent_read(agent_lake, name))
+        assert_same_rows(read_delta(spark, out, name, arrow_schema).toArrow(), agent_read(agent_lake, name))
+        table = DeltaTable(os.path.join(out, name))
+        assert table.version() == version and table.transaction_version("copy-1") == 1
+        assert pa.schema(table.schema().to_arrow()).equals(arrow_schema)
+        assert table.metadata().partition_columns == ["date"]
+        # The files are what the agent writes: no partition column inside, timestamp[us, UTC], int32...
+        in_files = pa.schema([field for field in arrow_schema if field.name != "date"])
+        for uri in table.file_uris():
+            assert uri.startswith(os.path.join(out, name, "date="))
+            assert pq.read_schema(uri).equals(in_files)
+        assert os.listdir(os.path.join(out, name, STAGING_DIR)) == []
+
+
+def test_since_and_until_pick_date_partitions_before_spark_opens_a_file(spark, agent_lake):
+    frames = agent_read(agent_lake, "frames")
+    rows_on = {day: pc.sum(pc.equal(frames["date"], day)).as_py() for day in (ERROR_DAY, EXAMPLES_DAY)}
+
+    def read(**days):
+        return read_delta(spark, agent_lake, "frames", schema.FRAMES, **days)
+
+    cases = [
+        ({"until": "2025-12-31"}, ERROR_DAY),
+        ({"since": date(2026, 1, 1)}, EXAMPLES_DAY),
+        ({"since": ERROR_DAY, "until": ERROR_DAY}, ERROR_DAY),
+        # A datetime picks the UTC day it falls on: 2026-11-22 01:00 in UTC+3 is 2026-11-21 in UTC.
+        ({"since": datetime(2026, 11, 22, 1, tzinfo=timezone(timedelta(hours=3)))}, EXAMPLES_DAY),
+    ]
+    for days, only_day in cases:
+        df = read(**days)
+        assert {row["date"]: row["count"] for row in df.groupBy("date").count().collect()} == \
+            {only_day: rows_on[only_day]}, days
+        assert all(f"/date={only_day}/" in uri for uri in df.inputFiles())
+    assert read(since=ERROR_DAY, until=EXAMPLES_DAY).count() == frames.num_rows
+    nothing = read(since="2030-01-01")
+    assert nothing.count() == 0 and nothing.schema == spark_schema(schema.FRAMES)
+    with pytest.raises(ValueError, match="no time zone"):
+        read(since=datetime(2026, 11, 21))
+
+
+def test_writing_again_with_the_same_app_id_adds_nothing(spark, agent_lake, tmp_path):
+    out = str(tmp_path)
+    connections = read_delta(spark, agent_lake, "connections", schema.CONNECTIONS)
+    first = write_delta(connections, out, "connections", schema.CONNECTIONS, app_id="job-1")
+    files_on_disk = sorted(glob.glob(os.path.join(out, "connections", "date=*", "*")))
+    again = write_delta(connections, out, "connections", schema.CONNECTIONS, app_id="job-1")
+    assert again == first == table_version(out, "connections")
+    assert sorted(glob.glob(os.path.join(out, "connections", "date=*", "*"))) == files_on_disk
+    assert_same_rows(agent_read(out, "connections"), agent_read(agent_lake, "connections"))
+    # Another app id is another write.
+    assert write_delta(connections, out, "connections", schema.CONNECTIONS, app_id="job-2") == first + 1
+    assert agent_read(out, "connections").num_rows == 2 * connections.count()
+
+
+def test_overwrite_replaces_every_file_in_one_commit(spark, agent_lake, tmp_path):
+    out = str(tmp_path)
+    frames = read_delta(spark, agent_lake, "frames", schema.FRAMES)
+    first = write_delta(frames, out, "frames", schema.FRAMES)
+    old_files = set(DeltaTable(os.path.join(out, "frames")).file_uris())
+    publishes = frames.where(F.col("method") == "basic.publish")
+    version = write_delta(publishes, out, "frames", schema.FRAMES, app_id="publishes-only", mode="overwrite")
+    assert version == first + 1
+    actions = commit_actions(out, "frames", version)
+    removed = {os.path.join(out, "frames", a["remove"]["path"]) for a in actions if "remove" in a}
+    added = {os.path.join(out, "frames", a["add"]["path"]) for a in actions if "add" in a}
+    assert removed == old_files and added == set(DeltaTable(os.path.join(out, "frames")).file_uris())
+    expected = agent_read(agent_lake, "frames").filter(pc.equal(agent_read(agent_lake, "frames")["method"],
+                                                                "basic.publish"))
+    assert expected.num_rows > 0
+    assert_same_rows(agent_read(out, "frames"), expected)
+
+
+def test_empty_and_missing_tables(spark, tmp_path):
+    out = str(tmp_path)
+    missing = read_delta(spark, out, "frames", schema.FRAMES)
+    assert missing.count() == 0 and missing.schema == spark_schema(schema.FRAMES)
+    with pytest.raises(FileNotFoundError, match="no Delta table 'frames'"):
+        read_delta(spark, out, "frames")
+    nothing = spark.createDataFrame([], spark_schema(schema.FRAMES))
+    version = write_delta(nothing, out, "frames", schema.FRAMES, app_id="empty-run")
+    table = DeltaTable(os.path.join(out, "frames"))
+    assert table.version() == version and table.transaction_version("empty-run") == 1
+    assert table.file_uris() == [] and pa.schema(table.schema().to_arrow()).equals(schema.FRAMES)
+    assert agent_read(out, "frames").equals(schema.FRAMES.empty_table())
+    empty = read_delta(spark, out, "frames", schema.FRAMES)
+    assert empty.count() == 0 and empty.schema == spark_schema(schema.FRAMES)
+
+
+def test_the_dataframe_must_carry_every_column_of_the_table(spark, tmp_path):
+    partial = spark.createDataFrame([("2026-11-21", 1)], "date string, seq long")
+    with pytest.raises(ValueError, match="lacks the table's columns.*'ts'"):
+        write_delta(partial, str(tmp_path), "frames", schema.FRAMES)
+    assert not os.path.exists(os.path.join(tmp_path, "frames"))
+
+
+def test_concurrent_appends_from_spark_and_the_agent_all_land(spark, agent_lake, error_capture, tmp_path):
+    out = str(tmp_path)
+    ingest_file(error_capture, out)
+    before = agent_read(out, "frames").num_rows
+    frames = read_delta(spark, agent_lake, "frames", schema.FRAMES, since=EXAMPLES_DAY)
+    batches = {"spark-a": frames.where(F.col("direction") == "to_broker"),
+               "spark-b": frames.where(F.col("direction") == "to_client")}
+    with ThreadPoolExecutor(3) as pool:
+        writes = [pool.submit(write_delta, df, out, "frames", schema.FRAMES, app_id)
+                  for app_id, df in batches.items()]
+        agent = pool.submit(ingest_file, EXAMPLES[0], out)
+        versions = [write.result() for write in writes]
+        agent_rows = agent.result().rows
+    table = DeltaTable(os.path.join(out, "frames"))
+    assert agent_rows > 0 and all(version <= table.version() for version in versions)
+    assert all(table.transaction_version(app_id) == 1 for app_id in batches)
+    mixed = agent_read(out, "frames")
+    assert mixed.num_rows == before + frames.count() + agent_rows
+    assert_same_rows(read_delta(spark, out, "frames", schema.FRAMES).toArrow(), mixed)
+
+
+def test_partition_values_that_need_escaping_round_trip(spark, tmp_path):
+    out = str(tmp_path)
+    odd = pa.schema([("date", pa.string()), ("n", pa.int64())])
+    values = ["a:b c%d+e/f=g", "ü", None, "2026-11-21"]
+    df = spark.createDataFrame([(value, i) for i, value in enumerate(values)], spark_schema(odd))
+    write_delta(df, out, "odd", odd)
+    table = DeltaTable(os.path.join(out, "odd"))
+    logged = pa.table(table.get_add_actions(flatten=True))
+    assert sorted(logged["partition.date"].to_pylist(), key=str) == sorted(values, key=str)
+    assert all(os.path.exists(uri) for uri in table.file_uris())
+    back = read_delta(spark, out, "odd", odd).toArrow()
+    assert sorted(zip(back["n"].to_pylist(), back["date"].to_pylist())) == list(enumerate(values))
+
+
+def test_native_mode_without_the_delta_jars_fails_clearly(spark, agent_lake, tmp_path):
+    assert delta_mode(spark) == "bridge" and delta_mode(spark, "bridge") == "bridge"
+    with pytest.raises(NativeDeltaUnavailable) as failure:
+        delta_mode(spark, "native")
+    message = str(failure.value)
+    assert "Delta Lake JARs are not on Spark's classpath" in message
+    assert "io.delta:delta-spark_2.13:" in message and "--delta-mode bridge" in message
+    with pytest.raises(NativeDeltaUnavailable):
+        read_delta(spark, agent_lake, "frames", schema.FRAMES, mode="native")
+    frames = read_delta(spark, agent_lake, "frames", schema.FRAMES)
+    with pytest.raises(NativeDeltaUnavailable):
+        write_delta(frames, str(tmp_path), "frames", schema.FRAMES, delta_mode="native")
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ValueError, match="--delta-mode must be one of"):
+        delta_mode(spark, "fast")
+
+
+def test_the_bridge_refuses_tables_whose_files_need_delta_spark(spark, tmp_path):
+    # Deletion vectors hide rows that are still in the Parquet files: reading the files would resurrect them.
+    DeltaTable.create(str(tmp_path / "frames"), schema.FRAMES, partition_by=["date"],
+                      configuration={"delta.enableDeletionVectors": "true"})
+    with pytest.raises(RuntimeError, match="deletionVectors.*--delta-mode native"):
+        read_delta(spark, str(tmp_path), "frames", schema.FRAMES)
