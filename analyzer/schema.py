@@ -63,3 +63,72 @@ CONNECTIONS = pa.schema([
 # Connections: timestamp columns derived from nanosecond ones, and where the date partition comes from.
 CONNECTION_TIMESTAMPS = {"first_ts": "first_ts_ns", "last_ts": "last_ts_ns"}
 CONNECTION_DATE_FROM = "first_ts_ns"
+
+# -- Per-channel timelines -------------------------------------------------------------------------
+# Written by the reference state machine (analyzer/timeline) and, row for row the same, by the Spark
+# timeline job. A channel *incarnation* is (connection_id, channel, incarnation): a channel number
+# starts a new incarnation at each channel.open. `ts`/`settle_ts` derive from the `_ns` columns and
+# `date` (the partition) from `ts_ns`, as in `frames`.
+
+DELIVERIES = pa.schema([
+    ("date", _str),                   # UTC day of ts
+    ("connection_id", _str),          # frames.connection_id
+    ("agent_id", _str),               # frames.agent_id
+    ("channel", _i32),                # channel number
+    ("incarnation", _i32),            # 1, 2, ...: which life of this channel number on the connection
+    ("channel_open_seq", _i64),       # seq of that life's channel.open (its first row if the open was not captured)
+    ("seq", _i64),                    # seq of the basic.deliver / basic.get-ok row
+    ("ts", _ts), ("ts_ns", _i64),     # when it was delivered
+    ("method", _str),                 # basic.deliver or basic.get-ok
+    ("delivery_tag", _i64),           # 1, 2, ... per incarnation; up to 2**63-1
+    ("consumer_tag", _str),           # basic.deliver only
+    ("queue", _str),                  # from the basic.consume / basic.get; null if that was not captured
+    ("exchange", _str), ("routing_key", _str),
+    ("message_id", _str),             # message property
+    ("message_identity", _str),       # message_id, else hash of body, exchange and routing key
+    ("redelivered", _bool),           # broker's flag: delivered before (requeued, or its channel closed)
+    ("x_death_count", _i64),          # dead-letter count from the x-death header
+    ("no_ack", _bool),                # auto-ack consume / get; null if the consume or get was not captured
+    ("consumer_prefetch", _i32),      # basic.qos global=false count in force at the basic.consume; 0 unlimited; null for get-ok or unknown
+    ("channel_prefetch", _i32),       # basic.qos global=true count in force at delivery; 0 unlimited; null for get-ok or unknown
+    ("outcome", _str),                # ack, nack, reject, auto, recovered, channel_closed, connection_closed, open, unknown
+    ("settled_by_multiple", _bool),   # the ack/nack that settled it had multiple=true
+    ("settle_tag", _i64),             # the tag that ack/nack/reject named
+    ("requeue", _bool),               # the nack's / reject's / basic.recover's requeue flag
+    ("in_tx", _bool),                 # acked inside a transaction: took effect at tx.commit
+    ("settle_frame_seq", _i64),       # seq of the client's basic.ack/nack/reject/recover that settled it
+    ("settle_seq", _i64),             # seq of the row the outcome took effect at (tx.commit, close, FIN/RST, capture.gap)
+    ("settle_ts", _ts), ("settle_ts_ns", _i64),  # when it took effect; null for open and unknown
+    ("settle_latency_ns", _i64),      # settle_ts_ns - ts_ns
+    ("observed_until_ts_ns", _i64),   # open rows only: ts of the connection's last row in the data
+])
+DELIVERY_TIMESTAMPS = {"ts": "ts_ns", "settle_ts": "settle_ts_ns"}
+DELIVERY_DATE_FROM = "ts_ns"
+
+PUBLISHES = pa.schema([
+    ("date", _str),                   # UTC day of ts
+    ("connection_id", _str), ("agent_id", _str),
+    ("channel", _i32), ("incarnation", _i32), ("channel_open_seq", _i64),  # as in deliveries
+    ("seq", _i64),                    # seq of the basic.publish row
+    ("ts", _ts), ("ts_ns", _i64),     # when it was published
+    ("exchange", _str), ("routing_key", _str),
+    ("mandatory", _bool),
+    ("persistent", _bool),            # delivery_mode 2; null if the content header was not captured
+    ("message_id", _str), ("message_identity", _str),
+    ("mode", _str),                   # channel mode at publish: confirm, tx, none, unknown (history not captured)
+    ("confirm_seq", _i64),            # confirm-mode number (1, 2, ... from confirm.select); null if it cannot be aligned
+    ("pending_before", _i64),         # earlier publishes of the incarnation still unconfirmed when this was sent; null if not exactly known
+    ("outcome", _str),                # acked, nacked, committed, rolled_back, lost, open, unknown, untracked (mode none)
+    ("confirm_tag", _i64),            # tag of the basic.ack/nack that confirmed it
+    ("confirm_multiple", _bool),      # that confirm had multiple=true
+    ("out_of_order", _bool),          # confirmed while an earlier publish was still unconfirmed; null unless acked/nacked
+    ("out_of_order_by", _i64),        # how many earlier publishes were still unconfirmed then (0: in order)
+    ("return_code", _i32), ("return_text", _str),  # basic.return that brought it back (mandatory, unroutable)
+    ("return_seq", _i64),             # seq of that basic.return
+    ("settle_seq", _i64),             # seq of the row the outcome took effect at (confirm, tx.commit/rollback, close, FIN/RST, capture.gap)
+    ("settle_ts", _ts), ("settle_ts_ns", _i64),  # when; null for open, unknown and untracked
+    ("settle_latency_ns", _i64),      # settle_ts_ns - ts_ns: confirm (or commit) latency
+    ("observed_until_ts_ns", _i64),   # open rows only: ts of the connection's last row in the data
+])
+PUBLISH_TIMESTAMPS = {"ts": "ts_ns", "settle_ts": "settle_ts_ns"}
+PUBLISH_DATE_FROM = "ts_ns"

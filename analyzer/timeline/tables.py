@@ -1,0 +1,89 @@
+"""Timeline records as Arrow tables: schema.DELIVERIES and schema.PUBLISHES, plus the channel
+incarnation facts and protocol violations the detectors read (CHANNELS, VIOLATIONS below).
+
+Rows are sorted by their key, so equal input gives byte-for-byte equal tables: what the Spark
+timeline job's output is compared with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pyarrow as pa
+
+from .. import schema
+from ..rows import dicts_to_table
+from . import records as r
+from .connection import replay
+
+_str, _i32, _i64, _bool = pa.string(), pa.int32(), pa.int64(), pa.bool_()
+_ts = pa.timestamp("us", tz="UTC")
+
+CHANNELS = pa.schema([
+    ("date", _str),                      # UTC day of open_ts
+    ("connection_id", _str), ("agent_id", _str),
+    ("channel", _i32), ("incarnation", _i32),
+    ("open_seq", _i64),                  # channel.open row (its first row if the open was not captured)
+    ("open_ts", _ts), ("open_ts_ns", _i64),
+    ("history_known", _bool),            # opened inside the capture with both directions in view
+    ("gap_seen", _bool),                 # a capture gap or malformed frame fell inside its life
+    ("end_seq", _i64), ("end_ts", _ts), ("end_ts_ns", _i64),  # the row it ended at; null at end of data
+    ("ended_by", _str),                  # channel.close, connection.close, tcp.fin, tcp.rst, end_of_data, reopened, tag_restart
+    ("closed_by", _str),                 # client or broker, for channel.close
+    ("close_code", _i32), ("close_text", _str), ("failing_method", _str),
+    ("confirm_mode", _bool), ("tx_mode", _bool),  # null: not known (history or a gap hides it)
+    ("consumer_prefetch", _i32),         # basic.qos global=false in force at the end; 0 unlimited; null unknown
+    ("channel_prefetch", _i32),          # basic.qos global=true in force at the end; 0 unlimited; null unknown
+    ("consumes", _i64),                  # basic.consume frames
+    ("unbounded_manual_consumes", _i64), # manual-ack basic.consume with no prefetch limit in force
+    ("deliveries", _i64), ("publishes", _i64),
+    ("peak_unacked", _i64),              # most manual-ack deliveries unacked at once
+    ("observed_until_ts_ns", _i64),      # ended_by end_of_data: ts of the connection's last row
+])
+CHANNEL_TIMESTAMPS = {"open_ts": "open_ts_ns", "end_ts": "end_ts_ns"}
+
+VIOLATIONS = pa.schema([
+    ("date", _str),                      # UTC day of ts
+    ("connection_id", _str), ("agent_id", _str),
+    ("channel", _i32), ("incarnation", _i32),
+    ("seq", _i64), ("ts", _ts), ("ts_ns", _i64),  # the offending frame (broker evidence: the broker's close)
+    ("kind", _str),                      # double_ack, unknown_tag, wrong_channel
+    ("evidence", _str),                  # capture (the frames show it) or broker (only its 406 does)
+    ("method", _str),                    # basic.ack, basic.nack or basic.reject
+    ("delivery_tag", _i64), ("multiple", _bool),
+    ("delivered_channel", _i32), ("delivered_incarnation", _i32),  # wrong_channel: where the tag is unacked
+    ("broker_close_seq", _i64), ("broker_reply_code", _i32), ("broker_reply_text", _str),
+])
+TS_ONLY = {"ts": "ts_ns"}
+
+# record type -> (schema, derived timestamps, date source, sort key)
+TABLES = {
+    r.Delivery: (schema.DELIVERIES, schema.DELIVERY_TIMESTAMPS, schema.DELIVERY_DATE_FROM,
+                 ("connection_id", "channel", "incarnation", "seq")),
+    r.Publish: (schema.PUBLISHES, schema.PUBLISH_TIMESTAMPS, schema.PUBLISH_DATE_FROM,
+                ("connection_id", "channel", "incarnation", "seq")),
+    r.ChannelFacts: (CHANNELS, CHANNEL_TIMESTAMPS, "open_ts_ns", ("connection_id", "channel", "incarnation")),
+    r.Violation: (VIOLATIONS, TS_ONLY, "ts_ns", ("connection_id", "channel", "incarnation", "seq", "kind")),
+}
+
+
+def to_table(records: Iterable, record_type) -> pa.Table:
+    """The records of one type as an Arrow table of its schema, sorted by its key."""
+    table_schema, timestamps, date_from, key = TABLES[record_type]
+    chosen = sorted((x for x in records if type(x) is record_type),
+                    key=lambda x: tuple(getattr(x, k) for k in key))
+    names = record_type.__slots__
+    rows = [{name: getattr(x, name) for name in names} for x in chosen]
+    return dicts_to_table(rows, table_schema, timestamps, date_from)
+
+
+def to_tables(records: Iterable) -> dict[str, pa.Table]:
+    records = list(records)
+    return {"deliveries": to_table(records, r.Delivery), "publishes": to_table(records, r.Publish),
+            "channels": to_table(records, r.ChannelFacts), "violations": to_table(records, r.Violation)}
+
+
+def replay_frames(frames: pa.Table) -> dict[str, pa.Table]:
+    """A frames table (schema.FRAMES, any order) through the timelines, as the four tables."""
+    ordered = frames.sort_by([("connection_id", "ascending"), ("seq", "ascending")])
+    return to_tables(replay(ordered.to_pylist()))
