@@ -26,6 +26,7 @@ class ChannelLife(ConsumerSide, PublisherSide):
         self.open_row = row
         self.history_known = history_known  # opened in the capture with both directions in view
         self.gap_seen = False
+        self.gap_since_end = False
         self.ended = None                   # (row, delivery outcome) once ended; late frames settle against it
         self.end_facts: dict = {}
         # After an AMQP close, records wait for the peer's close-ok: until then a gap in the peer's
@@ -78,6 +79,7 @@ class ChannelLife(ConsumerSide, PublisherSide):
         """Bytes of one direction are missing: whatever they could have changed becomes unknown."""
         self.gap_seen = True
         if self.ended:
+            self.gap_since_end = True  # it may hide this life's close-ok and the next one's open
             if direction == self.holding:
                 self.held = [self._unsettled_by_gap(x, direction) for x in self.held]
             return

@@ -122,7 +122,9 @@ class ConnectionTimeline:
             if method in DELIVERING and row.get("delivery_tag") is None:
                 return  # content cut short before its tag: not attributable
             life = self._life(channel, row)
-            if method in DELIVERING and row["delivery_tag"] <= life.max_tag:
+            if life.gap_since_end:  # a gap since its close may hide a new life's open
+                life = self._new_life(channel, row, ended_by="reopened", history_known=False)
+            elif method in DELIVERING and row["delivery_tag"] <= life.max_tag:
                 # Tags only rise within an incarnation: this is a new life whose open the data lacks.
                 life = self._new_life(channel, row, ended_by="tag_restart", history_known=False)
             transition(life, row)
