@@ -117,17 +117,26 @@ class FrameReader:
     def gap(self, nbytes: int) -> list:
         """Bytes were lost. Inside a frame whose length we read, and ending before it does, the frame is
         lost but the next one starts where it ends; otherwise hunt for the next frame boundary."""
+        out: list = []
+        if self.state == HUNT and self._chunks:
+            # A hunt was waiting for a candidate frame to complete; it never will. Judge the held bytes
+            # now, so real frames behind a false candidate are not dropped with it.
+            data = b"".join(self._chunks)
+            self._chunks, self._have, self._frame_len = [], 0, 0
+            pos = self._hunt(data, 0, out, final=True)
+            if pos is not None:
+                self._frames(data, pos, out)
         left_in_frame = self._frame_len - self._have if self.state == FRAMES and self._frame_len else 0
         self.offset += self._have + nbytes
         self._chunks, self._have, self._frame_len = [], 0, 0
         if nbytes < left_in_frame - self._skip:
             self._skip += left_in_frame - nbytes
-            return []
+            return out
         self._skip = 0
         if self.state in (START, FRAMES):
             self.state = HUNT
             self.skipped = 0
-        return []
+        return out
 
     def set_frame_max(self, frame_max: int) -> None:
         """Negotiated in connection.tune-ok; 0 means no limit, which keeps the hard ceiling."""
@@ -203,7 +212,7 @@ class FrameReader:
         self.skipped = 0
         return self._hunt(data, pos + 1, out)
 
-    def _hunt(self, data: bytes, pos: int, out: list) -> int | None:
+    def _hunt(self, data: bytes, pos: int, out: list, final: bool = False) -> int | None:
         start, n = pos, len(data)
         need = 0
         while pos < n:
@@ -215,7 +224,7 @@ class FrameReader:
                     self.skipped = 0
                     self.state = FRAMES
                     return pos
-                if verdict is not False:  # a plausible chain that is not complete yet
+                if verdict is not False and not final:  # a plausible chain that is not complete yet
                     need = verdict
                     break
             pos += 1
