@@ -66,9 +66,10 @@ CONNECTION_DATE_FROM = "first_ts_ns"
 
 # -- Per-channel timelines -------------------------------------------------------------------------
 # Written by the reference state machine (analyzer/timeline) and, row for row the same, by the Spark
-# timeline job. A channel *incarnation* is (connection_id, channel, incarnation): a channel number
-# starts a new incarnation at each channel.open. `ts`/`settle_ts` derive from the `_ns` columns and
-# `date` (the partition) from `ts_ns`, as in `frames`.
+# timeline job (rules: analyzer/timeline/__init__.py). A channel *incarnation* is (connection_id,
+# channel, incarnation): a channel number starts a new one at each channel.open (or where the data
+# shows one began unseen). `ts`/`settle_ts` derive from the `_ns` columns and `date` (the partition)
+# from `ts_ns`, as in `frames`.
 
 DELIVERIES = pa.schema([
     ("date", _str),                   # UTC day of ts
@@ -95,9 +96,10 @@ DELIVERIES = pa.schema([
     ("settled_by_multiple", _bool),   # the ack/nack that settled it had multiple=true
     ("settle_tag", _i64),             # the tag that ack/nack/reject named
     ("requeue", _bool),               # the nack's / reject's / basic.recover's requeue flag
-    ("in_tx", _bool),                 # acked inside a transaction: took effect at tx.commit
+    ("in_tx", _bool),                 # settled by an ack/nack/reject: true if inside a transaction (took effect at tx.commit)
     ("settle_frame_seq", _i64),       # seq of the client's basic.ack/nack/reject/recover that settled it
-    ("settle_seq", _i64),             # seq of the row the outcome took effect at (tx.commit, close, FIN/RST, capture.gap)
+    ("settle_seq", _i64),             # row the outcome took effect at: the ack (tx.commit in a transaction), the close,
+                                      # FIN/RST, or the capture.gap / new open that made it unknown; its own row if later
     ("settle_ts", _ts), ("settle_ts_ns", _i64),  # when it took effect; null for open and unknown
     ("settle_latency_ns", _i64),      # settle_ts_ns - ts_ns
     ("observed_until_ts_ns", _i64),   # open rows only: ts of the connection's last row in the data
@@ -118,14 +120,16 @@ PUBLISHES = pa.schema([
     ("mode", _str),                   # channel mode at publish: confirm, tx, none, unknown (history not captured)
     ("confirm_seq", _i64),            # confirm-mode number (1, 2, ... from confirm.select); null if it cannot be aligned
     ("pending_before", _i64),         # earlier publishes of the incarnation still unconfirmed when this was sent; null if not exactly known
-    ("outcome", _str),                # acked, nacked, committed, rolled_back, lost, open, unknown, untracked (mode none)
+    ("outcome", _str),                # acked, nacked, committed, rolled_back, open, unknown, untracked (mode none), lost
+                                      # (channel or connection closed - FIN/RST too - before its confirm or commit)
     ("confirm_tag", _i64),            # tag of the basic.ack/nack that confirmed it
     ("confirm_multiple", _bool),      # that confirm had multiple=true
     ("out_of_order", _bool),          # confirmed while an earlier publish was still unconfirmed; null unless acked/nacked
     ("out_of_order_by", _i64),        # how many earlier publishes were still unconfirmed then (0: in order)
     ("return_code", _i32), ("return_text", _str),  # basic.return that brought it back (mandatory, unroutable)
     ("return_seq", _i64),             # seq of that basic.return
-    ("settle_seq", _i64),             # seq of the row the outcome took effect at (confirm, tx.commit/rollback, close, FIN/RST, capture.gap)
+    ("settle_seq", _i64),             # row the outcome took effect at: confirm, tx.commit/rollback, close, FIN/RST,
+                                      # capture.gap; its own row if later (a confirm shown before its publish)
     ("settle_ts", _ts), ("settle_ts_ns", _i64),  # when; null for open, unknown and untracked
     ("settle_latency_ns", _i64),      # settle_ts_ns - ts_ns: confirm (or commit) latency
     ("observed_until_ts_ns", _i64),   # open rows only: ts of the connection's last row in the data

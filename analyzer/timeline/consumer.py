@@ -161,7 +161,7 @@ class ConsumerSide:
             elif self.tx:
                 self.tx_settled.append((d, outcome, row, multiple, requeue))
             else:
-                self._settle(d, outcome, row, frame=row, by_multiple=multiple, requeue=requeue)
+                self._settle(d, outcome, row, frame=row, by_multiple=multiple, requeue=requeue, in_tx=False)
 
     def _early_acks_for(self, tag: int) -> None:
         """A delivery arrived: early acks naming it (or, with multiple, a higher tag) settle it;
