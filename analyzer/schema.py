@@ -120,19 +120,109 @@ PUBLISHES = pa.schema([
     ("mode", _str),                   # channel mode at publish: confirm, tx, none, unknown (history not captured)
     ("confirm_seq", _i64),            # confirm-mode number (1, 2, ... from confirm.select); null if it cannot be aligned
     ("pending_before", _i64),         # earlier publishes of the incarnation still unconfirmed when this was sent; null if not exactly known
-    ("outcome", _str),                # acked, nacked, committed, rolled_back, open, unknown, untracked (mode none), lost
-                                      # (channel or connection closed - FIN/RST too - before its confirm or commit)
+    ("outcome", _str),                # acked, nacked, committed, rolled_back, open, overdue (open at the end of the data
+                                      # and older than the overdue timeout, default 60 s), unknown, untracked (mode none),
+                                      # lost (channel or connection closed - FIN/RST too - before its confirm or commit)
     ("confirm_tag", _i64),            # tag of the basic.ack/nack that confirmed it
     ("confirm_multiple", _bool),      # that confirm had multiple=true
     ("out_of_order", _bool),          # confirmed while an earlier publish was still unconfirmed; null unless acked/nacked
-    ("out_of_order_by", _i64),        # how many earlier publishes were still unconfirmed then (0: in order)
+    ("out_of_order_by", _i64),        # its confirm_seq minus the oldest confirm_seq still unconfirmed then (0: in order)
     ("return_code", _i32), ("return_text", _str),  # basic.return that brought it back (mandatory, unroutable)
     ("return_seq", _i64),             # seq of that basic.return
     ("settle_seq", _i64),             # row the outcome took effect at: confirm, tx.commit/rollback, close, FIN/RST,
                                       # capture.gap; its own row if later (a confirm shown before its publish)
     ("settle_ts", _ts), ("settle_ts_ns", _i64),  # when; null for open, unknown and untracked
     ("settle_latency_ns", _i64),      # settle_ts_ns - ts_ns: confirm (or commit) latency
-    ("observed_until_ts_ns", _i64),   # open rows only: ts of the connection's last row in the data
+    ("observed_until_ts_ns", _i64),   # open and overdue rows only: ts of the connection's last row in the data
 ])
 PUBLISH_TIMESTAMPS = {"ts": "ts_ns", "settle_ts": "settle_ts_ns"}
 PUBLISH_DATE_FROM = "ts_ns"
+
+# -- Findings (spark_jobs/detectors) ----------------------------------------------------------------
+# One row per finding: a pathology on one channel incarnation (or connection, or message), with the
+# evidence to look it up in the capture. `finding_id` is a hash of what identifies it (kind, where,
+# and its first evidence), so a rerun over the same data replaces a finding rather than adding one.
+
+FINDING_KINDS = (
+    "lost_confirm", "confirm_nack", "out_of_order_confirm", "unacked_buildup", "requeue_loop",
+    "unknown_delivery_tag", "redelivery_after_close", "unroutable_returned",
+    "unconfirmed_persistent_publish", "synchronous_confirms", "unbounded_prefetch", "flow_blocked",
+)
+SEVERITIES = ("info", "warning", "critical")
+
+FINDINGS = pa.schema([
+    ("date", _str),                   # UTC day of first_ts
+    ("finding_id", _str),             # stable hash: same finding, same id, run after run
+    ("kind", _str),                   # one of FINDING_KINDS
+    ("severity", _str),               # info, warning or critical
+    ("connection_id", _str), ("agent_id", _str),
+    ("connection_name", _str),        # the client's connection_name property, if it sent one
+    ("client", _str), ("server", _str),  # addr:port of each end
+    ("channel", _i32),                # 0 for connection-level findings
+    ("incarnation", _i32),            # null for connection-level findings
+    ("first_ts", _ts), ("first_ts_ns", _i64),  # the span the finding covers
+    ("last_ts", _ts), ("last_ts_ns", _i64),
+    ("count", _i64),                  # how many of what the kind counts (README, "Findings")
+    ("value", pa.float64()),          # the measure compared with the threshold (seconds, share, ...), if any
+    ("threshold", pa.float64()),      # the threshold it crossed, if any
+    ("message_identity", _str),       # per-message kinds (requeue_loop): the message
+    ("summary", _str),                # one readable sentence
+    ("evidence", _str),               # JSON: tags, confirm numbers, message identities, frame seqs, source packets
+    ("source", _str),                 # capture file (or interface) of the first evidence frame
+])
+FINDING_TIMESTAMPS = {"first_ts": "first_ts_ns", "last_ts": "last_ts_ns"}
+FINDING_DATE_FROM = "first_ts_ns"
+
+# -- Channel metrics (spark_jobs/channel_metrics.py) -------------------------------------------------
+# One row per channel incarnation and time bucket: what a dashboard plots. Buckets are
+# [bucket_start, bucket_start + bucket_seconds), aligned to the Unix epoch; an event exactly on a
+# boundary belongs to the bucket it starts. A row exists for every bucket in which something happened
+# on the incarnation (its open or end, a delivery, settle, publish or confirm) and for every bucket
+# between two such with something outstanding at its end; an idle channel with nothing outstanding
+# gets no rows. Counts are of items (a multiple ack settling ten counts ten), taken at the time each
+# thing took effect (deliveries and publishes at their row, settles at settle_ts_ns).
+#
+# "unacked": deliveries with no_ack = false (manual ack) from their row until settle_ts_ns (ack, nack,
+# reject - at tx.commit in a transaction -, recover, close), or, still open when the data ends, to the
+# end. Deliveries with outcome `unknown` (a capture gap, a missed open) never count: the data cannot
+# say how long they stayed unacked; deliveries_unknown counts them. Neither do deliveries of unknown
+# ack mode (no_ack null). "unconfirmed": publishes with mode confirm from their row until acked,
+# nacked or lost (or to the end, if still open); `unknown` ones never count (publishes_unknown).
+# "At the end" of a bucket: after every row with ts < its end (as_of_ns when the data ends inside).
+
+CHANNEL_METRICS = pa.schema([
+    ("date", _str),                   # UTC day of bucket_start
+    ("bucket_start", _ts), ("bucket_start_ns", _i64),
+    ("bucket_seconds", _i32),         # the bucket's length
+    ("connection_id", _str), ("agent_id", _str),
+    ("channel", _i32), ("incarnation", _i32),  # the channel incarnation, as in deliveries
+    ("as_of_ns", _i64),               # instant the end-of-bucket values describe: the bucket's end, or the
+                                      # end of the data (channels.observed_until_ts_ns) if that is inside it
+    ("unacked", _i64),                # unacked deliveries at the end of the bucket
+    ("unacked_max", _i64),            # most unacked at once during the bucket (its start included)
+    ("oldest_unacked_age_ns", _i64),  # as_of_ns - ts_ns of the oldest delivery unacked at the end; null if none
+    ("oldest_unacked_seq", _i64),     # that delivery's seq (deliveries.seq)
+    ("unconfirmed", _i64),            # unconfirmed publishes at the end of the bucket
+    ("unconfirmed_max", _i64),        # most unconfirmed at once during the bucket (its start included)
+    ("oldest_unconfirmed_age_ns", _i64),  # as_of_ns - ts_ns of the oldest publish unconfirmed at the end; null if none
+    ("oldest_unconfirmed_seq", _i64), # that publish's seq (publishes.seq)
+    ("consumer_prefetch", _i32),      # prefetch in force: that of the last basic.deliver at or before the end
+    ("channel_prefetch", _i32),       # of the bucket (deliveries columns); 0 unlimited; null before the first
+                                      # basic.deliver of the incarnation, or when that delivery's was unknown
+    ("deliveries", _i64),             # basic.deliver + basic.get-ok rows in the bucket, any ack mode
+    ("redeliveries", _i64),           # of which redelivered = true
+    ("deliveries_unknown", _i64),     # of which the outcome is unknown (never counted as unacked)
+    ("acks", _i64),                   # deliveries settled by basic.ack in the bucket
+    ("nacks", _i64),                  # ... by basic.nack
+    ("rejects", _i64),                # ... by basic.reject
+    ("requeues", _i64),               # ... by a nack or reject with requeue = true
+    ("publishes", _i64),              # basic.publish rows in the bucket, any mode
+    ("returns", _i64),                # of which the broker returned (basic.return; counted at the publish: the
+                                      # tables keep the return's seq, not its time)
+    ("publishes_unknown", _i64),      # of which the outcome is unknown (never counted as unconfirmed)
+    ("confirms", _i64),               # publishes acked by the broker in the bucket
+    ("confirm_nacks", _i64),          # publishes nacked by the broker in the bucket
+    ("lost", _i64),                   # publishes lost in the bucket (channel or connection closed unconfirmed/uncommitted)
+])
+CHANNEL_METRIC_TIMESTAMPS = {"bucket_start": "bucket_start_ns"}
+CHANNEL_METRIC_DATE_FROM = "bucket_start_ns"

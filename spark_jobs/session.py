@@ -8,6 +8,7 @@ anywhere, including air-gapped sites and the build machines (see DESIGN.md, "Del
 
 import os
 import re
+import sys
 from importlib.metadata import version
 
 from py4j.protocol import Py4JJavaError
@@ -50,6 +51,10 @@ def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memor
         conf.set("spark.sql.shuffle.partitions", str(2 * cores))
         # Local runs are batch jobs and tests, often several at once: no UI, no fight over port 4040.
         conf.set("spark.ui.enabled", "false")
+    if cores is not None:
+        # Local Python workers (grouped Arrow functions) need this interpreter's packages: pyarrow,
+        # analyzer. PySpark reads the variable when the context starts; a cluster sets its own.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if driver_memory:
         conf.set("spark.driver.memory", driver_memory)
     if _delta_jars_in_driver(conf):

@@ -20,3 +20,12 @@ def dumpcap() -> str:
     if path is None:
         pytest.fail("dumpcap is not installed: run `make test` (deploy/ci/services.sh installs it)")
     return path
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the whole run: starting a JVM costs seconds."""
+    from spark_jobs.session import get_spark
+    session = get_spark("local[2]", "ackscope-tests")
+    yield session
+    session.stop()

@@ -22,7 +22,7 @@ from pyspark.sql import types as T
 from analyzer import lake, schema
 from analyzer.ingest import ingest_file
 from spark_jobs.delta_io import STAGING_DIR, read_delta, write_delta
-from spark_jobs.session import NativeDeltaUnavailable, delta_mode, get_spark
+from spark_jobs.session import NativeDeltaUnavailable, delta_mode
 from spark_jobs.types import spark_schema
 
 from .conftest import ROOT
@@ -30,13 +30,6 @@ from .conftest import ROOT
 TABLES = {"frames": schema.FRAMES, "connections": schema.CONNECTIONS}
 EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))
 ERROR_DAY, EXAMPLES_DAY = "2025-12-23", "2026-11-21"   # amqp-error.pcap's day, and every example's
-
-
-@pytest.fixture(scope="session")
-def spark():
-    session = get_spark("local[2]", "ackscope-tests")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

@@ -347,13 +347,13 @@ def test_confirms_out_of_order_and_multiple_covering_tags_confirmed_singly():
     for n in range(1, 6):
         conv.publish(1, f"p{n}", persistent=n % 2 == 1)
     conv.confirm(1, 2)      # 1 still waiting: out of order by one
-    conv.confirm(1, 4)      # 1 and 3 still waiting: by two
+    conv.confirm(1, 4)      # 1 and 3 still waiting: three numbers ahead of the oldest
     conv.confirm(1, 5, multiple=True)  # 1 and 3 in order; 2 and 4 were confirmed singly already
     result = run(conv)
     got = {p.message_id: (p.outcome, p.out_of_order, p.out_of_order_by, p.confirm_tag, p.confirm_multiple)
            for p in result.publishes}
     assert got == {"p1": ("acked", False, 0, 5, True), "p2": ("acked", True, 1, 2, False),
-                   "p3": ("acked", False, 0, 5, True), "p4": ("acked", True, 2, 4, False),
+                   "p3": ("acked", False, 0, 5, True), "p4": ("acked", True, 3, 4, False),
                    "p5": ("acked", False, 0, 5, True)}
     assert [result.publish(f"p{n}").pending_before for n in range(1, 6)] == [0, 1, 2, 3, 4]
     assert [result.publish(f"p{n}").persistent for n in range(1, 6)] == [True, False, True, False, True]

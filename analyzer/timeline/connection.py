@@ -50,8 +50,9 @@ class TimelineInputError(ValueError):
 
 
 class ConnectionTimeline:
-    def __init__(self, connection_id: str, agent_id: str | None, emit):
+    def __init__(self, connection_id: str, agent_id: str | None, emit, overdue_ns: int = r.DEFAULT_OVERDUE_NS):
         self.id, self.agent_id, self.emit = connection_id, agent_id, emit
+        self.overdue_ns = overdue_ns
         self.lives: dict[int, ChannelLife] = {}   # the current incarnation of each channel number
         self.incarnations: dict[int, int] = {}
         self.synchronised: set[str] = set()       # directions that joined mid-stream
@@ -211,7 +212,8 @@ class Timelines:
     once settled, a publish once confirmed (or lost, ...) and past any basic.return, a channel's
     facts and violations once it ends. Records of open items come out at the end of the data."""
 
-    def __init__(self):
+    def __init__(self, overdue_ns: int = r.DEFAULT_OVERDUE_NS):
+        self.overdue_ns = overdue_ns  # a publish waiting longer than this when the data ends is overdue
         self.connections: dict[str, ConnectionTimeline] = {}
         self._out: list = []
 
@@ -222,7 +224,7 @@ class Timelines:
         timeline = self.connections.get(connection_id)
         if timeline is None:
             timeline = self.connections[connection_id] = ConnectionTimeline(
-                connection_id, row.get("agent_id"), self._emit)
+                connection_id, row.get("agent_id"), self._emit, self.overdue_ns)
         timeline.feed(row)
         return self._take()
 
@@ -246,9 +248,9 @@ class Timelines:
         return out
 
 
-def replay(rows: Iterable[Mapping]) -> list:
+def replay(rows: Iterable[Mapping], overdue_ns: int = r.DEFAULT_OVERDUE_NS) -> list:
     """Every record for `rows` (sorted by connection_id, seq), through to the end of the data."""
-    timelines = Timelines()
+    timelines = Timelines(overdue_ns)
     out = []
     for row in rows:
         out += timelines.feed(row)

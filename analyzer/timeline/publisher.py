@@ -131,7 +131,10 @@ class PublisherSide:
 
     def _confirmed(self, number: int, row, multiple: bool) -> None:
         p = self.pending.pop(number)
-        p.out_of_order_by = 0 if multiple else len(up_to(self.pending, number))
+        # How far ahead of the oldest publish still waiting it was confirmed, in confirm numbers: a
+        # distance, not a count of what overtook it, so the Spark job can compute it without a self-join.
+        oldest = next(iter(self.pending), None)
+        p.out_of_order_by = number - oldest if oldest is not None and oldest < number and not multiple else 0
         p.confirm = (row["delivery_tag"], multiple)
         self.awaiting_return.pop(p.row["seq"], None)  # a return always comes before the confirm
         self._finish(p, CONFIRM_OUTCOMES[row["method"]], row)
@@ -158,7 +161,9 @@ class PublisherSide:
             outcome = r.UNKNOWN if outcomes is None else outcomes[p.mode]
             if p.mode == r.CONFIRM and p.confirm_seq is None and outcome == r.OPEN:
                 outcome = r.UNKNOWN  # dropped after a violation, but the data ends before the close
-            p.observed_until = observed_until if outcome == r.OPEN else None
+            if outcome == r.OPEN and observed_until - p.row["ts_ns"] > self.connection.overdue_ns:
+                outcome = r.OVERDUE
+            p.observed_until = observed_until if outcome in (r.OPEN, r.OVERDUE) else None
             self._finish(p, outcome, at, timed=outcomes is not None)
         self.pending, self.tx_publishes, self.discarded = {}, [], []
         self.early_confirms, self.early_multiple = {}, None
@@ -171,7 +176,7 @@ class PublisherSide:
 
     def _finish(self, p: _Publish, outcome: str, at, timed: bool = True) -> None:
         p.outcome = outcome
-        p.settle = settle_point(p.row, at, timed and outcome not in (r.OPEN, r.UNKNOWN, r.UNTRACKED))
+        p.settle = settle_point(p.row, at, timed and outcome not in (r.OPEN, r.OVERDUE, r.UNKNOWN, r.UNTRACKED))
         if p.row["seq"] not in self.awaiting_return:
             self._emit_publish(p)
 

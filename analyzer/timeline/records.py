@@ -15,7 +15,11 @@ DELIVERY_OUTCOMES = (ACK, NACK, REJECT, AUTO, RECOVERED, CHANNEL_CLOSED, CONNECT
 
 # Publish outcomes and modes.
 ACKED, NACKED, COMMITTED, ROLLED_BACK, LOST, UNTRACKED = "acked", "nacked", "committed", "rolled_back", "lost", "untracked"
-PUBLISH_OUTCOMES = (ACKED, NACKED, COMMITTED, ROLLED_BACK, LOST, OPEN, UNKNOWN, UNTRACKED)
+# Still waiting for its confirm or commit when the data ends, and older than the overdue timeout then.
+OVERDUE = "overdue"
+PUBLISH_OUTCOMES = (ACKED, NACKED, COMMITTED, ROLLED_BACK, LOST, OPEN, OVERDUE, UNKNOWN, UNTRACKED)
+# Persistent messages under load take hundreds of milliseconds to confirm; a minute is not normal.
+DEFAULT_OVERDUE_NS = 60 * 1_000_000_000
 CONFIRM, TX, NONE = "confirm", "tx", "none"
 PUBLISH_MODES = (CONFIRM, TX, NONE, UNKNOWN)
 

@@ -17,6 +17,14 @@ from . import records as r
 from .connection import replay
 
 _str, _i32, _i64, _bool = pa.string(), pa.int32(), pa.int64(), pa.bool_()
+
+# The frames columns the timelines read; nothing else of a frame row matters to them.
+INPUT_COLUMNS = (
+    "connection_id", "agent_id", "seq", "ts_ns", "direction", "channel", "method", "malformed",
+    "delivery_tag", "multiple", "requeue", "redelivered", "exchange", "routing_key", "queue", "consumer_tag",
+    "mandatory", "no_ack", "nowait", "prefetch_count", "prefetch_global", "reply_code", "reply_text",
+    "failing_method", "message_id", "message_identity", "x_death_count", "delivery_mode", "body_size",
+)
 _ts = pa.timestamp("us", tz="UTC")
 
 CHANNELS = pa.schema([
@@ -83,7 +91,7 @@ def to_tables(records: Iterable) -> dict[str, pa.Table]:
             "channels": to_table(records, r.ChannelFacts), "violations": to_table(records, r.Violation)}
 
 
-def replay_frames(frames: pa.Table) -> dict[str, pa.Table]:
-    """A frames table (schema.FRAMES, any order) through the timelines, as the four tables."""
-    ordered = frames.sort_by([("connection_id", "ascending"), ("seq", "ascending")])
-    return to_tables(replay(ordered.to_pylist()))
+def replay_frames(frames: pa.Table, overdue_ns: int = r.DEFAULT_OVERDUE_NS) -> dict[str, pa.Table]:
+    """A frames table (schema.FRAMES or just INPUT_COLUMNS, any order) through the timelines, as the four tables."""
+    ordered = frames.select(INPUT_COLUMNS).sort_by([("connection_id", "ascending"), ("seq", "ascending")])
+    return to_tables(replay(ordered.to_pylist(), overdue_ns))

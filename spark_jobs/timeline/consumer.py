@@ -1,0 +1,199 @@
+"""The consumer side as columns: deliveries, what settled each, and the checks that the client
+acked only what was outstanding (where it did not, the connection goes to the reference model).
+
+The settling frame of delivery tag t is the first client basic.ack/nack/reject after it naming t,
+or with multiple=true reaching t. A multiple ack reaches min(its tag, or everything for tag 0; the
+highest tag delivered before it); the running maximum of that reach never falls, so "the first
+multiple reaching t" is a search in reach order (a window), not a join of every ack with every
+delivery.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from .incarnations import INCARNATION, TO_BROKER, TO_CLIENT, running
+
+SETTLE_METHODS = {"basic.ack": "ack", "basic.nack": "nack", "basic.reject": "reject"}
+
+
+def with_prefetch(rows: DataFrame) -> DataFrame:
+    """Every row with the basic.qos limits in force at it (0 unlimited: the channel was seen whole)
+    and the highest delivery tag so far; qos after the cutoff is discarded."""
+    qos = (F.col("method") == "basic.qos") & (F.col("direction") == TO_BROKER) \
+        & F.col("prefetch_count").isNotNull() & (F.col("seq") < F.col("cutoff_seq"))
+    per_channel = F.coalesce(F.col("prefetch_global"), F.lit(False))
+    w = running(*INCARNATION)
+    return (rows
+            .withColumn("consumer_prefetch_now", F.coalesce(
+                F.last(F.when(qos & ~per_channel, F.col("prefetch_count")), ignorenulls=True).over(w), F.lit(0)))
+            .withColumn("channel_prefetch_now", F.coalesce(
+                F.last(F.when(qos & per_channel, F.col("prefetch_count")), ignorenulls=True).over(w), F.lit(0)))
+            .withColumn("max_tag_so_far", F.max(F.when(F.col("is_delivery"), F.col("delivery_tag"))).over(w)))
+
+
+def consumes(rows: DataFrame) -> DataFrame:
+    """basic.consume rows the channel acted on (before its cutoff)."""
+    return rows.where((F.col("method") == "basic.consume") & (F.col("direction") == TO_BROKER)
+                      & (F.col("seq") < F.col("cutoff_seq")))
+
+
+def registrations(rows: DataFrame) -> DataFrame:
+    """Consumer tag -> (queue, no_ack, consumer prefetch at its consume), from the row on: a
+    nowait consume naming its tag at once, any other at the consume-ok right after it."""
+    consume = consumes(rows).withColumn("no_ack", F.coalesce("no_ack", F.lit(False)))
+    at_once = F.coalesce(F.col("nowait"), F.lit(False)) & (F.coalesce(F.col("consumer_tag"), F.lit("")) != "")
+    immediate = consume.where(at_once).select(
+        *INCARNATION, "seq", "consumer_tag", "queue", "no_ack", F.col("consumer_prefetch_now").alias("prefetch"))
+    pending = consume.where(~at_once).select(
+        *INCARNATION, "seq", F.lit(True).alias("is_consume"), F.lit(None).cast("string").alias("consumer_tag"),
+        "queue", "no_ack", F.col("consumer_prefetch_now").alias("prefetch"))
+    oks = rows.where((F.col("method") == "basic.consume-ok") & (F.col("direction") == TO_CLIENT)).select(
+        *INCARNATION, "seq", F.lit(False).alias("is_consume"), "consumer_tag",
+        F.lit(None).cast("string").alias("queue"), F.lit(None).cast("boolean").alias("no_ack"),
+        F.lit(None).cast("int").alias("prefetch"))
+    earlier = running(*INCARNATION).rowsBetween(Window.unboundedPreceding, -1)
+    # The reference keeps one pending consume: a consume-ok takes it only if a consume came last.
+    paired = (pending.unionByName(oks)
+              .withColumn("before", F.last(F.struct("is_consume", "queue", "no_ack", "prefetch")).over(earlier))
+              .where(~F.col("is_consume") & F.col("before.is_consume") & F.col("consumer_tag").isNotNull())
+              .select(*INCARNATION, "seq", "consumer_tag", F.col("before.queue").alias("queue"),
+                      F.col("before.no_ack").alias("no_ack"), F.col("before.prefetch").alias("prefetch")))
+    return immediate.unionByName(paired)
+
+
+def gets(rows: DataFrame) -> DataFrame:
+    """Each basic.get-ok with the basic.get it answers (queue, no_ack), if one was pending."""
+    get = (F.col("method") == "basic.get") & (F.col("direction") == TO_BROKER) & (F.col("seq") < F.col("cutoff_seq"))
+    answer = F.col("method").isin("basic.get-ok", "basic.get-empty") & (F.col("direction") == TO_CLIENT)
+    earlier = running(*INCARNATION).rowsBetween(Window.unboundedPreceding, -1)
+    return (rows.where(get | answer)
+            .withColumn("before", F.last(F.struct(get.alias("is_get"), F.col("queue"),
+                                                  F.coalesce("no_ack", F.lit(False)).alias("no_ack"))).over(earlier))
+            .where(F.col("method") == "basic.get-ok")
+            .select(*INCARNATION, "seq", F.when(F.col("before.is_get"), F.col("before.queue")).alias("get_queue"),
+                    F.when(F.col("before.is_get"), F.col("before.no_ack")).alias("get_no_ack")))
+
+
+def deliveries(rows: DataFrame) -> DataFrame:
+    """Every delivery with its consumer's (or get's) queue, ack mode and prefetch; `manual` marks
+    those the client must settle (no_ack false, delivered before the cutoff)."""
+    delivered = rows.where(F.col("is_delivery"))
+    by_tag = Window.partitionBy(*INCARNATION, "consumer_tag").orderBy("seq") \
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    registered = registrations(rows).select(
+        *INCARNATION, "seq", "consumer_tag", F.struct("queue", "no_ack", "prefetch").alias("reg"),
+        F.lit(False).alias("is_delivery"))
+    consumer_of = (delivered.where(F.col("method") == "basic.deliver")
+                   .select(*INCARNATION, "seq", "consumer_tag", F.lit(None).cast(registered.schema["reg"].dataType)
+                           .alias("reg"), F.lit(True).alias("is_delivery"))
+                   .unionByName(registered)
+                   .withColumn("reg", F.last("reg", ignorenulls=True).over(by_tag))
+                   .where(F.col("is_delivery")).select(*INCARNATION, "seq", "reg"))
+    got = gets(rows)
+    deliver = F.col("method") == "basic.deliver"
+    return (delivered.join(consumer_of, on=[*INCARNATION, "seq"], how="left")
+            .join(got, on=[*INCARNATION, "seq"], how="left")
+            .select(*[c for c in delivered.columns if c not in ("queue", "no_ack", "consumer_tag")],
+                    F.when(deliver, F.col("consumer_tag")).alias("consumer_tag"),
+                    F.when(deliver, F.col("reg.queue")).otherwise(F.col("get_queue")).alias("queue"),
+                    F.when(deliver, F.col("reg.no_ack")).otherwise(F.col("get_no_ack")).alias("no_ack"),
+                    F.when(deliver, F.col("reg.prefetch")).alias("consumer_prefetch"),
+                    F.when(deliver, F.col("channel_prefetch_now")).alias("channel_prefetch"))
+            .withColumn("manual", (F.col("no_ack") == False) & (F.col("seq") < F.col("cutoff_seq"))))  # noqa: E712
+
+
+def settles(rows: DataFrame) -> DataFrame:
+    """The client's basic.ack/nack/reject the channel acted on, with each one's reach if multiple."""
+    method = F.col("method")
+    multiple = F.coalesce(F.col("multiple"), F.lit(False)) & (method != "basic.reject")
+    reach = F.when(F.col("delivery_tag") == 0, F.col("max_tag_so_far")) \
+        .otherwise(F.least(F.col("delivery_tag"), F.col("max_tag_so_far")))
+    return (rows.where(method.isin(*SETTLE_METHODS) & (F.col("direction") == TO_BROKER)
+                       & F.col("delivery_tag").isNotNull() & (F.col("seq") < F.col("cutoff_seq")))
+            .select(*INCARNATION, "seq", "ts_ns", "method", "delivery_tag", multiple.alias("multiple"),
+                    F.when(method != "basic.ack", F.col("requeue")).alias("requeue"),
+                    F.when(multiple, F.coalesce(reach, F.lit(0))).alias("reach")))
+
+
+def first_settler(manual: DataFrame, settle: DataFrame) -> DataFrame:
+    """(incarnation, tag) -> the settle row that settled it: the earliest of the first exact one
+    after it and the first multiple reaching it."""
+    frame = F.struct("seq", "ts_ns", "method", "delivery_tag", "multiple", "requeue")
+    d = manual.select(*INCARNATION, F.col("delivery_tag").alias("tag"), F.col("seq").alias("d_seq"))
+    exact = (d.join(settle.select(*INCARNATION, F.col("delivery_tag").alias("tag"), frame.alias("frame")),
+                    on=[*INCARNATION, "tag"], how="inner")
+             .where(F.col("frame.seq") > F.col("d_seq"))
+             .groupBy(*INCARNATION, "tag").agg(F.min_by("frame", "frame.seq").alias("exact")))
+    multiples = settle.where(F.col("multiple")).withColumn(
+        "reach", F.max("reach").over(running(*INCARNATION)))  # the running maximum never falls
+    search = Window.partitionBy(*INCARNATION).orderBy(
+        F.col("key").desc(), F.col("is_delivery"), F.col("seq").desc()).rowsBetween(
+        Window.unboundedPreceding, Window.currentRow)
+    by_multiple = (d.select(*INCARNATION, F.col("tag").alias("key"), F.col("d_seq").alias("seq"),
+                            F.lit(True).alias("is_delivery"), F.lit(None).cast(settle.select(frame).schema[0].dataType)
+                            .alias("frame"))
+                   .unionByName(multiples.select(*INCARNATION, F.col("reach").alias("key"), "seq",
+                                                 F.lit(False).alias("is_delivery"), frame.alias("frame")))
+                   .withColumn("multiple_frame", F.last("frame", ignorenulls=True).over(search))
+                   .where(F.col("is_delivery"))
+                   .select(*INCARNATION, F.col("key").alias("tag"), "multiple_frame"))
+    return (d.join(exact, on=[*INCARNATION, "tag"], how="left")
+            .join(by_multiple, on=[*INCARNATION, "tag"], how="left")
+            .select(*INCARNATION, "tag", F.when(
+                F.col("exact").isNull() | (F.col("multiple_frame").isNotNull()
+                                           & (F.col("multiple_frame.seq") < F.col("exact.seq"))),
+                F.col("multiple_frame")).otherwise(F.col("exact")).alias("settler")))
+
+
+def bad_settles(settle: DataFrame, delivered: DataFrame) -> DataFrame:
+    """Connections where an ack, nack or reject named a tag that was not outstanding when it came
+    (double ack, unknown tag, another channel's tag, an auto-ack tag, or one the capture shows
+    before its delivery): what follows depends on the broker's 406, the reference model's case."""
+    named = settle.where(~(F.col("multiple") & (F.col("delivery_tag") == 0)))
+    d = delivered.select(*INCARNATION, "delivery_tag", F.col("seq").alias("d_seq"), "manual",
+                         F.col("settler.seq").alias("settler_seq"))
+    return (named.join(d, on=[*INCARNATION, "delivery_tag"], how="left")
+            .where(F.col("d_seq").isNull() | ~F.col("manual") | (F.col("settler_seq").isNull())
+                   | (F.col("settler_seq") != F.col("seq")))
+            .select("connection_id"))
+
+
+def peak_unacked(delivered: DataFrame) -> DataFrame:
+    """Per incarnation: the most manual-ack deliveries outstanding at once."""
+    manual = delivered.where(F.col("manual"))
+    events = (manual.select(*INCARNATION, "seq", F.lit(1).alias("step"))
+              .unionByName(manual.where(F.col("settler").isNotNull())
+                           .select(*INCARNATION, F.col("settler.seq").alias("seq"), F.lit(-1).alias("step"))))
+    return (events.withColumn("unacked", F.sum("step").over(running(*INCARNATION, order=("seq", "step"))))
+            .groupBy(*INCARNATION).agg(F.max("unacked").alias("peak_unacked")))
+
+
+def settled_deliveries(delivered: DataFrame) -> DataFrame:
+    """The deliveries table's outcome columns from the settler and the incarnation's end."""
+    settled = F.col("settler").isNotNull()
+    auto = F.col("no_ack") == True  # noqa: E712
+    still_open = F.col("ended_by") == "end_of_data"
+    end_is_later = F.col("end_seq") >= F.col("seq")
+    outcome = F.lit(None).cast("string")
+    for method, name in SETTLE_METHODS.items():
+        outcome = F.when(F.col("settler.method") == method, F.lit(name)).otherwise(outcome)
+    settle_seq = (F.when(auto, F.col("seq")).when(settled, F.col("settler.seq")).when(still_open, F.lit(None))
+                  .otherwise(F.greatest("end_seq", "seq")))
+    settle_ts = (F.when(auto, F.col("ts_ns")).when(settled, F.col("settler.ts_ns")).when(still_open, F.lit(None))
+                 .when(end_is_later, F.col("end_ts_ns")).otherwise(F.col("ts_ns")))
+    return delivered.select(
+        "*",
+        F.when(auto, F.lit("auto")).when(settled, outcome).when(still_open, F.lit("open"))
+        .otherwise(F.col("end_outcome")).alias("outcome"),
+        F.when(settled, F.col("settler.multiple")).alias("settled_by_multiple"),
+        F.when(settled, F.col("settler.delivery_tag")).alias("settle_tag"),
+        F.when(settled, F.col("settler.requeue")).alias("requeue"),
+        F.when(settled, F.lit(False)).alias("in_tx"),
+        F.when(settled, F.col("settler.seq")).alias("settle_frame_seq"),
+        settle_seq.cast("long").alias("settle_seq"),
+        settle_ts.cast("long").alias("settle_ts_ns"),
+        (settle_ts - F.col("ts_ns")).cast("long").alias("settle_latency_ns"),
+        F.when(~auto & ~settled & still_open, F.col("observed_until_ts_ns")).alias("delivery_observed_until"),
+    )

@@ -1,0 +1,131 @@
+"""Channel incarnations as columns: which life of its channel number each frame row belongs to,
+and how each life ended. The rules are analyzer/timeline's, for regular connections (regular.py).
+
+A `channel.open` starts an incarnation. It ends at the first `channel.close` of either side, or
+the connection's first `connection.close` / `close-ok` if that came first: from that row on the
+closer discards what it receives (`cutoff_seq`). A TCP FIN or RST with no AMQP close ends it at
+the end of the data, at the FIN/RST row (no cutoff: frames after the FIN still count). Otherwise
+it is still open at the end of the data.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from analyzer.timeline.connection import CHANNEL_TRANSITIONS, CONNECTION_ENDS, TRANSPORT_ENDS
+
+TO_BROKER, TO_CLIENT = "to_broker", "to_client"
+INCARNATION = ["connection_id", "channel", "incarnation"]
+NEVER = 2**63 - 1  # a cutoff past every seq
+LIFECYCLE = ("channel.open", "channel.open-ok", "channel.close", "channel.close-ok")
+DELIVERING = ("basic.deliver", "basic.get-ok")
+# What may come just before each lifecycle row of a channel number, in a regular connection.
+LIFECYCLE_AFTER = {
+    "channel.open": (None, "channel.close-ok"),
+    "channel.open-ok": ("channel.open",),
+    "channel.close": ("channel.open-ok",),
+    "channel.close-ok": ("channel.close",),
+}
+
+
+def running(*partition: str, order: tuple = ("seq",)) -> Window:
+    return (Window.partitionBy(*partition).orderBy(*order)
+            .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+
+
+def is_transition(direction, method):
+    """A row the per-channel state machine acts on (connection.CHANNEL_TRANSITIONS)."""
+    pairs = [F.struct(F.lit(d).alias("d"), F.lit(m).alias("m")) for d, m in CHANNEL_TRANSITIONS]
+    return F.struct(direction.alias("d"), method.alias("m")).isin(*pairs)
+
+
+def connection_facts(frames: DataFrame) -> DataFrame:
+    """Per connection: agent, last row, the first AMQP connection close and the first FIN/RST."""
+    ch0 = F.coalesce("channel", F.lit(0)) == 0
+    closing = ch0 & F.col("method").isin(*CONNECTION_ENDS)
+    transport = ch0 & F.col("method").isin(*TRANSPORT_ENDS)
+    row = F.struct("seq", "ts_ns", "method")
+    return (frames.groupBy("connection_id").agg(
+        F.min_by("agent_id", "seq").alias("agent_id"),
+        F.max_by("ts_ns", "seq").alias("last_ts_ns"),
+        F.min_by(F.when(closing, row), F.when(closing, F.col("seq"))).alias("conn_end"),
+        F.min_by(F.when(transport, row), F.when(transport, F.col("seq"))).alias("transport_end"),
+    ))
+
+
+def channel_rows(frames: DataFrame) -> DataFrame:
+    """The rows of channels other than 0 that matter to the timelines, each with its incarnation
+    number and the lifecycle row before it; plus `bad_order`: a row out of the regular grammar."""
+    method, direction = F.col("method"), F.col("direction")
+    lifecycle = ((method.isin("channel.open") & (direction == TO_BROKER))
+                 | (method.isin("channel.open-ok") & (direction == TO_CLIENT))
+                 | method.isin("channel.close", "channel.close-ok"))
+    relevant = (F.coalesce("channel", F.lit(0)) != 0) & (lifecycle | is_transition(direction, method)) \
+        & ~(method.isin(*DELIVERING) & F.col("delivery_tag").isNull())  # cut short before its tag: skipped
+    by_channel = running("connection_id", "channel")
+    before = by_channel.rowsBetween(Window.unboundedPreceding, -1)
+    rows = (frames.where(relevant)
+            .withColumn("is_lifecycle", lifecycle)
+            .withColumn("incarnation", F.sum(F.when(method == "channel.open", 1).otherwise(0)).over(by_channel)
+                        .cast("int"))
+            .withColumn("previous_lifecycle", F.last(F.when(F.col("is_lifecycle"), method), ignorenulls=True)
+                        .over(before)))
+    grammar = F.lit(False)
+    for name, allowed in LIFECYCLE_AFTER.items():
+        ok = F.lit(False)
+        for previous in allowed:
+            ok = ok | (F.col("previous_lifecycle").isNull() if previous is None
+                       else F.col("previous_lifecycle") == previous)
+        grammar = grammar | ((method == name) & ~ok)
+    # A frame outside any incarnation (before the first open, after a close-ok) would start one
+    # whose history is unknown: the reference model's case, not this one.
+    orphan = ~F.col("is_lifecycle") & ((F.col("incarnation") == 0)
+                                       | (F.col("previous_lifecycle") == "channel.close-ok"))
+    # Tags rise within an incarnation; a tag that does not is a life whose open the data lacks.
+    earlier = running(*INCARNATION).rowsBetween(Window.unboundedPreceding, -1)
+    rows = rows.withColumn("is_delivery", method.isin(*DELIVERING) & (direction == TO_CLIENT))
+    previous_tag = F.last(F.when(F.col("is_delivery"), F.col("delivery_tag")), ignorenulls=True).over(earlier)
+    tag_restart = F.col("is_delivery") & ((F.col("delivery_tag") < 1)
+                                          | (previous_tag.isNotNull() & (F.col("delivery_tag") <= previous_tag)))
+    return rows.withColumn("bad_order", (F.col("is_lifecycle") & grammar) | orphan | tag_restart)
+
+
+def incarnation_ends(rows: DataFrame, connections: DataFrame) -> DataFrame:
+    """One row per incarnation: its open, how and where it ended, and its cutoff."""
+    close = F.col("method") == "channel.close"
+    close_row = F.struct("seq", "ts_ns", "direction", "reply_code", "reply_text", "failing_method")
+    lives = (rows.where(F.col("incarnation") > 0).groupBy(*INCARNATION).agg(
+        F.min_by(F.when(F.col("method") == "channel.open", F.struct("seq", "ts_ns")),
+                 F.when(F.col("method") == "channel.open", F.col("seq"))).alias("open"),
+        F.min_by(F.when(close, close_row), F.when(close, F.col("seq"))).alias("close")))
+    lives = lives.join(connections, on="connection_id", how="inner")
+    by_channel_close = F.col("close").isNotNull() & (
+        F.col("conn_end").isNull() | (F.col("close.seq") < F.col("conn_end.seq")))
+    by_connection = ~by_channel_close & F.col("conn_end").isNotNull()
+    by_transport = ~by_channel_close & ~by_connection & F.col("transport_end").isNotNull()
+    return lives.select(
+        *INCARNATION, "agent_id",
+        F.col("open.seq").alias("open_seq"), F.col("open.ts_ns").alias("open_ts_ns"),
+        F.when(by_channel_close, F.lit("channel.close")).when(by_connection, F.lit("connection.close"))
+        .when(by_transport, F.col("transport_end.method")).otherwise(F.lit("end_of_data")).alias("ended_by"),
+        F.when(by_channel_close, F.col("close.seq")).when(by_connection, F.col("conn_end.seq"))
+        .when(by_transport, F.col("transport_end.seq")).alias("end_seq"),
+        F.when(by_channel_close, F.col("close.ts_ns")).when(by_connection, F.col("conn_end.ts_ns"))
+        .when(by_transport, F.col("transport_end.ts_ns")).alias("end_ts_ns"),
+        # Rows after this one are discarded by the closer: an AMQP close only.
+        F.when(by_channel_close, F.col("close.seq")).when(by_connection, F.col("conn_end.seq"))
+        .otherwise(F.lit(NEVER)).alias("cutoff_seq"),
+        F.when(by_channel_close, F.lit("channel_closed")).when(by_connection | by_transport,
+                                                              F.lit("connection_closed")).alias("end_outcome"),
+        F.when(by_channel_close, F.when(F.col("close.direction") == TO_BROKER, F.lit("client"))
+               .otherwise(F.lit("broker"))).alias("closed_by"),
+        F.when(by_channel_close, F.col("close.reply_code")).alias("close_code"),
+        F.when(by_channel_close, F.col("close.reply_text")).alias("close_text"),
+        F.when(by_channel_close, F.col("close.failing_method")).alias("failing_method"),
+        F.when(~by_channel_close & ~by_connection & ~by_transport, F.col("last_ts_ns")).alias("observed_until_ts_ns"),
+        # An open after the connection's end or its FIN would be born closed: the reference model's case.
+        ((F.col("conn_end").isNotNull() & (F.col("open.seq") > F.col("conn_end.seq")))
+         | (F.col("transport_end").isNotNull() & (F.col("open.seq") > F.col("transport_end.seq")))
+         | (F.col("conn_end.method") == "connection.close-ok")).alias("bad_end"),
+    )
