@@ -13,6 +13,7 @@ from .framing import DEFAULT_MAX_FRAME
 EXIT_OK = 0
 EXIT_DAMAGED = 3      # a capture was truncated or corrupt: everything read before the damage was committed
 EXIT_UNREADABLE = 4   # a file was not a readable capture: nothing was ingested from it
+EXIT_ANALYSIS_FAILED = 5
 
 DESCRIPTION = """\
 ackscope: AMQP 0-9-1 (RabbitMQ) traffic analyser. It decodes captures into Delta Lake tables and
@@ -62,10 +63,45 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("--json", action="store_true", help="print one JSON object")
     summary.set_defaults(run=run_summary)
 
-    demo = commands.add_parser("demo", help="run the pipeline on the bundled sample capture",
-                               description="Ingest the sample capture shipped with ackscope into LAKE and "
-                                           "print what was found.")
+    analyze = commands.add_parser(
+        "analyze", help="run the Spark analysis: timelines, channel metrics and findings",
+        description="Read LAKE/frames and LAKE/connections with Spark, rebuild every channel's delivery-tag "
+                    "timeline and write the Delta tables LAKE/deliveries, publishes, channels, violations, "
+                    "channel_metrics and findings (each replaced in one commit). The same job runs on a "
+                    "cluster with --master, or through spark-submit spark_jobs/analyze.py with these options.",
+        epilog="Exit status: 0 done; 2 bad arguments; 5 the analysis failed.")
+    analyze.add_argument("--lake", required=True, metavar="DIR", help="folder holding the Delta tables")
+    analyze.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
+    analyze.add_argument("--driver-memory", default=None, metavar="SIZE",
+                         help="Spark driver memory when this command starts the driver, e.g. 2g")
+    analyze.add_argument("--since", metavar="DAY", help="first UTC day of frames to analyse (YYYY-MM-DD)")
+    analyze.add_argument("--until", metavar="DAY", help="last UTC day of frames to analyse (YYYY-MM-DD)")
+    analyze.add_argument("--delta-mode", choices=("auto", "native", "bridge"), default="auto",
+                         help="Delta access: native delta-spark, or the delta-rs bridge (default: native "
+                              "if the Delta JARs are on Spark's classpath)")
+    analyze.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                         help="override a detector threshold (repeatable); see README, Findings")
+    analyze.add_argument("--bucket-seconds", type=int, default=10, metavar="S",
+                         help="channel_metrics time bucket (default %(default)s)")
+    analyze.add_argument("--overdue-seconds", type=float, default=60.0, metavar="S",
+                         help="a publish still unconfirmed this long when the data ends is overdue "
+                              "(default %(default)s)")
+    analyze.add_argument("--json", action="store_true", help="print one JSON object")
+    analyze.set_defaults(run=run_analyze)
+
+    findings = commands.add_parser("findings", help="print what the analysis found",
+                                   description="Print the findings table: a readable table, worst first, "
+                                               "or with --json a JSON array.")
+    findings.add_argument("--lake", required=True, metavar="DIR")
+    findings.add_argument("--kind", help="only this kind (lost_confirm, requeue_loop, ...)")
+    findings.add_argument("--json", action="store_true", help="print a JSON array")
+    findings.set_defaults(run=run_findings)
+
+    demo = commands.add_parser("demo", help="run the whole pipeline on the bundled sample capture",
+                               description="Ingest the sample capture shipped with ackscope into LAKE, "
+                                           "analyse it with Spark and print what was found.")
     demo.add_argument("--lake", default=".demo-lake", metavar="DIR", help="default %(default)s")
+    demo.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
     demo.set_defaults(run=run_demo)
     return parser
 
@@ -153,17 +189,63 @@ def sample_captures() -> list[str]:
     return sorted(str(p) for p in folder.iterdir() if p.name.endswith((".pcap", ".pcapng")))
 
 
-def run_demo(args) -> int:
-    from .summary import lake_summary, render_summary
+def run_analyze(args) -> int:
+    from spark_jobs.analyze import analyze, render_report
+    from spark_jobs.session import get_spark
+    from spark_jobs.thresholds import Thresholds
 
+    from .findings import read_findings, render_findings
+
+    try:
+        thresholds = Thresholds.from_pairs(args.threshold)
+    except ValueError as exc:
+        print(f"ackscope analyze: {exc}", file=sys.stderr)
+        return 2
+    if args.bucket_seconds < 1 or args.overdue_seconds <= 0:
+        print("ackscope analyze: --bucket-seconds and --overdue-seconds must be positive", file=sys.stderr)
+        return 2
+    if not os.path.isdir(os.path.join(args.lake, "frames")):
+        print(f"ackscope analyze: no frames table in {args.lake}: run `ackscope ingest` first", file=sys.stderr)
+        return 2
+    spark = get_spark(args.master, "ackscope-analyze", driver_memory=args.driver_memory)
+    try:
+        report = analyze(spark, args.lake, since=args.since, until=args.until, delta_mode=args.delta_mode,
+                         thresholds=thresholds, bucket_seconds=args.bucket_seconds,
+                         overdue_ns=int(args.overdue_seconds * 1e9))
+    except Exception as exc:  # noqa: BLE001 - the job's own failure, reported once, with its cause
+        print(f"ackscope analyze: the analysis of {args.lake} failed: {exc}", file=sys.stderr)
+        return EXIT_ANALYSIS_FAILED
+    finally:
+        spark.stop()
+    if args.json:
+        print(json.dumps(report.as_json(), sort_keys=True))
+    else:
+        print(render_report(report))
+        print()
+        print(render_findings(read_findings(args.lake)))
+    return EXIT_OK
+
+
+def run_findings(args) -> int:
+    from .findings import findings_json, read_findings, render_findings
+
+    rows = read_findings(args.lake, args.kind)
+    print(json.dumps(findings_json(rows), sort_keys=True) if args.json else render_findings(rows))
+    return EXIT_OK
+
+
+def run_demo(args) -> int:
     samples = sample_captures()
     print(f"ackscope demo: ingesting {len(samples)} bundled sample capture(s) into {args.lake}\n")
     status = run_ingest(argparse.Namespace(files=samples, lake=args.lake, json=False, agent_id="demo",
                                            ports=",".join(str(p) for p in sorted(DEFAULT_BROKER_PORTS)),
                                            max_frame_size=DEFAULT_MAX_FRAME, progress=False, workers=1))
-    print()
-    print(render_summary(lake_summary(args.lake)))
-    return status
+    if status != EXIT_OK:
+        return status
+    print(f"\nackscope demo: analysing {args.lake} with Spark ({args.master})\n")
+    return run_analyze(argparse.Namespace(lake=args.lake, master=args.master, driver_memory=None, since=None,
+                                          until=None, delta_mode="auto", threshold=[], bucket_seconds=10,
+                                          overdue_seconds=60.0, json=False))
 
 
 if __name__ == "__main__":

@@ -303,3 +303,26 @@ def test_analyzer_decodes_every_scenario_like_tshark(lab_out, scenario):
     _, expected = read_lab_capture(lab_out, scenario)
     if scenario != "mid_stream":  # its connections were opened before the recording: no names on the wire
         assert set(expected["facts"]["connections"]) <= {c["connection_name"] for c in connections}
+
+
+@pytest.fixture(scope="module")
+def lab_lake(lab_out, spark, tmp_path_factory) -> str:
+    """Every freshly recorded scenario ingested into one lake and analysed on Spark."""
+    from analyzer.ingest import ingest_file
+    from spark_jobs.analyze import analyze
+
+    from tests.findings_check import LAB_THRESHOLDS
+
+    lake_dir = str(tmp_path_factory.mktemp("lab-lake"))
+    for scenario in SCENARIOS:
+        assert not ingest_file(str(lab_out / f"{scenario}.pcapng"), lake_dir).errors
+    analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    return lake_dir
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_analysis_finds_what_each_scenario_expects_and_nothing_it_forbids(lab_out, lab_lake, scenario):
+    from tests.findings_check import findings_of_capture, problems
+
+    _, expected = read_lab_capture(lab_out, scenario)
+    assert problems(findings_of_capture(lab_lake, str(lab_out / f"{scenario}.pcapng")), expected) == []

@@ -1,0 +1,113 @@
+"""The analysis job end to end: recorded captures ingested into a real lake, `analyze` on real
+Spark writing real Delta tables, findings checked against every example's expectations; and the
+`ackscope analyze` / `ackscope findings` commands as a user runs them."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from analyzer import lake, schema
+from analyzer.ingest import ingest_file
+from analyzer.timeline import replay_frames
+from spark_jobs.analyze import OUTPUT_TABLES, analyze
+
+from .conftest import ROOT
+from .findings_check import LAB_THRESHOLDS, findings_of_capture, problems
+
+EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))
+ACKSCOPE = os.path.join(os.path.dirname(sys.executable), "ackscope")
+JSON_KEYS = {"kind", "severity", "connection_id", "connection_name", "client", "server", "channel", "first_ts",
+             "last_ts", "count", "summary", "evidence"}
+
+
+@pytest.fixture(scope="module")
+def analysed(spark, tmp_path_factory):
+    lake_dir = str(tmp_path_factory.mktemp("analysed-lake"))
+    for capture in EXAMPLES:
+        assert not ingest_file(capture, lake_dir).errors
+    report = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    return lake_dir, report
+
+
+def _table(lake_dir, name):
+    return lake.read_table(lake_dir, name, OUTPUT_TABLES[name])
+
+
+@pytest.mark.parametrize("capture", EXAMPLES, ids=os.path.basename)
+def test_every_expected_finding_and_no_forbidden_one(analysed, capture):
+    lake_dir, _ = analysed
+    expected = json.load(open(capture.replace(".pcapng", ".expected.json")))
+    assert problems(findings_of_capture(lake_dir, capture), expected) == []
+
+
+def test_clean_examples_have_nothing_of_warning_or_worse(analysed):
+    lake_dir, _ = analysed
+    for scenario in ("clean_async_confirms", "heartbeats"):
+        capture = os.path.join(ROOT, "examples", f"{scenario}.pcapng")
+        assert [f for f in findings_of_capture(lake_dir, capture) if f["severity"] != "info"] == [], scenario
+
+
+def test_written_tables_are_the_reference_models_and_readable_by_delta_rs(analysed):
+    lake_dir, report = analysed
+    expected = replay_frames(lake.read_table(lake_dir, "frames", schema.FRAMES))
+    keys = {"deliveries": ["connection_id", "channel", "incarnation", "seq"],
+            "publishes": ["connection_id", "channel", "incarnation", "seq"],
+            "channels": ["connection_id", "channel", "incarnation"],
+            "violations": ["connection_id", "channel", "incarnation", "seq", "kind"]}
+    for name, key in keys.items():
+        got = _table(lake_dir, name).sort_by([(k, "ascending") for k in key])
+        assert got.to_pylist() == expected[name].to_pylist(), name
+        assert report.rows[name] == got.num_rows
+    assert report.rows["findings"] == _table(lake_dir, "findings").num_rows > 0
+    assert report.rows["channel_metrics"] == _table(lake_dir, "channel_metrics").num_rows > 0
+    assert report.frames == lake.read_table(lake_dir, "frames", schema.FRAMES).num_rows
+
+
+def test_a_second_run_gives_the_same_tables_and_finding_ids(spark, analysed):
+    lake_dir, _ = analysed
+    before = {name: _table(lake_dir, name) for name in OUTPUT_TABLES}
+    analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    for name in OUTPUT_TABLES:
+        after = _table(lake_dir, name)
+        key = [c for c in ("finding_id", "connection_id", "channel", "incarnation", "seq", "bucket_start_ns", "kind")
+               if c in after.column_names]
+        assert after.sort_by([(k, "ascending") for k in key]).to_pylist() == \
+            before[name].sort_by([(k, "ascending") for k in key]).to_pylist(), name
+
+
+def _ackscope(*args, timeout=600):
+    return subprocess.run([ACKSCOPE, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_findings_command_json_and_kind_filter(analysed):
+    lake_dir, _ = analysed
+    everything = json.loads(_ackscope("findings", "--lake", lake_dir, "--json").stdout)
+    assert everything and all(JSON_KEYS <= set(item) for item in everything)
+    assert all(isinstance(item["evidence"], dict) for item in everything)
+    lost = json.loads(_ackscope("findings", "--lake", lake_dir, "--kind", "lost_confirm", "--json").stdout)
+    assert lost and {item["kind"] for item in lost} == {"lost_confirm"}
+    assert len(lost) == sum(item["kind"] == "lost_confirm" for item in everything)
+    table = _ackscope("findings", "--lake", lake_dir).stdout
+    assert "lost_confirm" in table and "lab-lost_confirms-tcp-cut" in table
+
+
+def test_analyze_command_on_the_bundled_sample(tmp_path):
+    lake_dir = str(tmp_path / "lake")
+    sample = glob.glob(os.path.join(ROOT, "analyzer", "samples", "*.pcapng"))
+    assert _ackscope("ingest", *sample, "--lake", lake_dir).returncode == 0
+    run = _ackscope("analyze", "--lake", lake_dir, "--master", "local[2]", "--json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    assert report["findings_by_kind"] == {"lost_confirm": 2} and report["delta_mode"] == "bridge"
+    assert report["rows"]["publishes"] == 45
+
+
+def test_analyze_command_refuses_bad_arguments(tmp_path):
+    run = _ackscope("analyze", "--lake", str(tmp_path))
+    assert run.returncode == 2 and "no frames table" in run.stderr
+    run = _ackscope("analyze", "--lake", str(tmp_path), "--threshold", "no_such=1")
+    assert run.returncode == 2 and "unknown threshold 'no_such'" in run.stderr
