@@ -30,5 +30,10 @@ services:
 bench-decode: $(STAMP) services
 	$(PY) bench/decode.py
 
+# `ackscope analyze` on a generated lake of 10 M frames (cached in bench/out), local[1] against local[2].
+.PHONY: bench-analyze
+bench-analyze: $(STAMP)
+	$(PY) bench/analyze.py
+
 clean:
 	rm -rf $(VENV) $(LAKE) .pytest_cache build *.egg-info

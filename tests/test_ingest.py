@@ -167,12 +167,16 @@ def test_data_files_leave_partition_values_to_the_delta_log(tmp_path, corpus_dir
 
 
 def test_demo_runs_the_bundled_sample_and_exits_cleanly(tmp_path):
-    for _ in range(3):  # reading Delta tables once left threads that aborted the interpreter at exit
-        lake_dir = tmp_path / f"demo{_}"
-        result = ackscope("demo", "--lake", str(lake_dir))
-        assert result.returncode == 0, result.stderr
-        assert "lab-lost_confirms-tcp-cut" in result.stdout and "basic.publish" in result.stdout
-        assert "ended by tcp.rst" in result.stdout
+    lake_dir = tmp_path / "demo"
+    result = ackscope("demo", "--lake", str(lake_dir))
+    assert result.returncode == 0, result.stderr
+    assert "basic.publish 45" in result.stdout  # what it ingested
+    assert "findings: lost_confirm 2" in result.stdout  # what the analysis found
+    assert "lab-lost_confirms-tcp-cut" in result.stdout and "ended (tcp.rst)" in result.stdout
+    for _ in range(2):  # reading Delta tables once left threads that aborted the interpreter at exit
+        summary = ackscope("summary", "--lake", str(lake_dir))
+        assert summary.returncode == 0, summary.stderr
+        assert "ended by tcp.rst" in summary.stdout
 
 
 def test_progress_bar_shows_how_far_into_the_file(tmp_path, capsys, corpus_dir):
