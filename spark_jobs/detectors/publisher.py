@@ -79,7 +79,8 @@ def out_of_order_confirm(tables: Tables, thresholds: Thresholds) -> DataFrame:
         first_ts_ns=F.col("first_ns"), last_ts_ns=F.col("last_ns"), count=F.col("n"),
         value=F.col("most_overtaken"),
         summary=F.format_string(
-            "%d confirms on channel %d arrived while earlier publishes were still unconfirmed (up to %d of them): "
+            "%d confirms on channel %d arrived while earlier publishes were still unconfirmed (up to %d numbers "
+            "ahead of the oldest): "
             "allowed by the protocol, a problem only for a client that relies on confirm order",
             "n", "channel", "most_overtaken"),
         evidence=evidence(seqs=F.col("items.seq"), tags=F.col("items.confirm_tag"),
