@@ -34,6 +34,11 @@ _SESSION_CONF = {
     # Between Spark and pandas through Arrow batches rather than a Python object per row.
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.ui.showConsoleProgress": "false",
+    # A window partition (one channel incarnation) can hold millions of rows; Spark buffers it whole
+    # and spills it in pieces, then opens every piece at once with a 1 MB read buffer, two with
+    # read-ahead. Halving that is not enough for the hot channel in a 2 GB local[2] driver yet
+    # (bench/README.md): fewer window passes over it are.
+    "spark.unsafe.sorter.spill.read.ahead.enabled": "false",
 }
 
 
