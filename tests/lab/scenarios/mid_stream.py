@@ -108,7 +108,11 @@ def judge(capture, evidence) -> Verdict:
     require(not any(capture.streams[s].ended for s in {f.stream for f in capture.frames}),
             "both connections still open when the capture ends")
     return Verdict(expect=[], facts={"first_delivery_tag": deliveries[0].tag, "first_confirm_tag": confirms[0].tag,
-                                     "deliveries": len(deliveries), "confirm_frames": len(confirms)})
+                                     "deliveries": len(deliveries), "confirm_frames": len(confirms)},
+                   tolerated={"unacked_buildup": "the consumer (set up before the capture, so of unknown ack mode to "
+                                                 "the lab, proven manual by its acks) keeps its prefetch of 50 full for "
+                                                 "the whole second recorded: its oldest delivery may pass the lab-scale "
+                                                 "age threshold"})
 
 
 SCENARIO = Scenario(
