@@ -1,11 +1,6 @@
-"""The consumer side as columns: deliveries, what settled each, and the checks that the client
-acked only what was outstanding (where it did not, the connection goes to the reference model).
-
-The settling frame of delivery tag t is the first client basic.ack/nack/reject after it naming t,
-or with multiple=true reaching t. A multiple ack reaches min(its tag, or everything for tag 0; the
-highest tag delivered before it); the running maximum of that reach never falls, so "the first
-multiple reaching t" is a search in reach order (a window), not a join of every ack with every
-delivery.
+"""The consumer side as columns: deliveries, what settled each (settling.py), and the checks that
+the client acked only what was outstanding (where it did not, the connection goes to the
+reference model).
 """
 
 from __future__ import annotations
@@ -14,6 +9,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from .incarnations import INCARNATION, TO_BROKER, TO_CLIENT, running
+from .settling import first_settling_frame
 
 SETTLE_METHODS = {"basic.ack": "ack", "basic.nack": "nack", "basic.reject": "reject"}
 
@@ -118,33 +114,10 @@ def settles(rows: DataFrame) -> DataFrame:
 
 
 def first_settler(manual: DataFrame, settle: DataFrame) -> DataFrame:
-    """(incarnation, tag) -> the settle row that settled it: the earliest of the first exact one
-    after it and the first multiple reaching it."""
-    frame = F.struct("seq", "ts_ns", "method", "delivery_tag", "multiple", "requeue")
-    d = manual.select(*INCARNATION, F.col("delivery_tag").alias("tag"), F.col("seq").alias("d_seq"))
-    exact = (d.join(settle.select(*INCARNATION, F.col("delivery_tag").alias("tag"), frame.alias("frame")),
-                    on=[*INCARNATION, "tag"], how="inner")
-             .where(F.col("frame.seq") > F.col("d_seq"))
-             .groupBy(*INCARNATION, "tag").agg(F.min_by("frame", "frame.seq").alias("exact")))
-    multiples = settle.where(F.col("multiple")).withColumn(
-        "reach", F.max("reach").over(running(*INCARNATION)))  # the running maximum never falls
-    search = Window.partitionBy(*INCARNATION).orderBy(
-        F.col("key").desc(), F.col("is_delivery"), F.col("seq").desc()).rowsBetween(
-        Window.unboundedPreceding, Window.currentRow)
-    by_multiple = (d.select(*INCARNATION, F.col("tag").alias("key"), F.col("d_seq").alias("seq"),
-                            F.lit(True).alias("is_delivery"), F.lit(None).cast(settle.select(frame).schema[0].dataType)
-                            .alias("frame"))
-                   .unionByName(multiples.select(*INCARNATION, F.col("reach").alias("key"), "seq",
-                                                 F.lit(False).alias("is_delivery"), frame.alias("frame")))
-                   .withColumn("multiple_frame", F.last("frame", ignorenulls=True).over(search))
-                   .where(F.col("is_delivery"))
-                   .select(*INCARNATION, F.col("key").alias("tag"), "multiple_frame"))
-    return (d.join(exact, on=[*INCARNATION, "tag"], how="left")
-            .join(by_multiple, on=[*INCARNATION, "tag"], how="left")
-            .select(*INCARNATION, "tag", F.when(
-                F.col("exact").isNull() | (F.col("multiple_frame").isNotNull()
-                                           & (F.col("multiple_frame.seq") < F.col("exact.seq"))),
-                F.col("multiple_frame")).otherwise(F.col("exact")).alias("settler")))
+    """(incarnation, tag) -> `settler`: the client's ack, nack or reject that settled the delivery."""
+    items = manual.select(*INCARNATION, F.col("delivery_tag").alias("tag"), F.col("seq").alias("item_seq"))
+    return (first_settling_frame(items, settle, "tag", ("seq", "ts_ns", "method", "delivery_tag", "multiple", "requeue"))
+            .withColumnRenamed("frame", "settler"))
 
 
 def bad_settles(settle: DataFrame, delivered: DataFrame) -> DataFrame:

@@ -1,9 +1,8 @@
 """The publisher side as columns: confirm numbering, what confirmed each publish, out-of-order
 distance, returns, and the checks that the broker confirmed only what was published.
 
-After the first confirm.select both sides number the client's publishes from 1. The confirm of
-number n is the first broker basic.ack/nack after it naming n, or with multiple=true reaching n
-(a search in reach order, as on the consumer side). The oldest publish still unconfirmed when a
+After the first confirm.select both sides number the client's publishes from 1; the confirm of
+number n is found as a delivery's ack is (settling.py). The oldest publish still unconfirmed when a
 confirm comes is the first number whose running-maximum confirm row lies after it: a running
 count, not a self-join.
 """
@@ -14,6 +13,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from .incarnations import INCARNATION, NEVER, TO_BROKER, TO_CLIENT, running
+from .settling import first_settling_frame
 
 CONFIRM_METHODS = {"basic.ack": "acked", "basic.nack": "nacked"}
 PUBLISH_COLUMNS = ("seq", "ts_ns", "exchange", "routing_key", "mandatory", "message_id", "message_identity",
@@ -76,32 +76,10 @@ def bad_confirms(confirm: DataFrame) -> DataFrame:
 
 
 def first_confirm(published: DataFrame, confirm: DataFrame) -> DataFrame:
-    """(incarnation, confirm_seq) -> the confirm that settled it: the first exact one after it or
-    the first multiple reaching it, whichever came first."""
-    frame = F.struct("seq", "ts_ns", "method", "delivery_tag", "multiple")
-    p = published.where(F.col("numbered")).select(*INCARNATION, "confirm_seq", F.col("seq").alias("p_seq"))
-    exact = (p.join(confirm.select(*INCARNATION, F.col("delivery_tag").alias("confirm_seq"), frame.alias("frame")),
-                    on=[*INCARNATION, "confirm_seq"], how="inner")
-             .where(F.col("frame.seq") > F.col("p_seq"))
-             .groupBy(*INCARNATION, "confirm_seq").agg(F.min_by("frame", "frame.seq").alias("exact")))
-    multiples = confirm.where(F.col("multiple")).withColumn("reach", F.max("reach").over(running(*INCARNATION)))
-    search = Window.partitionBy(*INCARNATION).orderBy(
-        F.col("key").desc(), F.col("is_publish"), F.col("seq").desc()).rowsBetween(
-        Window.unboundedPreceding, Window.currentRow)
-    frame_type = confirm.select(frame).schema[0].dataType
-    by_multiple = (p.select(*INCARNATION, F.col("confirm_seq").alias("key"), F.col("p_seq").alias("seq"),
-                            F.lit(True).alias("is_publish"), F.lit(None).cast(frame_type).alias("frame"))
-                   .unionByName(multiples.select(*INCARNATION, F.col("reach").alias("key"), "seq",
-                                                 F.lit(False).alias("is_publish"), frame.alias("frame")))
-                   .withColumn("multiple_frame", F.last("frame", ignorenulls=True).over(search))
-                   .where(F.col("is_publish"))
-                   .select(*INCARNATION, F.col("key").alias("confirm_seq"), "multiple_frame"))
-    return (p.join(exact, on=[*INCARNATION, "confirm_seq"], how="left")
-            .join(by_multiple, on=[*INCARNATION, "confirm_seq"], how="left")
-            .select(*INCARNATION, "confirm_seq", F.when(
-                F.col("exact").isNull() | (F.col("multiple_frame").isNotNull()
-                                           & (F.col("multiple_frame.seq") < F.col("exact.seq"))),
-                F.col("multiple_frame")).otherwise(F.col("exact")).alias("confirmer")))
+    """(incarnation, confirm_seq) -> `confirmer`: the broker's basic.ack/nack that settled the publish."""
+    items = published.where(F.col("numbered")).select(*INCARNATION, "confirm_seq", F.col("seq").alias("item_seq"))
+    return (first_settling_frame(items, confirm, "confirm_seq", ("seq", "ts_ns", "method", "delivery_tag", "multiple"))
+            .withColumnRenamed("frame", "confirmer"))
 
 
 def waiting_and_overtaking(numbered: DataFrame) -> DataFrame:
