@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from analyzer import schema
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
@@ -23,7 +23,7 @@ from .delta_io import read_delta, write_delta
 from .detectors import detect
 from .session import delta_mode as resolve_delta_mode
 from .thresholds import Thresholds
-from .timeline import routed_timelines
+from .timeline import materialised, routed_timelines
 from .timeline.tables import TIMELINE_TABLES
 
 OUTPUT_TABLES = {**TIMELINE_TABLES, "channel_metrics": schema.CHANNEL_METRICS, "findings": schema.FINDINGS}
@@ -55,10 +55,10 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
     connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)
     timelines, irregular = routed_timelines(frames, overdue_ns)
     # Every output reads the timelines again: compute them once.
-    tables = {name: _computed(df) for name, df in timelines.items()}
-    tables["channel_metrics"] = _computed(channel_metrics(tables["deliveries"], tables["publishes"],
+    tables = {name: materialised(df) for name, df in timelines.items()}
+    tables["channel_metrics"] = materialised(channel_metrics(tables["deliveries"], tables["publishes"],
                                                           tables["channels"], bucket_seconds))
-    tables["findings"] = _computed(detect({**tables, "frames": frames, "connections": connections}, thresholds))
+    tables["findings"] = materialised(detect({**tables, "frames": frames, "connections": connections}, thresholds))
     for name, df in tables.items():
         write_delta(df, lake, name, OUTPUT_TABLES[name], mode="overwrite", delta_mode=mode)
         report.rows[name] = df.count()
@@ -70,10 +70,6 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
     report.findings_by_severity = {r["severity"]: r["count"] for r in findings.groupBy("severity").count().collect()}
     report.seconds = round(time.monotonic() - started, 2)
     return report
-
-
-def _computed(df: DataFrame) -> DataFrame:
-    return df.localCheckpoint(eager=True)
 
 
 def render_report(report: AnalysisReport) -> str:

@@ -62,11 +62,11 @@ def _vectorised(frames: DataFrame, overdue_ns: int) -> tuple[dict[str, DataFrame
                              & F.col("failing_method").isin(*consumer.SETTLE_METHODS))).select("connection_id")
     candidates = frames.join(static, on="connection_id", how="left_anti")
     connections = connection_facts(candidates)
-    ordered = channel_rows(candidates).transform(_materialised)
-    ends = incarnation_ends(ordered, connections).transform(_materialised)
+    ordered = channel_rows(candidates).transform(materialised)
+    ends = incarnation_ends(ordered, connections).transform(materialised)
     rows = (ordered.where(F.col("incarnation") > 0).drop("agent_id")
             .join(ends.select(*INCARNATION, *END_COLUMNS), on=INCARNATION, how="inner"))
-    rows = consumer.with_prefetch(rows).transform(_materialised)
+    rows = consumer.with_prefetch(rows).transform(materialised)
 
     # Consumer side.
     delivered = consumer.deliveries(rows)
@@ -76,7 +76,7 @@ def _vectorised(frames: DataFrame, overdue_ns: int) -> tuple[dict[str, DataFrame
     settler = consumer.first_settler(delivered.where(F.col("manual")), settle)
     delivered = (delivered.join(settler.withColumnRenamed("tag", "delivery_tag"),
                                 on=[*INCARNATION, "delivery_tag"], how="left")
-                 .transform(_materialised))
+                 .transform(materialised))
     deliveries = consumer.settled_deliveries(delivered)
 
     # Publisher side.
@@ -88,7 +88,7 @@ def _vectorised(frames: DataFrame, overdue_ns: int) -> tuple[dict[str, DataFrame
     numbered = publisher.waiting_and_overtaking(published.where(F.col("numbered")))
     published = (published.where(~F.col("numbered")).withColumn("pending_before", F.lit(None).cast("long"))
                  .withColumn("out_of_order_by", F.lit(None).cast("long"))
-                 .unionByName(numbered)).transform(_materialised)
+                 .unionByName(numbered)).transform(materialised)
     returned, bad_returns = publisher.returns(rows, published)
     publishes = publisher.settled_publishes(
         published.join(returned, on=[*INCARNATION, "seq"], how="left"), overdue_ns)
@@ -104,7 +104,7 @@ def _vectorised(frames: DataFrame, overdue_ns: int) -> tuple[dict[str, DataFrame
                  .unionByName(publisher.bad_confirms(confirm))
                  .unionByName(bad_returns)
                  .distinct()
-                 .transform(_materialised))
+                 .transform(materialised))
     tables = {
         "deliveries": _delivery_table(deliveries),
         "publishes": _publish_table(publishes),
@@ -151,7 +151,7 @@ def _micros(ns_column: str):
     return F.timestamp_micros(F.expr(f"`{ns_column}` div 1000"))
 
 
-def _materialised(df: DataFrame) -> DataFrame:
+def materialised(df: DataFrame) -> DataFrame:
     """`df` computed once and its plan cut: later steps read it several times, and without the cut
     every self-join re-analyses the whole lineage (the analyser's time and memory grow with it)."""
     return df.localCheckpoint(eager=True)
