@@ -5,6 +5,7 @@ import json
 import os
 import sys
 from collections import Counter
+from datetime import date
 from importlib import resources
 
 from .flows import DEFAULT_BROKER_PORTS
@@ -67,15 +68,24 @@ def build_parser() -> argparse.ArgumentParser:
         "analyze", help="run the Spark analysis: timelines, channel metrics and findings",
         description="Read LAKE/frames and LAKE/connections with Spark, rebuild every channel's delivery-tag "
                     "timeline and write the Delta tables LAKE/deliveries, publishes, channels, violations, "
-                    "channel_metrics and findings (each replaced in one commit). The same job runs on a "
-                    "cluster with --master, or through spark-submit spark_jobs/analyze.py with these options.",
+                    "channel_metrics and findings. Incremental: a run analyses only the connections with "
+                    "frames added since the last run and replaces their rows (each table in one commit); "
+                    "the findings are recomputed over the whole tables. The first run, --full, or a frames "
+                    "table compacted since the last run analyse everything. Runs are logged in "
+                    "LAKE/analysis_runs. The same job runs on a cluster with --master, or through "
+                    "spark-submit spark_jobs/analyze.py with these options.",
         epilog="Exit status: 0 done; 2 bad arguments; 5 the analysis failed.")
     analyze.add_argument("--lake", required=True, metavar="DIR", help="folder holding the Delta tables")
     analyze.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
     analyze.add_argument("--driver-memory", default=None, metavar="SIZE",
                          help="Spark driver memory when this command starts the driver, e.g. 2g")
-    analyze.add_argument("--since", metavar="DAY", help="first UTC day of frames to analyse (YYYY-MM-DD)")
-    analyze.add_argument("--until", metavar="DAY", help="last UTC day of frames to analyse (YYYY-MM-DD)")
+    analyze.add_argument("--since", metavar="DAY",
+                         help="analyse again the connections with frames on or after this UTC day (YYYY-MM-DD); "
+                              "each is analysed over all its frames")
+    analyze.add_argument("--until", metavar="DAY",
+                         help="with or without --since: the last UTC day whose connections are analysed again")
+    analyze.add_argument("--full", action="store_true",
+                         help="analyse every connection and replace the tables whole")
     analyze.add_argument("--delta-mode", choices=("auto", "native", "bridge"), default="auto",
                          help="Delta access: native delta-spark, or the delta-rs bridge (default: native "
                               "if the Delta JARs are on Spark's classpath)")
@@ -201,6 +211,15 @@ def run_analyze(args) -> int:
     except ValueError as exc:
         print(f"ackscope analyze: {exc}", file=sys.stderr)
         return 2
+    for option, day in (("--since", args.since), ("--until", args.until)):
+        try:
+            day is None or date.fromisoformat(day)
+        except ValueError:
+            print(f"ackscope analyze: {option} {day!r} is not a UTC day (YYYY-MM-DD)", file=sys.stderr)
+            return 2
+    if args.full and (args.since or args.until):
+        print("ackscope analyze: --full analyses every day: it takes no --since/--until", file=sys.stderr)
+        return 2
     if args.bucket_seconds < 1 or args.overdue_seconds <= 0:
         print("ackscope analyze: --bucket-seconds and --overdue-seconds must be positive", file=sys.stderr)
         return 2
@@ -211,7 +230,7 @@ def run_analyze(args) -> int:
     try:
         report = analyze(spark, args.lake, since=args.since, until=args.until, delta_mode=args.delta_mode,
                          thresholds=thresholds, bucket_seconds=args.bucket_seconds,
-                         overdue_ns=int(args.overdue_seconds * 1e9))
+                         overdue_ns=int(args.overdue_seconds * 1e9), full=args.full)
     except Exception as exc:  # noqa: BLE001 - the job's own failure, reported once, with its cause
         print(f"ackscope analyze: the analysis of {args.lake} failed: {exc}", file=sys.stderr)
         return EXIT_ANALYSIS_FAILED
@@ -244,7 +263,7 @@ def run_demo(args) -> int:
         return status
     print(f"\nackscope demo: analysing {args.lake} with Spark ({args.master})\n")
     return run_analyze(argparse.Namespace(lake=args.lake, master=args.master, driver_memory=None, since=None,
-                                          until=None, delta_mode="auto", threshold=[], bucket_seconds=10,
+                                          until=None, full=False, delta_mode="auto", threshold=[], bucket_seconds=10,
                                           overdue_seconds=60.0, json=False))
 
 

@@ -226,3 +226,20 @@ CHANNEL_METRICS = pa.schema([
 ])
 CHANNEL_METRIC_TIMESTAMPS = {"bucket_start": "bucket_start_ns"}
 CHANNEL_METRIC_DATE_FROM = "bucket_start_ns"
+
+# One row per `ackscope analyze` run: what it analysed and why. The next run starts from the
+# frames version of the last run that covered everything (scope "full" or "new_data").
+ANALYSIS_RUNS = pa.schema([
+    ("date", _str),                   # UTC day of started_ts
+    ("run_id", _str),
+    ("started_ts", _ts), ("finished_ts", _ts),
+    ("scope", _str),                  # full, new_data or days (--since/--until: those days' connections again)
+    ("reason", _str),                 # why this scope (first run, frames compacted, settings changed, ...)
+    ("since", _str), ("until", _str),  # the days of a "days" run
+    ("frames_version", _i64),         # the frames snapshot analysed
+    ("baseline_version", _i64),       # a new_data run: the frames version it continued from
+    ("connections", _i64),            # connections analysed (again) by this run
+    ("frames", _i64),                 # their frame rows
+    ("bucket_seconds", _i64), ("overdue_ns", _i64),  # settings the stored rows were made with
+    ("thresholds", _str),             # JSON: the detector thresholds of the findings
+])

@@ -4,40 +4,55 @@ channel_metrics and findings out, as Delta tables of the same lake.
 The thin I/O shell around pure transforms (timeline/, detectors/, channel_metrics.py). Runs the
 same from `ackscope analyze` and from `spark-submit spark_jobs/analyze.py --lake ...` on a cluster.
 
-Each run recomputes its range of days and replaces the output tables in one commit each.
+A run analyses the connections with frames it has not seen (run_scope.py says which and why) and
+replaces their rows in the per-connection tables, each table in one commit; then it computes the
+findings over the whole tables. The run is logged in `analysis_runs` last: a run cut short is
+simply done again by the next one.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
+import uuid
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
-from pyspark.sql import SparkSession
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from analyzer import schema
+from analyzer.lake import TableWriter, read_table
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
 from .channel_metrics import channel_metrics
-from .delta_io import read_delta, write_delta
+from .delta_io import read_delta, read_files, replace_rows, write_delta
 from .detectors import detect
+from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, plan_run, thresholds_json
 from .session import delta_mode as resolve_delta_mode
 from .thresholds import Thresholds
 from .timeline import materialised, routed_timelines
 from .timeline.tables import TIMELINE_TABLES
 
 OUTPUT_TABLES = {**TIMELINE_TABLES, "channel_metrics": schema.CHANNEL_METRICS, "findings": schema.FINDINGS}
+# Kept per connection: a run replaces the rows of the connections it analysed.
+PER_CONNECTION_TABLES = [*TIMELINE_TABLES, "channel_metrics"]
 
 
 @dataclass
 class AnalysisReport:
     lake: str
     delta_mode: str
-    frames: int = 0
-    connections: int = 0
-    reference_connections: int = 0      # replayed by the reference model (gaps, mid-stream, tx, ...)
-    rows: dict = field(default_factory=dict)
-    findings_by_kind: dict = field(default_factory=dict)
+    scope: str = FULL
+    reason: str = ""
+    frames_version: int | None = None
+    frames: int = 0                     # frame rows analysed by this run
+    connections: int = 0                # connections analysed by this run
+    reference_connections: int = 0      # of those, replayed by the reference model (gaps, mid-stream, tx, ...)
+    rows: dict = field(default_factory=dict)   # rows written per table (per-connection tables: for those connections)
+    findings_by_kind: dict = field(default_factory=dict)   # the whole findings table after the run
     findings_by_severity: dict = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -47,27 +62,97 @@ class AnalysisReport:
 
 def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str | None = None,
             delta_mode: str = "auto", thresholds: Thresholds | None = None, bucket_seconds: int = 10,
-            overdue_ns: int = DEFAULT_OVERDUE_NS) -> AnalysisReport:
-    started = time.monotonic()
+            overdue_ns: int = DEFAULT_OVERDUE_NS, full: bool = False) -> AnalysisReport:
+    """One run: plan its scope (run_scope.py), recompute the timelines and channel metrics of the
+    connections in scope and replace their rows, then the findings over the whole tables."""
+    started, started_ts = time.monotonic(), datetime.now(timezone.utc)
+    thresholds = thresholds if thresholds is not None else Thresholds()
     mode = resolve_delta_mode(spark, delta_mode)
-    report = AnalysisReport(lake=lake, delta_mode=mode)
-    frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, since, until)
+    plan = plan_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds, list(OUTPUT_TABLES))
+    report = AnalysisReport(lake=lake, delta_mode=mode, scope=plan.scope, reason=plan.reason,
+                            frames_version=plan.frames_version)
+    all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
     connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)
-    timelines, irregular = routed_timelines(frames, overdue_ns)
-    # Every output reads the timelines again: compute them once.
-    tables = {name: materialised(df) for name, df in timelines.items()}
-    tables["channel_metrics"] = materialised(channel_metrics(tables["deliveries"], tables["publishes"],
-                                                          tables["channels"], bucket_seconds))
-    tables["findings"] = materialised(detect({**tables, "frames": frames, "connections": connections}, thresholds))
-    for name, df in tables.items():
-        write_delta(df, lake, name, OUTPUT_TABLES[name], mode="overwrite", delta_mode=mode)
-        report.rows[name] = df.count()
-    report.frames = frames.count()
-    report.connections = frames.select("connection_id").distinct().count()
-    report.reference_connections = irregular.count()
-    findings = tables["findings"]
+    keys = None if plan.scope == FULL else _connections_in_scope(spark, lake, plan, mode)
+    if keys == [] and not plan.findings_stale:
+        report.reason += "; nothing to analyse"
+        stored = read_table(lake, "findings", schema.FINDINGS, columns=["kind", "severity"])
+        if stored is not None:
+            report.findings_by_kind = dict(Counter(stored["kind"].to_pylist()))
+            report.findings_by_severity = dict(Counter(stored["severity"].to_pylist()))
+        if plan.new_files or plan.scope != NEW_DATA:
+            _log_run(lake, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
+        return _finished(report, started)
+
+    frames = all_frames if keys is None else _frames_of(spark, lake, keys, connections, plan, mode)
+    tables = {}
+    if keys is None or keys:
+        timelines, irregular = routed_timelines(frames, overdue_ns)
+        # Every output reads the timelines again: compute them once.
+        tables = {name: materialised(df) for name, df in timelines.items()}
+        tables["channel_metrics"] = materialised(channel_metrics(tables["deliveries"], tables["publishes"],
+                                                              tables["channels"], bucket_seconds))
+        for name in PER_CONNECTION_TABLES:
+            if keys is None:
+                write_delta(tables[name], lake, name, OUTPUT_TABLES[name], mode="overwrite", delta_mode=mode)
+            else:
+                replace_rows(tables[name], lake, name, OUTPUT_TABLES[name], "connection_id", keys, delta_mode=mode)
+            report.rows[name] = tables[name].count()
+        report.frames = frames.count()
+        report.connections = (len(keys) if keys is not None
+                              else frames.select("connection_id").distinct().count())
+        report.reference_connections = irregular.count()
+    # Findings follow messages across connections: the detectors see the whole tables.
+    whole = tables if keys is None else {name: read_delta(spark, lake, name, OUTPUT_TABLES[name], mode)
+                                        for name in TIMELINE_TABLES}
+    findings = materialised(detect({**whole, "frames": all_frames, "connections": connections}, thresholds))
+    write_delta(findings, lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=mode)
+    report.rows["findings"] = findings.count()
     report.findings_by_kind = {r["kind"]: r["count"] for r in findings.groupBy("kind").count().collect()}
     report.findings_by_severity = {r["severity"]: r["count"] for r in findings.groupBy("severity").count().collect()}
+    _log_run(lake, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
+    return _finished(report, started)
+
+
+def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: str) -> list[str]:
+    if plan.scope == NEW_DATA:
+        ids = read_files(spark, lake, "frames", plan.new_files, ["connection_id"])
+    elif plan.scope == DAYS:
+        ids = read_delta(spark, lake, "frames", schema.FRAMES, mode, plan.since, plan.until,
+                         version=plan.frames_version).select("connection_id")
+    else:
+        raise ValueError(f"scope {plan.scope!r} has no list of connections")
+    return sorted(r["connection_id"] for r in ids.where(F.col("connection_id").isNotNull()).distinct().collect())
+
+
+def _frames_of(spark: SparkSession, lake: str, keys: list[str], connections: DataFrame, plan: RunScope,
+               mode: str) -> DataFrame:
+    """Every frame of these connections: from the first day any of them was seen (the connections
+    table says), else from the start."""
+    wanted = spark.createDataFrame([(k,) for k in keys], "connection_id string")
+    seen = (connections.join(F.broadcast(wanted), on="connection_id", how="inner")
+            .agg(F.countDistinct("connection_id").alias("known"), F.min("first_ts_ns").alias("first_ns")).first())
+    first_day = None
+    if seen["known"] == len(keys) and seen["first_ns"] is not None:
+        first_day = datetime.fromtimestamp(seen["first_ns"] // 10**9, timezone.utc).date().isoformat()
+    frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, since=first_day, version=plan.frames_version)
+    return frames.join(F.broadcast(wanted), on="connection_id", how="left_semi")
+
+
+def _log_run(lake: str, plan: RunScope, report: AnalysisReport, started_ts: datetime, bucket_seconds: int,
+             overdue_ns: int, thresholds: Thresholds) -> None:
+    finished_ts = datetime.now(timezone.utc)
+    row = {"date": started_ts.date().isoformat(), "run_id": uuid.uuid4().hex, "started_ts": started_ts,
+           "finished_ts": finished_ts, "scope": plan.scope, "reason": report.reason, "since": plan.since,
+           "until": plan.until, "frames_version": plan.frames_version, "baseline_version": plan.baseline_version,
+           "connections": report.connections, "frames": report.frames, "bucket_seconds": bucket_seconds,
+           "overdue_ns": overdue_ns, "thresholds": thresholds_json(thresholds)}
+    writer = TableWriter(lake, RUNS_TABLE, schema.ANALYSIS_RUNS)
+    writer.write(pa.Table.from_pylist([row], schema=schema.ANALYSIS_RUNS))
+    writer.commit(row["run_id"])
+
+
+def _finished(report: AnalysisReport, started: float) -> AnalysisReport:
     report.seconds = round(time.monotonic() - started, 2)
     return report
 
@@ -75,8 +160,10 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
 def render_report(report: AnalysisReport) -> str:
     lines = [f"analysed {report.frames:,} frame rows of {report.connections} connection(s) in {report.lake} "
              f"({report.delta_mode} Delta access, {report.seconds:.1f}s; "
-             f"{report.reference_connections} connection(s) through the reference model)"]
-    lines.append("  wrote " + ", ".join(f"{name} {n:,}" for name, n in report.rows.items()))
+             f"{report.reference_connections} connection(s) through the reference model)",
+             f"  scope: {report.scope} ({report.reason}); frames version {report.frames_version}"]
+    if report.rows:
+        lines.append("  wrote " + ", ".join(f"{name} {n:,}" for name, n in report.rows.items()))
     if report.findings_by_kind:
         lines.append("  findings: " + ", ".join(f"{k} {n}" for k, n in sorted(report.findings_by_kind.items())))
     else:

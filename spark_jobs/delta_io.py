@@ -13,14 +13,16 @@ import os
 import re
 import shutil
 import uuid
+import time
+from dataclasses import dataclass
 from datetime import date, datetime, timezone
-from urllib.parse import unquote
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -45,13 +47,16 @@ _ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
 
 
 def read_delta(spark: SparkSession, lake: str, name: str, schema: pa.Schema | None = None, mode: str = "auto",
-               since: date | str | None = None, until: date | str | None = None) -> DataFrame:
-    """The table's current snapshot, in `schema` (by default the table's own).
+               since: date | str | None = None, until: date | str | None = None,
+               version: int | None = None) -> DataFrame:
+    """The table's current snapshot (or the one at `version`), in `schema` (by default the table's own).
 
     `since` and `until` are UTC days, both inclusive, and select `date` partitions; a datetime
     selects the day it falls on. A missing table reads as an empty DataFrame of `schema`.
     `mode` is the Delta path: auto, native or bridge (see `session.delta_mode`)."""
     table = open_table(lake, name)
+    if table is not None and version is not None:
+        table.load_as_version(version)
     if schema is None:
         if table is None:
             raise FileNotFoundError(f"no Delta table {name!r} in {lake}, and no schema to make an empty one")
@@ -65,7 +70,10 @@ def read_delta(spark: SparkSession, lake: str, name: str, schema: pa.Schema | No
         raise ValueError(f"table {name!r} is not partitioned by date: since/until cannot select its days")
     location = os.path.join(lake, name)
     if route == "native":
-        data = _in_days(spark.read.format("delta").load(os.path.abspath(location)), *days)
+        reader = spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        data = _in_days(reader.load(os.path.abspath(location)), *days)
     else:
         data = _read_bridge(spark, table, location, struct, *days)
     return _schema_contract(data, struct)
@@ -90,6 +98,91 @@ def write_delta(df: DataFrame, lake: str, name: str, schema: pa.Schema, app_id: 
     else:
         _write_bridge(data, location, schema, app_id, mode, partition_by)
     return open_table(lake, name).version()
+
+
+@dataclass(frozen=True)
+class FileChanges:
+    """How a table's files differ between two versions: absolute paths, added and removed."""
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+
+
+def changes_between(lake: str, name: str, old_version: int, new_version: int) -> FileChanges:
+    """The files `new_version` has that `old_version` had not, and the other way round.
+
+    An append-only table (what the agent writes) only ever adds; a compaction or a delete
+    removes files too, and then what was in them cannot be told from the new files alone."""
+    location = os.path.abspath(os.path.join(lake, name))
+    snapshots = []
+    for version in (old_version, new_version):
+        table = DeltaTable(location, version=version)
+        snapshots.append(set(_snapshot_files(table, location)))
+    old, new = snapshots
+    return FileChanges(added=tuple(sorted(new - old)), removed=tuple(sorted(old - new)))
+
+
+def read_files(spark: SparkSession, lake: str, name: str, files: tuple[str, ...], columns: list[str]) -> DataFrame:
+    """Data columns (no partition columns) of exactly these Parquet files of a table."""
+    table_schema = pa.schema(DeltaTable(os.path.join(lake, name)).schema().to_arrow())
+    struct = spark_schema(pa.schema([table_schema.field(c) for c in columns]))
+    if not files:
+        return spark.createDataFrame([], struct)
+    return spark.read.schema(struct).parquet(*files)
+
+
+def replace_rows(df: DataFrame, lake: str, name: str, schema: pa.Schema, key: str, keys: list[str],
+                 partition_by: list[str] = PARTITION_BY, delta_mode: str = "auto") -> int | None:
+    """Replace every row whose `key` is one of `keys` with the rows of `df`, in one commit.
+
+    Copy-on-write, as Delta's MERGE does it: only the files holding such rows are rewritten
+    (their other rows copied), the rest of the table is untouched. `df` must hold only rows of
+    `keys`. Returns the new table version, or None when there was nothing to do."""
+    route = session.delta_mode(df.sparkSession, delta_mode)
+    data = _schema_contract(df, spark_schema(schema))
+    location = os.path.join(lake, name)
+    table = open_table(lake, name)
+    if table is None:
+        return write_delta(df, lake, name, schema, mode="append", partition_by=partition_by, delta_mode=route)
+    if not keys:
+        return None
+    if route == "native":
+        listed = ", ".join("'" + k.replace("'", "''") + "'" for k in keys)
+        (data.write.format("delta").mode("overwrite").option("replaceWhere", f"`{key}` IN ({listed})")
+         .partitionBy(*partition_by).save(os.path.abspath(location)))
+        return open_table(lake, name).version()
+    spark = df.sparkSession
+    struct = spark_schema(schema)
+    root = os.path.abspath(location)
+    logged = _snapshot_files(table, root)
+    touched, kept = [], spark.createDataFrame([], struct)
+    if logged:
+        current = _read_bridge(spark, table, location, struct, None, None).withColumn("_file", F.col("_metadata.file_path"))
+        wanted = spark.createDataFrame([(k,) for k in keys], T.StructType([T.StructField(key, T.StringType())]))
+        # Spark names files by URI; the Delta log by path relative to the table.
+        touched = sorted(r["_file"] for r in current.join(F.broadcast(wanted), on=key, how="left_semi")
+                         .select("_file").distinct().collect())
+        kept = (current.where(F.col("_file").isin(*touched) if touched else F.lit(False))
+                .join(F.broadcast(wanted), on=key, how="left_anti").drop("_file"))
+    staging = os.path.join(location, STAGING_DIR, uuid.uuid4().hex)
+    _schema_contract(kept, struct).unionByName(data) \
+        .write.partitionBy(*partition_by).option("compression", "zstd").parquet(staging)
+    try:
+        adds = [_move_into_table(staging, relative, location, partition_by) for relative in _written_files(staging)]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if not adds and not touched:
+        return None
+    now = int(time.time() * 1000)
+    removes = [RemoveAction(os.path.relpath(path, root), True, now, os.path.getsize(path), logged[path])
+               for path in map(_local_path, touched)]
+    # A concurrent writer removing one of these files makes this commit fail rather than lose its rows.
+    table.create_write_transaction([*removes, *adds], mode="append", schema=schema, partition_by=partition_by)
+    return open_table(lake, name).version()
+
+
+def _local_path(file_uri: str) -> str:
+    """A path as Spark's `_metadata.file_path` gives it (a URI) back to the file system's."""
+    return os.path.normpath(unquote(urlparse(file_uri).path))
 
 
 def _schema_contract(df: DataFrame, struct: T.StructType) -> DataFrame:

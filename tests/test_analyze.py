@@ -67,10 +67,10 @@ def test_written_tables_are_the_reference_models_and_readable_by_delta_rs(analys
     assert report.frames == lake.read_table(lake_dir, "frames", schema.FRAMES).num_rows
 
 
-def test_a_second_run_gives_the_same_tables_and_finding_ids(spark, analysed):
+def test_a_second_full_run_gives_the_same_tables_and_finding_ids(spark, analysed):
     lake_dir, _ = analysed
     before = {name: _table(lake_dir, name) for name in OUTPUT_TABLES}
-    analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    assert analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS, full=True).scope == "full"
     for name in OUTPUT_TABLES:
         after = _table(lake_dir, name)
         key = [c for c in ("finding_id", "connection_id", "channel", "incarnation", "seq", "bucket_start_ns", "kind")
@@ -111,3 +111,7 @@ def test_analyze_command_refuses_bad_arguments(tmp_path):
     assert run.returncode == 2 and "no frames table" in run.stderr
     run = _ackscope("analyze", "--lake", str(tmp_path), "--threshold", "no_such=1")
     assert run.returncode == 2 and "unknown threshold 'no_such'" in run.stderr
+    run = _ackscope("analyze", "--lake", str(tmp_path), "--since", "yesterday")
+    assert run.returncode == 2 and "--since 'yesterday' is not a UTC day" in run.stderr
+    run = _ackscope("analyze", "--lake", str(tmp_path), "--full", "--until", "2026-11-01")
+    assert run.returncode == 2 and "--full analyses every day" in run.stderr

@@ -1,0 +1,88 @@
+"""Which connections a run of the analysis (re)computes, and why.
+
+A connection's timeline depends on all its frames and on nothing else, so the output tables are
+kept per connection: a run recomputes the connections that have frames it has not analysed and
+replaces just their rows. The log of runs (`analysis_runs`) says how far the last complete run
+got in the `frames` table (a Delta version); the files the agent appended since then name the
+connections with new data. So a scheduled run reads only the new files to find its work, the
+result never depends on how the data was split into runs, and a run with nothing new changes
+nothing.
+
+Scopes:
+- full: every connection in `frames`, and the output tables replaced whole. The first run; a
+  `frames` table rewritten since the last run (compaction or a delete: its old files are gone,
+  so what changed is not known); settings that shape the stored rows changed; or `--full`.
+- new_data: the connections with frames in files added since the last full or new_data run.
+- days (`--since` / `--until`): the connections with frames on those UTC days, again. A window
+  for re-analysing, not a limit on the frames: each connection is analysed whole.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from analyzer import schema
+from analyzer.lake import open_table, read_table
+
+from .delta_io import changes_between
+from .thresholds import Thresholds
+
+RUNS_TABLE = "analysis_runs"
+FULL, NEW_DATA, DAYS = "full", "new_data", "days"
+COMPLETE_SCOPES = (FULL, NEW_DATA)  # runs that leave every frame up to their version analysed
+
+
+@dataclass(frozen=True)
+class RunScope:
+    scope: str
+    reason: str
+    frames_version: int                  # the frames snapshot this run analyses
+    baseline_version: int | None = None  # new_data: the version the last complete run analysed
+    new_files: tuple[str, ...] = ()      # new_data: the frames files added since the baseline
+    since: str | None = None
+    until: str | None = None
+    findings_stale: bool = False         # nothing new, but the findings need the detectors again
+
+
+def plan_run(lake: str, since: str | None, until: str | None, full: bool, bucket_seconds: int,
+             overdue_ns: int, thresholds: Thresholds, output_tables: list[str]) -> RunScope:
+    frames = open_table(lake, "frames")
+    if frames is None:
+        raise FileNotFoundError(f"no frames table in {lake}")
+    version = frames.version()
+    if full:
+        return RunScope(FULL, "asked for (--full)", version)
+    if since is not None or until is not None:
+        return RunScope(DAYS, "asked for (--since/--until)", version, since=since, until=until)
+    last = last_complete_run(lake)
+    if last is None:
+        return RunScope(FULL, "first run", version)
+    missing = [name for name in output_tables if open_table(lake, name) is None]
+    if missing:
+        return RunScope(FULL, f"output table(s) {', '.join(missing)} missing", version)
+    if (last["bucket_seconds"], last["overdue_ns"]) != (bucket_seconds, overdue_ns):
+        return RunScope(FULL, f"--bucket-seconds/--overdue-seconds differ from the last run's "
+                              f"({last['bucket_seconds']} s, {last['overdue_ns'] / 1e9:g} s)", version)
+    baseline = last["frames_version"]
+    if baseline > version:
+        return RunScope(FULL, f"the frames table is at version {version}, older than the last run's {baseline}", version)
+    changes = changes_between(lake, "frames", baseline, version)
+    if changes.removed:
+        return RunScope(FULL, f"{len(changes.removed)} frames file(s) removed since version {baseline} "
+                              f"(compaction or delete): what changed cannot be told", version)
+    return RunScope(NEW_DATA, f"{len(changes.added)} frames file(s) added since version {baseline}", version,
+                    baseline_version=baseline, new_files=changes.added,
+                    findings_stale=last["thresholds"] != thresholds_json(thresholds))
+
+
+def last_complete_run(lake: str) -> dict | None:
+    runs = read_table(lake, RUNS_TABLE, schema.ANALYSIS_RUNS)
+    if runs is None or runs.num_rows == 0:
+        return None
+    complete = [r for r in runs.to_pylist() if r["scope"] in COMPLETE_SCOPES]
+    return max(complete, key=lambda r: (r["frames_version"], r["finished_ts"]), default=None)
+
+
+def thresholds_json(thresholds: Thresholds) -> str:
+    return json.dumps(asdict(thresholds), sort_keys=True)
