@@ -35,5 +35,10 @@ bench-decode: $(STAMP) services
 bench-analyze: $(STAMP)
 	$(PY) bench/analyze.py
 
+# A scheduled run after a 5% append, next to a full run of the same lake (1 M generated frames).
+.PHONY: bench-incremental
+bench-incremental: $(STAMP)
+	$(PY) bench/incremental.py
+
 clean:
 	rm -rf $(VENV) $(LAKE) .pytest_cache build *.egg-info

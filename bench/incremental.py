@@ -1,0 +1,123 @@
+"""Incremental analysis benchmark: what a scheduled `ackscope analyze` costs when a little new data
+has arrived, next to a full run over the same lake.
+
+The frames come from bench/frames_generator.py (the lake bench/analyze.py times, cached the same
+way). They are split by time: the first part is committed and analysed (a full run: the first one),
+then the last `--tail` share is appended, as the agent would, and analysed incrementally; then the
+same lake is analysed again with `--full`. Printed: wall clock of both, their ratio, how many
+connections each analysed, and whether the two left identical tables (they must: a fast wrong
+answer is not a result).
+
+    .venv/bin/python bench/incremental.py [--frames 1000000] [--hot-deliveries 300000] [--tail 0.05]
+        [--master 'local[2]'] [--driver-memory 2g]
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_DIR = os.path.dirname(BENCH_DIR)
+sys.path.insert(0, BENCH_DIR)
+sys.path.insert(0, REPO_DIR)
+
+import frames_generator as generator  # noqa: E402
+
+from analyzer import lake, schema  # noqa: E402
+from spark_jobs.analyze import OUTPUT_TABLES  # noqa: E402
+
+ACKSCOPE = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "ackscope")
+SORT_KEYS = ("finding_id", "connection_id", "channel", "incarnation", "seq", "bucket_start_ns", "kind")
+
+
+def split_by_time(frames: pa.Table, tail: float) -> tuple[pa.Table, pa.Table]:
+    """Rows before and after the time that leaves `tail` of the rows after it; a connection's rows
+    stay in seq order across the cut (no earlier seq after a later one)."""
+    frames = frames.sort_by([("connection_id", "ascending"), ("seq", "ascending")])
+    ts = frames["ts_ns"].to_numpy()
+    late = ts >= np.quantile(ts, 1 - tail)
+    ids = frames["connection_id"].to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    for lo, hi in zip(starts, np.r_[starts[1:], len(ids)]):
+        late[lo:hi] = np.maximum.accumulate(late[lo:hi])
+    return frames.filter(pa.array(~late)), frames.filter(pa.array(late))
+
+
+def append(lake_dir: str, name: str, table: pa.Table, schema_: pa.Schema, app_id: str) -> None:
+    writer = lake.TableWriter(lake_dir, name, schema_)
+    for batch in table.to_batches(max_chunksize=1_000_000):
+        writer.write(pa.Table.from_batches([batch], schema=table.schema))
+    writer.commit(app_id)
+
+
+def run_analyze(lake_dir: str, master: str, driver_memory: str, *extra: str) -> tuple[float, dict]:
+    cmd = [ACKSCOPE, "analyze", "--lake", lake_dir, "--master", master, "--driver-memory", driver_memory,
+           "--json", *extra]
+    started = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return seconds, json.loads(done.stdout)
+
+
+def tables_digest(lake_dir: str) -> dict[str, str]:
+    """A digest of each output table's rows in a fixed order."""
+    digests = {}
+    for name, table_schema in OUTPUT_TABLES.items():
+        table = lake.read_table(lake_dir, name, table_schema)
+        table = table.sort_by([(k, "ascending") for k in SORT_KEYS if k in table.column_names])
+        digests[name] = hashlib.sha256(repr(table.to_pylist()).encode()).hexdigest()[:16]
+    return digests
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    generator.add_arguments(parser)
+    parser.set_defaults(frames=1_000_000, hot_deliveries=300_000)
+    parser.add_argument("--tail", type=float, default=0.05, help="share of the frames appended last (default %(default)s)")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--out", default=os.path.join(BENCH_DIR, "out"))
+    args = parser.parse_args(argv)
+
+    source, stats = generator.cached_lake(args.out, generator.params_from_args(args))
+    frames = lake.read_table(source, "frames", schema.FRAMES)
+    connections = lake.read_table(source, "connections", schema.CONNECTIONS)
+    head, tail = split_by_time(frames, args.tail)
+    work = os.path.join(args.out, "incremental", "lake")
+    shutil.rmtree(os.path.dirname(work), ignore_errors=True)
+    append(work, "frames", head, schema.FRAMES, "head")
+    append(work, "connections", connections, schema.CONNECTIONS, "all")
+    print(f"lake: {frames.num_rows:,} generated frames; first {head.num_rows:,} committed, then {tail.num_rows:,} "
+          f"appended ({args.tail:.0%}); {len(pc.unique(frames['connection_id']))} connections, "
+          f"{len(pc.unique(tail['connection_id']))} of them with appended frames")
+
+    first, first_report = run_analyze(work, args.master, args.driver_memory)
+    append(work, "frames", tail, schema.FRAMES, "tail")
+    incremental, report = run_analyze(work, args.master, args.driver_memory)
+    after_incremental = tables_digest(work)
+    full, full_report = run_analyze(work, args.master, args.driver_memory, "--full")
+    same = tables_digest(work) == after_incremental
+    rows = [("first run (full, head only)", first, first_report),
+            ("incremental run after the append", incremental, report),
+            ("full run over everything (--full)", full, full_report)]
+    print(f"\n{'run':<38} {'scope':<9} {'connections':>11} {'frames read':>12} {'wall s':>8}")
+    for name, seconds, r in rows:
+        print(f"{name:<38} {r['scope']:<9} {r['connections']:>11,} {r['frames']:>12,} {seconds:>8.1f}")
+    print(f"\nincremental / full: {incremental / full:.2f} of the time; tables identical after both: "
+          f"{'yes' if same else 'NO (MISMATCH)'}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
