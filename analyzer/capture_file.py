@@ -113,18 +113,22 @@ def _pcapng(path: str, f) -> Iterator[tuple[int, int, int, bytes]]:
     last_ts = 0
     epb_head = Struct("<IIIIII")
     while True:
-        # Fast path: an Enhanced Packet Block entirely in the buffer (nearly every block of a capture).
+        # Fast path: Enhanced Packet Blocks entirely in the buffer (nearly every block of a capture),
+        # one after the other with the position kept in a local until something else comes.
         buf, pos = blocks.buf, blocks.pos
-        if len(buf) - pos >= 28:
+        size, known = len(buf), len(interfaces)
+        while size - pos >= 28:
             block_type, length, iface, high, low, caplen = epb_head.unpack_from(buf, pos)
-            if (block_type == EPB and length <= len(buf) - pos and not length % 4 and iface < len(interfaces)
+            if not (block_type == EPB and length <= size - pos and not length % 4 and iface < known
                     and caplen <= length - 32):
-                blocks.pos = pos + length
-                linktype, ticks, _ = interfaces[iface]
-                number += 1
-                last_ts = ((high << 32) | low) * 1_000_000_000 // ticks
-                yield number, last_ts, linktype, buf[pos + 28:pos + 28 + caplen]
-                continue
+                break
+            linktype, ticks, _ = interfaces[iface]
+            number += 1
+            last_ts = ((high << 32) | low) * 1_000_000_000 // ticks
+            start = pos + 28
+            pos += length
+            yield number, last_ts, linktype, buf[start:start + caplen]
+        blocks.pos = pos
         if not blocks.need(8):
             if blocks.left():
                 raise CaptureFileError(f"{path}: packet {number + 1}: file is truncated "

@@ -8,8 +8,11 @@ from collections import Counter
 from datetime import date
 from importlib import resources
 
-from .flows import DEFAULT_BROKER_PORTS
-from .framing import DEFAULT_MAX_FRAME
+from .gcpause import cyclic_gc_paused
+
+with cyclic_gc_paused():  # these imports bring in pyarrow and pandas: start-up is faster without it
+    from .flows import DEFAULT_BROKER_PORTS
+    from .framing import DEFAULT_MAX_FRAME
 
 EXIT_OK = 0
 EXIT_DAMAGED = 3      # a capture was truncated or corrupt: everything read before the damage was committed
@@ -117,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_ingest(args) -> int:
-    from .ingest import ingest_file
+    with cyclic_gc_paused():
+        from .ingest import ingest_file
 
     try:
         ports = frozenset(int(p) for p in args.ports.split(",") if p.strip())

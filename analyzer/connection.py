@@ -8,24 +8,27 @@ tuples in the sink's fixed layouts for the hot methods, dicts keyed by `schema.F
 names for the rest.
 """
 
+import functools
 import hashlib
 from struct import Struct
 
 from pamqp import decode as pamqp_decode
 
 from . import spec
+from .spec import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
 from .framing import FrameReader, FramingError, ProtocolHeader, Synchronised, Unsupported
 from .methods import ACK_DECODERS, CONTENT_DECODERS, DecodeMemo, MalformedFrame, decode_method, to_json
 from .reassembly import Gap, TcpDirection
 from .methods import NO_PROPERTIES
 from .schema import CONNECTION_TIMESTAMPS, CONNECTIONS
-from .rows import CONTENT_METHOD_FIELDS, PREFIX, PROPERTY_FIELDS, RowSink
+from .rows import PREFIX, PROPERTY_FIELDS, SHARED_METHOD_FIELDS, RowSink
 
 TO_BROKER, TO_CLIENT = 0, 1
 CONNECTION_FIELDS = [n for n in CONNECTIONS.names if n not in CONNECTION_TIMESTAMPS and n != "date"]
-# Positions in a content row tuple (rows.CONTENT_LAYOUT).
-EXCHANGE = len(PREFIX) + CONTENT_METHOD_FIELDS.index("exchange")
-ROUTING_KEY = len(PREFIX) + CONTENT_METHOD_FIELDS.index("routing_key")
+# Positions in a content row tuple (rows.CONTENT_LAYOUT) and in its shared method fields.
+SHARED = len(PREFIX) + 1
+EXCHANGE = SHARED_METHOD_FIELDS.index("exchange")
+ROUTING_KEY = SHARED_METHOD_FIELDS.index("routing_key")
 MESSAGE_ID = PROPERTY_FIELDS.index("message_id")
 DIRECTION_NAMES = ("to_broker", "to_client")
 _METHOD_ID = Struct("!I")
@@ -42,8 +45,16 @@ def message_identity(message_id: str | None, exchange: str | None, routing_key: 
         return "id:" + message_id
     if body_hash is None:
         return None
-    key = f"{exchange or ''}\x00{routing_key or ''}\x00{body_hash}".encode()
-    return "h:" + hashlib.blake2b(key, digest_size=16).hexdigest()
+    hasher = _routing_hasher(exchange, routing_key).copy()
+    hasher.update(body_hash.encode())
+    return "h:" + hasher.hexdigest()
+
+
+@functools.lru_cache(maxsize=1024)
+def _routing_hasher(exchange: str | None, routing_key: str | None):
+    """The identity hash already fed with `exchange \0 routing_key \0`: a stream repeats its routing, and
+    copying a fed hasher costs half of hashing the key again for every message."""
+    return hashlib.blake2b(f"{exchange or ''}\x00{routing_key or ''}\x00".encode(), digest_size=16)
 
 
 class PendingContent:
@@ -92,7 +103,7 @@ class AmqpConnection:
         self.ts_ns, self.packet = ts_ns, packet
         flags = seg.flags
         if seg.payload or seg.missing or flags & 0x03:  # data, SYN or FIN
-            items = self.tcp[direction].segment(seg.seq, seg.payload, bool(flags & 0x02), bool(flags & 0x01), seg.missing)
+            items = self.tcp[direction].segment(seg.seq, seg.payload, flags & 0x02, flags & 0x01, seg.missing)
             if items:
                 self._stream(direction, items)
         if flags & 0x10:  # ACK: the peer has everything before seg.ack; what we never saw is a gap
@@ -126,7 +137,7 @@ class AmqpConnection:
     def _stream(self, direction: int, items: list) -> None:
         framer = self.framers[direction]
         counts, content = self.counts, self.content
-        frames = bodies = 0
+        frames = headers = bodies = 0
         for item in items:
             if item.__class__ is bytes:
                 self.facts["bytes_to_broker" if direction == TO_BROKER else "bytes_to_client"] += len(item)
@@ -134,13 +145,23 @@ class AmqpConnection:
             else:
                 self._gap(direction, item)
                 found = framer.gap(item.nbytes)
-            for frame in found:
+            n = len(found)
+            i = 0
+            while i < n:
+                frame = found[i]
+                i += 1
                 if frame.__class__ is not tuple:
                     self._stream_note(direction, frame)
                     continue
                 frames += 1
                 ftype, channel, payload = frame
-                if ftype == spec.FRAME_BODY:  # the most frequent frame: handled inline
+                if ftype == FRAME_METHOD and i + 1 < n and self._whole_message(direction, channel, payload,
+                                                                                found[i], found[i + 1]):
+                    i += 2  # its header and body frame, taken with it
+                    frames += 2
+                    headers += 1
+                    bodies += 1
+                elif ftype == FRAME_BODY:  # the most frequent frame: handled inline
                     bodies += 1
                     pending = content.get((direction, channel))
                     if pending is not None and pending.properties is not None:
@@ -148,15 +169,17 @@ class AmqpConnection:
                         pending.received += len(payload)
                         if pending.received >= pending.body_size:
                             self._emit_content((direction, channel), complete=pending.received == pending.body_size)
-                elif ftype == spec.FRAME_METHOD:
+                elif ftype == FRAME_METHOD:
                     self._method(direction, channel, payload)
-                elif ftype == spec.FRAME_HEADER:
-                    counts[spec.CONTENT_HEADER] = counts.get(spec.CONTENT_HEADER, 0) + 1
+                elif ftype == FRAME_HEADER:
+                    headers += 1
                     self._content_header(direction, channel, payload)
                 else:
                     self._count(spec.HEARTBEAT)
                     self.facts["heartbeats"] += 1
                     self._pseudo(direction, spec.HEARTBEAT, channel=channel)
+        if headers:
+            counts[spec.CONTENT_HEADER] = counts.get(spec.CONTENT_HEADER, 0) + headers
         if bodies:
             counts[spec.CONTENT_BODY] = counts.get(spec.CONTENT_BODY, 0) + bodies
         if frames:
@@ -204,26 +227,26 @@ class AmqpConnection:
 
     def _method(self, direction: int, channel: int, payload: bytes) -> None:
         key = (direction, channel)
-        if key in self.content:  # a new method before the last content finished: that content is cut short
+        if self.content and key in self.content:  # a new method before the last content finished: it is cut short
             self._emit_content(key, complete=False)
         mid = _METHOD_ID.unpack_from(payload)[0] if len(payload) >= 4 else 0
-        fast = ACK_DECODERS.get(mid)
-        if fast is not None or mid in CONTENT_DECODERS:
+        ack = ACK_DECODERS.get(mid)
+        content = ack is None and mid in CONTENT_DECODERS
+        if ack is not None or content:
             try:
-                fields = fast(payload) if fast is not None else self.memo.content_method(mid, payload)
-                fast = True
+                fields = ack(payload) if ack is not None else self.memo.content_method(mid, payload)
             except Exception:  # malformed: the generic path names the problem
-                fast = None
-        if fast is not None:
-            name = fields[0]
-            self.counts[name] = self.counts.get(name, 0) + 1
-            self.seq += 1
-            row = (self.index, self.seq, self.ts_ns, direction, channel, name, self.packet) + fields[1:]
-            if mid in CONTENT_DECODERS:
-                self.content[key] = PendingContent(row)
-            else:
-                self.sink.acks.append(row)
-            return
+                fields = None
+            if fields is not None:
+                name = fields[0]
+                self.counts[name] = self.counts.get(name, 0) + 1
+                self.seq += 1
+                row = (self.index, self.seq, self.ts_ns, direction, channel, name, self.packet) + fields[1:]
+                if content:
+                    self.content[key] = PendingContent(row)
+                else:
+                    self.sink.acks.append(row)
+                return
         try:
             row, decoded = decode_method(payload)
         except MalformedFrame as exc:
@@ -234,6 +257,37 @@ class AmqpConnection:
         if decoded is not None and name.startswith("connection."):
             self._connection_method(direction, name, decoded, row)
         self._add_dict_row(direction, channel, row)
+
+    def _whole_message(self, direction: int, channel: int, payload: bytes, header, body) -> bool:
+        """Fast path for the usual message: a content method, its header and its one body frame, all
+        in this piece of the stream. Does what `_method`, `_content_header`, the body and
+        `_emit_content` would do for it, without the PendingContent in between. Anything else
+        (a frame missing or elsewhere, content still open on the channel, more than one body frame,
+        bytes that do not decode) returns False before changing anything, for the general path."""
+        if (header.__class__ is not tuple or body.__class__ is not tuple or header[0] != FRAME_HEADER
+                or body[0] != FRAME_BODY or header[1] != channel or body[1] != channel
+                or (self.content and (direction, channel) in self.content)):
+            return False
+        content = body[2]
+        try:
+            mid = _METHOD_ID.unpack_from(payload)[0]
+            if mid not in CONTENT_DECODERS:
+                return False
+            name, tag, shared = self.memo.content_method(mid, payload)
+            body_size, properties = self.memo.content_header(header[2])
+        except Exception:  # malformed: the general path names the problem
+            return False
+        if body_size != len(content) or not body_size:
+            return False
+        counts = self.counts
+        counts[name] = counts.get(name, 0) + 1
+        self.seq += 1
+        body_hash = hashlib.blake2b(content, digest_size=16).hexdigest()
+        message_id = properties[MESSAGE_ID]
+        self.sink.contents.append((
+            self.index, self.seq, self.ts_ns, direction, channel, name, self.packet, tag, shared, body_size, True,
+            properties, body_hash, message_identity(message_id, shared[EXCHANGE], shared[ROUTING_KEY], body_hash)))
+        return True
 
     def _content_header(self, direction: int, channel: int, payload: bytes) -> None:
         pending = self.content.get((direction, channel))
@@ -255,12 +309,12 @@ class AmqpConnection:
         message_id = properties[MESSAGE_ID]
         if complete:
             body_hash = pending.hasher.hexdigest()
-            row = pending.row
-            identity = message_identity(message_id, row[EXCHANGE], row[ROUTING_KEY], body_hash)
+            shared = pending.row[SHARED]
+            identity = message_identity(message_id, shared[EXCHANGE], shared[ROUTING_KEY], body_hash)
         elif message_id:
             identity = "id:" + message_id
         body_size = pending.body_size if pending.properties is not None else None
-        self.sink.contents.append(pending.row + (body_size, complete) + properties + (body_hash, identity))
+        self.sink.contents.append(pending.row + (body_size, complete, properties, body_hash, identity))
 
     def _pseudo(self, direction: int, name: str, extra: dict | None = None, channel: int = 0) -> None:
         if self.facts["protocol"] != "amqp-0-9-1":

@@ -5,6 +5,8 @@ id of its commits, so a file already in the lake is skipped, and a run cut short
 tables' commits is completed by the next run without duplicating anything.
 """
 
+import concurrent.futures
+import contextlib
 import hashlib
 import multiprocessing
 import os
@@ -18,6 +20,7 @@ from .rows import RowSink, dicts_to_table
 from .capture_file import PCAPNG_MAGIC, CaptureFileError, read_packets
 from .flows import DEFAULT_BROKER_PORTS, FlowTable
 from .framing import DEFAULT_MAX_FRAME
+from .gcpause import cyclic_gc_paused
 from .packets import SUPPORTED_LINKTYPES, tcp_segment
 
 BATCH_ROWS = 100_000
@@ -77,30 +80,32 @@ def decode(path: str, on_batch, *, agent_id: str = "", broker_ports=DEFAULT_BROK
     seen_linktypes: set[int] = set()
     packets = 0
     captured_bytes = 0  # packet bytes read so far: the progress bar's measure of how far into the file
-    try:
-        for number, ts_ns, linktype, data in read_packets(path):
-            packets = number
-            captured_bytes += len(data)
-            if linktype not in seen_linktypes:
-                seen_linktypes.add(linktype)
-                if linktype not in SUPPORTED_LINKTYPES:
-                    report.errors.append(f"{path}: packet {number}: link type {linktype} is not supported; "
-                                         f"its packets are skipped")
-            segment = tcp_segment(linktype, data)
-            if segment is not None:
-                flows.packet(number, ts_ns, segment)
-            if not number & 0x3FF:  # checked every 1024 packets: cheap, and batches stay near BATCH_ROWS
-                if len(rows) >= BATCH_ROWS:
-                    on_batch(rows.take())
-                if progress is not None and not number & 0x3FFF:
-                    progress(number, captured_bytes)
-    except CaptureFileError as exc:
-        report.errors.append(str(exc))
-        report.damaged = exc.damaged
-        report.unreadable = not exc.damaged
-    flows.finish()
-    if len(rows):
-        on_batch(rows.take())
+    # A batch's rows live until it becomes Arrow; the collector would keep walking them (gcpause).
+    with cyclic_gc_paused():
+        try:
+            for number, ts_ns, linktype, data in read_packets(path):
+                packets = number
+                captured_bytes += len(data)
+                if linktype not in seen_linktypes:
+                    seen_linktypes.add(linktype)
+                    if linktype not in SUPPORTED_LINKTYPES:
+                        report.errors.append(f"{path}: packet {number}: link type {linktype} is not supported; "
+                                             f"its packets are skipped")
+                segment = tcp_segment(linktype, data)
+                if segment is not None:
+                    flows.packet(number, ts_ns, segment)
+                if not number & 0x3FF:  # checked every 1024 packets: cheap, and batches stay near BATCH_ROWS
+                    if len(rows) >= BATCH_ROWS:
+                        on_batch(rows.take())
+                    if progress is not None and not number & 0x3FFF:
+                        progress(number, captured_bytes)
+        except CaptureFileError as exc:
+            report.errors.append(str(exc))
+            report.damaged = exc.damaged
+            report.unreadable = not exc.damaged
+        flows.finish()
+        if len(rows):
+            on_batch(rows.take())
     report.packets = packets
     connection_rows = [conn.connection_row() for conn in flows.connections]
     report.flows = len(connection_rows)
@@ -124,6 +129,17 @@ def connections_table(connection_rows: list[dict]):
 def ingest_file(path: str, lake_dir: str, *, agent_id: str = "", broker_ports=DEFAULT_BROKER_PORTS,
                 max_frame: int = DEFAULT_MAX_FRAME, show_progress: bool = False, workers: int = 1) -> FileReport:
     started = time.perf_counter()
+    # Workers beyond this process are started first: each new interpreter spends ~0.5 s importing
+    # pyarrow and the rest, which then overlaps the fingerprint and the lake look-ups below.
+    # spawn, not fork: delta-rs runs threads that a forked child would inherit in an unknown state.
+    spawn = multiprocessing.get_context("spawn")
+    with spawn.Pool(workers - 1) if workers > 1 else contextlib.nullcontext() as pool:
+        return _ingest_file(path, lake_dir, started, workers, pool, agent_id=agent_id, broker_ports=broker_ports,
+                            max_frame=max_frame, show_progress=show_progress)
+
+
+def _ingest_file(path: str, lake_dir: str, started: float, workers: int, pool, *, agent_id: str, broker_ports,
+                 max_frame: int, show_progress: bool) -> FileReport:
     try:
         sha = fingerprint(path)
     except OSError as exc:
@@ -140,11 +156,12 @@ def ingest_file(path: str, lake_dir: str, *, agent_id: str = "", broker_ports=DE
 
     frames = lake.TableWriter(lake_dir, "frames", schema.FRAMES)
     options = dict(agent_id=agent_id, broker_ports=broker_ports, max_frame=max_frame)
-    if workers > 1:
-        report, connection_rows = _decode_in_workers(path, frames, need_frames, workers, options)
+    if pool is not None:
+        report, connection_rows = _decode_in_workers(path, frames, need_frames, pool, workers, options)
     else:
         progress = _Progress(path) if show_progress else None
-        report, connection_rows = decode(path, frames.write if need_frames else _discard, progress=progress, **options)
+        with _WriteBehind(frames.write if need_frames else _discard) as write:
+            report, connection_rows = decode(path, write, progress=progress, **options)
         if progress is not None:
             progress.done()
     report.sha256 = sha
@@ -168,21 +185,49 @@ def _discard(batch) -> None:
     pass
 
 
+class _WriteBehind:
+    """Hands each batch to `write` on a thread of its own. Parquet encoding and zstd run in pyarrow's
+    C++ without the GIL, so they overlap the decoding of the next batch instead of pausing it. One
+    batch at most waits to be written (memory stays bounded); a failed write raises at the next
+    batch or on leaving the `with`, so nothing is committed after it."""
+
+    def __init__(self, write):
+        self._write = write
+        self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ackscope-write")
+        self._writing = None
+
+    def __call__(self, batch) -> None:
+        if self._writing is not None:
+            self._writing.result()
+        self._writing = self._thread.submit(self._write, batch)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        try:
+            if self._writing is not None:
+                self._writing.result()
+        finally:
+            self._thread.shutdown()
+
+
 def _decode_shard(path: str, lake_dir: str, need_frames: bool, shard: tuple[int, int], options: dict):
     """One worker: decode the flows of its shard, write their Parquet files, commit nothing."""
     frames = lake.TableWriter(lake_dir, "frames", schema.FRAMES)
-    report, connection_rows = decode(path, frames.write if need_frames else _discard, shard=shard, **options)
+    with _WriteBehind(frames.write if need_frames else _discard) as write:
+        report, connection_rows = decode(path, write, shard=shard, **options)
     return report, connection_rows, frames.files(), frames.rows
 
 
-def _decode_in_workers(path: str, frames: lake.TableWriter, need_frames: bool, workers: int, options: dict):
-    """Flows are split across processes by a hash of their addresses; each reads the whole file but
-    decodes only its own flows. The parent commits every worker's files in one transaction."""
+def _decode_in_workers(path: str, frames: lake.TableWriter, need_frames: bool, pool, workers: int, options: dict):
+    """Flows are split across processes (see FlowTable's shard); each reads the whole file but decodes
+    only its own flows. This process takes the first share itself (one interpreter start-up fewer,
+    and its share starts at once) and commits every share's files in one transaction."""
     lake_dir = os.path.dirname(frames.path)
-    # spawn, not fork: delta-rs runs threads that a forked child would inherit in an unknown state.
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        results = pool.starmap(_decode_shard, [(path, lake_dir, need_frames, (k, workers), options)
-                                               for k in range(workers)])
+    others = pool.starmap_async(_decode_shard, [(path, lake_dir, need_frames, (k, workers), options)
+                                                for k in range(1, workers)])
+    results = [_decode_shard(path, lake_dir, need_frames, (0, workers), options)] + others.get()
     report = results[0][0]
     connection_rows = []
     errors = []

@@ -73,9 +73,12 @@ class TableWriter:
     def write(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
-        for date in pc.unique(table["date"]).to_pylist():
-            # Delta keeps partition values in the log, not in the data files.
-            part = table.filter(pc.equal(table["date"], date)).drop_columns(PARTITION_BY)
+        dates = pc.unique(table["date"]).to_pylist()
+        for date in dates:
+            # Delta keeps partition values in the log, not in the data files. A batch within one day
+            # (nearly all of them) is written as it is: filtering would copy every column for nothing.
+            whole = table if len(dates) == 1 else table.filter(pc.equal(table["date"], date))
+            part = whole.drop_columns(PARTITION_BY)
             relative = f"date={date}/part-{uuid.uuid4().hex}.zstd.parquet"
             full = os.path.join(self.path, relative)
             os.makedirs(os.path.dirname(full), exist_ok=True)

@@ -12,7 +12,7 @@ from struct import Struct
 from pamqp import commands as pamqp_commands
 from pamqp import decode as pamqp_decode
 
-from .rows import ACK_FIELDS, CONTENT_METHOD_FIELDS, PROPERTY_FIELDS
+from .rows import ACK_FIELDS, PROPERTY_FIELDS, SHARED_METHOD_FIELDS
 from .spec import METHOD_NAMES, method_id
 
 _U8 = Struct("!B")
@@ -46,7 +46,9 @@ def _shortstr(buf: bytes, pos: int) -> tuple[str, int]:
     return buf[pos + 1:end].decode("utf-8", "replace"), end
 
 
-# Fast decoders return tuples laid out as rows.ACK_FIELDS / rows.CONTENT_METHOD_FIELDS, method name first.
+# Fast decoders return tuples, method name first: ack decoders the values of rows.ACK_FIELDS; content
+# decoders the delivery tag (or None) and one tuple of rows.SHARED_METHOD_FIELDS, which the decode memo
+# hands out again for every message of the same shape.
 
 def _tag(value: int) -> int:
     """Delivery tags are 64-bit on the wire but RabbitMQ stays below 2**63, as do our int64 columns."""
@@ -75,22 +77,22 @@ def _deliver(p: bytes) -> tuple:
     tag, bits = _TAG_BITS.unpack_from(p, pos)
     exchange, pos = _shortstr(p, pos + 9)
     routing_key, _ = _shortstr(p, pos)
-    return "basic.deliver", _tag(tag), bool(bits & 1), exchange, routing_key, consumer_tag, None, None, None, None, None
+    return "basic.deliver", _tag(tag), (bool(bits & 1), exchange, routing_key, consumer_tag, None, None, None, None, None)
 
 
 def _publish(p: bytes) -> tuple:
     exchange, pos = _shortstr(p, 6)  # after the reserved 16-bit ticket
     routing_key, pos = _shortstr(p, pos)
     bits = p[pos]
-    return "basic.publish", None, None, exchange, routing_key, None, bool(bits & 1), bool(bits & 2), None, None, None
+    return "basic.publish", None, (None, exchange, routing_key, None, bool(bits & 1), bool(bits & 2), None, None, None)
 
 
 def _get_ok(p: bytes) -> tuple:
     tag, bits = _TAG_BITS.unpack_from(p, 4)
     exchange, pos = _shortstr(p, 13)
     routing_key, pos = _shortstr(p, pos)
-    return ("basic.get-ok", _tag(tag), bool(bits & 1), exchange, routing_key, None, None, None, None, None,
-            _U32.unpack_from(p, pos)[0])
+    return ("basic.get-ok", _tag(tag), (bool(bits & 1), exchange, routing_key, None, None, None, None, None,
+                                         _U32.unpack_from(p, pos)[0]))
 
 
 def _return(p: bytes) -> tuple:
@@ -98,13 +100,12 @@ def _return(p: bytes) -> tuple:
     text, pos = _shortstr(p, 6)
     exchange, pos = _shortstr(p, pos)
     routing_key, _ = _shortstr(p, pos)
-    return "basic.return", None, None, exchange, routing_key, None, None, None, code, text, None
+    return "basic.return", None, (None, exchange, routing_key, None, None, None, code, text, None)
 
 
 ACK_DECODERS = {ID_ACK: _ack, ID_NACK: _nack, ID_REJECT: _reject}
 CONTENT_DECODERS = {ID_DELIVER: _deliver, ID_PUBLISH: _publish, ID_GET_OK: _get_ok, ID_RETURN: _return}
-FAST_DECODERS = {**{mid: (f, ACK_FIELDS) for mid, f in ACK_DECODERS.items()},
-                 **{mid: (f, CONTENT_METHOD_FIELDS) for mid, f in CONTENT_DECODERS.items()}}
+FAST_DECODERS = {**ACK_DECODERS, **CONTENT_DECODERS}
 
 # pamqp attribute -> frames column. Anything not listed here is dropped on purpose.
 FIELDS_FROM_PAMQP = {
@@ -140,12 +141,15 @@ def decode_method(payload: bytes) -> tuple[dict, object | None]:
     mid = 0
     try:
         mid = _U32.unpack_from(payload)[0]
-        fast = FAST_DECODERS.get(mid)
-        if fast is not None:
-            decoder, names = fast
-            values = decoder(payload)
+        if mid in ACK_DECODERS:
+            values = ACK_DECODERS[mid](payload)
             fields = {"method": values[0]}
-            fields.update((k, v) for k, v in zip(names, values[1:]) if v is not None)
+            fields.update((k, v) for k, v in zip(ACK_FIELDS, values[1:]) if v is not None)
+            return fields, None
+        if mid in CONTENT_DECODERS:
+            name, tag, shared = CONTENT_DECODERS[mid](payload)
+            fields = {"method": name} if tag is None else {"method": name, "delivery_tag": tag}
+            fields.update((k, v) for k, v in zip(SHARED_METHOD_FIELDS, shared) if v is not None)
             return fields, None
         name = METHOD_NAMES.get(mid)
         cls = pamqp_commands.INDEX_MAPPING.get(mid)
@@ -316,7 +320,7 @@ class DecodeMemo:
             self.methods[key] = fields
             return fields
         if tag_at:
-            return (fields[0], _tag(_U64.unpack_from(payload, tag_at)[0])) + fields[2:]
+            return fields[0], _tag(_U64.unpack_from(payload, tag_at)[0]), fields[2]
         return fields
 
     def content_header(self, payload: bytes) -> tuple[int, tuple]:

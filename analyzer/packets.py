@@ -37,6 +37,7 @@ _U32_BE = Struct("!I")
 _IPV4 = Struct("!BxHHHBBH4s4s")
 _IPV6 = Struct("!4xHBB16s16s")
 _TCP = Struct("!HHIIBB")
+_ETH_IPV4_TCP = Struct("!12xH BxH2xH xB2x4s4s HHIIBB")  # ethertype, then _IPV4 and _TCP's fields we use
 
 
 @dataclass(slots=True)
@@ -88,7 +89,25 @@ def link_payload(linktype: int, data: bytes) -> tuple[int, int] | None:
 
 def tcp_segment(linktype: int, data: bytes) -> Segment | None:
     """Decode one captured packet down to its TCP segment."""
-    if linktype == LINKTYPE_ETHERNET and data[12:14] == b"\x08\x00":  # untagged Ethernet + IPv4: most packets
+    n = len(data)
+    if linktype == LINKTYPE_ETHERNET and n >= 54:
+        # Untagged Ethernet, IPv4 without options, TCP: nearly every packet, read with one unpack. The
+        # same rules as below; anything else (options, a fragment, not TCP) takes the general path.
+        (ethertype, vihl, total, frag, proto, src, dst,
+         sport, dport, seq, ack, data_off, flags) = _ETH_IPV4_TCP.unpack_from(data)
+        if ethertype == ETH_IPV4 and vihl == 0x45 and proto == IPPROTO_TCP and not frag & 0x3FFF:
+            ip_end = 14 + (total or (n - 14))
+            payload_off = 34 + (data_off >> 4) * 4
+            end = ip_end if ip_end < n else n
+            payload = data[payload_off:end] if payload_off < end else b""
+            cut = n if n > payload_off else payload_off
+            return Segment(src, dst, sport, dport, seq, ack, flags, payload, ip_end - cut if ip_end > cut else 0)
+    return parse_tcp_segment(linktype, data)
+
+
+def parse_tcp_segment(linktype: int, data: bytes) -> Segment | None:
+    """The general path of `tcp_segment`, for every link type and header layout."""
+    if linktype == LINKTYPE_ETHERNET and data[12:14] == b"\x08\x00":  # untagged Ethernet + IPv4
         off, version = 14, 4
     else:
         found = link_payload(linktype, data)

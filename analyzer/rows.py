@@ -3,7 +3,10 @@
 The hot rows (acks and content methods, most of any capture) are tuples in a fixed layout,
 turned into columns with one `zip` and one `pa.array` per column; a dict per row cost more
 than decoding the frame. Rare methods stay dicts. Columns shared by every row of a connection
-(its id, addresses, source) are stored once and joined by index at conversion.
+(its id, addresses, source) are stored once and joined by index at conversion. So are the
+groups of columns a message shares with the messages before it: a content row holds its method
+fields (all but the delivery tag) and its properties as two tuples the decode memo hands out
+again and again, converted once per distinct tuple and spread over the rows by index.
 """
 
 import pyarrow as pa
@@ -17,14 +20,17 @@ DIRECTIONS = pa.array(["to_broker", "to_client"])
 PREFIX = ("conn", "seq", "ts_ns", "direction", "channel", "method", "source_packet")
 CONNECTION_COLUMNS = ("connection_id", "agent_id", "source", "client_addr", "client_port", "server_addr", "server_port")
 ACK_FIELDS = ("delivery_tag", "multiple", "requeue")
-CONTENT_METHOD_FIELDS = ("delivery_tag", "redelivered", "exchange", "routing_key", "consumer_tag",
-                         "mandatory", "immediate", "reply_code", "reply_text", "message_count")
+# A content method's fields but its delivery tag: the same from message to message of a stream.
+SHARED_METHOD_FIELDS = ("redelivered", "exchange", "routing_key", "consumer_tag", "mandatory", "immediate",
+                        "reply_code", "reply_text", "message_count")
+CONTENT_METHOD_FIELDS = ("delivery_tag",) + SHARED_METHOD_FIELDS
 PROPERTY_FIELDS = ("content_type", "content_encoding", "headers", "delivery_mode", "priority",
                    "correlation_id", "reply_to", "expiration", "message_id", "message_timestamp",
                    "message_type", "user_id", "app_id", "x_death_count")
-CONTENT_FIELDS = CONTENT_METHOD_FIELDS + ("body_size", "content_complete") + PROPERTY_FIELDS + ("body_hash", "message_identity")
 ACK_LAYOUT = PREFIX + ACK_FIELDS
-CONTENT_LAYOUT = PREFIX + CONTENT_FIELDS
+# Entries that are tuples of field names hold one shared tuple of those fields per row.
+CONTENT_LAYOUT = PREFIX + ("delivery_tag", SHARED_METHOD_FIELDS, "body_size", "content_complete", PROPERTY_FIELDS,
+                           "body_hash", "message_identity")
 
 
 class RowSink:
@@ -76,9 +82,27 @@ _TYPES.update(conn=pa.int32(), direction=pa.int8())
 def _layout_table(rows: list[tuple], layout: tuple) -> pa.Table | None:
     if not rows:
         return None
-    columns = zip(*rows)
-    return pa.Table.from_arrays([pa.array(col, type=_TYPES[name]) for name, col in zip(layout, columns)],
-                                names=list(layout))
+    arrays, names = [], []
+    for entry, values in zip(layout, zip(*rows)):
+        if isinstance(entry, tuple):
+            arrays += _shared_columns(values, entry)
+            names += entry
+        else:
+            arrays.append(pa.array(values, type=_TYPES[entry]))
+            names.append(entry)
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+def _shared_columns(groups: tuple, names: tuple) -> list[pa.Array]:
+    """Columns from one shared tuple per row: each distinct tuple object is converted once and taken
+    by index. Identity, not equality, picks them out (the rows keep every tuple alive, so ids are
+    unique); equal tuples that are separate objects are merely converted twice."""
+    ids = list(map(id, groups))
+    distinct = dict(zip(ids, groups))
+    position = {key: n for n, key in enumerate(distinct)}
+    indices = pa.array(list(map(position.__getitem__, ids)), type=pa.int32())
+    return [pa.array(column, type=_TYPES[name]).take(indices)
+            for name, column in zip(names, zip(*distinct.values()))]
 
 
 def _dict_table(rows: list[dict]) -> pa.Table | None:

@@ -191,3 +191,23 @@ def test_progress_bar_shows_how_far_into_the_file(tmp_path, capsys, corpus_dir):
     line = capsys.readouterr().err.split("\r")[1]
     assert line.startswith("amqp.pcap [") and "160 packets" in line
     assert "100%" in line or " 99%" in line
+
+
+def test_decode_gives_the_garbage_collector_back_even_when_writing_fails(tmp_path):
+    """decode() pauses the cyclic GC while it runs; it must be on again afterwards, whatever happened."""
+    import gc
+
+    path = str(tmp_path / "traffic.pcap")
+    write_pcap(path, traffic())
+    assert gc.isenabled()
+    decode(path, lambda batch: None)
+    assert gc.isenabled()
+
+    def failing_write(batch):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        decode(path, failing_write)
+    assert gc.isenabled()
+    decode(str(tmp_path / "missing.pcap"), lambda batch: None)  # unreadable: reported, not raised
+    assert gc.isenabled()
