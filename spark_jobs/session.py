@@ -39,6 +39,9 @@ _SESSION_CONF = {
     # read-ahead. Halving that is not enough for the hot channel in a 2 GB local[2] driver yet
     # (bench/README.md): fewer window passes over it are.
     "spark.unsafe.sorter.spill.read.ahead.enabled": "false",
+    # Checkpointed steps (timeline.materialised) are stored on disk through this serializer; Java
+    # serialization of millions of rows costs more than computing them.
+    "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
 }
 
 

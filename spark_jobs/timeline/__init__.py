@@ -28,6 +28,7 @@ from ..types import spark_schema
 from . import consumer, publisher
 from .channels import channel_facts
 from .incarnations import INCARNATION, channel_rows, connection_facts, incarnation_ends
+from .plans import lookup, materialised
 from .reference import reference_timelines
 from .tables import TIMELINE_TABLES
 
@@ -49,8 +50,10 @@ def routed_timelines(frames: DataFrame, overdue_ns: int = DEFAULT_OVERDUE_NS) ->
     """The four tables, and the connection_id of every connection the reference model replayed."""
     frames = frames.select(*INPUT_COLUMNS)
     fast, irregular = _vectorised(frames, overdue_ns)
-    slow = reference_timelines(frames.join(irregular, on="connection_id", how="left_semi"), overdue_ns)
-    return {name: (fast[name].join(irregular, on="connection_id", how="left_anti").unionByName(slow[name])
+    # Small tables (one row per connection, or per incarnation) are broadcast: a checkpointed
+    # table has no size estimate, so the planner would shuffle and sort the big side to join them.
+    slow = reference_timelines(frames.join(F.broadcast(irregular), on="connection_id", how="left_semi"), overdue_ns)
+    return {name: (fast[name].join(F.broadcast(irregular), on="connection_id", how="left_anti").unionByName(slow[name])
                    .select(*[f.name for f in table_schema]))  # a USING join puts its key first
             for name, table_schema in TIMELINE_TABLES.items()}, irregular
 
@@ -60,13 +63,14 @@ def _vectorised(frames: DataFrame, overdue_ns: int) -> tuple[dict[str, DataFrame
     static = frames.where(method.isin(*IRREGULAR_METHODS) | F.coalesce(F.col("malformed"), F.lit(False))
                           | ((F.col("direction") == "to_client") & (method == "channel.close")
                              & F.col("failing_method").isin(*consumer.SETTLE_METHODS))).select("connection_id")
-    candidates = frames.join(static, on="connection_id", how="left_anti")
+    candidates = frames.join(F.broadcast(static.distinct()), on="connection_id", how="left_anti")
     connections = connection_facts(candidates)
     ordered = channel_rows(candidates).transform(materialised)
     ends = incarnation_ends(ordered, connections).transform(materialised)
-    rows = (ordered.where(F.col("incarnation") > 0).drop("agent_id")
-            .join(ends.select(*INCARNATION, *END_COLUMNS), on=INCARNATION, how="inner"))
-    rows = consumer.with_prefetch(rows).transform(materialised)
+    life = lookup(ends.select(*INCARNATION, *END_COLUMNS).join(consumer.prefetch_at_cutoff(ordered, ends),
+                                                                on=INCARNATION, how="left"))
+    rows = consumer.with_prefetch(ordered.where(F.col("incarnation") > 0).drop("agent_id")
+                                  .join(life, on=INCARNATION, how="inner"))
 
     # Consumer side.
     delivered = consumer.deliveries(rows)
@@ -80,7 +84,7 @@ def _vectorised(frames: DataFrame, overdue_ns: int) -> tuple[dict[str, DataFrame
     deliveries = consumer.settled_deliveries(delivered)
 
     # Publisher side.
-    selects = publisher.confirm_selects(rows)
+    selects = lookup(publisher.confirm_selects(rows))
     published = publisher.publishes(rows, selects)
     confirm = publisher.confirms(rows, selects, published)
     confirmer = publisher.first_confirm(published, confirm)
@@ -100,6 +104,7 @@ def _vectorised(frames: DataFrame, overdue_ns: int) -> tuple[dict[str, DataFrame
                  .unionByName(ends.where(F.col("bad_end")).select("connection_id"))
                  .unionByName(delivered.where(F.col("no_ack").isNull()).select("connection_id"))
                  .unionByName(consumer.bad_settles(settle, delivered))
+                 .unionByName(consumer.bad_gets(rows))
                  .unionByName(selects.where(F.col("unaligned")).select("connection_id"))
                  .unionByName(publisher.bad_confirms(confirm))
                  .unionByName(bad_returns)
@@ -150,8 +155,3 @@ def _micros(ns_column: str):
     would round nanosecond epochs)."""
     return F.timestamp_micros(F.expr(f"`{ns_column}` div 1000"))
 
-
-def materialised(df: DataFrame) -> DataFrame:
-    """`df` computed once and its plan cut: later steps read it several times, and without the cut
-    every self-join re-analyses the whole lineage (the analyser's time and memory grow with it)."""
-    return df.localCheckpoint(eager=True)

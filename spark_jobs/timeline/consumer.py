@@ -9,24 +9,43 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from .incarnations import INCARNATION, TO_BROKER, TO_CLIENT, running
+from .plans import lookup
 from .settling import first_settling_frame
 
 SETTLE_METHODS = {"basic.ack": "ack", "basic.nack": "nack", "basic.reject": "reject"}
 
 
+def prefetch_at_cutoff(ordered: DataFrame, ends: DataFrame) -> DataFrame:
+    """Per incarnation: the prefetch of each kind the last basic.qos before the cutoff set (null if
+    none), which rows after the cutoff still see: qos after it is discarded."""
+    qos = (ordered.where((F.col("incarnation") > 0) & (F.col("method") == "basic.qos")
+                         & (F.col("direction") == TO_BROKER) & F.col("prefetch_count").isNotNull())
+           .join(ends.select(*INCARNATION, "cutoff_seq"), on=INCARNATION, how="inner")
+           .where(F.col("seq") < F.col("cutoff_seq")))
+    per_channel = F.coalesce(F.col("prefetch_global"), F.lit(False))
+    return qos.groupBy(*INCARNATION).agg(
+        F.max_by(F.when(~per_channel, F.col("prefetch_count")), F.when(~per_channel, F.col("seq")))
+        .alias("consumer_prefetch_at_cutoff"),
+        F.max_by(F.when(per_channel, F.col("prefetch_count")), F.when(per_channel, F.col("seq")))
+        .alias("channel_prefetch_at_cutoff"))
+
+
 def with_prefetch(rows: DataFrame) -> DataFrame:
     """Every row with the basic.qos limits in force at it (0 unlimited: the channel was seen whole)
-    and the highest delivery tag so far; qos after the cutoff is discarded."""
-    qos = (F.col("method") == "basic.qos") & (F.col("direction") == TO_BROKER) \
-        & F.col("prefetch_count").isNotNull() & (F.col("seq") < F.col("cutoff_seq"))
-    per_channel = F.coalesce(F.col("prefetch_global"), F.lit(False))
-    w = running(*INCARNATION)
-    return (rows
-            .withColumn("consumer_prefetch_now", F.coalesce(
-                F.last(F.when(qos & ~per_channel, F.col("prefetch_count")), ignorenulls=True).over(w), F.lit(0)))
-            .withColumn("channel_prefetch_now", F.coalesce(
-                F.last(F.when(qos & per_channel, F.col("prefetch_count")), ignorenulls=True).over(w), F.lit(0)))
-            .withColumn("max_tag_so_far", F.max(F.when(F.col("is_delivery"), F.col("delivery_tag"))).over(w)))
+    and the highest delivery tag so far; qos after the cutoff is discarded.
+
+    From channel_rows' running values (`consumer_qos`, `channel_qos`, `last_delivery`) and the
+    incarnation's prefetch_at_cutoff: no window of its own. Tags rise in a regular incarnation, so
+    the latest delivery's tag is the highest."""
+    def now(latest: str, at_cutoff: str):
+        return F.coalesce(F.when(F.col(f"{latest}.at") >= F.col("cutoff_seq"), F.col(at_cutoff))
+                          .otherwise(F.col(f"{latest}.value")), F.lit(0))
+
+    return rows.withColumns({
+        "consumer_prefetch_now": now("consumer_qos", "consumer_prefetch_at_cutoff"),
+        "channel_prefetch_now": now("channel_qos", "channel_prefetch_at_cutoff"),
+        "max_tag_so_far": F.col("last_delivery.value"),
+    })
 
 
 def consumes(rows: DataFrame) -> DataFrame:
@@ -59,42 +78,45 @@ def registrations(rows: DataFrame) -> DataFrame:
     return immediate.unionByName(paired)
 
 
-def gets(rows: DataFrame) -> DataFrame:
-    """Each basic.get-ok with the basic.get it answers (queue, no_ack), if one was pending."""
-    get = (F.col("method") == "basic.get") & (F.col("direction") == TO_BROKER) & (F.col("seq") < F.col("cutoff_seq"))
-    answer = F.col("method").isin("basic.get-ok", "basic.get-empty") & (F.col("direction") == TO_CLIENT)
-    earlier = running(*INCARNATION).rowsBetween(Window.unboundedPreceding, -1)
-    return (rows.where(get | answer)
-            .withColumn("before", F.last(F.struct(get.alias("is_get"), F.col("queue"),
-                                                  F.coalesce("no_ack", F.lit(False)).alias("no_ack"))).over(earlier))
-            .where(F.col("method") == "basic.get-ok")
-            .select(*INCARNATION, "seq", F.when(F.col("before.is_get"), F.col("before.queue")).alias("get_queue"),
-                    F.when(F.col("before.is_get"), F.col("before.no_ack")).alias("get_no_ack")))
+def _answered_get():
+    """For a basic.get-ok row: was the basic.get it answers pending (channel_rows' `previous_get_row`:
+    the last get, get-ok or get-empty before it in this incarnation, a get the channel acted on)?"""
+    before = F.col("previous_get_row")
+    return before.isNotNull() & F.col("previous_get_row.value.is_get") \
+        & (F.col("previous_get_row.at") < F.col("cutoff_seq"))
+
+
+def bad_gets(rows: DataFrame) -> DataFrame:
+    """Connections where a basic.get-ok comes right after a basic.get sent after the cutoff: the
+    channel ignored that get, so the answer pairs with an earlier one (the reference model's case)."""
+    return rows.where((F.col("method") == "basic.get-ok") & F.col("previous_get_row.value.is_get")
+                      & (F.col("previous_get_row.at") >= F.col("cutoff_seq"))).select("connection_id")
 
 
 def deliveries(rows: DataFrame) -> DataFrame:
     """Every delivery with its consumer's (or get's) queue, ack mode and prefetch; `manual` marks
-    those the client must settle (no_ack false, delivered before the cutoff)."""
+    those the client must settle (no_ack false, delivered before the cutoff).
+
+    A delivery's consumer is the latest registration of its consumer tag before it: registrations
+    are few, so each becomes a span (until the tag's next registration) and the deliveries find
+    theirs in a join (broadcast when the spans are few: plans.lookup), not a window over the deliveries."""
     delivered = rows.where(F.col("is_delivery"))
-    by_tag = Window.partitionBy(*INCARNATION, "consumer_tag").orderBy("seq") \
-        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    registered = registrations(rows).select(
-        *INCARNATION, "seq", "consumer_tag", F.struct("queue", "no_ack", "prefetch").alias("reg"),
-        F.lit(False).alias("is_delivery"))
-    consumer_of = (delivered.where(F.col("method") == "basic.deliver")
-                   .select(*INCARNATION, "seq", "consumer_tag", F.lit(None).cast(registered.schema["reg"].dataType)
-                           .alias("reg"), F.lit(True).alias("is_delivery"))
-                   .unionByName(registered)
-                   .withColumn("reg", F.last("reg", ignorenulls=True).over(by_tag))
-                   .where(F.col("is_delivery")).select(*INCARNATION, "seq", "reg"))
-    got = gets(rows)
+    spans = lookup(registrations(rows).select(
+        *[F.col(c).alias("reg_" + c) for c in (*INCARNATION, "consumer_tag")],
+        F.col("seq").alias("reg_seq"),
+        F.lead("seq").over(Window.partitionBy(*INCARNATION, "consumer_tag").orderBy("seq")).alias("reg_until"),
+        F.struct("queue", "no_ack", "prefetch").alias("reg")))
+    in_span = [F.col(c) == F.col("reg_" + c) for c in (*INCARNATION, "consumer_tag")] + [
+        F.col("reg_seq") < F.col("seq"), F.col("reg_until").isNull() | (F.col("seq") < F.col("reg_until"))]
     deliver = F.col("method") == "basic.deliver"
-    return (delivered.join(consumer_of, on=[*INCARNATION, "seq"], how="left")
-            .join(got, on=[*INCARNATION, "seq"], how="left")
+    got = _answered_get()
+    return (delivered.join(spans, on=in_span, how="left")
             .select(*[c for c in delivered.columns if c not in ("queue", "no_ack", "consumer_tag")],
                     F.when(deliver, F.col("consumer_tag")).alias("consumer_tag"),
-                    F.when(deliver, F.col("reg.queue")).otherwise(F.col("get_queue")).alias("queue"),
-                    F.when(deliver, F.col("reg.no_ack")).otherwise(F.col("get_no_ack")).alias("no_ack"),
+                    F.when(deliver, F.col("reg.queue")).when(got, F.col("previous_get_row.value.queue"))
+                    .alias("queue"),
+                    F.when(deliver, F.col("reg.no_ack")).when(got, F.col("previous_get_row.value.no_ack"))
+                    .alias("no_ack"),
                     F.when(deliver, F.col("reg.prefetch")).alias("consumer_prefetch"),
                     F.when(deliver, F.col("channel_prefetch_now")).alias("channel_prefetch"))
             .withColumn("manual", (F.col("no_ack") == False) & (F.col("seq") < F.col("cutoff_seq"))))  # noqa: E712

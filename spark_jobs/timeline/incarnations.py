@@ -56,21 +56,53 @@ def connection_facts(frames: DataFrame) -> DataFrame:
 
 def channel_rows(frames: DataFrame) -> DataFrame:
     """The rows of channels other than 0 that matter to the timelines, each with its incarnation
-    number and the lifecycle row before it; plus `bad_order`: a row out of the regular grammar."""
+    number and the lifecycle row before it; plus `bad_order`: a row out of the regular grammar.
+
+    Also the running values later steps need, as of each row (structs of `at`, the seq, and `value`
+    of the latest such row in this incarnation, or null): the previous and the latest delivery,
+    the latest basic.qos of each kind (consumer_qos, channel_qos), and the get, get-ok or
+    get-empty before the row (previous_get_row).
+
+    One window pass over each channel number, in seq order: a window buffers its whole partition,
+    and the hot channel is millions of rows. Values of the current incarnation come from the same
+    pass: a row belongs to the incarnation of the last channel.open at or before it (`open_at`)."""
     method, direction = F.col("method"), F.col("direction")
     lifecycle = ((method.isin("channel.open") & (direction == TO_BROKER))
                  | (method.isin("channel.open-ok") & (direction == TO_CLIENT))
                  | method.isin("channel.close", "channel.close-ok"))
     relevant = (F.coalesce("channel", F.lit(0)) != 0) & (lifecycle | is_transition(direction, method)) \
         & ~(method.isin(*DELIVERING) & F.col("delivery_tag").isNull())  # cut short before its tag: skipped
+    is_delivery = method.isin(*DELIVERING) & (direction == TO_CLIENT)
+    opens = method == "channel.open"
+    qos = (method == "basic.qos") & (direction == TO_BROKER) & F.col("prefetch_count").isNotNull()
+    per_channel = F.coalesce(F.col("prefetch_global"), F.lit(False))
+    get = (method == "basic.get") & (direction == TO_BROKER)
+    get_answer = method.isin("basic.get-ok", "basic.get-empty") & (direction == TO_CLIENT)
     by_channel = running("connection_id", "channel")
     before = by_channel.rowsBetween(Window.unboundedPreceding, -1)
-    rows = (frames.where(relevant)
-            .withColumn("is_lifecycle", lifecycle)
-            .withColumn("incarnation", F.sum(F.when(method == "channel.open", 1).otherwise(0)).over(by_channel)
-                        .cast("int"))
-            .withColumn("previous_lifecycle", F.last(F.when(F.col("is_lifecycle"), method), ignorenulls=True)
-                        .over(before)))
+
+    def latest(condition, value, frame):
+        return F.last(F.when(condition, F.struct(F.col("seq").alias("at"), value.alias("value"))),
+                      ignorenulls=True).over(frame)
+
+    rows = frames.where(relevant).select(
+        "*",
+        lifecycle.alias("is_lifecycle"),
+        is_delivery.alias("is_delivery"),
+        F.sum(F.when(opens, 1).otherwise(0)).over(by_channel).cast("int").alias("incarnation"),
+        F.last(F.when(opens, F.col("seq")), ignorenulls=True).over(by_channel).alias("open_at"),
+        F.last(F.when(lifecycle, method), ignorenulls=True).over(before).alias("previous_lifecycle"),
+        latest(is_delivery, F.col("delivery_tag"), before).alias("previous_delivery"),
+        latest(is_delivery, F.col("delivery_tag"), by_channel).alias("last_delivery"),
+        latest(qos & ~per_channel, F.col("prefetch_count"), by_channel).alias("consumer_qos"),
+        latest(qos & per_channel, F.col("prefetch_count"), by_channel).alias("channel_qos"),
+        latest(get | get_answer, F.struct(get.alias("is_get"), F.col("queue"),
+                                          F.coalesce("no_ack", F.lit(False)).alias("no_ack")), before)
+        .alias("previous_get_row"))
+    in_this_life = {name: F.when(F.col("open_at").isNull() | (F.col(f"{name}.at") > F.col("open_at")), F.col(name))
+                    for name in ("previous_delivery", "last_delivery", "consumer_qos", "channel_qos",
+                                 "previous_get_row")}
+    rows = rows.withColumns(in_this_life)
     grammar = F.lit(False)
     for name, allowed in LIFECYCLE_AFTER.items():
         ok = F.lit(False)
@@ -83,9 +115,7 @@ def channel_rows(frames: DataFrame) -> DataFrame:
     orphan = ~F.col("is_lifecycle") & ((F.col("incarnation") == 0)
                                        | (F.col("previous_lifecycle") == "channel.close-ok"))
     # Tags rise within an incarnation; a tag that does not is a life whose open the data lacks.
-    earlier = running(*INCARNATION).rowsBetween(Window.unboundedPreceding, -1)
-    rows = rows.withColumn("is_delivery", method.isin(*DELIVERING) & (direction == TO_CLIENT))
-    previous_tag = F.last(F.when(F.col("is_delivery"), F.col("delivery_tag")), ignorenulls=True).over(earlier)
+    previous_tag = F.col("previous_delivery.value")
     tag_restart = F.col("is_delivery") & ((F.col("delivery_tag") < 1)
                                           | (previous_tag.isNotNull() & (F.col("delivery_tag") <= previous_tag)))
     return rows.withColumn("bad_order", (F.col("is_lifecycle") & grammar) | orphan | tag_restart)

@@ -1,0 +1,30 @@
+"""How the timeline steps are executed: where a plan is cut, and which tables go whole to every task."""
+
+from __future__ import annotations
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+# A lookup table (one row per incarnation, consumer registration, ...) up to this many rows is
+# broadcast: a few tens of MB at most in the driver. Above it (an application that opens a channel
+# per message makes millions of incarnations) it is joined by shuffling, which is slower but
+# bounded in memory.
+BROADCAST_ROWS = 200_000
+
+
+def materialised(df: DataFrame) -> DataFrame:
+    """`df` computed once and its plan cut: later steps read it several times, and without the cut
+    every self-join re-analyses the whole lineage (the analyser's time and memory grow with it).
+
+    On local disk, not in the heap: blocks kept in memory crowd out the sorts and window buffers
+    (the hot channel's window partition then spills in hundreds of pieces and the driver runs out
+    of memory opening them), and blocks that do not fit are serialized to disk anyway."""
+    return df.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
+
+
+def lookup(df: DataFrame) -> DataFrame:
+    """`df` materialised, and marked for broadcast if it is small. A cut plan has no size estimate,
+    so without the mark Spark would shuffle and sort the big side of every join with it."""
+    df = materialised(df)
+    return F.broadcast(df) if df.count() <= BROADCAST_ROWS else df
