@@ -90,7 +90,11 @@ def unacked_buildup(tables: Tables, thresholds: Thresholds) -> DataFrame:
     stall_limit_ns = int(thresholds.prefetch_stall_seconds * 1e9)
     # Every step below works per incarnation (per consumer, per scope): shuffle the deliveries
     # once, by incarnation, and each later window and aggregation finds them in place.
-    manual = manual_deliveries(tables["deliveries"].repartition(*INCARNATION))
+    # Only the columns used below: the windows buffer the hot channel's rows whole.
+    columns = [*INCARNATION, "agent_id", "seq", "ts_ns", "method", "delivery_tag", "consumer_tag", "no_ack",
+               "outcome", "settle_seq", "settle_ts_ns", "observed_until_ts_ns", "channel_prefetch",
+               "consumer_prefetch"]
+    manual = manual_deliveries(tables["deliveries"].select(*columns).repartition(*INCARNATION))
     # The evidence is the deliveries at least as old as the threshold that fired: number them
     # in seq order, for each threshold, to list the first few of either.
     in_order = Window.partitionBy(*INCARNATION).orderBy("seq").rowsBetween(Window.unboundedPreceding, 0)
