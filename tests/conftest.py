@@ -24,8 +24,9 @@ def dumpcap() -> str:
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local Spark session for the whole run: starting a JVM costs seconds."""
+    """One local Spark session for the whole run: starting a JVM costs seconds. It runs every Spark
+    test, hundreds of jobs: the 2 GB driver the analysis is sized for, not Spark's 1 GB default."""
     from spark_jobs.session import get_spark
-    session = get_spark("local[2]", "ackscope-tests")
+    session = get_spark("local[2]", "ackscope-tests", driver_memory="2g")
     yield session
     session.stop()
