@@ -50,6 +50,7 @@ TARGET_FRAMES_PER_CORE = 100_000
 TARGET_SPEEDUP = 1.7
 TARGET_DRIVER_MEMORY = "2g"
 SAMPLE_SECONDS = 0.1
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class BenchError(RuntimeError):
@@ -153,6 +154,17 @@ def _status_kb(pid: int) -> tuple[int, int]:
     return rss, hwm
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used so far (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS   # utime, stime
+
+
 def _cmdline(pid: int) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -170,6 +182,8 @@ class Run:
     tree_peak_mb: float          # largest sum of RSS over the process tree at one sample
     largest_process_mb: float    # largest single process's own peak (VmHWM)
     jvm_xmx: str | None          # the driver JVM's -Xmx, as seen on its command line
+    cpu_seconds: float           # CPU time of the process tree (last sample of each process): what
+                                 # the run cost, whatever else the machine was doing meanwhile
     log: str
     outputs: dict = field(default_factory=dict)
     checks: list = field(default_factory=list)
@@ -179,9 +193,10 @@ class Run:
         return self.returncode == 0
 
 
-def timed_run(cmd: list[str], env: dict, log_path: str, timeout: float) -> tuple[float, int, float, float, str | None]:
+def timed_run(cmd: list[str], env: dict, log_path: str, timeout: float
+              ) -> tuple[float, int, float, float, str | None, float]:
     """Run `cmd` (its own process group), sampling its process tree; (seconds, exit code, tree peak MB,
-    largest process peak MB, driver -Xmx)."""
+    largest process peak MB, driver -Xmx, CPU seconds of the tree)."""
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
@@ -190,11 +205,13 @@ def timed_run(cmd: list[str], env: dict, log_path: str, timeout: float) -> tuple
         tree_peak = largest = 0
         xmx = None
         seen_java: set[int] = set()
+        cpu: dict[int, float] = {}
         try:
             while proc.poll() is None:
                 total = 0
                 for pid in _tree(proc.pid):
                     rss, hwm = _status_kb(pid)
+                    cpu[pid] = max(cpu.get(pid, 0.0), _cpu_seconds(pid))
                     total += rss
                     largest = max(largest, hwm)
                     if pid not in seen_java:
@@ -213,7 +230,7 @@ def timed_run(cmd: list[str], env: dict, log_path: str, timeout: float) -> tuple
             os.killpg(proc.pid, signal.SIGKILL)
             raise
         seconds = time.perf_counter() - started
-    return seconds, proc.returncode, tree_peak / 1024, largest / 1024, xmx
+    return seconds, proc.returncode, tree_peak / 1024, largest / 1024, xmx, sum(cpu.values())
 
 
 # -- the lake between runs -----------------------------------------------------------------------
@@ -318,16 +335,19 @@ def print_lake(lake_dir: str, stats: dict, reused: bool) -> None:
 def print_results(runs_by_master: dict[str, list[Run]], frames: int, driver_how: str, repeat: int) -> dict:
     print(f"\nackscope analyze, best of {repeat} wall-clock run(s) each, fresh output tables per run; "
           f"driver memory via {driver_how}")
-    header = ["master", "cores", "exit", "seconds", "frames/s", "frames/s/core", "target", "tree peak MB",
-              "largest proc MB", "driver -Xmx"]
+    header = ["master", "cores", "exit", "seconds", "frames/s", "frames/s/core", "target", "CPU s", "frames/CPU s",
+              "tree peak MB", "largest proc MB", "driver -Xmx"]
     rows, summary = [], {}
     for master, runs in runs_by_master.items():
         r = best(runs)
         fps = frames / r.seconds if r.ok else 0.0
         per_core = fps / r.cores
-        summary[master] = {"run": asdict(r), "frames_per_second": fps, "frames_per_second_per_core": per_core}
+        per_cpu_second = frames / r.cpu_seconds if r.ok and r.cpu_seconds else 0.0
+        summary[master] = {"run": asdict(r), "frames_per_second": fps, "frames_per_second_per_core": per_core,
+                           "frames_per_cpu_second": per_cpu_second}
         rows.append([master, str(r.cores), str(r.returncode), f"{r.seconds:,.1f}", f"{fps:,.0f}", f"{per_core:,.0f}",
                      f"{mark(r.ok and per_core >= TARGET_FRAMES_PER_CORE)} >={TARGET_FRAMES_PER_CORE:,}",
+                     f"{r.cpu_seconds:,.0f}", f"{per_cpu_second:,.0f}",
                      f"{r.tree_peak_mb:,.0f}", f"{r.largest_process_mb:,.0f}", r.jvm_xmx or "?"])
     widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
     for row in [header, ["-" * w for w in widths], *rows]:
@@ -420,14 +440,14 @@ def main(argv: list[str] | None = None) -> int:
             cmd, env, driver_how = analyze_command(cli, lake_dir, master, args.driver_memory, args.analyze_arg)
             log_path = os.path.join(runs_dir, f"{master.replace('[', '-').replace(']', '')}-{attempt + 1}.log")
             print(f"timing {master} (run {attempt + 1} of {args.repeat}) ...", flush=True)
-            seconds, code, tree_mb, largest_mb, xmx = timed_run(cmd, env, log_path, args.timeout)
-            run = Run(master, cores[master], seconds, code, tree_mb, largest_mb, xmx, log_path)
+            seconds, code, tree_mb, largest_mb, xmx, cpu_s = timed_run(cmd, env, log_path, args.timeout)
+            run = Run(master, cores[master], seconds, code, tree_mb, largest_mb, xmx, cpu_s, log_path)
             if run.ok:
                 run.outputs, run.checks = read_outputs(lake_dir, stats)
             if input_fingerprint(lake_dir) != before:
                 run.checks.append("MISMATCH: the run committed to an input table (frames or connections)")
                 before = input_fingerprint(lake_dir)
-            print(f"  {seconds:,.1f} s, exit {code}, tree peak {tree_mb:,.0f} MB", flush=True)
+            print(f"  {seconds:,.1f} s, {cpu_s:,.0f} CPU s, exit {code}, tree peak {tree_mb:,.0f} MB", flush=True)
             runs[master].append(run)
     if not args.keep_output:
         clear_outputs(lake_dir)
