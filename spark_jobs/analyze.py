@@ -76,10 +76,7 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
     keys = None if plan.scope == FULL else _connections_in_scope(spark, lake, plan, mode)
     if keys == [] and not plan.findings_stale:
         report.reason += "; nothing to analyse"
-        stored = read_table(lake, "findings", schema.FINDINGS, columns=["kind", "severity"])
-        if stored is not None:
-            report.findings_by_kind = dict(Counter(stored["kind"].to_pylist()))
-            report.findings_by_severity = dict(Counter(stored["severity"].to_pylist()))
+        _count_findings(lake, report)
         if plan.new_files or plan.scope != NEW_DATA:
             _log_run(lake, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
         return _finished(report, started)
@@ -98,18 +95,15 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
             else:
                 replace_rows(tables[name], lake, name, OUTPUT_TABLES[name], "connection_id", keys, delta_mode=mode)
             report.rows[name] = tables[name].count()
-        report.frames = frames.count()
-        report.connections = (len(keys) if keys is not None
-                              else frames.select("connection_id").distinct().count())
+        counted = frames.agg(F.count(F.lit(1)).alias("frames"), F.countDistinct("connection_id").alias("ids")).first()
+        report.frames, report.connections = counted["frames"], counted["ids"]
         report.reference_connections = irregular.count()
     # Findings follow messages across connections: the detectors see the whole tables.
     whole = tables if keys is None else {name: read_delta(spark, lake, name, OUTPUT_TABLES[name], mode)
                                         for name in TIMELINE_TABLES}
     findings = materialised(detect({**whole, "frames": all_frames, "connections": connections}, thresholds))
     write_delta(findings, lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=mode)
-    report.rows["findings"] = findings.count()
-    report.findings_by_kind = {r["kind"]: r["count"] for r in findings.groupBy("kind").count().collect()}
-    report.findings_by_severity = {r["severity"]: r["count"] for r in findings.groupBy("severity").count().collect()}
+    report.rows["findings"] = _count_findings(lake, report)
     _log_run(lake, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
     return _finished(report, started)
 
@@ -150,6 +144,16 @@ def _log_run(lake: str, plan: RunScope, report: AnalysisReport, started_ts: date
     writer = TableWriter(lake, RUNS_TABLE, schema.ANALYSIS_RUNS)
     writer.write(pa.Table.from_pylist([row], schema=schema.ANALYSIS_RUNS))
     writer.commit(row["run_id"])
+
+
+def _count_findings(lake: str, report: AnalysisReport) -> int:
+    """The findings table as stored, by kind and severity (small: read without Spark); its rows."""
+    stored = read_table(lake, "findings", schema.FINDINGS, columns=["kind", "severity"])
+    if stored is None:
+        return 0
+    report.findings_by_kind = dict(Counter(stored["kind"].to_pylist()))
+    report.findings_by_severity = dict(Counter(stored["severity"].to_pylist()))
+    return stored.num_rows
 
 
 def _finished(report: AnalysisReport, started: float) -> AnalysisReport:
