@@ -921,6 +921,20 @@ def frames_table(params: Params) -> tuple[pa.Table, dict]:
     raise AssertionError("unreachable")
 
 
+
+def as_appended(frames: pa.Table, quantiles: list[float]) -> list[pa.Table]:
+    """`frames` cut by time at these quantiles of `ts_ns` into the pieces an agent would append, in
+    order: each connection's rows stay in seq order across pieces (a later piece never holds an
+    earlier seq of the same connection)."""
+    frames = frames.sort_by([("connection_id", "ascending"), ("seq", "ascending")])
+    ts = frames["ts_ns"].to_numpy()
+    piece = np.searchsorted(np.quantile(ts, quantiles), ts, side="right")
+    ids = frames["connection_id"].to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    for lo, hi in zip(starts, np.r_[starts[1:], len(ids)]):
+        piece[lo:hi] = np.maximum.accumulate(piece[lo:hi])
+    return [frames.filter(pa.array(piece == i)) for i in range(len(quantiles) + 1)]
+
 def _plain(stats: dict) -> dict:
     return {k: dict(sorted(v.items())) if isinstance(v, Counter) else v for k, v in stats.items()}
 

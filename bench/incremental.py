@@ -21,7 +21,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -37,19 +36,6 @@ from spark_jobs.analyze import OUTPUT_TABLES  # noqa: E402
 
 ACKSCOPE = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "ackscope")
 SORT_KEYS = ("finding_id", "connection_id", "channel", "incarnation", "seq", "bucket_start_ns", "kind")
-
-
-def split_by_time(frames: pa.Table, tail: float) -> tuple[pa.Table, pa.Table]:
-    """Rows before and after the time that leaves `tail` of the rows after it; a connection's rows
-    stay in seq order across the cut (no earlier seq after a later one)."""
-    frames = frames.sort_by([("connection_id", "ascending"), ("seq", "ascending")])
-    ts = frames["ts_ns"].to_numpy()
-    late = ts >= np.quantile(ts, 1 - tail)
-    ids = frames["connection_id"].to_numpy(zero_copy_only=False)
-    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-    for lo, hi in zip(starts, np.r_[starts[1:], len(ids)]):
-        late[lo:hi] = np.maximum.accumulate(late[lo:hi])
-    return frames.filter(pa.array(~late)), frames.filter(pa.array(late))
 
 
 def append(lake_dir: str, name: str, table: pa.Table, schema_: pa.Schema, app_id: str) -> None:
@@ -93,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     source, stats = generator.cached_lake(args.out, generator.params_from_args(args))
     frames = lake.read_table(source, "frames", schema.FRAMES)
     connections = lake.read_table(source, "connections", schema.CONNECTIONS)
-    head, tail = split_by_time(frames, args.tail)
+    head, tail = generator.as_appended(frames, [1 - args.tail])
     work = os.path.join(args.out, "incremental", "lake")
     shutil.rmtree(os.path.dirname(work), ignore_errors=True)
     append(work, "frames", head, schema.FRAMES, "head")

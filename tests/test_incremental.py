@@ -58,16 +58,8 @@ def traffic(tmp_path_factory):
 
 
 def _pieces(frames: pa.Table) -> list[pa.Table]:
-    """`frames` cut into APPENDS pieces as an agent appends them: by time, each connection's rows
-    in seq order (a later piece never holds an earlier seq of the same connection)."""
-    ts = frames["ts_ns"].to_numpy()
-    cuts = np.quantile(ts, np.linspace(0, 1, APPENDS + 1)[1:-1])
-    piece = np.searchsorted(cuts, ts, side="right")
-    ids = frames["connection_id"].to_numpy(zero_copy_only=False)
-    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-    for lo, hi in zip(starts, np.r_[starts[1:], len(ids)]):
-        piece[lo:hi] = np.maximum.accumulate(piece[lo:hi])
-    return [frames.filter(pa.array(piece == i)) for i in range(APPENDS)]
+    """`frames` in APPENDS pieces by time, as an agent appends them."""
+    return gen.as_appended(frames, list(np.linspace(0, 1, APPENDS + 1)[1:-1]))
 
 
 def _append(lake_dir: str, name: str, table: pa.Table, schema_: pa.Schema, app_id: str) -> None:
