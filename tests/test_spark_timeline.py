@@ -12,13 +12,14 @@ import glob
 import os
 
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from analyzer import lake, schema
 from analyzer.ingest import ingest_file
 from analyzer.timeline import INPUT_COLUMNS, replay, replay_frames, to_tables
-from spark_jobs.timeline import routed_timelines
+from spark_jobs.timeline import blocks, routed_timelines
 from spark_jobs.timeline.tables import TIMELINE_TABLES
 
 from .conftest import ROOT
@@ -97,10 +98,14 @@ VARIANTS = {"valid": None, "swapped": swapped, "mid_stream": mid_stream, "gap": 
 
 
 # No shrinking: each example is a Spark run of many connections; a failure names its rows anyway.
+# Running values are computed in blocks of seq (spark_jobs/timeline/blocks.py): with blocks of 5
+# seqs, every channel's values cross many block boundaries.
+@pytest.mark.parametrize("block_seqs", [blocks.BLOCK_SEQS, 5])
 @settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck),
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
-@given(st.data())
-def test_spark_timelines_equal_the_reference_model_on_random_traffic(spark, data):
+@given(data=st.data())
+def test_spark_timelines_equal_the_reference_model_on_random_traffic(spark, monkeypatch, block_seqs, data):
+    monkeypatch.setattr(blocks, "BLOCK_SEQS", block_seqs)
     rows, plain = [], set()
     for i in range(36):
         variant = data.draw(st.sampled_from(sorted(VARIANTS)), label="variant")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from .blocks import running_in_blocks, seq_block
 from .incarnations import INCARNATION, TO_BROKER, TO_CLIENT, running
 from .plans import lookup
 from .settling import first_settling_frame
@@ -161,7 +162,7 @@ def peak_unacked(delivered: DataFrame) -> DataFrame:
     events = (manual.select(*INCARNATION, "seq", F.lit(1).alias("step"))
               .unionByName(manual.where(F.col("settler").isNotNull())
                            .select(*INCARNATION, F.col("settler.seq").alias("seq"), F.lit(-1).alias("step"))))
-    return (events.withColumn("unacked", F.sum("step").over(running(*INCARNATION, order=("seq", "step"))))
+    return (running_in_blocks(events, INCARNATION, ["seq", "step"], seq_block(), sums={"unacked": F.col("step")})
             .groupBy(*INCARNATION).agg(F.max("unacked").alias("peak_unacked")))
 
 

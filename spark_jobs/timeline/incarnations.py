@@ -15,9 +15,15 @@ from pyspark.sql import functions as F
 
 from analyzer.timeline.connection import CHANNEL_TRANSITIONS, CONNECTION_ENDS, TRANSPORT_ENDS
 
+from .blocks import running_in_blocks, seq_block
+
 TO_BROKER, TO_CLIENT = "to_broker", "to_client"
 INCARNATION = ["connection_id", "channel", "incarnation"]
 NEVER = 2**63 - 1  # a cutoff past every seq
+# The broker numbers an incarnation's deliveries 1, 2, 3, ...; a tag further than this past the one
+# before it (or the first tag past it) means deliveries the data lacks: the reference model's case.
+# It also bounds the numbers settling.py spells out per delivery.
+MAX_TAG_STEP = 1_000
 LIFECYCLE = ("channel.open", "channel.open-ok", "channel.close", "channel.close-ok")
 DELIVERING = ("basic.deliver", "basic.get-ok")
 # What may come just before each lifecycle row of a channel number, in a regular connection.
@@ -63,9 +69,9 @@ def channel_rows(frames: DataFrame) -> DataFrame:
     the latest basic.qos of each kind (consumer_qos, channel_qos), and the get, get-ok or
     get-empty before the row (previous_get_row).
 
-    One window pass over each channel number, in seq order: a window buffers its whole partition,
-    and the hot channel is millions of rows. Values of the current incarnation come from the same
-    pass: a row belongs to the incarnation of the last channel.open at or before it (`open_at`)."""
+    One pass over each channel number in seq order, in blocks (blocks.py): the hot channel is
+    millions of rows. Values of the current incarnation come from the same pass: a row belongs to
+    the incarnation of the last channel.open at or before it (`open_at`)."""
     method, direction = F.col("method"), F.col("direction")
     lifecycle = ((method.isin("channel.open") & (direction == TO_BROKER))
                  | (method.isin("channel.open-ok") & (direction == TO_CLIENT))
@@ -78,27 +84,24 @@ def channel_rows(frames: DataFrame) -> DataFrame:
     per_channel = F.coalesce(F.col("prefetch_global"), F.lit(False))
     get = (method == "basic.get") & (direction == TO_BROKER)
     get_answer = method.isin("basic.get-ok", "basic.get-empty") & (direction == TO_CLIENT)
-    by_channel = running("connection_id", "channel")
-    before = by_channel.rowsBetween(Window.unboundedPreceding, -1)
 
-    def latest(condition, value, frame):
-        return F.last(F.when(condition, F.struct(F.col("seq").alias("at"), value.alias("value"))),
-                      ignorenulls=True).over(frame)
+    def at(condition, value):
+        return F.when(condition, F.struct(F.col("seq").alias("at"), value.alias("value")))
 
-    rows = frames.where(relevant).select(
-        "*",
-        lifecycle.alias("is_lifecycle"),
-        is_delivery.alias("is_delivery"),
-        F.sum(F.when(opens, 1).otherwise(0)).over(by_channel).cast("int").alias("incarnation"),
-        F.last(F.when(opens, F.col("seq")), ignorenulls=True).over(by_channel).alias("open_at"),
-        F.last(F.when(lifecycle, method), ignorenulls=True).over(before).alias("previous_lifecycle"),
-        latest(is_delivery, F.col("delivery_tag"), before).alias("previous_delivery"),
-        latest(is_delivery, F.col("delivery_tag"), by_channel).alias("last_delivery"),
-        latest(qos & ~per_channel, F.col("prefetch_count"), by_channel).alias("consumer_qos"),
-        latest(qos & per_channel, F.col("prefetch_count"), by_channel).alias("channel_qos"),
-        latest(get | get_answer, F.struct(get.alias("is_get"), F.col("queue"),
-                                          F.coalesce("no_ack", F.lit(False)).alias("no_ack")), before)
-        .alias("previous_get_row"))
+    rows = running_in_blocks(
+        frames.where(relevant).select("*", lifecycle.alias("is_lifecycle"), is_delivery.alias("is_delivery")),
+        ["connection_id", "channel"], ["seq"], seq_block(),
+        lasts={"open_at": (F.when(opens, F.col("seq")), True),
+               "previous_lifecycle": (F.when(lifecycle, method), False),
+               "previous_delivery": (at(is_delivery, F.col("delivery_tag")), False),
+               "last_delivery": (at(is_delivery, F.col("delivery_tag")), True),
+               "consumer_qos": (at(qos & ~per_channel, F.col("prefetch_count")), True),
+               "channel_qos": (at(qos & per_channel, F.col("prefetch_count")), True),
+               "previous_get_row": (at(get | get_answer, F.struct(get.alias("is_get"), F.col("queue"),
+                                                                   F.coalesce("no_ack", F.lit(False)).alias("no_ack"))),
+                                    False)},
+        sums={"incarnation": F.when(opens, 1).otherwise(0)})
+    rows = rows.withColumn("incarnation", F.col("incarnation").cast("int"))
     in_this_life = {name: F.when(F.col("open_at").isNull() | (F.col(f"{name}.at") > F.col("open_at")), F.col(name))
                     for name in ("previous_delivery", "last_delivery", "consumer_qos", "channel_qos",
                                  "previous_get_row")}
@@ -117,7 +120,8 @@ def channel_rows(frames: DataFrame) -> DataFrame:
     # Tags rise within an incarnation; a tag that does not is a life whose open the data lacks.
     previous_tag = F.col("previous_delivery.value")
     tag_restart = F.col("is_delivery") & ((F.col("delivery_tag") < 1)
-                                          | (previous_tag.isNotNull() & (F.col("delivery_tag") <= previous_tag)))
+                                          | (previous_tag.isNotNull() & (F.col("delivery_tag") <= previous_tag))
+                                          | (F.col("delivery_tag") - F.coalesce(previous_tag, F.lit(0)) > MAX_TAG_STEP))
     return rows.withColumn("bad_order", (F.col("is_lifecycle") & grammar) | orphan | tag_restart)
 
 
