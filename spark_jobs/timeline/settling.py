@@ -2,8 +2,13 @@
 first frame after it naming n, or with multiple=true reaching n, whichever came first.
 
 A multiple frame reaches min(its tag, or everything for tag 0; the highest number there was when
-it came). The running maximum of that reach never falls, so "the first multiple frame reaching n"
-is a search in reach order (one window), not a join of every frame with every item.
+it came). The running maximum of that reach never falls, so the multiple frames that raise it cut
+the numbers into runs: such a frame is the first to reach every number above the maximum before
+it, up to its own. Those runs, spelled out number by number, meet the items in an equi-join: no
+window over the items, which would hold a hot channel's millions of rows in one task.
+Spelling the runs out costs one row per number reached; channel_rows sends an incarnation whose
+delivery tags jump (MAX_TAG_STEP) to the reference model, and a confirm never reaches past the
+publishes counted before it, so the numbers reached are about as many as the items.
 """
 
 from __future__ import annotations
@@ -20,22 +25,18 @@ def first_settling_frame(items: DataFrame, frames: DataFrame, number: str, field
     `items`: INCARNATION, `number`, `item_seq`. `frames`: INCARNATION, seq, delivery_tag, multiple,
     `reach` (for multiple ones) and `fields`."""
     frame = F.struct(*fields)
-    frame_type = frames.select(frame).schema[0].dataType
     exact = (items.join(frames.select(*INCARNATION, F.col("delivery_tag").alias(number), frame.alias("frame")),
                         on=[*INCARNATION, number], how="inner")
              .where(F.col("frame.seq") > F.col("item_seq"))
              .groupBy(*INCARNATION, number).agg(F.min_by("frame", "frame.seq").alias("exact")))
-    multiples = frames.where(F.col("multiple")).withColumn("reach", F.max("reach").over(running(*INCARNATION)))
-    search = Window.partitionBy(*INCARNATION).orderBy(
-        F.col("key").desc(), F.col("is_item"), F.col("seq").desc()).rowsBetween(
-        Window.unboundedPreceding, Window.currentRow)
-    by_multiple = (items.select(*INCARNATION, F.col(number).alias("key"), F.col("item_seq").alias("seq"),
-                                F.lit(True).alias("is_item"), F.lit(None).cast(frame_type).alias("frame"))
-                   .unionByName(multiples.select(*INCARNATION, F.col("reach").alias("key"), "seq",
-                                                 F.lit(False).alias("is_item"), frame.alias("frame")))
-                   .withColumn("multiple_frame", F.last("frame", ignorenulls=True).over(search))
-                   .where(F.col("is_item"))
-                   .select(*INCARNATION, F.col("key").alias(number), "multiple_frame"))
+    in_order = Window.partitionBy(*INCARNATION).orderBy("seq")
+    raising = (frames.where(F.col("multiple")).select(*INCARNATION, "seq", "reach", frame.alias("frame"))
+               .withColumn("reach", F.max("reach").over(running(*INCARNATION)))
+               .withColumn("reached_before", F.coalesce(F.lag("reach").over(in_order), F.lit(0)))
+               .where(F.col("reach") > F.col("reached_before")))
+    by_multiple = raising.select(
+        *INCARNATION, F.explode(F.sequence(F.col("reached_before") + 1, F.col("reach"))).alias(number),
+        F.col("frame").alias("multiple_frame"))
     return (items.join(exact, on=[*INCARNATION, number], how="left")
             .join(by_multiple, on=[*INCARNATION, number], how="left")
             .select(*INCARNATION, number, F.when(
