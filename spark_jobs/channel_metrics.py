@@ -22,6 +22,8 @@ from pyspark.sql import functions as F
 from analyzer import schema
 from analyzer.timeline import records as r
 
+from .timeline.blocks import running_in_blocks, same_keys
+from .timeline.plans import lookup, materialised
 from .types import spark_schema
 
 KEY = ["connection_id", "agent_id", "channel", "incarnation"]
@@ -42,7 +44,7 @@ def channel_metrics(deliveries: DataFrame, publishes: DataFrame, channels: DataF
         raise ValueError(f"bucket_seconds must be a whole number of seconds >= 1, not {bucket_seconds!r}")
     bucket_ns = bucket_seconds * NS_PER_SECOND
     events = _events(deliveries, publishes, channels)
-    buckets = _per_bucket(events, bucket_ns)
+    buckets = materialised(_per_bucket(events, bucket_ns))  # read by each _oldest, twice
     buckets = _oldest(buckets, _unacked_items(deliveries), "unacked", bucket_ns)
     buckets = _oldest(buckets, _unconfirmed_items(publishes), "unconfirmed", bucket_ns)
     return _contract(_with_idle_buckets(buckets, bucket_ns), bucket_seconds, bucket_ns)
@@ -133,26 +135,35 @@ def _events(deliveries: DataFrame, publishes: DataFrame, channels: DataFrame) ->
 # -- buckets -------------------------------------------------------------------------------------------
 
 def _per_bucket(events: DataFrame, bucket_ns: int) -> DataFrame:
-    """The buckets where something happened: counts, the levels at the end and their peaks."""
-    in_time = Window.partitionBy(*KEY).orderBy("t", "s")  # RANGE frame: every event of a row at once
+    """The buckets where something happened: counts, the levels at the end and their peaks.
+
+    Levels are counted within each bucket (a window per bucket, so a hot channel is never one
+    task's whole partition) and raised by what the buckets before it left outstanding."""
+    bucketed = events.withColumn("bucket", F.col("t") - F.pmod(F.col("t"), F.lit(bucket_ns)))
+    in_bucket = Window.partitionBy(*KEY, "bucket").orderBy("t", "s")  # RANGE frame: every event of a row at once
     order = F.struct("t", "s")
-    levelled = events.select(
-        *KEY, "t", "s", *COUNTS, "prefetch", "observed_until",
-        (F.col("t") - F.pmod(F.col("t"), F.lit(bucket_ns))).alias("bucket"),
-        *[F.sum(level).over(in_time).alias(level) for level in LEVELS])
+    levelled = bucketed.select(
+        *KEY, "t", "s", *COUNTS, "prefetch", "observed_until", "bucket",
+        *[F.sum(level).over(in_bucket).alias(level) for level in LEVELS])
     per_bucket = levelled.groupBy(*KEY, "bucket").agg(
         *[F.sum(count).alias(count) for count in COUNTS],
-        *[F.max_by(level, order).alias(level) for level in LEVELS],
-        *[F.max(level).alias(level + "_peak") for level in LEVELS],
+        *[F.max_by(level, order).alias(level + "_change") for level in LEVELS],
+        *[F.max(level).alias(level + "_peak_change") for level in LEVELS],
         # max_by skips rows whose ordering is null: only basic.deliver rows carry a prefetch struct.
         F.max_by("prefetch", F.when(F.col("prefetch").isNotNull(), order)).alias("prefetch"),
         F.max("observed_until").alias("observed_until"))
     by_bucket = Window.partitionBy(*KEY).orderBy("bucket")
     so_far = by_bucket.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    earlier = by_bucket.rowsBetween(Window.unboundedPreceding, -1)
+    started = per_bucket.select(
+        "*", *[F.coalesce(F.sum(level + "_change").over(earlier), F.lit(0)).alias(level + "_start")
+               for level in LEVELS])
     # What was outstanding when the bucket began counts towards its peak too.
-    return per_bucket.select(
-        *KEY, "bucket", *COUNTS, *LEVELS, "observed_until",
-        *[F.greatest(F.col(level + "_peak"), F.lag(level, 1, 0).over(by_bucket)).alias(level + "_max")
+    return started.select(
+        *KEY, "bucket", *COUNTS,
+        *[(F.col(level + "_start") + F.col(level + "_change")).alias(level) for level in LEVELS],
+        "observed_until",
+        *[(F.col(level + "_start") + F.greatest(F.col(level + "_peak_change"), F.lit(0))).alias(level + "_max")
           for level in LEVELS],
         F.last("prefetch", ignorenulls=True).over(so_far).alias("prefetch"),
         F.lead("bucket").over(by_bucket).alias("next_bucket"))
@@ -160,25 +171,41 @@ def _per_bucket(events: DataFrame, bucket_ns: int) -> DataFrame:
 
 def _oldest(buckets: DataFrame, items: DataFrame, level: str, bucket_ns: int) -> DataFrame:
     """Adds oldest_<level>_ts_ns / _seq: the first item (arrival order) still outstanding at the end
-    of each bucket, i.e. the first whose running-max settle time is >= the bucket end."""
-    arrival = Window.partitionBy(*KEY).orderBy("ts_ns", "seq").rowsBetween(Window.unboundedPreceding,
-                                                                            Window.currentRow)
-    found = F.struct(F.col("ts_ns").alias("ts_ns"), F.col("seq").alias("seq"))
-    candidates = items.select(*KEY, F.max("settle_ts_ns").over(arrival).alias("_v"), F.lit(1).alias("_kind"),
-                              "ts_ns", "seq", found.alias("_found"))
-    # Bucket ends sort before items of equal value: an item settled exactly at the end is outstanding.
-    queries = buckets.select("*", (F.col("bucket") + F.lit(bucket_ns)).alias("_v"), F.lit(0).alias("_kind"))
-    # Descending, so "the next item after this bucket end" is a running last(), never a frame to the end.
-    descending = Window.partitionBy(*KEY).orderBy(
-        F.col("_v").desc(), F.col("_kind").desc(), F.col("ts_ns").desc(), F.col("seq").desc()
-    ).rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    merged = queries.unionByName(candidates, allowMissingColumns=True).select(
-        "*", F.last("_found", ignorenulls=True).over(descending).alias("_next"))
+    of each bucket, i.e. the first whose running-max settle time is >= the bucket end.
+
+    That running maximum never falls, so an item is the answer for the bucket ends above the
+    maximum before it, up to its own. Those bucket ends, spelled out (at most one row per bucket
+    of the incarnation's span, as _with_idle_buckets makes anyway), meet the buckets in an
+    equi-join; the maxima are counted per arrival bucket (timeline.blocks), never over a hot
+    channel's millions of items in one task."""
+    def end_index(ns: str) -> Column:
+        """k of the bucket end k * bucket_ns at or before the instant (integer division: ns are too
+        big for a double to divide exactly)."""
+        return F.expr(f"`{ns}` div {bucket_ns}")
+
+    span = lookup(buckets.groupBy(*KEY).agg(F.min("bucket").alias("_first_bucket"),
+                                            F.max("bucket").alias("_last_bucket"))
+                  .select(*[F.col(key).alias(f"_span_{key}") for key in KEY],
+                          (end_index("_first_bucket") + 1).alias("_first"),
+                          (end_index("_last_bucket") + 1).alias("_last")))
+    settle = F.col("settle_ts_ns")
+    arrival_bucket = F.col("ts_ns") - F.pmod(F.col("ts_ns"), F.lit(bucket_ns))
+    reached = running_in_blocks(items, KEY, ["ts_ns", "seq"], arrival_bucket,
+                                maxes={"_upto": (settle, True), "_before": (settle, False)})
+    low = F.when(F.col("_before").isNull(), F.col("_first")).otherwise(
+        F.greatest(end_index("_before") + 1, F.col("_first")))
+    high = F.least(end_index("_upto"), F.col("_last"))
+    answers = (reached.join(span, on=same_keys(KEY, "_span_"), how="inner")
+               .select(*[F.col(key).alias(f"_answer_{key}") for key in KEY], F.struct("ts_ns", "seq").alias("_next"),
+                       low.alias("_low"), high.alias("_high"))
+               .where(F.col("_low") <= F.col("_high"))
+               .select("*", F.explode(F.sequence("_low", "_high")).alias("_answer__end")))
     outstanding = F.col(level) > F.lit(0)
-    return merged.where(F.col("_kind") == F.lit(0)).select(
-        *buckets.columns,
-        F.when(outstanding, F.col("_next.ts_ns")).alias(f"oldest_{level}_ts_ns"),
-        F.when(outstanding, F.col("_next.seq")).alias(f"oldest_{level}_seq"))
+    return (buckets.withColumn("_end", end_index("bucket") + 1)
+            .join(answers, on=same_keys([*KEY, "_end"], "_answer_"), how="left")
+            .select(*buckets.columns,
+                    F.when(outstanding, F.col("_next.ts_ns")).alias(f"oldest_{level}_ts_ns"),
+                    F.when(outstanding, F.col("_next.seq")).alias(f"oldest_{level}_seq")))
 
 
 def _with_idle_buckets(buckets: DataFrame, bucket_ns: int) -> DataFrame:
