@@ -27,6 +27,7 @@ from analyzer.timeline import CHANNELS, VIOLATIONS, replay_frames
 from analyzer.timeline.tables import CHANNEL_TIMESTAMPS, TS_ONLY
 from spark_jobs.detectors import DETECTORS, SEVERITY, detect
 from spark_jobs.thresholds import Thresholds
+from spark_jobs.timeline import blocks
 from spark_jobs.types import spark_schema
 
 from .conftest import CORPUS, ROOT
@@ -387,6 +388,15 @@ def test_every_finding_is_well_formed(findings):
 
 def test_ids_and_rows_are_the_same_when_run_again_on_reordered_input(spark, everything, findings):
     again = [row.asDict() for row in detect(spark_tables(spark, everything, reverse=True), LAB).collect()]
+    key = lambda f: f["finding_id"]  # noqa: E731
+    assert sorted(again, key=key) == sorted(findings, key=key)
+
+
+def test_findings_are_the_same_when_running_values_cross_many_blocks(spark, everything, findings, monkeypatch):
+    """Running values over a channel are counted in blocks of seq (spark_jobs/timeline/blocks.py);
+    blocks of 3 seqs put a boundary inside nearly every stretch the detectors measure."""
+    monkeypatch.setattr(blocks, "BLOCK_SEQS", 3)
+    again = [row.asDict() for row in detect(spark_tables(spark, everything), LAB).collect()]
     key = lambda f: f["finding_id"]  # noqa: E731
     assert sorted(again, key=key) == sorted(findings, key=key)
 

@@ -8,10 +8,12 @@ the data does not show) are left out: how long they stayed unacked cannot be kno
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs.thresholds import Thresholds
+from spark_jobs.timeline.blocks import running_in_blocks, same_keys, seq_block
+from spark_jobs.timeline.plans import lookup, materialised
 
 from .common import INCARNATION, MAX_EVIDENCE, evidence, firsts, incarnation_of, ranked, raw_finding, seconds
 
@@ -27,13 +29,15 @@ def manual_deliveries(deliveries: DataFrame) -> DataFrame:
     data for open ones) and `age_ns`. A consumer whose basic.consume the data lacks (no_ack null)
     counts as manual once the client acked, nacked or rejected one of its tags: an auto-ack
     delivery cannot be acked."""
-    consumer = Window.partitionBy(*INCARNATION, "consumer_tag")
-    client_settled = F.max(F.col("outcome").isin(*SETTLED_BY_CLIENT).cast("int")).over(consumer) == 1
-    manual = (F.col("no_ack") == False) | (F.col("no_ack").isNull() & F.col("_client_settled"))  # noqa: E712
     until = (F.when(F.col("outcome").isin(*SETTLED), F.col("settle_ts_ns"))
              .when(F.col("outcome") == "open", F.col("observed_until_ts_ns")))
-    return (deliveries.filter(F.col("outcome").isin(*SETTLED, "open"))
-            .withColumn("_client_settled", client_settled).filter(manual).drop("_client_settled")
+    candidates = deliveries.filter(F.col("outcome").isin(*SETTLED, "open"))
+    unknown_mode = candidates.filter(F.col("no_ack").isNull())
+    consumer = [*INCARNATION, "consumer_tag"]  # a get-ok's consumer_tag is null: null matches null
+    acked = (unknown_mode.filter(F.col("outcome").isin(*SETTLED_BY_CLIENT))
+             .select(*[F.col(c).alias(f"_acked_{c}") for c in consumer]).distinct())
+    guessed = unknown_mode.join(acked, on=same_keys(consumer, "_acked_"), how="left_semi")
+    return (candidates.filter(F.col("no_ack") == False).unionByName(guessed)  # noqa: E712
             .withColumn("until_ns", until).filter(F.col("until_ns").isNotNull())
             .withColumn("age_ns", F.col("until_ns") - F.col("ts_ns")))
 
@@ -45,7 +49,9 @@ def _unacked_profile(manual: DataFrame) -> DataFrame:
 
     Each delivery is +1 at its row and -1 at its settlement, counted in scopes: `channel` (every
     manual delivery; the limit is the global basic.qos) and one per consumer that has a
-    per-consumer limit (basic.get ignores prefetch, so only basic.deliver rows belong to one)."""
+    per-consumer limit (basic.get ignores prefetch, so only basic.deliver rows belong to one).
+    Running values are counted in blocks of seq (timeline.blocks): a hot channel's millions of
+    rows never sit in one task."""
     is_deliver = F.col("method") == "basic.deliver"
     scopes = F.array(
         F.struct(F.lit("channel").alias("name"), F.when(is_deliver, F.col("channel_prefetch")).alias("limit")),
@@ -61,21 +67,26 @@ def _unacked_profile(manual: DataFrame) -> DataFrame:
                             F.explode(F.array_compact(scopes)).alias("scope"), F.array_compact(steps).alias("steps"))
               .select(*INCARNATION, "observed_until_ts_ns", F.col("scope.name").alias("scope"),
                       F.col("scope.limit").alias("limit"), F.explode("steps").alias("step"))
-              .select(*INCARNATION, "observed_until_ts_ns", "scope", "limit", "step.*"))
-    whole = Window.partitionBy(*INCARNATION, "scope")
-    # Row order within a connection is seq; a settlement shown on its delivery's own row comes after it.
-    ordered = whole.orderBy("at_seq", F.col("delta").desc())
-    so_far = ordered.rowsBetween(Window.unboundedPreceding, 0)
-    events = (events
-              .withColumn("_unacked", F.sum("delta").over(so_far))
-              .withColumn("_next_ns", F.coalesce(F.lead("at_ns").over(ordered),
-                                                 F.max("observed_until_ts_ns").over(whole), F.col("at_ns")))
-              .withColumn("_limit", F.max("limit").over(whole))
-              .withColumn("_full", F.coalesce((F.col("_limit") > 0) & (F.col("_unacked") >= F.col("_limit")),
-                                              F.lit(False))))
-    began_full = F.col("_full") & ~F.coalesce(F.lag("_full").over(ordered), F.lit(False))
-    events = events.withColumn("_full_since", F.last(F.when(began_full, F.col("at_ns")), ignorenulls=True).over(so_far))
-    stall_ns = F.when(F.col("_full"), F.col("_next_ns") - F.col("_full_since"))
+              # Row order within a connection is seq; a settlement shown on its delivery's own row comes after it.
+              .select(*INCARNATION, "observed_until_ts_ns", "scope", "limit", "step.*", (-F.col("step.delta"))
+                      .alias("_settles_after")))
+    scope = [*INCARNATION, "scope"]
+    order = ["at_seq", "_settles_after"]
+    whole = lookup(events.groupBy(*scope).agg(
+        F.max("limit").alias("_limit"), F.max("observed_until_ts_ns").alias("_end_ns"),
+        F.min_by("at_ns", F.struct(*order)).alias("_first_ns")))
+    counted = (running_in_blocks(events, scope, order, seq_block("at_seq"), sums={"_unacked": F.col("delta")},
+                                 nexts={"_next_at": F.col("at_ns")})
+               .join(whole, on=scope, how="inner")
+               .withColumn("_full", F.coalesce((F.col("_limit") > 0) & (F.col("_unacked") >= F.col("_limit")),
+                                               F.lit(False))))
+    # A run of full rows began at the row after the last row that was not full (its `_next_at`),
+    # or at the scope's first row.
+    events = running_in_blocks(counted, scope, order, seq_block("at_seq"),
+                               lasts={"_after_not_full": (F.when(~F.col("_full"), F.col("_next_at")), False)})
+    full_since = F.coalesce("_after_not_full", "_first_ns")
+    next_ns = F.coalesce("_next_at", "_end_ns", "at_ns")
+    stall_ns = F.when(F.col("_full"), next_ns - full_since)
     return events.groupBy(*INCARNATION).agg(
         F.max(F.when(F.col("scope") == "channel", F.col("_unacked"))).alias("computed_peak"),
         F.max(stall_ns).alias("stall_ns"),
@@ -94,13 +105,12 @@ def unacked_buildup(tables: Tables, thresholds: Thresholds) -> DataFrame:
     columns = [*INCARNATION, "agent_id", "seq", "ts_ns", "method", "delivery_tag", "consumer_tag", "no_ack",
                "outcome", "settle_seq", "settle_ts_ns", "observed_until_ts_ns", "channel_prefetch",
                "consumer_prefetch"]
-    manual = manual_deliveries(tables["deliveries"].select(*columns).repartition(*INCARNATION))
+    manual = manual_deliveries(tables["deliveries"].select(*columns))
     # The evidence is the deliveries at least as old as the threshold that fired: number them
     # in seq order, for each threshold, to list the first few of either.
-    in_order = Window.partitionBy(*INCARNATION).orderBy("seq").rowsBetween(Window.unboundedPreceding, 0)
     old_by_age, old_by_stall = F.col("age_ns") >= age_limit_ns, F.col("age_ns") >= stall_limit_ns
-    manual = (manual.withColumn("_age_rank", F.sum(old_by_age.cast("int")).over(in_order))
-              .withColumn("_stall_rank", F.sum(old_by_stall.cast("int")).over(in_order)))
+    manual = materialised(running_in_blocks(manual, INCARNATION, ["seq"], seq_block(), sums={
+        "_age_rank": old_by_age.cast("int"), "_stall_rank": old_by_stall.cast("int")}))
 
     def old(condition, rank: str, name: str) -> list:
         listed = F.when(condition & (F.col(rank) <= MAX_EVIDENCE), F.struct("seq", "delivery_tag"))

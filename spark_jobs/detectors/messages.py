@@ -33,6 +33,12 @@ def requeue_loop(tables: Tables, thresholds: Thresholds) -> DataFrame:
     (a dead-letter cycle whose earlier turns predate the capture). Pinned to the channel that
     bounced it most."""
     deliveries = tables["deliveries"].filter(F.col("message_identity").isNotNull())
+    # Only a message delivered more than once, or dead-lettered before, can be in a loop: most are
+    # delivered once, and the windows below need not sort them.
+    repeated = (deliveries.groupBy("message_identity")
+                .agg(F.count(F.lit(1)).alias("_n"), F.max("x_death_count").alias("_x_death"))
+                .filter((F.col("_n") > 1) | (F.col("_x_death") > 0)).select("message_identity"))
+    deliveries = deliveries.join(repeated, on="message_identity", how="left_semi")
     # Across connections the capture clock orders deliveries; seq breaks ties within one.
     journey = Window.partitionBy("message_identity").orderBy("ts_ns", "connection_id", "seq")
     came_back = (((F.col("requeue") == True) & (F.lead("redelivered").over(journey) == True))  # noqa: E712
