@@ -20,10 +20,11 @@ from analyzer import lake, schema
 from analyzer.ingest import ingest_file
 from analyzer.timeline import INPUT_COLUMNS, replay, replay_frames, to_tables
 from spark_jobs.timeline import blocks, routed_timelines
+from spark_jobs.timeline.incarnations import MAX_TAG_STEP
 from spark_jobs.timeline.tables import TIMELINE_TABLES
 
 from .conftest import ROOT
-from .test_timeline import _swappable, renumbered, valid_traffic
+from .test_timeline import Conv, _swappable, renumbered, valid_traffic
 
 INPUT_SCHEMA = pa.schema([schema.FRAMES.field(name) for name in INPUT_COLUMNS])
 KEYS = {"deliveries": ("connection_id", "channel", "incarnation", "seq"),
@@ -124,6 +125,26 @@ def test_spark_timelines_equal_the_reference_model_on_random_traffic(spark, monk
     assert_same_tables(got, expected)
     # Valid traffic without transactions or basic.recover is what the vectorised path is for.
     assert not plain & irregular, sorted(plain & irregular)
+
+
+def test_delivery_tags_that_jump_take_the_reference_model(spark):
+    """Tags jumping by more than MAX_TAG_STEP mean deliveries the data lacks; the vectorised path
+    would also spell out every number a multiple ack reaches. Such a connection is replayed by the
+    reference model; its neighbour, with the same frames and tags 1, 2, 3, stays vectorised."""
+    jumpy, plain = Conv("10.0.0.1:40001>10.0.0.2:5672@1"), Conv("10.0.0.1:40002>10.0.0.2:5672@1")
+    for conv, step in ((jumpy, MAX_TAG_STEP + 1), (plain, 1)):
+        conv.open(1)
+        conv.consume(1)
+        for n in range(3):
+            conv.deliver(1, 1 + n * step)
+        conv.ack(1, 1 + 2 * step, multiple=True)
+        conv.deliver(1, 1 + 3 * step)
+    rows = jumpy.rows + plain.rows
+    got, irregular = spark_tables(spark, pa.Table.from_pylist(rows, schema=INPUT_SCHEMA), OVERDUE_NS)
+    assert_same_tables(got, to_tables(replay(rows, OVERDUE_NS)))
+    assert irregular == {jumpy.id}
+    assert [d["outcome"] for d in got["deliveries"].to_pylist() if d["connection_id"] == jumpy.id] == \
+        ["ack", "ack", "ack", "open"]
 
 
 def test_spark_timelines_equal_the_reference_model_on_recorded_captures(spark, tmp_path, corpus_dir):
