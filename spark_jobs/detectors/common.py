@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from analyzer import schema
+from spark_jobs.timeline.plans import lookup, materialised
 from spark_jobs.types import spark_schema
 
 # Items listed in a finding's evidence (tags, seqs, packets, ...): enough to open the first few in
@@ -153,7 +154,8 @@ def incarnation_of(frames: DataFrame, channels: DataFrame) -> DataFrame:
 def finish(raw: DataFrame, frames: DataFrame, connections: DataFrame) -> DataFrame:
     """Raw findings -> schema.FINDINGS: stable id, who the connection is, capture packets of the
     evidence, timestamps and date. The final select is the schema contract."""
-    found = with_source_packets(raw.withColumn("finding_id", finding_id()), frames)
+    # Computed once: with_source_packets reads the findings twice.
+    found = with_source_packets(materialised(raw.withColumn("finding_id", finding_id())), frames)
     found = found.join(connection_facts(connections), on="connection_id", how="left")
     evidence_json = F.to_json(F.struct(*[F.col(f"evidence.{name}").alias(name) for name in EVIDENCE],
                                        F.col("source_packets")))
@@ -193,11 +195,14 @@ def to_timestamp(ns: str) -> Column:
 
 def with_source_packets(found: DataFrame, frames: DataFrame) -> DataFrame:
     """`found` plus `source_packets` (the capture packet number of each evidence frame, in
-    evidence order) and `evidence_source` (the capture file of the first). One pass over the
-    findings, exploded and gathered again, rather than a self-join that would run every detector twice."""
+    evidence order) and `evidence_source` (the capture file of the first). The findings exploded
+    and gathered again; the frames they name are picked out of the scan by a semi-join with the
+    (few) evidence rows, broadcast when small, so the frames table is never shuffled."""
     columns = [c for c in found.columns if c != "finding_id"]
-    located = frames.select("connection_id", F.col("seq").alias("_seq"), "source_packet", "source")
     exploded = found.select("*", F.posexplode_outer("evidence.seqs").alias("_pos", "_seq"))
+    named = lookup(exploded.where(F.col("_seq").isNotNull()).select("connection_id", "_seq").distinct())
+    located = (frames.select("connection_id", F.col("seq").alias("_seq"), "source_packet", "source")
+               .join(named, on=["connection_id", "_seq"], how="left_semi"))
     joined = exploded.join(located, on=["connection_id", "_seq"], how="left")
     # A seq with no frame keeps its place (a null packet), so packets stay aligned with seqs.
     listed = F.when(F.col("_pos").isNotNull(), F.struct("_pos", "source_packet"))
