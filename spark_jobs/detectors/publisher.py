@@ -8,10 +8,11 @@ an explicit outcome or mode never turns the unknown into a finding.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs.thresholds import Thresholds
+from spark_jobs.timeline.blocks import running_in_blocks, seq_block
 
 from .common import (INCARNATION, MAX_EVIDENCE, channel_ends, evidence, firsts, incarnation_of, ranked, raw_finding,
                      seconds)
@@ -135,13 +136,15 @@ def synchronous_confirms(tables: Tables, thresholds: Thresholds) -> DataFrame:
     (`pending_before == 0`), nearly always, and at once: one message per round trip and fsync.
     Only publishes whose pending count is known take part (mid-stream numbering is not)."""
     known = tables["publishes"].filter((F.col("mode") == "confirm") & F.col("pending_before").isNotNull())
-    earlier = Window.partitionBy(*INCARNATION).orderBy("seq").rowsBetween(Window.unboundedPreceding, -1)
     lockstep = F.col("pending_before") == 0
+    # Running values in blocks of seq (timeline.blocks): a hot publisher's millions of publishes
+    # never sit in one task. `_rank` numbers the lockstep publishes in seq order.
+    rows = running_in_blocks(known.withColumn("_lockstep", lockstep), INCARNATION, ["seq"], seq_block(),
+                             sums={"_rank": lockstep.cast("int")},
+                             maxes={"_earlier_settle_ns": (F.col("settle_ts_ns"), False)})
     # How long after the last earlier confirm this publish went out: a publisher held back by its
     # confirms publishes again at once; one that is merely idle between messages does not.
-    idle_ns = F.when(lockstep, F.col("ts_ns") - F.max("settle_ts_ns").over(earlier))
-    rows = (known.withColumn("_lockstep", lockstep).withColumn("_idle_ns", idle_ns)
-            .withColumn("_rank", F.row_number().over(Window.partitionBy(*INCARNATION, "_lockstep").orderBy("seq"))))
+    rows = rows.withColumn("_idle_ns", F.when(F.col("_lockstep"), F.col("ts_ns") - F.col("_earlier_settle_ns")))
     found = rows.groupBy(*INCARNATION).agg(
         F.min("agent_id").alias("agent_id"),
         F.count(F.lit(1)).alias("n"),

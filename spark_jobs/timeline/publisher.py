@@ -12,7 +12,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from .incarnations import INCARNATION, NEVER, TO_BROKER, TO_CLIENT, running
+from .blocks import running_in_blocks, seq_block
+from .incarnations import INCARNATION, NEVER, TO_BROKER, TO_CLIENT
 from .settling import first_settling_frame
 
 CONFIRM_METHODS = {"basic.ack": "acked", "basic.nack": "nacked"}
@@ -40,11 +41,12 @@ def publishes(rows: DataFrame, selects: DataFrame) -> DataFrame:
                  .join(selects.select(*INCARNATION, "select_seq"), on=INCARNATION, how="left"))
     confirm = F.col("select_seq").isNotNull() & (F.col("select_seq") < F.col("seq"))
     numbered = confirm & (F.col("seq") < F.col("cutoff_seq"))
-    by_number = Window.partitionBy(*INCARNATION, "numbered").orderBy("seq")
-    return (published
-            .withColumn("mode", F.when(confirm, F.lit("confirm")).otherwise(F.lit("none")))
-            .withColumn("numbered", numbered)
-            .withColumn("confirm_seq", F.when(numbered, F.row_number().over(by_number)).cast("long")))
+    published = (published.withColumn("mode", F.when(confirm, F.lit("confirm")).otherwise(F.lit("none")))
+                 .withColumn("numbered", numbered))
+    counted = running_in_blocks(published, INCARNATION, ["seq"], seq_block(),
+                                sums={"_numbered_so_far": F.col("numbered").cast("long")})
+    return counted.withColumn("confirm_seq", F.when(F.col("numbered"), F.col("_numbered_so_far"))).drop(
+        "_numbered_so_far")
 
 
 def confirms(rows: DataFrame, selects: DataFrame, published: DataFrame) -> DataFrame:
@@ -60,8 +62,8 @@ def confirms(rows: DataFrame, selects: DataFrame, published: DataFrame) -> DataF
         *INCARNATION, "seq", F.lit(None).cast("long").alias("ts_ns"), F.lit(None).cast("string").alias("method"),
         F.lit(None).cast("long").alias("delivery_tag"), F.lit(None).cast("boolean").alias("multiple"),
         F.lit(True).alias("is_publish"))
-    counted = (acted.unionByName(numbered)
-               .withColumn("published_before", F.sum(F.col("is_publish").cast("long")).over(running(*INCARNATION)))
+    counted = (running_in_blocks(acted.unionByName(numbered), INCARNATION, ["seq"], seq_block(),
+                                 sums={"published_before": F.col("is_publish").cast("long")})
                .where(~F.col("is_publish")).drop("is_publish"))
     reach = F.when(F.col("delivery_tag") == 0, F.col("published_before")) \
         .otherwise(F.least("delivery_tag", "published_before"))
@@ -93,19 +95,22 @@ def waiting_and_overtaking(numbered: DataFrame) -> DataFrame:
               .unionByName(numbered.where(settled_at.isNotNull()).select(
                   *INCARNATION, settled_at.alias("seq"), F.lit(None).cast("long").alias("confirm_seq"),
                   F.lit(1).alias("confirmed"), F.lit(False).alias("is_publish"))))
-    pending = (events.withColumn("confirmed_so_far", F.sum("confirmed").over(running(*INCARNATION)))
+    pending = (running_in_blocks(events, INCARNATION, ["seq"], seq_block(),
+                                 sums={"confirmed_so_far": F.col("confirmed")})
                .where(F.col("is_publish"))
                .select(*INCARNATION, "confirm_seq",
                        (F.col("confirm_seq") - 1 - F.col("confirmed_so_far")).alias("pending_before")))
     # The oldest number unconfirmed at row x is 1 + how many numbers have their running-maximum
     # confirm row at or before x (that maximum never falls with the number).
-    marks = numbered.select(*INCARNATION, F.max(F.coalesce(settled_at, F.lit(NEVER))).over(
-        running(*INCARNATION, order=("confirm_seq",))).alias("at"), F.lit(None).cast("long").alias("confirm_seq"),
-        F.lit(0).alias("is_query"))
+    marks = (running_in_blocks(numbered.select(*INCARNATION, "confirm_seq", F.coalesce(settled_at, F.lit(NEVER))
+                                               .alias("settled_at")),
+                               INCARNATION, ["confirm_seq"], seq_block("confirm_seq"),
+                               maxes={"at": (F.col("settled_at"), True)})
+             .select(*INCARNATION, "at", F.lit(None).cast("long").alias("confirm_seq"), F.lit(0).alias("is_query")))
     queries = numbered.where(settled_at.isNotNull() & ~F.col("confirmer.multiple")).select(
         *INCARNATION, settled_at.alias("at"), "confirm_seq", F.lit(1).alias("is_query"))
-    oldest = (marks.unionByName(queries)
-              .withColumn("through", F.sum(1 - F.col("is_query")).over(running(*INCARNATION, order=("at", "is_query"))))
+    oldest = (running_in_blocks(marks.unionByName(queries), INCARNATION, ["at", "is_query"], seq_block("at"),
+                                sums={"through": 1 - F.col("is_query")})
               .where(F.col("is_query") == 1)
               .select(*INCARNATION, "confirm_seq",
                       F.greatest(F.lit(0), F.col("confirm_seq") - (F.col("through") + 1)).alias("out_of_order_by")))
