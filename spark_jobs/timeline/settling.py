@@ -5,7 +5,8 @@ A multiple frame reaches min(its tag, or everything for tag 0; the highest numbe
 it came). The running maximum of that reach never falls, so the multiple frames that raise it cut
 the numbers into runs: such a frame is the first to reach every number above the maximum before
 it, up to its own. Those runs, spelled out number by number, meet the items in an equi-join: no
-window over the items, which would hold a hot channel's millions of rows in one task.
+window over the items, which would hold a hot channel's millions of rows in one task (the
+running maximum itself is counted in blocks of seq: blocks.py).
 Spelling the runs out costs one row per number reached; channel_rows sends an incarnation whose
 delivery tags jump (MAX_TAG_STEP) to the reference model, and a confirm never reaches past the
 publishes counted before it, so the numbers reached are about as many as the items.
@@ -13,10 +14,11 @@ publishes counted before it, so the numbers reached are about as many as the ite
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from .incarnations import INCARNATION, running
+from .blocks import running_in_blocks, seq_block
+from .incarnations import INCARNATION
 
 
 def first_settling_frame(items: DataFrame, frames: DataFrame, number: str, fields: tuple[str, ...]) -> DataFrame:
@@ -29,10 +31,11 @@ def first_settling_frame(items: DataFrame, frames: DataFrame, number: str, field
                         on=[*INCARNATION, number], how="inner")
              .where(F.col("frame.seq") > F.col("item_seq"))
              .groupBy(*INCARNATION, number).agg(F.min_by("frame", "frame.seq").alias("exact")))
-    in_order = Window.partitionBy(*INCARNATION).orderBy("seq")
-    raising = (frames.where(F.col("multiple")).select(*INCARNATION, "seq", "reach", frame.alias("frame"))
-               .withColumn("reach", F.max("reach").over(running(*INCARNATION)))
-               .withColumn("reached_before", F.coalesce(F.lag("reach").over(in_order), F.lit(0)))
+    multiples = frames.where(F.col("multiple")).select(*INCARNATION, "seq", "reach", frame.alias("frame"))
+    reached = running_in_blocks(multiples, INCARNATION, ["seq"], seq_block(),
+                                maxes={"_reach": (F.col("reach"), True), "_reached_before": (F.col("reach"), False)})
+    raising = (reached.select(*INCARNATION, "frame", F.col("_reach").alias("reach"),
+                              F.coalesce(F.col("_reached_before"), F.lit(0)).alias("reached_before"))
                .where(F.col("reach") > F.col("reached_before")))
     by_multiple = raising.select(
         *INCARNATION, F.explode(F.sequence(F.col("reached_before") + 1, F.col("reach"))).alias(number),
