@@ -34,10 +34,10 @@ _SESSION_CONF = {
     # Between Spark and pandas through Arrow batches rather than a Python object per row.
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.ui.showConsoleProgress": "false",
-    # A window partition (one channel incarnation) can hold millions of rows; Spark buffers it whole
-    # and spills it in pieces, then opens every piece at once with a 1 MB read buffer, two with
-    # read-ahead. Halving that is not enough for the hot channel in a 2 GB local[2] driver yet
-    # (bench/README.md): fewer window passes over it are.
+    # Spark buffers a window partition whole and, when it spills, opens every piece at once with a
+    # 1 MB read buffer, two with read-ahead. The timelines keep partitions to a block of seq
+    # (timeline/blocks.py) so that a hot channel does not spill like that; one buffer per piece is
+    # the guard for what still does (bench/README.md).
     "spark.unsafe.sorter.spill.read.ahead.enabled": "false",
     # Checkpointed steps (timeline.materialised) are stored on disk through this serializer; Java
     # serialization of millions of rows costs more than computing them.
