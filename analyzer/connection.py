@@ -17,11 +17,13 @@ from pamqp import decode as pamqp_decode
 from . import spec
 from .spec import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
 from .framing import FrameReader, FramingError, ProtocolHeader, Synchronised, Unsupported
-from .methods import ACK_DECODERS, CONTENT_DECODERS, DecodeMemo, MalformedFrame, decode_method, to_json
+from .methods import (ACK_DECODERS, CONTENT_DECODERS, DecodeMemo, MalformedFrame, decode_method,
+                      delivery_tag_offset, to_json)
+from .runs import MessageRun, MessageShape
 from .reassembly import Gap, TcpDirection
 from .methods import NO_PROPERTIES
 from .schema import CONNECTION_TIMESTAMPS, CONNECTIONS
-from .rows import PREFIX, PROPERTY_FIELDS, SHARED_METHOD_FIELDS, RowSink
+from .rows import DIRECTION_NAMES, PREFIX, PROPERTY_FIELDS, SHARED_METHOD_FIELDS, RowSink
 
 TO_BROKER, TO_CLIENT = 0, 1
 CONNECTION_FIELDS = [n for n in CONNECTIONS.names if n not in CONNECTION_TIMESTAMPS and n != "date"]
@@ -30,8 +32,9 @@ SHARED = len(PREFIX) + 1
 EXCHANGE = SHARED_METHOD_FIELDS.index("exchange")
 ROUTING_KEY = SHARED_METHOD_FIELDS.index("routing_key")
 MESSAGE_ID = PROPERTY_FIELDS.index("message_id")
-DIRECTION_NAMES = ("to_broker", "to_client")
 _METHOD_ID = Struct("!I")
+MAX_SHAPES = 16  # message shapes remembered per direction; a stream with more starts over
+MAX_MEMO_BODY = 4096  # a shape remembers its last body (to skip hashing it again) up to this size
 
 
 def address_text(raw: bytes) -> str:
@@ -41,13 +44,25 @@ def address_text(raw: bytes) -> str:
 
 def message_identity(message_id: str | None, exchange: str | None, routing_key: str | None, body_hash: str | None) -> str | None:
     """DESIGN.md: a message's identity is its message_id when set, else a hash of body, exchange and routing key."""
+    return message_identities(message_id, exchange, routing_key, (body_hash,))[0]
+
+
+def message_identities(message_id: str | None, exchange: str | None, routing_key: str | None,
+                       body_hashes) -> list[str | None]:
+    """`message_identity` of messages that share their message_id (or its absence), exchange and
+    routing key, as runs of messages do (runs.py): the routing is hashed once for all of them."""
     if message_id:
-        return "id:" + message_id
-    if body_hash is None:
-        return None
-    hasher = _routing_hasher(exchange, routing_key).copy()
-    hasher.update(body_hash.encode())
-    return "h:" + hasher.hexdigest()
+        return ["id:" + message_id] * len(body_hashes)
+    fed = _routing_hasher(exchange, routing_key).copy
+    identities = []
+    for body_hash in body_hashes:
+        if body_hash is None:
+            identities.append(None)
+        else:
+            hasher = fed()
+            hasher.update(body_hash.encode())
+            identities.append("h:" + hasher.hexdigest())
+    return identities
 
 
 @functools.lru_cache(maxsize=1024)
@@ -83,6 +98,7 @@ class AmqpConnection:
         self.framers = (FrameReader(True, started_at_syn, max_frame), FrameReader(False, started_at_syn, max_frame))
         self.content: dict[tuple[int, int], PendingContent] = {}
         self.memo = DecodeMemo()
+        self.shapes: tuple[dict, dict] = ({}, {})  # per direction: message shapes seen (runs.py)
         self.seq = 0
         self.ts_ns = first_ts_ns
         self.packet = 0
@@ -151,7 +167,13 @@ class AmqpConnection:
                 frame = found[i]
                 i += 1
                 if frame.__class__ is not tuple:
-                    self._stream_note(direction, frame)
+                    if frame.__class__ is MessageRun:
+                        k = self._message_run(direction, frame)
+                        frames += 3 * k
+                        headers += k
+                        bodies += k
+                    else:
+                        self._stream_note(direction, frame)
                     continue
                 frames += 1
                 ftype, channel, payload = frame
@@ -287,7 +309,66 @@ class AmqpConnection:
         self.sink.contents.append((
             self.index, self.seq, self.ts_ns, direction, channel, name, self.packet, tag, shared, body_size, True,
             properties, body_hash, message_identity(message_id, shared[EXCHANGE], shared[ROUTING_KEY], body_hash)))
+        # The next messages are likely to look the same: let the framer cut them as a run (runs.py).
+        self.framers[direction].shape = self._shape(direction, channel, mid, payload, header[2], body_size,
+                                                     name, shared, properties)
         return True
+
+    def _shape(self, direction: int, channel: int, mid: int, method: bytes, header: bytes, body_size: int,
+               name: str, shared: tuple, properties: tuple) -> MessageShape:
+        """The shape of a message just decoded whole, made once per distinct shape: a stream that
+        alternates between a few shapes (routing keys, say) reuses them."""
+        tag_at = delivery_tag_offset(mid, method)
+        key = (channel, method[:tag_at] + method[tag_at + 8:] if tag_at else method, header)
+        known = self.shapes[direction]
+        shape = known.get(key)
+        if shape is None:
+            if len(known) >= MAX_SHAPES:
+                known.clear()
+            shape = known[key] = MessageShape(channel, method, tag_at, header, body_size, name, shared, properties)
+        return shape
+
+    def _message_run(self, direction: int, run: MessageRun) -> int:
+        """Rows for a run of whole messages: what `_whole_message` does for each, in one go. Returns
+        the number of messages."""
+        shape = run.shape
+        channel = shape.channel
+        if self.content and (direction, channel) in self.content:  # what `_method` does for the first one
+            self._emit_content((direction, channel), complete=False)
+        bodies = run.bodies
+        k = len(bodies)
+        name = shape.name
+        counts = self.counts
+        counts[name] = counts.get(name, 0) + k
+        shared, properties = shape.shared, shape.properties
+        message_id, exchange, routing_key = properties[MESSAGE_ID], shared[EXCHANGE], shared[ROUTING_KEY]
+        # The same body has the same hash and, in one shape, the same identity: streams that repeat
+        # their body (load tests, heartbeat-like messages) need one hash per run, or per shape.
+        last_body, last_hash, last_identity = shape.last_body, shape.last_hash, shape.last_identity
+        if bodies.count(bodies[0]) == k:
+            if bodies[0] != last_body:
+                last_body = bodies[0]
+                last_hash = hashlib.blake2b(last_body, digest_size=16).hexdigest()
+                last_identity = message_identity(message_id, exchange, routing_key, last_hash)
+            hashes, identities = [last_hash] * k, [last_identity] * k
+        else:
+            blake2b = hashlib.blake2b
+            hashes = [blake2b(body, digest_size=16).hexdigest() for body in bodies]
+            identities = message_identities(message_id, exchange, routing_key, hashes)
+            last_body, last_hash, last_identity = bodies[-1], hashes[-1], identities[-1]
+        if len(last_body) <= MAX_MEMO_BODY:  # a shape lives as long as its connection: keep it small
+            shape.last_body, shape.last_hash, shape.last_identity = last_body, last_hash, last_identity
+        tags = run.tags or (None,) * k
+        first_seq = self.seq + 1
+        self.seq += k
+        if k == 1:
+            self.sink.contents.append((
+                self.index, first_seq, self.ts_ns, direction, channel, name, self.packet, tags[0], shared,
+                shape.body_size, True, properties, last_hash, last_identity))
+        else:
+            self.sink.add_content_run(self.index, first_seq, self.ts_ns, direction, channel, name, self.packet,
+                                      tags, shared, shape.body_size, properties, hashes, identities)
+        return k
 
     def _content_header(self, direction: int, channel: int, payload: bytes) -> None:
         pending = self.content.get((direction, channel))

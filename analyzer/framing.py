@@ -1,8 +1,9 @@
 """AMQP 0-9-1 framing for one direction of a connection: stream bytes in, frames out.
 
 Sans-IO. `feed()` takes contiguous stream bytes, `gap()` says bytes were lost; both return a list
-of items in stream order: `(frame_type, channel, payload)` tuples for frames, and the notes
-below for what happened to the stream. A frame is accepted only with its frame-end octet and
+of items in stream order: `(frame_type, channel, payload)` tuples for frames, `runs.MessageRun`
+for whole messages of the shape the connection said to expect, and the notes below for what
+happened to the stream. A frame is accepted only with its frame-end octet and
 within the size cap, so garbage cannot make us buffer more than one capped frame. After a gap,
 a framing error or a capture that starts mid-connection, the reader *hunts*: it resumes at the
 first offset where frames can be found with confidence (a decodable method or content header,
@@ -13,12 +14,12 @@ from dataclasses import dataclass
 from struct import Struct
 
 from .methods import MalformedFrame, decode_content_header, plausible_method
-from .spec import METHOD_NAMES, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_TYPES, PROTOCOL_HEADER_091
+from .spec import (DEFAULT_MAX_FRAME, METHOD_NAMES, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD,
+                   FRAME_TYPES, PROTOCOL_HEADER_091)
 
 _FRAME_HEADER = Struct("!BHI")
 _METHOD_ID = Struct("!I")
 _CHAIN_STARTS = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY))
-DEFAULT_MAX_FRAME = 4 << 20   # hard ceiling before frame_max is negotiated, or when it is 0 (no limit)
 HUNT_GIVE_UP = 256 << 10      # bytes without any frame before a never-synchronised flow is called unsupported
 
 START, FRAMES, HUNT, UNSUPPORTED = "start", "frames", "hunt", "unsupported"
@@ -65,7 +66,7 @@ def classify_foreign(data: bytes) -> str:
 
 class FrameReader:
     __slots__ = ("state", "from_client", "max_frame", "offset", "_chunks", "_have", "_need",
-                 "_frame_len", "_skip", "synced_once", "hunted", "skipped")
+                 "_frame_len", "_skip", "synced_once", "hunted", "skipped", "shape")
 
     def __init__(self, from_client: bool, at_stream_start: bool, max_frame: int = DEFAULT_MAX_FRAME):
         self.from_client = from_client
@@ -80,6 +81,7 @@ class FrameReader:
         self.synced_once = False
         self.hunted = 0            # bytes skipped by hunts in all (for giving up on foreign flows)
         self.skipped = 0           # bytes skipped by the current hunt, across feeds
+        self.shape = None          # runs.MessageShape the connection expects next, if any (see runs.py)
 
     # -- input -----------------------------------------------------------------------------------
 
@@ -142,6 +144,7 @@ class FrameReader:
         """Negotiated in connection.tune-ok; 0 means no limit, which keeps the hard ceiling."""
         if 0 < frame_max < self.max_frame:
             self.max_frame = frame_max
+            self.shape = None  # learnt under the old limit: its frames may be over the new one
 
     # -- states ----------------------------------------------------------------------------------
 
@@ -182,7 +185,14 @@ class FrameReader:
         n = len(data)
         cap = self.max_frame
         unpack = _FRAME_HEADER.unpack_from
+        shape = self.shape
         while n - pos >= 8:
+            if shape is not None and data.startswith(shape.head, pos):
+                run = shape.cut(data, pos)  # whole messages of the expected shape: see runs.py
+                if run is not None:
+                    out.append(run)
+                    pos += run.nbytes
+                    continue
             ftype, channel, size = unpack(data, pos)
             end = pos + 7 + size
             if size > cap or ftype not in FRAME_TYPES:

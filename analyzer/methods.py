@@ -291,6 +291,15 @@ def x_death_count(headers: dict) -> int | None:
     return min(total, INT64_MAX)
 
 
+def delivery_tag_offset(mid: int, payload: bytes) -> int:
+    """Where a content method's 64-bit delivery tag starts in its payload; 0 when it has none."""
+    if mid == ID_DELIVER:
+        return 5 + payload[4]  # after the method id and the consumer tag (a short string)
+    if mid == ID_GET_OK:
+        return 4
+    return 0
+
+
 class DecodeMemo:
     """Per-connection memo of content-method and content-header decodes. A publisher repeats its
     exchange, routing key and properties message after message, and a consumer sees the same
@@ -305,12 +314,7 @@ class DecodeMemo:
         self.properties: dict[bytes, tuple] = {}
 
     def content_method(self, mid: int, payload: bytes) -> tuple:
-        if mid == ID_DELIVER:
-            tag_at = 5 + payload[4]
-        elif mid == ID_GET_OK:
-            tag_at = 4
-        else:
-            tag_at = 0
+        tag_at = delivery_tag_offset(mid, payload)
         key = payload[:tag_at] + payload[tag_at + 8:] if tag_at else payload
         fields = self.methods.get(key)
         if fields is None:

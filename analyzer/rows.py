@@ -6,15 +6,27 @@ than decoding the frame. Rare methods stay dicts. Columns shared by every row of
 (its id, addresses, source) are stored once and joined by index at conversion. So are the
 groups of columns a message shares with the messages before it: a content row holds its method
 fields (all but the delivery tag) and its properties as two tuples the decode memo hands out
-again and again, converted once per distinct tuple and spread over the rows by index.
+again and again, converted once per distinct tuple and spread over the rows by index. Runs of
+messages that differ only in delivery tag and body (runs.py) go one step further: one record per
+run, its shared values spread over its rows by index, seq counted up with numpy.
 """
 
+import functools
+
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .schema import FRAMES
 
-DIRECTIONS = pa.array(["to_broker", "to_client"])
+DIRECTION_NAMES = ("to_broker", "to_client")
+
+
+@functools.cache
+def _directions() -> pa.Array:
+    # Built on first use, not at import: converting a Python sequence is when pyarrow probes for
+    # pandas, which an ingest process answers first without pandas (pandas_probe).
+    return pa.array(DIRECTION_NAMES)
 
 # Leading columns of every row; `conn` indexes the connection constants.
 PREFIX = ("conn", "seq", "ts_ns", "direction", "channel", "method", "source_packet")
@@ -31,6 +43,9 @@ ACK_LAYOUT = PREFIX + ACK_FIELDS
 # Entries that are tuples of field names hold one shared tuple of those fields per row.
 CONTENT_LAYOUT = PREFIX + ("delivery_tag", SHARED_METHOD_FIELDS, "body_size", "content_complete", PROPERTY_FIELDS,
                            "body_hash", "message_identity")
+# A run of content rows (RowSink.add_content_run): CONTENT_LAYOUT less what differs from row to row,
+# with seq the run's first; a row count follows.
+RUN_LAYOUT = PREFIX + (SHARED_METHOD_FIELDS, "body_size", "content_complete", PROPERTY_FIELDS)
 
 
 class RowSink:
@@ -39,20 +54,62 @@ class RowSink:
     def __init__(self):
         self.connections: list[tuple] = []   # constants per connection, by index
         self.acks: list[tuple] = []
-        self.contents: list[tuple] = []
+        self.contents: list[tuple] = []      # content rows as they come one by one, in CONTENT_LAYOUT
         self.others: list[dict] = []
+        # Runs of messages (runs.py) as run records in RUN_LAYOUT, each with its row count: what
+        # the rows of a run share is kept once, and spread over them by index at conversion. What
+        # differs from row to row goes to lists of its own. Single rows that came before a run
+        # are turned into runs of one, so the rows keep their order.
+        self.content_runs: list[tuple] = []
+        self.run_tags: list = []
+        self.run_hashes: list = []
+        self.run_identities: list = []
+        self.run_rows = 0
 
     def add_connection(self, constants: tuple) -> int:
         self.connections.append(constants)
         return len(self.connections) - 1
 
     def __len__(self) -> int:
-        return len(self.acks) + len(self.contents) + len(self.others)
+        return len(self.acks) + len(self.contents) + self.run_rows + len(self.others)
+
+    def add_content_run(self, conn: int, first_seq: int, ts_ns: int, direction: int, channel: int, method: str,
+                        packet: int, tags, shared: tuple, body_size: int, properties: tuple,
+                        hashes: list[str], identities: list) -> None:
+        """Complete content rows of consecutive messages (seq first_seq, first_seq + 1, ...) that
+        differ only in delivery tag, body hash and identity, after the rows before them."""
+        if self.contents:
+            self._singles_as_runs()
+        k = len(hashes)
+        self.content_runs.append((conn, first_seq, ts_ns, direction, channel, method, packet, shared, body_size,
+                                  True, properties, k))
+        self.run_tags += tags
+        self.run_hashes += hashes
+        self.run_identities += identities
+        self.run_rows += k
+
+    def _singles_as_runs(self) -> None:
+        runs = self.content_runs
+        for row in self.contents:
+            runs.append(row[:7] + row[8:12] + (1,))
+        _, _, _, _, _, _, _, tags, _, _, _, _, hashes, identities = zip(*self.contents)
+        self.run_tags += tags
+        self.run_hashes += hashes
+        self.run_identities += identities
+        self.run_rows += len(self.contents)
+        self.contents = []
 
     def take(self) -> pa.Table:
-        parts = [_layout_table(self.acks, ACK_LAYOUT), _layout_table(self.contents, CONTENT_LAYOUT),
-                 _dict_table(self.others)]
+        if self.content_runs:
+            if self.contents:
+                self._singles_as_runs()
+            contents = _runs_table(self.content_runs, self.run_tags, self.run_hashes, self.run_identities)
+        else:
+            contents = _layout_table(self.contents, CONTENT_LAYOUT)
+        parts = [_layout_table(self.acks, ACK_LAYOUT), contents, _dict_table(self.others)]
         self.acks, self.contents, self.others = [], [], []
+        self.content_runs, self.run_tags, self.run_hashes, self.run_identities = [], [], [], []
+        self.run_rows = 0
         parts = [p for p in parts if p is not None]
         if not parts:
             return FRAMES.empty_table()
@@ -66,7 +123,7 @@ class RowSink:
         by_name = {name: partial[name] for name in partial.column_names}
         for name, values in zip(CONNECTION_COLUMNS, constants):
             by_name[name] = pa.array(values, type=FRAMES.field(name).type).take(conn)
-        by_name["direction"] = DIRECTIONS.take(partial["direction"])
+        by_name["direction"] = _directions().take(partial["direction"])
         ts = _ns_to_timestamp(partial["ts_ns"])
         by_name["ts"] = ts
         by_name["date"] = ts.cast(pa.date32()).cast(pa.string())
@@ -93,14 +150,40 @@ def _layout_table(rows: list[tuple], layout: tuple) -> pa.Table | None:
     return pa.Table.from_arrays(arrays, names=names)
 
 
-def _shared_columns(groups: tuple, names: tuple) -> list[pa.Array]:
-    """Columns from one shared tuple per row: each distinct tuple object is converted once and taken
-    by index. Identity, not equality, picks them out (the rows keep every tuple alive, so ids are
-    unique); equal tuples that are separate objects are merely converted twice."""
+def _runs_table(runs: list[tuple], tags: list, hashes: list, identities: list) -> pa.Table:
+    """Content rows from run records: each run's shared values converted once and spread over its
+    rows by index; seq counted up from each run's first."""
+    columns = list(zip(*runs))
+    counts = np.array(columns[-1], dtype=np.int64)
+    spread = np.repeat(np.arange(len(runs), dtype=np.int32), counts)
+    spread_array = pa.array(spread)
+    by_name = {}
+    for entry, values in zip(RUN_LAYOUT, columns):
+        if entry == "seq":  # each row's seq: its run's first, plus its place in the run
+            firsts = np.array(values, dtype=np.int64) - (np.cumsum(counts) - counts)
+            by_name[entry] = pa.array(firsts[spread] + np.arange(len(spread), dtype=np.int64), type=_TYPES[entry])
+        elif isinstance(entry, tuple):
+            by_name.update(zip(entry, _shared_columns(values, entry, spread)))
+        else:
+            by_name[entry] = pa.array(values, type=_TYPES[entry]).take(spread_array)
+    for name, values in (("delivery_tag", tags), ("body_hash", hashes), ("message_identity", identities)):
+        by_name[name] = pa.array(values, type=_TYPES[name])
+    names = [name for entry in CONTENT_LAYOUT for name in (entry if isinstance(entry, tuple) else (entry,))]
+    return pa.Table.from_arrays([by_name[name] for name in names], names=names)
+
+
+def _shared_columns(groups: tuple, names: tuple, spread=None) -> list[pa.Array]:
+    """Columns from one shared tuple per row (or per run, spread over rows by `spread`): each
+    distinct tuple object is converted once and taken by index. Identity, not equality, picks them
+    out (the rows keep every tuple alive, so ids are unique); equal tuples that are separate objects
+    are merely converted twice."""
     ids = list(map(id, groups))
     distinct = dict(zip(ids, groups))
     position = {key: n for n, key in enumerate(distinct)}
-    indices = pa.array(list(map(position.__getitem__, ids)), type=pa.int32())
+    indices = np.fromiter(map(position.__getitem__, ids), dtype=np.int32, count=len(ids))
+    if spread is not None:
+        indices = indices[spread]
+    indices = pa.array(indices)
     return [pa.array(column, type=_TYPES[name]).take(indices)
             for name, column in zip(names, zip(*distinct.values()))]
 

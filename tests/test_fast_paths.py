@@ -10,12 +10,15 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pamqp import body as pamqp_body
+from pamqp import commands
 
-from analyzer.connection import AmqpConnection
+from analyzer.connection import TO_BROKER, TO_CLIENT, AmqpConnection
 from analyzer.packets import LINKTYPE_ETHERNET, parse_tcp_segment, tcp_segment
 from analyzer.reassembly import SEQ_MOD, TcpDirection
 
-from .test_fuzz import FUZZ, conversations, run_flows
+from . import amqp_bytes as ab
+from .test_fuzz import FUZZ, Wire, broker_opening, client_opening, conversations, isns, run_flows
 
 
 # -- link, IP and TCP headers ------------------------------------------------------------------------
@@ -106,3 +109,145 @@ def test_whole_message_fast_path_gives_what_the_general_path_gives(conversation,
     assert fast_errors == errors
     assert [c.connection_row() for c in fast_table.connections] == [c.connection_row() for c in table.connections]
     assert fast_table.counts == table.counts
+
+
+# -- runs of identically shaped messages (analyzer/runs.py) ------------------------------------------
+
+@st.composite
+def message_streams(draw, direction: int) -> list[bytes]:
+    """Frames of a busy stream: messages of a few shapes over and over, the way publishers and
+    consumers send them, with what breaks a run mixed in: another body size or flag, a body in two
+    frames, a tag beyond int64, a message cut short (no body), settlements and heartbeats."""
+    shapes = []
+    for _ in range(draw(st.integers(1, 3), label="shapes")):
+        props = draw(st.fixed_dictionaries({}, optional={"message_id": st.sampled_from(["m-1", ""]),
+                                                         "delivery_mode": st.sampled_from([1, 2])}))
+        shapes.append((draw(st.integers(1, 2)), draw(st.sampled_from(["rk", "other-key"])), props,
+                       draw(st.integers(1, 60))))
+    same_body = draw(st.booleans(), label="bodies repeat")
+    tag = draw(st.sampled_from([1, 2**63 - 50]), label="first tag")  # at most 40 messages: tags stay in int64
+    out = []
+    for _ in range(draw(st.integers(1, 40), label="messages")):
+        channel, routing_key, props, body_size = draw(st.sampled_from(shapes))
+        odd = draw(st.sampled_from(["none"] * 12 + ["size", "redelivered", "split", "huge tag", "cut", "ack",
+                                                    "heartbeat"]))
+        if odd == "size":
+            body_size += 1
+        body = b"x" * body_size if same_body else draw(st.binary(min_size=body_size, max_size=body_size))
+        tag += 1
+        if direction == TO_BROKER:
+            method = commands.Basic.Publish(exchange="ex", routing_key=routing_key)
+        else:
+            method = commands.Basic.Deliver("ctag", tag, odd == "redelivered", "ex", routing_key)
+        raw = ab.marshal(method, channel)
+        if odd == "huge tag" and direction == TO_CLIENT:  # pamqp will not encode it: 7 + 4 + 5 bytes in
+            raw = raw[:16] + b"\xff" * 8 + raw[24:]
+        out.append(raw)
+        out.append(ab.marshal(ab.content_header(body_size, **props), channel))
+        if odd == "split":
+            out += [ab.marshal(pamqp_body.ContentBody(body[:1]), channel),
+                    ab.marshal(pamqp_body.ContentBody(body[1:]), channel)]
+        elif odd != "cut":
+            out.append(ab.marshal(pamqp_body.ContentBody(body), channel))
+        if odd == "ack":
+            out.append(ab.marshal(commands.Basic.Ack(tag, True), channel))
+        elif odd == "heartbeat":
+            out.append(ab.HEARTBEAT_BYTES)
+    return out
+
+
+@st.composite
+def busy_conversations(draw):
+    sent = {TO_BROKER: client_opening() + draw(message_streams(TO_BROKER)),
+            TO_CLIENT: broker_opening() + draw(message_streams(TO_CLIENT))}
+    wire = Wire(draw(isns), draw(isns))
+    wire.handshake()
+    queues = {d: list(frames) for d, frames in sent.items()}
+    while queues[TO_BROKER] or queues[TO_CLIENT]:
+        direction = draw(st.sampled_from([d for d in queues if queues[d]]))
+        take = draw(st.integers(1, 40))
+        chunk, queues[direction] = b"".join(queues[direction][:take]), queues[direction][take:]
+        wire.send(direction, chunk, draw(st.sampled_from([40, 300, 1500, 65000])))
+    if draw(st.booleans()):
+        wire.fin(TO_BROKER)
+        wire.fin(TO_CLIENT)
+    return sent, wire.packets
+
+
+def _damaged(packets: list, data) -> list:
+    """The same packets with some dropped, repeated and swapped, as captures do."""
+    out = []
+    for seg in packets:
+        fate = data.draw(st.sampled_from(["keep"] * 8 + ["drop", "twice", "swap"]))
+        if fate == "swap" and out:
+            out.insert(len(out) - 1, seg)
+        elif fate != "drop":
+            out.append(seg)
+        if fate == "twice":
+            out.append(seg)
+    return out
+
+
+def _decoded_both_ways(packets: list, *switched_off: str) -> tuple:
+    """run_flows with message runs, and without them (and without what else is named)."""
+    with pytest.MonkeyPatch.context() as patched:
+        fast = run_flows(packets)
+        patched.setattr(AmqpConnection, "_shape", lambda self, *args: None)  # no shape, no runs
+        for name in switched_off:
+            patched.setattr(AmqpConnection, name, lambda self, *args: False)
+        general = run_flows(packets)
+    return fast, general
+
+
+def _assert_same(fast: tuple, general: tuple) -> None:
+    (fast_rows, fast_errors, fast_table), (rows, errors, table) = fast, general
+    assert fast_rows == rows
+    assert fast_errors == errors
+    assert [c.connection_row() for c in fast_table.connections] == [c.connection_row() for c in table.connections]
+    assert fast_table.counts == table.counts
+
+
+@settings(FUZZ, max_examples=120)
+@given(conversation=busy_conversations(), data=st.data())
+def test_message_runs_give_what_frame_by_frame_decoding_gives(conversation, data):
+    """Clean and damaged captures of busy streams: runs cut by the framer must give every row (in
+    order), count, error and connection fact that the frames decoded one by one give, with and
+    without the whole-message path."""
+    sent, packets = conversation
+    if data.draw(st.booleans(), label="damage it"):
+        packets = _damaged(packets, data)
+    fast, general = _decoded_both_ways(packets)
+    _assert_same(fast, general)
+    _assert_same(fast, _decoded_both_ways(packets, "_whole_message")[1])
+
+
+@settings(FUZZ, max_examples=40)
+@given(conversation=conversations(), data=st.data())
+def test_message_runs_on_mixed_traffic_give_what_frame_by_frame_decoding_gives(conversation, data):
+    sent, packets = conversation
+    if data.draw(st.booleans(), label="damage it"):
+        packets = _damaged(packets, data)
+    _assert_same(*_decoded_both_ways(packets))
+
+
+def test_a_run_really_is_cut_from_a_busy_stream():
+    """The differential tests above would pass if runs never happened: make sure they do."""
+    messages = []
+    for tag in range(1, 51):
+        messages += [ab.marshal(commands.Basic.Deliver("ctag", tag, False, "ex", "rk"), 1),
+                     ab.marshal(ab.content_header(5), 1), ab.marshal(pamqp_body.ContentBody(b"hello"), 1)]
+    wire = Wire(1000, 2000)
+    wire.handshake()
+    wire.send(TO_BROKER, b"".join(client_opening()), 1500)
+    wire.send(TO_CLIENT, b"".join(broker_opening()), 1500)
+    wire.send(TO_CLIENT, b"".join(messages[:3]), 65000)  # decoded whole: the shape is learnt from it
+    wire.send(TO_CLIENT, b"".join(messages[3:]), 65000)
+    seen = []
+    with pytest.MonkeyPatch.context() as patched:
+        real = AmqpConnection._message_run
+        patched.setattr(AmqpConnection, "_message_run", lambda self, d, run: seen.append(len(run.bodies)) or real(self, d, run))
+        rows, errors, _ = run_flows(wire.packets)
+    assert errors == [] and seen == [8, 16, 25]  # each cut tries twice the run before (runs.MessageShape.cut)
+    delivers = [r for r in rows if r["method"] == "basic.deliver"]
+    assert [r["delivery_tag"] for r in delivers] == list(range(1, 51))
+    assert [r["seq"] for r in delivers] == sorted(r["seq"] for r in delivers)
