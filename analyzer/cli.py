@@ -8,11 +8,10 @@ from collections import Counter
 from datetime import date
 from importlib import resources
 
+from .fingerprint import Fingerprints
 from .gcpause import cyclic_gc_paused
-
-with cyclic_gc_paused():  # these imports bring in pyarrow and pandas: start-up is faster without it
-    from .flows import DEFAULT_BROKER_PORTS
-    from .framing import DEFAULT_MAX_FRAME
+from .pandas_probe import answer_pandas_probe_without_pandas
+from .spec import DEFAULT_BROKER_PORTS, DEFAULT_MAX_FRAME
 
 EXIT_OK = 0
 EXIT_DAMAGED = 3      # a capture was truncated or corrupt: everything read before the damage was committed
@@ -27,7 +26,16 @@ finds lost publisher confirms, unacked-message buildup, requeue loops and out-of
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return args.run(args)
+    if argv is not None or args.run is not run_ingest:
+        return args.run(args)
+    # `ackscope ingest` as a process of its own (not demo, whose Spark half hands pandas objects to
+    # pyarrow, nor a caller in the same process): it can start without pandas, and end without tearing
+    # the interpreter down (modules, Arrow's memory pools, delta-rs's runtime: ~0.1 s) once everything
+    # is committed, closed and printed.
+    status = run_ingest(args, own_process=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,8 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_ingest(args) -> int:
-    with cyclic_gc_paused():
+def run_ingest(args, own_process: bool = False) -> int:
+    fingerprints = Fingerprints(args.files)  # hashed while the imports below run
+    with cyclic_gc_paused():  # these imports bring in pyarrow: start-up is faster without it
+        if own_process:  # see main()
+            answer_pandas_probe_without_pandas()
         from .ingest import ingest_file
 
     try:
@@ -132,7 +143,7 @@ def run_ingest(args) -> int:
     os.makedirs(args.lake, exist_ok=True)
     reports = [ingest_file(path, args.lake, agent_id=args.agent_id, broker_ports=ports,
                            max_frame=args.max_frame_size, show_progress=show_progress and not args.json,
-                           workers=max(1, args.workers))
+                           workers=max(1, args.workers), fingerprint_of=fingerprints)
                for path in args.files]
     if args.json:
         print(json.dumps(combined_json(reports), sort_keys=True))

@@ -6,13 +6,9 @@ open with the AMQP 0-9-1 protocol header; everything else is ignored, cheaply.
 """
 
 from .connection import TO_BROKER, TO_CLIENT, AmqpConnection
-from .framing import DEFAULT_MAX_FRAME
 from .packets import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Segment
 from .rows import RowSink
-from .spec import PROTOCOL_HEADER_091
-
-# AMQP 0-9-1, AMQP over TLS, RabbitMQ streams and streams over TLS.
-DEFAULT_BROKER_PORTS = frozenset((5672, 5671, 5552, 5551))
+from .spec import DEFAULT_BROKER_PORTS, DEFAULT_MAX_FRAME, PROTOCOL_HEADER_091
 
 
 class FlowTable:

@@ -7,7 +7,6 @@ tables' commits is completed by the next run without duplicating anything.
 
 import concurrent.futures
 import contextlib
-import hashlib
 import multiprocessing
 import os
 import sys
@@ -18,10 +17,12 @@ from dataclasses import dataclass, field
 from . import lake, schema
 from .rows import RowSink, dicts_to_table
 from .capture_file import PCAPNG_MAGIC, CaptureFileError, read_packets
+from .fingerprint import fingerprint
 from .flows import DEFAULT_BROKER_PORTS, FlowTable
 from .framing import DEFAULT_MAX_FRAME
 from .gcpause import cyclic_gc_paused
 from .packets import SUPPORTED_LINKTYPES, tcp_segment
+from .pandas_probe import answer_pandas_probe_without_pandas
 
 BATCH_ROWS = 100_000
 
@@ -54,14 +55,6 @@ class FileReport:
             "rows": self.rows, "errors": self.errors, "damaged": self.damaged, "unreadable": self.unreadable,
             "skipped": self.skipped, "frames_version": self.frames_version, "seconds": round(self.seconds, 3),
         }
-
-
-def fingerprint(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def decode(path: str, on_batch, *, agent_id: str = "", broker_ports=DEFAULT_BROKER_PORTS,
@@ -127,21 +120,26 @@ def connections_table(connection_rows: list[dict]):
 
 
 def ingest_file(path: str, lake_dir: str, *, agent_id: str = "", broker_ports=DEFAULT_BROKER_PORTS,
-                max_frame: int = DEFAULT_MAX_FRAME, show_progress: bool = False, workers: int = 1) -> FileReport:
+                max_frame: int = DEFAULT_MAX_FRAME, show_progress: bool = False, workers: int = 1,
+                fingerprint_of=fingerprint) -> FileReport:
+    """Decode one capture file into the lake. `fingerprint_of(path)` gives the file's SHA-256
+    (fingerprint.Fingerprints: one computed while this process was starting)."""
     started = time.perf_counter()
-    # Workers beyond this process are started first: each new interpreter spends ~0.5 s importing
+    # Workers beyond this process are started first: each new interpreter spends ~0.3 s importing
     # pyarrow and the rest, which then overlaps the fingerprint and the lake look-ups below.
     # spawn, not fork: delta-rs runs threads that a forked child would inherit in an unknown state.
     spawn = multiprocessing.get_context("spawn")
-    with spawn.Pool(workers - 1) if workers > 1 else contextlib.nullcontext() as pool:
+    # The workers only ingest: they start without pandas (pandas_probe).
+    with (spawn.Pool(workers - 1, initializer=answer_pandas_probe_without_pandas) if workers > 1
+          else contextlib.nullcontext()) as pool:
         return _ingest_file(path, lake_dir, started, workers, pool, agent_id=agent_id, broker_ports=broker_ports,
-                            max_frame=max_frame, show_progress=show_progress)
+                            max_frame=max_frame, show_progress=show_progress, fingerprint_of=fingerprint_of)
 
 
 def _ingest_file(path: str, lake_dir: str, started: float, workers: int, pool, *, agent_id: str, broker_ports,
-                 max_frame: int, show_progress: bool) -> FileReport:
+                 max_frame: int, show_progress: bool, fingerprint_of) -> FileReport:
     try:
-        sha = fingerprint(path)
+        sha = fingerprint_of(path)
     except OSError as exc:
         report = FileReport(path, unreadable=True)
         report.errors.append(f"{path}: cannot read: {exc.strerror}")

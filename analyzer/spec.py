@@ -13,6 +13,10 @@ FRAME_TYPES = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT
 
 PROTOCOL_HEADER_091 = b"AMQP\x00\x00\x09\x01"
 
+# AMQP 0-9-1, AMQP over TLS, RabbitMQ streams and streams over TLS.
+DEFAULT_BROKER_PORTS = frozenset((5672, 5671, 5552, 5551))
+DEFAULT_MAX_FRAME = 4 << 20   # hard ceiling before frame_max is negotiated, or when it is 0 (no limit)
+
 # (class id, method id) -> name. Methods that carry content are listed in CONTENT_METHODS.
 METHODS = {
     (10, 10): "connection.start", (10, 11): "connection.start-ok",
