@@ -91,16 +91,7 @@ def test_whole_message_fast_path_gives_what_the_general_path_gives(conversation,
     error and connection fact must be what method + header + body frames one by one give."""
     sent, packets = conversation
     if data.draw(st.booleans(), label="damage it"):
-        damaged = []
-        for seg in packets:
-            fate = data.draw(st.sampled_from(["keep"] * 8 + ["drop", "twice", "swap"]))
-            if fate == "swap" and damaged:
-                damaged.insert(len(damaged) - 1, seg)
-            elif fate != "drop":
-                damaged.append(seg)
-            if fate == "twice":
-                damaged.append(seg)
-        packets = damaged
+        packets = _damaged(packets, data)
     with pytest.MonkeyPatch.context() as patched:
         (fast_rows, fast_errors, fast_table) = run_flows(packets)
         patched.setattr(AmqpConnection, "_whole_message", lambda self, *args: False)
