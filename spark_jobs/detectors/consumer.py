@@ -75,11 +75,12 @@ def _unacked_profile(manual: DataFrame) -> DataFrame:
     whole = lookup(events.groupBy(*scope).agg(
         F.max("limit").alias("_limit"), F.max("observed_until_ts_ns").alias("_end_ns"),
         F.min_by("at_ns", F.struct(*order)).alias("_first_ns")))
-    counted = (running_in_blocks(events, scope, order, seq_block("at_seq"), sums={"_unacked": F.col("delta")},
-                                 nexts={"_next_at": F.col("at_ns")})
-               .join(whole, on=scope, how="inner")
-               .withColumn("_full", F.coalesce((F.col("_limit") > 0) & (F.col("_unacked") >= F.col("_limit")),
-                                               F.lit(False))))
+    # Materialised: the second pass below reads its input twice (its blocks and their carries).
+    counted = materialised(running_in_blocks(events, scope, order, seq_block("at_seq"),
+                                             sums={"_unacked": F.col("delta")}, nexts={"_next_at": F.col("at_ns")})
+                           .join(whole, on=scope, how="inner")
+                           .withColumn("_full", F.coalesce((F.col("_limit") > 0)
+                                                           & (F.col("_unacked") >= F.col("_limit")), F.lit(False))))
     # A run of full rows began at the row after the last row that was not full (its `_next_at`),
     # or at the scope's first row.
     events = running_in_blocks(counted, scope, order, seq_block("at_seq"),
@@ -101,7 +102,7 @@ def unacked_buildup(tables: Tables, thresholds: Thresholds) -> DataFrame:
     stall_limit_ns = int(thresholds.prefetch_stall_seconds * 1e9)
     # Every step below works per incarnation (per consumer, per scope): shuffle the deliveries
     # once, by incarnation, and each later window and aggregation finds them in place.
-    # Only the columns used below: the windows buffer the hot channel's rows whole.
+    # Only the columns used below: every step sorts and checkpoints these rows.
     columns = [*INCARNATION, "agent_id", "seq", "ts_ns", "method", "delivery_tag", "consumer_tag", "no_ack",
                "outcome", "settle_seq", "settle_ts_ns", "observed_until_ts_ns", "channel_prefetch",
                "consumer_prefetch"]
