@@ -391,6 +391,45 @@ def tail(path: str, lines: int) -> list[str]:
     return (["(the JVM ran out of memory: " + oom[0].strip()[:200] + ")"] if oom else []) + text[-lines:]
 
 
+# -- the floor: Spark's cheapest passes over the same lake ----------------------------------------
+
+def timed_floor(lake_dir: str, master: str, driver_memory: str, runs_dir: str, timeout: float) -> dict:
+    cmd = [sys.executable, os.path.join(BENCH_DIR, "spark_floor.py"), lake_dir, "--master", master,
+           "--driver-memory", driver_memory, "--json"]
+    log_path = os.path.join(runs_dir, f"floor-{master.replace('[', '-').replace(']', '')}.log")
+    print(f"timing Spark's elementary passes at {master} ...", flush=True)
+    seconds, code, _, _, _, cpu_s = timed_run(cmd, dict(os.environ), log_path, timeout)
+    with open(log_path, errors="replace") as f:
+        found = [json.loads(line) for line in f if line.startswith("{")]
+    if code != 0 or not found:
+        print(f"  floor at {master} failed (exit {code}); log {log_path}")
+        return {}
+    return {**found[-1], "process_seconds": round(seconds, 1), "cpu_seconds": round(cpu_s, 1)}
+
+
+def print_floor(floors: dict, runs_by_master: dict[str, list[Run]], frames: int) -> dict:
+    """Each elementary pass against what the per-core target allows the whole analysis."""
+    print("\nSpark's elementary passes over the same frames (bench/spark_floor.py), seconds per action:")
+    header = ["master", "scan", "sort", "window", "window, warm", "write", "process s", "CPU s",
+              "target allows s", "analyze s"]
+    rows = []
+    for master, floor in floors.items():
+        if not floor:
+            continue
+        steps = floor["seconds"]
+        allowed = frames / (TARGET_FRAMES_PER_CORE * cores_of(master))
+        analysed = best(runs_by_master[master])
+        rows.append([master, *(f"{steps[k]:,.1f}" for k in ("scan", "sort", "window", "window, warm", "write")),
+                     f"{floor['process_seconds']:,.1f}", f"{floor['cpu_seconds']:,.0f}", f"{allowed:,.1f}",
+                     f"{analysed.seconds:,.1f}" if analysed.ok else "failed"])
+    widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
+    for row in [header, ["-" * w for w in widths], *rows]:
+        print("  " + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    print("  (target allows: the wall seconds within which the whole analysis meets "
+          f"{TARGET_FRAMES_PER_CORE:,} frames/s per core)")
+    return floors
+
+
 # -- main ----------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
@@ -409,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="extra argument for ackscope analyze (repeatable), e.g. --analyze-arg=--delta-mode=bridge")
     parser.add_argument("--keep-output", action="store_true", help="leave the last run's output tables in the lake")
     parser.add_argument("--ackscope", default=ACKSCOPE, metavar="PATH", help="the ackscope command (default %(default)s)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also time Spark's elementary passes over the same lake (bench/spark_floor.py) per master")
     args = parser.parse_args(argv)
     masters = [m.strip() for m in args.masters.split(",") if m.strip()]
 
@@ -429,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(runs_dir, exist_ok=True)
     if (os.cpu_count() or 1) < max(cores.values()):
         print(f"note: this machine has {os.cpu_count()} cores; local[{max(cores.values())}] cannot use that many")
+    floors = {m: timed_floor(lake_dir, m, args.driver_memory, runs_dir, args.timeout) for m in masters} \
+        if args.floor else {}
     runs: dict[str, list[Run]] = {m: [] for m in masters}
     driver_how = ""
     before = input_fingerprint(lake_dir)
@@ -452,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.keep_output:
         clear_outputs(lake_dir)
     summary = print_results(runs, stats["frames"], driver_how, args.repeat)
+    if floors:
+        summary["floor"] = print_floor(floors, runs, stats["frames"])
     summary.update(frames=stats["frames"], params=stats["params"], machine_cores=os.cpu_count(),
                    when=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     with open(os.path.join(runs_dir, "last.json"), "w") as f:

@@ -1,0 +1,83 @@
+"""What Spark's cheapest passes over a frames table cost: the floor under `ackscope analyze`.
+
+The analysis cannot cost less than reading its input once, ordering it by channel (every running
+value is per channel, in seq order) and writing its outputs. This times those elementary passes on
+the same lake and master as bench/analyze.py, each as its own Spark action over the timeline's input
+columns (analyzer.timeline.INPUT_COLUMNS), so the analysis can be read against them:
+
+- scan: read every input column of every frame, write nothing (Spark's `noop` sink);
+- sort: shuffle by connection, sort by (connection, channel, seq), write nothing;
+- window: one running value over (connection, channel) in blocks of seq, as timeline/blocks.py
+  computes every running value, twice (the second run with the JIT warm);
+- write: the sorted input written as Parquet (the outputs are about as many rows as the input).
+
+    .venv/bin/python bench/spark_floor.py LAKE [--master local[1]] [--driver-memory 2g] [--json]
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def passes(frames, scratch: str) -> dict:
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from spark_jobs.timeline.blocks import seq_block
+
+    def noop(df):
+        df.write.format("noop").mode("overwrite").save()
+
+    def by_channel(df):
+        return df.repartition("connection_id").sortWithinPartitions("connection_id", "channel", "seq")
+
+    block = Window.partitionBy("connection_id", "channel", seq_block()).orderBy("seq") \
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    windowed = frames.select("*", F.last("delivery_tag", ignorenulls=True).over(block).alias("last_tag"))
+    steps = {
+        "scan": lambda: noop(frames),
+        "sort": lambda: noop(by_channel(frames)),
+        "window": lambda: noop(windowed),
+        "window, warm": lambda: noop(windowed),
+        "write": lambda: by_channel(frames).write.mode("overwrite").parquet(os.path.join(scratch, "sorted")),
+    }
+    seconds = {}
+    for name, step in steps.items():
+        started = time.perf_counter()
+        step()
+        seconds[name] = round(time.perf_counter() - started, 2)
+        print(f"  {name}: {seconds[name]:.1f} s", file=sys.stderr, flush=True)
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("lake")
+    parser.add_argument("--master", default="local[1]")
+    parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    args = parser.parse_args(argv)
+
+    from analyzer import schema
+    from analyzer.timeline import INPUT_COLUMNS
+    from spark_jobs.delta_io import read_delta
+    from spark_jobs.session import get_spark
+
+    spark = get_spark(args.master, app_name="ackscope-floor", driver_memory=args.driver_memory)
+    frames = read_delta(spark, args.lake, "frames", schema.FRAMES, "bridge").select(*INPUT_COLUMNS)
+    rows = frames.count()
+    with tempfile.TemporaryDirectory(prefix="ackscope-floor-") as scratch:
+        seconds = passes(frames, scratch)
+    result = {"master": args.master, "frames": rows, "seconds": seconds}
+    print(json.dumps(result) if args.json else
+          f"{args.master}, {rows:,} frames: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
