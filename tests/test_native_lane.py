@@ -157,6 +157,12 @@ def _capture_of(packets: list[Segment], data, tmp_path) -> str:
     return path
 
 
+def _same_both_ways(path: str) -> None:
+    """assert_same_both_ways for hypothesis tests, which cannot take the monkeypatch fixture."""
+    with pytest.MonkeyPatch.context() as patched:
+        assert_same_both_ways(path, patched)
+
+
 def _damage(packets: list[Segment], data) -> list[Segment]:
     """None, or the packets dropped, repeated, swapped, started mid-stream, payloads mutated."""
     kind = data.draw(st.sampled_from(["clean", "clean", "reorder", "midstream", "mutate"]), label="damage")
@@ -175,20 +181,14 @@ def _damage(packets: list[Segment], data) -> list[Segment]:
 @FUZZ
 @given(conversation=conversations(), data=st.data())
 def test_conversations_decode_the_same_both_ways(conversation, data, tmp_path_factory):
-    _, packets = conversation
-    path = _capture_of(_damage(packets, data), data, tmp_path_factory.mktemp("conversation"))
-    with pytest.MonkeyPatch.context() as patched:
-        assert_same_both_ways(path, patched)
+    _same_both_ways(_capture_of(_damage(conversation[1], data), data, tmp_path_factory.mktemp("conversation")))
 
 
 @needs_lane
 @FUZZ
 @given(conversation=busy_conversations(), data=st.data())
 def test_busy_conversations_decode_the_same_both_ways(conversation, data, tmp_path_factory):
-    _, packets = conversation
-    path = _capture_of(_damage(packets, data), data, tmp_path_factory.mktemp("busy"))
-    with pytest.MonkeyPatch.context() as patched:
-        assert_same_both_ways(path, patched)
+    _same_both_ways(_capture_of(_damage(conversation[1], data), data, tmp_path_factory.mktemp("busy")))
 
 
 @needs_lane
@@ -200,9 +200,7 @@ def test_garbage_on_the_broker_port_decodes_the_same_both_ways(payloads, data, t
         wire.handshake()
     for payload in payloads:
         wire.send(data.draw(st.sampled_from([0, 1])), payload or b"\x00", 1500)
-    path = _capture_of(wire.packets, data, tmp_path_factory.mktemp("garbage"))
-    with pytest.MonkeyPatch.context() as patched:
-        assert_same_both_ways(path, patched)
+    _same_both_ways(_capture_of(wire.packets, data, tmp_path_factory.mktemp("garbage")))
 
 
 @needs_lane
@@ -219,8 +217,7 @@ def test_damaged_capture_files_decode_the_same_both_ways(conversation, data, tmp
     raw = raw[:data.draw(st.integers(len(raw) // 2, len(raw)), label="cut at")]
     with open(path, "wb") as f:
         f.write(raw)
-    with pytest.MonkeyPatch.context() as patched:
-        assert_same_both_ways(path, patched)
+    _same_both_ways(path)
 
 
 @needs_lane
