@@ -244,3 +244,20 @@ def test_the_lane_takes_the_packets_of_a_busy_stream(tmp_path, monkeypatch):
     assert taken >= 590 and summary["frames_by_method"]["basic.deliver"] == 300
     assert sorted(r["message_identity"] for r in rows if r["method"] == "basic.deliver") == sorted(
         f"id:m-{tag}" for tag in range(1, 301))
+
+
+@needs_lane
+@FUZZ
+@given(buf=st.binary(max_size=400), pos=st.integers(-50, 450), number=st.integers(0, 5000),
+       ticks=st.sampled_from([0, 1, 1_000_000, 2**64 - 1]), linktype=st.sampled_from([1, 0, 101, 276]))
+def test_the_engine_reads_any_bytes_at_any_position_without_harm(buf, pos, number, ticks, linktype):
+    """Records that are not records, positions outside the buffer, odd interfaces: the engine stops
+    without taking anything (no connection is armed) and never reads outside what it was given."""
+    from analyzer.rows import RowSink
+    from analyzer.flows import FlowTable
+
+    lane = native.NativeLane(FlowTable(sink=RowSink(), counts={}, errors=[], source="fuzz"))
+    for call in (lambda: lane.engine.pcapng(buf, pos, number, ((linktype, ticks),), 1024),
+                 lambda: lane.engine.pcap(buf, pos, number, linktype, False, 1024)):
+        assert call() == (pos, number, None, 0, None)
+    assert lane.engine.rows() == 0 and lane.engine.release_all() == []
