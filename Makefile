@@ -7,7 +7,7 @@ LAKE   ?= .demo-lake
 
 .PHONY: demo test services venv bench-decode clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py analyzer/_lane.c
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test]'

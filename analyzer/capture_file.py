@@ -31,8 +31,11 @@ class CaptureFileError(Exception):
         self.damaged = damaged  # True: packets before the damage were read and are good
 
 
-def read_packets(path: str) -> Iterator[tuple[int, int, int, bytes]]:
-    """Yield (packet number from 1, timestamp ns, link type, bytes) for every packet of a capture file."""
+def read_packets(path: str, lane=None) -> Iterator[tuple[int, int, int | None, bytes | int]]:
+    """Yield (packet number from 1, timestamp ns, link type, bytes) for every packet of a capture file.
+
+    With a native lane (native.NativeLane), the packets it takes are decoded by it and not yielded:
+    after each stretch of them comes (number of the last, its timestamp, None, their captured bytes)."""
     try:
         f = open(path, "rb")
     except OSError as exc:
@@ -40,9 +43,9 @@ def read_packets(path: str) -> Iterator[tuple[int, int, int, bytes]]:
     with f:
         magic = f.read(4)
         if magic in PCAP_MAGICS:
-            yield from _pcap(path, f, *PCAP_MAGICS[magic])
+            yield from _pcap(path, f, *PCAP_MAGICS[magic], lane)
         elif magic == PCAPNG_MAGIC:
-            yield from _pcapng(path, f)
+            yield from _pcapng(path, f, lane)
         else:
             raise CaptureFileError(f"{path}: not a pcap or pcapng file (starts with {magic.hex() or 'nothing'})")
 
@@ -75,7 +78,7 @@ class _Blocks:
         return len(self.buf) - self.pos
 
 
-def _pcap(path: str, f, order: str, nanos: bool) -> Iterator[tuple[int, int, int, bytes]]:
+def _pcap(path: str, f, order: str, nanos: bool, lane=None) -> Iterator[tuple[int, int, int | None, bytes | int]]:
     rest = f.read(20)
     if len(rest) < 20:
         raise CaptureFileError(f"{path}: truncated pcap file header")
@@ -84,7 +87,15 @@ def _pcap(path: str, f, order: str, nanos: bool) -> Iterator[tuple[int, int, int
     scale = 1 if nanos else 1000
     blocks = _Blocks(f)
     number = 0
+    if order != "<":
+        lane = None  # the lane reads little-endian records only
     while True:
+        if lane is not None:  # the lane's packets first, as many as are whole in the buffer
+            pos, number, last_ts, nbytes = lane.pcap(blocks.buf, blocks.pos, number, linktype, nanos)
+            if last_ts is not None:
+                blocks.pos = pos
+                yield number, last_ts, None, nbytes
+                continue
         number += 1
         if not blocks.need(16):
             if blocks.left():
@@ -103,7 +114,7 @@ def _pcap(path: str, f, order: str, nanos: bool) -> Iterator[tuple[int, int, int
         yield number, sec * 1_000_000_000 + frac * scale, linktype, blocks.buf[start:start + caplen]
 
 
-def _pcapng(path: str, f) -> Iterator[tuple[int, int, int, bytes]]:
+def _pcapng(path: str, f, lane=None) -> Iterator[tuple[int, int, int | None, bytes | int]]:
     blocks = _Blocks(f, PCAPNG_MAGIC)
     order = "<"
     u32 = Struct("<I")
@@ -118,6 +129,14 @@ def _pcapng(path: str, f) -> Iterator[tuple[int, int, int, bytes]]:
         buf, pos = blocks.buf, blocks.pos
         size, known = len(buf), len(interfaces)
         while size - pos >= 28:
+            if lane is not None and order == "<":  # the lane's packets first (the same checks, in C)
+                pos, number, ts, nbytes = lane.pcapng(buf, pos, number, interfaces)
+                if ts is not None:
+                    last_ts = ts
+                    yield number, ts, None, nbytes
+                    continue
+                if size - pos < 28:
+                    break
             block_type, length, iface, high, low, caplen = epb_head.unpack_from(buf, pos)
             if not (block_type == EPB and length <= size - pos and not length % 4 and iface < known
                     and caplen <= length - 32):

@@ -65,6 +65,19 @@ def message_identities(message_id: str | None, exchange: str | None, routing_key
     return identities
 
 
+def body_digests(body: bytes, shared: tuple, properties: tuple) -> tuple[str, str | None]:
+    """(body hash, message identity) of a complete message, from its body, shared method fields and
+    properties: what `_emit_content` computes, for the native lane (native.py)."""
+    body_hash = hashlib.blake2b(body, digest_size=16).hexdigest()
+    return body_hash, message_identity(properties[MESSAGE_ID], shared[EXCHANGE], shared[ROUTING_KEY], body_hash)
+
+
+def incomplete_identity(properties: tuple) -> str | None:
+    """The identity of a message cut short: its message_id, if it has one (no body, no hash)."""
+    message_id = properties[MESSAGE_ID]
+    return "id:" + message_id if message_id else None
+
+
 @functools.lru_cache(maxsize=1024)
 def _routing_hasher(exchange: str | None, routing_key: str | None):
     """The identity hash already fed with `exchange \0 routing_key \0`: a stream repeats its routing, and
@@ -90,6 +103,7 @@ class AmqpConnection:
                  agent_id: str, max_frame: int):
         client_addr, server_addr = address_text(client[0]), address_text(server[0])
         self.id = f"{client_addr}:{client[1]}>{server_addr}:{server[1]}@{first_ts_ns}"
+        self.client_end, self.server_end = client, server  # (raw address, port): the flow keys
         self.sink, self.counts, self.errors = sink, counts, errors
         self.source = source
         # Columns every row of this connection shares are stored once in the sink, by index.
@@ -133,6 +147,12 @@ class AmqpConnection:
             self.finish("tcp.rst")
         elif flags & 0x01:
             self._pseudo(direction, spec.TCP_FIN)
+
+    def resume(self, direction: int, rest: bytes) -> None:
+        """Go on with stream bytes the native lane stopped at (native.py): from a frame boundary, the
+        rest of what reassembly delivered, already counted in bytes_to_* by the lane."""
+        self.facts["bytes_to_broker" if direction == TO_BROKER else "bytes_to_client"] -= len(rest)
+        self._stream(direction, [rest])
 
     def finish(self, ended_by: str = "end-of-capture") -> None:
         """The flow is over: deliver what reassembly still holds, and close out unfinished content."""
@@ -304,11 +324,10 @@ class AmqpConnection:
         counts = self.counts
         counts[name] = counts.get(name, 0) + 1
         self.seq += 1
-        body_hash = hashlib.blake2b(content, digest_size=16).hexdigest()
-        message_id = properties[MESSAGE_ID]
+        body_hash, identity = body_digests(content, shared, properties)
         self.sink.contents.append((
             self.index, self.seq, self.ts_ns, direction, channel, name, self.packet, tag, shared, body_size, True,
-            properties, body_hash, message_identity(message_id, shared[EXCHANGE], shared[ROUTING_KEY], body_hash)))
+            properties, body_hash, identity))
         # The next messages are likely to look the same: let the framer cut them as a run (runs.py).
         self.framers[direction].shape = self._shape(direction, channel, mid, payload, header[2], body_size,
                                                      name, shared, properties)
@@ -386,14 +405,12 @@ class AmqpConnection:
     def _emit_content(self, key: tuple[int, int], complete: bool) -> None:
         pending = self.content.pop(key)
         properties = pending.properties or NO_PROPERTIES
-        body_hash = identity = None
-        message_id = properties[MESSAGE_ID]
         if complete:
             body_hash = pending.hasher.hexdigest()
             shared = pending.row[SHARED]
-            identity = message_identity(message_id, shared[EXCHANGE], shared[ROUTING_KEY], body_hash)
-        elif message_id:
-            identity = "id:" + message_id
+            identity = message_identity(properties[MESSAGE_ID], shared[EXCHANGE], shared[ROUTING_KEY], body_hash)
+        else:
+            body_hash, identity = None, incomplete_identity(properties)
         body_size = pending.body_size if pending.properties is not None else None
         self.sink.contents.append(pending.row + (body_size, complete, properties, body_hash, identity))
 

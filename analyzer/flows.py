@@ -49,8 +49,15 @@ class FlowTable:
             self._deliver(conn, direction, seg, ts_ns, packet_no)
 
     def _deliver(self, conn: AmqpConnection, direction: int, seg: Segment, ts_ns: int, packet_no: int) -> None:
+        self._guarded(conn, packet_no, conn.segment, direction, seg, ts_ns, packet_no)
+
+    def resume(self, conn: AmqpConnection, direction: int, rest: bytes, packet_no: int) -> None:
+        """The rest of a packet's stream bytes, from where the native lane stopped (native.py)."""
+        self._guarded(conn, packet_no, conn.resume, direction, rest)
+
+    def _guarded(self, conn: AmqpConnection, packet_no: int, step, *args) -> None:
         try:
-            conn.segment(direction, seg, ts_ns, packet_no)
+            step(*args)
             if conn.tcp[0].fin_seq is not None and conn.tcp[1].fin_seq is not None:
                 conn.finish("tcp.fin")
         except Exception as exc:  # a bug or an input we did not foresee: lose this flow, never the others

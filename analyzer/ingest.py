@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from . import lake, schema
+from . import lake, native, schema
 from .rows import RowSink, dicts_to_table
 from .capture_file import PCAPNG_MAGIC, CaptureFileError, read_packets
 from .fingerprint import fingerprint
@@ -70,24 +70,30 @@ def decode(path: str, on_batch, *, agent_id: str = "", broker_ports=DEFAULT_BROK
     counts: dict = {}
     flows = FlowTable(sink=rows, counts=counts, errors=report.errors, source=path, agent_id=agent_id,
                       broker_ports=broker_ports, max_frame=max_frame, shard=shard)
+    # The usual packets are decoded in C where the extension is built (native.py); the rest here.
+    lane = native.lane_for(flows)
+    deliver = lane.packet if lane is not None else flows.packet
     seen_linktypes: set[int] = set()
     packets = 0
     captured_bytes = 0  # packet bytes read so far: the progress bar's measure of how far into the file
     # A batch's rows live until it becomes Arrow; the collector would keep walking them (gcpause).
     with cyclic_gc_paused():
         try:
-            for number, ts_ns, linktype, data in read_packets(path):
+            for number, ts_ns, linktype, data in read_packets(path, lane):
                 packets = number
-                captured_bytes += len(data)
-                if linktype not in seen_linktypes:
-                    seen_linktypes.add(linktype)
-                    if linktype not in SUPPORTED_LINKTYPES:
-                        report.errors.append(f"{path}: packet {number}: link type {linktype} is not supported; "
-                                             f"its packets are skipped")
-                segment = tcp_segment(linktype, data)
-                if segment is not None:
-                    flows.packet(number, ts_ns, segment)
-                if not number & 0x3FF:  # checked every 1024 packets: cheap, and batches stay near BATCH_ROWS
+                if linktype is None:  # packets up to `number` taken by the native lane; `data` is their size
+                    captured_bytes += data
+                else:
+                    captured_bytes += len(data)
+                    if linktype not in seen_linktypes:
+                        seen_linktypes.add(linktype)
+                        if linktype not in SUPPORTED_LINKTYPES:
+                            report.errors.append(f"{path}: packet {number}: link type {linktype} is not "
+                                                 f"supported; its packets are skipped")
+                    segment = tcp_segment(linktype, data)
+                    if segment is not None:
+                        deliver(number, ts_ns, segment)
+                if not number & 0x3FF:  # the lane stops at every multiple of 1024 packets too  # checked every 1024 packets: cheap, and batches stay near BATCH_ROWS
                     if len(rows) >= BATCH_ROWS:
                         on_batch(rows.take())
                     if progress is not None and not number & 0x3FFF:
@@ -96,6 +102,8 @@ def decode(path: str, on_batch, *, agent_id: str = "", broker_ports=DEFAULT_BROK
             report.errors.append(str(exc))
             report.damaged = exc.damaged
             report.unreadable = not exc.damaged
+        if lane is not None:
+            lane.finish()
         flows.finish()
         if len(rows):
             on_batch(rows.take())

@@ -8,7 +8,8 @@ groups of columns a message shares with the messages before it: a content row ho
 fields (all but the delivery tag) and its properties as two tuples the decode memo hands out
 again and again, converted once per distinct tuple and spread over the rows by index. Runs of
 messages that differ only in delivery tag and body (runs.py) go one step further: one record per
-run, its shared values spread over its rows by index, seq counted up with numpy.
+run, its shared values spread over its rows by index, seq counted up with numpy. Rows the native
+lane makes (native.py) come as columns already: arrays of numbers, and lists of the shared tuples.
 """
 
 import functools
@@ -46,6 +47,9 @@ CONTENT_LAYOUT = PREFIX + ("delivery_tag", SHARED_METHOD_FIELDS, "body_size", "c
 # A run of content rows (RowSink.add_content_run): CONTENT_LAYOUT less what differs from row to row,
 # with seq the run's first; a row count follows.
 RUN_LAYOUT = PREFIX + (SHARED_METHOD_FIELDS, "body_size", "content_complete", PROPERTY_FIELDS)
+# The native lane's method columns hold indices into these (analyzer/_lane.c).
+LANE_ACK_METHODS = ("basic.ack", "basic.nack", "basic.reject")
+LANE_CONTENT_METHODS = ("basic.publish", "basic.deliver", "basic.get-ok", "basic.return")
 
 
 class RowSink:
@@ -65,13 +69,15 @@ class RowSink:
         self.run_hashes: list = []
         self.run_identities: list = []
         self.run_rows = 0
+        self.lane = None  # the native lane's engine (native.py), which keeps its rows as columns
 
     def add_connection(self, constants: tuple) -> int:
         self.connections.append(constants)
         return len(self.connections) - 1
 
     def __len__(self) -> int:
-        return len(self.acks) + len(self.contents) + self.run_rows + len(self.others)
+        lane_rows = self.lane.rows() if self.lane is not None else 0
+        return len(self.acks) + len(self.contents) + self.run_rows + len(self.others) + lane_rows
 
     def add_content_run(self, conn: int, first_seq: int, ts_ns: int, direction: int, channel: int, method: str,
                         packet: int, tags, shared: tuple, body_size: int, properties: tuple,
@@ -107,6 +113,8 @@ class RowSink:
         else:
             contents = _layout_table(self.contents, CONTENT_LAYOUT)
         parts = [_layout_table(self.acks, ACK_LAYOUT), contents, _dict_table(self.others)]
+        if self.lane is not None:  # after the Python path's rows: the order of rows in a batch means nothing
+            parts += _lane_tables(*self.lane.take_rows())
         self.acks, self.contents, self.others = [], [], []
         self.content_runs, self.run_tags, self.run_hashes, self.run_identities = [], [], [], []
         self.run_rows = 0
@@ -172,6 +180,49 @@ def _runs_table(runs: list[tuple], tags: list, hashes: list, identities: list) -
     return pa.Table.from_arrays([by_name[name] for name in names], names=names)
 
 
+def _lane_tables(acks: tuple, contents: tuple) -> list[pa.Table]:
+    """Tables of the rows the native lane made, from its columns (see Engine.take_rows in _lane.c)."""
+    tables = []
+    n, conn, seq, ts_ns, direction, channel, method, packet, tag, multiple, requeue = acks
+    if n:
+        columns = _lane_prefix(conn, seq, ts_ns, direction, channel, method, packet, LANE_ACK_METHODS)
+        columns.update(delivery_tag=pa.array(np.frombuffer(tag, np.int64)), multiple=_lane_flags(multiple),
+                       requeue=_lane_flags(requeue))
+        tables.append(pa.table(columns))
+    (n, conn, seq, ts_ns, direction, channel, method, packet, tag, has_tag, body_size, has_size, complete,
+     shared, properties, hashes, identities) = contents  # the last four: (distinct objects, int32 index per row)
+    if n:
+        columns = _lane_prefix(conn, seq, ts_ns, direction, channel, method, packet, LANE_CONTENT_METHODS)
+        columns["delivery_tag"] = pa.array(np.frombuffer(tag, np.int64), mask=np.frombuffer(has_tag, np.int8) == 0)
+        columns.update(zip(SHARED_METHOD_FIELDS, _indexed_columns(shared[0], _int32s(shared[1]), SHARED_METHOD_FIELDS)))
+        columns["body_size"] = pa.array(np.frombuffer(body_size, np.int64), mask=np.frombuffer(has_size, np.int8) == 0)
+        columns["content_complete"] = pa.array(np.frombuffer(complete, np.int8) == 1)
+        columns.update(zip(PROPERTY_FIELDS, _indexed_columns(properties[0], _int32s(properties[1]), PROPERTY_FIELDS)))
+        for name, (values, at) in (("body_hash", hashes), ("message_identity", identities)):
+            columns[name] = pa.array(values, type=_TYPES[name]).take(_int32s(at))
+        tables.append(pa.table(columns))
+    return tables
+
+
+def _lane_prefix(conn: bytes, seq: bytes, ts_ns: bytes, direction: bytes, channel: bytes, method: bytes,
+                 packet: bytes, methods: tuple) -> dict:
+    return {"conn": pa.array(np.frombuffer(conn, np.int32)), "seq": pa.array(np.frombuffer(seq, np.int64)),
+            "ts_ns": pa.array(np.frombuffer(ts_ns, np.int64)), "direction": pa.array(np.frombuffer(direction, np.int8)),
+            "channel": pa.array(np.frombuffer(channel, np.int32)),
+            "method": pa.array(methods).take(pa.array(np.frombuffer(method, np.int8))),
+            "source_packet": pa.array(np.frombuffer(packet, np.int64))}
+
+
+def _int32s(values: bytes) -> pa.Array:
+    return pa.array(np.frombuffer(values, np.int32))
+
+
+def _lane_flags(values: bytes) -> pa.Array:
+    """0 false, 1 true, 2 null."""
+    flags = np.frombuffer(values, np.int8)
+    return pa.array(flags == 1, mask=flags == 2)
+
+
 def _shared_columns(groups: tuple, names: tuple, spread=None) -> list[pa.Array]:
     """Columns from one shared tuple per row (or per run, spread over rows by `spread`): each
     distinct tuple object is converted once and taken by index. Identity, not equality, picks them
@@ -183,9 +234,15 @@ def _shared_columns(groups: tuple, names: tuple, spread=None) -> list[pa.Array]:
     indices = np.fromiter(map(position.__getitem__, ids), dtype=np.int32, count=len(ids))
     if spread is not None:
         indices = indices[spread]
-    indices = pa.array(indices)
-    return [pa.array(column, type=_TYPES[name]).take(indices)
-            for name, column in zip(names, zip(*distinct.values()))]
+    return _indexed_columns(list(distinct.values()), pa.array(indices), names)
+
+
+def _indexed_columns(distinct: list, indices: pa.Array, names: tuple) -> list[pa.Array]:
+    """Columns of rows that hold `distinct[indices[i]]`, each field converted once per distinct tuple.
+    A field no tuple sets is a column of nulls at once (most of a content row's fields, usually)."""
+    n = len(indices)
+    return [pa.array(column, type=_TYPES[name]).take(indices) if column.count(None) < len(column)
+            else pa.nulls(n, _TYPES[name]) for name, column in zip(names, zip(*distinct))]
 
 
 def _dict_table(rows: list[dict]) -> pa.Table | None:
