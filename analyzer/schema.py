@@ -243,3 +243,17 @@ ANALYSIS_RUNS = pa.schema([
     ("bucket_seconds", _i64), ("overdue_ns", _i64),  # settings the stored rows were made with
     ("thresholds", _str),             # JSON: the detector thresholds of the findings
 ])
+
+# One row per connection an analysis run has seen: where the next run carries it on from
+# (analyzer/timeline/carry.py). Replaced per connection by every run that analyses it.
+ANALYSIS_STATE = pa.schema([
+    ("date", _str),                   # UTC day of last_ts_ns
+    ("connection_id", _str),
+    ("frames_version", _i64),         # the frames snapshot analysed up to
+    ("last_seq", _i64), ("last_ts_ns", _i64),  # the connection's last frame analysed
+    ("boundary_ns", _i64),            # start of the channel_metrics bucket the next run recomputes from
+    ("carried_records", _i64),        # deliveries/publishes/channels the checkpoint holds (open + boundary)
+    ("format", _str),                 # carry.FORMAT of the code that wrote the checkpoint
+    ("checkpoint", pa.binary()),      # null: analysed whole and ended (closed or FIN/RST); new frames of it
+                                      # are analysed with the whole connection again
+])

@@ -3,10 +3,11 @@ has arrived, next to a full run over the same lake.
 
 The frames come from bench/frames_generator.py (the lake bench/analyze.py times, cached the same
 way). They are split by time: the first part is committed and analysed (a full run: the first one),
-then the last `--tail` share is appended, as the agent would, and analysed incrementally; then the
-same lake is analysed again with `--full`. Printed: wall clock of both, their ratio, how many
-connections each analysed, and whether the two left identical tables (they must: a fast wrong
-answer is not a result).
+then the last `--tail` share is appended, as the agent would, and analysed incrementally (the
+connections with new frames carried on from their checkpoints: only the new frames are read);
+then the same lake is analysed again with `--full`. Printed: wall clock of each, the ratio, how
+many connections each analysed (and carried), the frame rows each read, and whether the two left
+identical tables (they must: a fast wrong answer is not a result).
 
     .venv/bin/python bench/incremental.py [--frames 1000000] [--hot-deliveries 300000] [--tail 0.05]
         [--master 'local[2]'] [--driver-memory 2g]
@@ -97,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = [("first run (full, head only)", first, first_report),
             ("incremental run after the append", incremental, report),
             ("full run over everything (--full)", full, full_report)]
-    print(f"\n{'run':<38} {'scope':<9} {'connections':>11} {'frames read':>12} {'wall s':>8}")
+    print(f"\n{'run':<38} {'scope':<9} {'connections':>11} {'carried':>8} {'frames read':>12} {'wall s':>8}")
     for name, seconds, r in rows:
-        print(f"{name:<38} {r['scope']:<9} {r['connections']:>11,} {r['frames']:>12,} {seconds:>8.1f}")
+        print(f"{name:<38} {r['scope']:<9} {r['connections']:>11,} {r['carried_connections']:>8,} "
+              f"{r['frames']:>12,} {seconds:>8.1f}")
+    print(f"\nincremental run: {report['carried_records']:,} records carried in checkpoints; {report['reason']}")
     print(f"\nincremental / full: {incremental / full:.2f} of the time; tables identical after both: "
           f"{'yes' if same else 'NO (MISMATCH)'}")
     return 0 if same else 1

@@ -27,13 +27,15 @@ from analyzer import schema
 from analyzer.lake import TableWriter, read_table
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
-from .channel_metrics import channel_metrics
-from .delta_io import read_delta, read_files, replace_rows, write_delta
+from .channel_metrics import NS_PER_SECOND, channel_metrics
+from .delta_io import Match, read_delta, read_files, replace_matching, write_delta
+from .incremental import carry_on_connections
 from .detectors import detect
 from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, plan_run, thresholds_json
 from .session import delta_mode as resolve_delta_mode
 from .thresholds import Thresholds
 from .timeline import materialised, routed_timelines
+from .timeline.carried import STATE_TABLE, checkpoints
 from .timeline.tables import TIMELINE_TABLES
 
 OUTPUT_TABLES = {**TIMELINE_TABLES, "channel_metrics": schema.CHANNEL_METRICS, "findings": schema.FINDINGS}
@@ -48,9 +50,11 @@ class AnalysisReport:
     scope: str = FULL
     reason: str = ""
     frames_version: int | None = None
-    frames: int = 0                     # frame rows analysed by this run
+    frames: int = 0                     # frame rows this run read from `frames` for its connections
     connections: int = 0                # connections analysed by this run
-    reference_connections: int = 0      # of those, replayed by the reference model (gaps, mid-stream, tx, ...)
+    carried_connections: int = 0        # of those, carried on from their checkpoint (only their new frames read)
+    carried_records: int = 0            # records their checkpoints held (open items, the boundary bucket's)
+    reference_connections: int = 0      # analysed whole and replayed by the reference model (gaps, mid-stream, tx, ...)
     rows: dict = field(default_factory=dict)   # rows written per table (per-connection tables: for those connections)
     findings_by_kind: dict = field(default_factory=dict)   # the whole findings table after the run
     findings_by_severity: dict = field(default_factory=dict)
@@ -63,12 +67,13 @@ class AnalysisReport:
 def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str | None = None,
             delta_mode: str = "auto", thresholds: Thresholds | None = None, bucket_seconds: int = 10,
             overdue_ns: int = DEFAULT_OVERDUE_NS, full: bool = False) -> AnalysisReport:
-    """One run: plan its scope (run_scope.py), recompute the timelines and channel metrics of the
-    connections in scope and replace their rows, then the findings over the whole tables."""
+    """One run: plan its scope (run_scope.py); carry the connections with new frames on from their
+    checkpoints, or analyse them whole where that cannot be done exactly; patch or replace their
+    rows; then the findings over the whole tables."""
     started, started_ts = time.monotonic(), datetime.now(timezone.utc)
     thresholds = thresholds if thresholds is not None else Thresholds()
     mode = resolve_delta_mode(spark, delta_mode)
-    plan = plan_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds, list(OUTPUT_TABLES))
+    plan = plan_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds, [*OUTPUT_TABLES, STATE_TABLE])
     report = AnalysisReport(lake=lake, delta_mode=mode, scope=plan.scope, reason=plan.reason,
                             frames_version=plan.frames_version)
     all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
@@ -81,23 +86,47 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
             _log_run(lake, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
         return _finished(report, started)
 
-    frames = all_frames if keys is None else _frames_of(spark, lake, keys, connections, plan, mode)
     tables = {}
     if keys is None or keys:
-        timelines, irregular = routed_timelines(frames, overdue_ns)
-        # Every output reads the timelines again: compute them once.
-        tables = {name: materialised(df) for name, df in timelines.items()}
-        tables["channel_metrics"] = materialised(channel_metrics(tables["deliveries"], tables["publishes"],
-                                                              tables["channels"], bucket_seconds))
-        for name in PER_CONNECTION_TABLES:
+        bucket_ns = bucket_seconds * NS_PER_SECOND
+        carried = carry_on_connections(spark, lake, plan.new_files, keys, mode, bucket_ns, bucket_seconds,
+                                       overdue_ns, plan.frames_version) if plan.scope == NEW_DATA else None
+        if carried is not None:
+            report.frames, report.connections = carried.frames, carried.connections
+            report.carried_connections, report.carried_records = carried.connections, carried.records
+            if carried.fallbacks:
+                report.reason += f"; {len(carried.fallbacks)} connection(s) analysed whole: " + "; ".join(
+                    f"{k}: {why}" for k, why in sorted(carried.fallbacks.items())[:5])
+        whole_keys = keys if carried is None else carried.whole_keys
+        outputs = {name: [] for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
+        if whole_keys is None or whole_keys:
+            frames = all_frames if whole_keys is None else _frames_of(spark, lake, whole_keys, connections, plan, mode)
+            tables, irregular = _whole(frames, overdue_ns, bucket_seconds)
+            report.reference_connections = irregular.count()
+            tables[STATE_TABLE] = materialised(checkpoints(frames, bucket_ns, overdue_ns, plan.frames_version))
+            for name in outputs:
+                outputs[name].append(tables[name])
+            counted = frames.agg(F.count(F.lit(1)).alias("frames"),
+                                 F.countDistinct("connection_id").alias("ids")).first()
+            report.frames += counted["frames"]
+            report.connections += counted["ids"]
+        if carried is not None:
+            for name in outputs:
+                outputs[name].append(carried.tables[name])
+        wanted = None if whole_keys is None else spark.createDataFrame([(k,) for k in whole_keys], "connection_id string")
+        for name, parts in outputs.items():
+            rows = parts[0]
+            for part in parts[1:]:
+                rows = rows.unionByName(part)
+            table_schema = OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE)
             if keys is None:
-                write_delta(tables[name], lake, name, OUTPUT_TABLES[name], mode="overwrite", delta_mode=mode)
+                write_delta(rows, lake, name, table_schema, mode="overwrite", delta_mode=mode)
             else:
-                replace_rows(tables[name], lake, name, OUTPUT_TABLES[name], "connection_id", keys, delta_mode=mode)
-            report.rows[name] = tables[name].count()
-        counted = frames.agg(F.count(F.lit(1)).alias("frames"), F.countDistinct("connection_id").alias("ids")).first()
-        report.frames, report.connections = counted["frames"], counted["ids"]
-        report.reference_connections = irregular.count()
+                matches = [Match(wanted, ("connection_id",))] if whole_keys else []
+                matches += carried.matches[name] if carried is not None else []
+                replace_matching(rows, lake, name, table_schema, matches, delta_mode=mode)
+            if name != STATE_TABLE:
+                report.rows[name] = rows.count()
     # Findings follow messages across connections: the detectors see the whole tables.
     whole = tables if keys is None else {name: read_delta(spark, lake, name, OUTPUT_TABLES[name], mode)
                                         for name in TIMELINE_TABLES}
@@ -106,6 +135,17 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
     report.rows["findings"] = _count_findings(lake, report)
     _log_run(lake, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
     return _finished(report, started)
+
+
+def _whole(frames: DataFrame, overdue_ns: int, bucket_seconds: int) -> tuple[dict[str, DataFrame], DataFrame]:
+    """The per-connection tables of these connections from all their frames, and the connections
+    the reference model replayed."""
+    timelines, irregular = routed_timelines(frames, overdue_ns)
+    # Every output reads the timelines again: compute them once.
+    tables = {name: materialised(df) for name, df in timelines.items()}
+    tables["channel_metrics"] = materialised(channel_metrics(tables["deliveries"], tables["publishes"],
+                                                          tables["channels"], bucket_seconds))
+    return tables, irregular
 
 
 def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: str) -> list[str]:
@@ -165,6 +205,8 @@ def render_report(report: AnalysisReport) -> str:
     lines = [f"analysed {report.frames:,} frame rows of {report.connections} connection(s) in {report.lake} "
              f"({report.delta_mode} Delta access, {report.seconds:.1f}s; "
              f"{report.reference_connections} connection(s) through the reference model)",
+             f"  carried on from checkpoints: {report.carried_connections} connection(s), only their new frames read "
+             f"({report.carried_records:,} open or boundary records carried)",
              f"  scope: {report.scope} ({report.reason}); frames version {report.frames_version}"]
     if report.rows:
         lines.append("  wrote " + ", ".join(f"{name} {n:,}" for name, n in report.rows.items()))

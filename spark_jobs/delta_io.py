@@ -31,6 +31,7 @@ from analyzer.lake import committed, open_table
 from analyzer.schema import PARTITION_BY
 
 from . import session
+from .timeline.plans import lookup
 from .types import spark_schema
 
 # Where Spark writes before the commit; a leading underscore hides it from Delta and Spark readers.
@@ -130,39 +131,58 @@ def read_files(spark: SparkSession, lake: str, name: str, files: tuple[str, ...]
     return spark.read.schema(struct).parquet(*files)
 
 
+@dataclass(frozen=True)
+class Match:
+    """Rows equal to one of `keys` on the columns `on`; with `at_least` (column, key column), only
+    those whose column is at least that key row's key column."""
+    keys: DataFrame
+    on: tuple[str, ...]
+    at_least: tuple[str, str] | None = None
+
+
 def replace_rows(df: DataFrame, lake: str, name: str, schema: pa.Schema, key: str, keys: list[str],
                  partition_by: list[str] = PARTITION_BY, delta_mode: str = "auto") -> int | None:
-    """Replace every row whose `key` is one of `keys` with the rows of `df`, in one commit.
+    """Replace every row whose `key` is one of `keys` with the rows of `df`, in one commit (see
+    replace_matching). `df` must hold only rows of `keys`. Returns the new table version, or None
+    when there was nothing to do."""
+    route = session.delta_mode(df.sparkSession, delta_mode)
+    if open_table(lake, name) is not None and not keys:
+        return None
+    if route == "native" and open_table(lake, name) is not None:
+        listed = ", ".join("'" + k.replace("'", "''") + "'" for k in keys)
+        (_schema_contract(df, spark_schema(schema)).write.format("delta").mode("overwrite")
+         .option("replaceWhere", f"`{key}` IN ({listed})").partitionBy(*partition_by).save(os.path.abspath(os.path.join(lake, name))))
+        return open_table(lake, name).version()
+    wanted = df.sparkSession.createDataFrame([(k,) for k in keys], T.StructType([T.StructField(key, T.StringType())]))
+    return replace_matching(df, lake, name, schema, [Match(wanted, (key,))], partition_by, route)
+
+
+def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, matches: list[Match],
+                     partition_by: list[str] = PARTITION_BY, delta_mode: str = "auto") -> int | None:
+    """Delete the rows any of `matches` names and append the rows of `df`, in one commit.
 
     Copy-on-write, as Delta's MERGE does it: only the files holding such rows are rewritten
-    (their other rows copied), the rest of the table is untouched. `df` must hold only rows of
-    `keys`. Returns the new table version, or None when there was nothing to do."""
+    (their other rows copied), the rest of the table is untouched. Done the bridge's way (Spark
+    writes Parquet, delta-rs commits) on both paths: delta-spark reads the result like any commit.
+    Returns the new table version, or None when there was nothing to do."""
     route = session.delta_mode(df.sparkSession, delta_mode)
     data = _schema_contract(df, spark_schema(schema))
     location = os.path.join(lake, name)
     table = open_table(lake, name)
     if table is None:
         return write_delta(df, lake, name, schema, mode="append", partition_by=partition_by, delta_mode=route)
-    if not keys:
-        return None
-    if route == "native":
-        listed = ", ".join("'" + k.replace("'", "''") + "'" for k in keys)
-        (data.write.format("delta").mode("overwrite").option("replaceWhere", f"`{key}` IN ({listed})")
-         .partitionBy(*partition_by).save(os.path.abspath(location)))
-        return open_table(lake, name).version()
     spark = df.sparkSession
     struct = spark_schema(schema)
     root = os.path.abspath(location)
     logged = _snapshot_files(table, root)
     touched, kept = [], spark.createDataFrame([], struct)
-    if logged:
+    if logged and matches:
         current = _read_bridge(spark, table, location, struct, None, None).withColumn("_file", F.col("_metadata.file_path"))
-        wanted = spark.createDataFrame([(k,) for k in keys], T.StructType([T.StructField(key, T.StringType())]))
+        marked = _marked(current, matches)
         # Spark names files by URI; the Delta log by path relative to the table.
-        touched = sorted(r["_file"] for r in current.join(F.broadcast(wanted), on=key, how="left_semi")
-                         .select("_file").distinct().collect())
-        kept = (current.where(F.col("_file").isin(*touched) if touched else F.lit(False))
-                .join(F.broadcast(wanted), on=key, how="left_anti").drop("_file"))
+        touched = sorted(r["_file"] for r in marked.where(F.col("_doomed")).select("_file").distinct().collect())
+        kept = (marked.where((F.col("_file").isin(*touched) if touched else F.lit(False)) & ~F.col("_doomed"))
+                .select(*struct.names))
     staging = os.path.join(location, STAGING_DIR, uuid.uuid4().hex)
     _schema_contract(kept, struct).unionByName(data) \
         .write.partitionBy(*partition_by).option("compression", "zstd").parquet(staging)
@@ -178,6 +198,22 @@ def replace_rows(df: DataFrame, lake: str, name: str, schema: pa.Schema, key: st
     # A concurrent writer removing one of these files makes this commit fail rather than lose its rows.
     table.create_write_transaction([*removes, *adds], mode="append", schema=schema, partition_by=partition_by)
     return open_table(lake, name).version()
+
+
+def _marked(current: DataFrame, matches: list[Match]) -> DataFrame:
+    """`current` with `_doomed`: does any match name the row. Key sets are small next to the table
+    (broadcast where they are: plans.lookup) and made distinct, so a left join never repeats a row."""
+    doomed = F.lit(False)
+    for i, match in enumerate(matches):
+        hit, since = f"_hit_{i}", f"_from_{i}"
+        keys = (match.keys.groupBy(*match.on).agg(F.min(match.at_least[1]).alias(since)) if match.at_least
+                else match.keys.select(*match.on).distinct()).withColumn(hit, F.lit(True))
+        current = current.join(lookup(keys), on=list(match.on), how="left")
+        reached = F.col(hit).isNotNull()
+        if match.at_least:
+            reached = reached & (F.col(match.at_least[0]) >= F.col(since))
+        doomed = doomed | F.coalesce(reached, F.lit(False))
+    return current.withColumn("_doomed", doomed)
 
 
 def _local_path(file_uri: str) -> str:

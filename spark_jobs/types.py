@@ -14,6 +14,7 @@ _SPARK_TYPES = {
     pa.float32(): T.FloatType(),
     pa.float64(): T.DoubleType(),
     pa.string(): T.StringType(),
+    pa.binary(): T.BinaryType(),
     pa.date32(): T.DateType(),
     # Spark's TimestampType is an instant at microsecond precision, Delta's `timestamp`.
     pa.timestamp("us", tz="UTC"): T.TimestampType(),

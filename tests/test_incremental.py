@@ -203,3 +203,70 @@ def test_scope_planner(tmp_path, traffic):
     DeltaTable(os.path.join(lake_dir, "frames")).optimize.compact()
     plan = _plan(lake_dir)
     assert plan.scope == FULL and "removed" in plan.reason
+
+
+# --- carried runs: only the new frames are read -------------------------------------------------------
+
+MANY_APPENDS = 10
+
+
+@pytest.fixture(scope="module")
+def appended_many(spark, traffic, tmp_path_factory):
+    """The same traffic in MANY_APPENDS pieces cut at random times (channels, open deliveries and
+    publishes, and channel_metrics buckets cut by every run), analysed after each append."""
+    frames, connections = traffic
+    lake_dir = str(tmp_path_factory.mktemp("appended_many"))
+    cuts = sorted(np.random.default_rng(7).uniform(0, 1, MANY_APPENDS - 1))
+    reports = []
+    for number, piece in enumerate(gen.as_appended(frames, cuts)):
+        _append(lake_dir, "frames", piece, schema.FRAMES, f"piece-{number}")
+        if number == 0:
+            _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
+        if piece.num_rows:
+            reports.append((analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS), piece))
+    return lake_dir, reports
+
+
+def test_runs_carry_open_channels_and_read_only_new_frames(whole, appended_many, traffic):
+    lake_dir, reports = appended_many
+    (first, _), *later = reports
+    assert first.scope == FULL and len(later) >= MANY_APPENDS - 2
+    hot = _hot_connection(traffic[0])
+    for report, piece in later:
+        assert report.scope == NEW_DATA
+        ids = set(piece["connection_id"].to_pylist())
+        assert report.connections == len(ids)
+        whole_ids = {k for k in ids if k in report.reason}  # the fallbacks are named in the reason
+        assert hot not in whole_ids, report.reason
+        if not whole_ids:
+            # Only the new frames: what each run reads does not grow with the connections' history.
+            assert report.carried_connections == report.connections
+            assert report.frames == piece.num_rows, (report.frames, piece.num_rows)
+    carried = [report for report, _ in later if report.carried_connections == report.connections]
+    assert len(carried) >= len(later) - 2, [report.reason for report, _ in later]
+    assert max(report.carried_records for report in carried) > 0
+    got = _tables(lake_dir)
+    for name in OUTPUT_TABLES:
+        assert len(got[name]) == len(whole[name]), name
+        assert got[name] == whole[name], name
+    runs = lake.read_table(lake_dir, RUNS_TABLE, schema.ANALYSIS_RUNS).sort_by("frames_version").to_pylist()
+    assert [r["frames"] for r in runs[1:]] == [report.frames for report, _ in later]
+
+
+def test_a_rerun_over_the_same_new_frames_changes_nothing(spark, whole, appended_many):
+    """A run cut short before its log entry is done again from the same baseline: the connections
+    then continue from checkpoints already past those frames, so they are analysed whole again."""
+    lake_dir, _ = appended_many
+    runs = lake.read_table(lake_dir, RUNS_TABLE, schema.ANALYSIS_RUNS)
+    last = max(runs.to_pylist(), key=lambda r: r["frames_version"])
+    DeltaTable(os.path.join(lake_dir, RUNS_TABLE)).delete(f"run_id = '{last['run_id']}'")
+    report = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    assert report.scope == NEW_DATA and report.carried_connections == 0 < report.connections
+    assert "not after the last analysed seq" in report.reason
+    assert _tables(lake_dir) == whole
+
+
+def _hot_connection(frames: pa.Table) -> str:
+    """The connection with the most frames: a channel open through every run."""
+    counts = frames.group_by("connection_id").aggregate([("seq", "count")]).sort_by([("seq_count", "descending")])
+    return counts["connection_id"][0].as_py()

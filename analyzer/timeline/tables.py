@@ -85,10 +85,13 @@ def to_table(records: Iterable, record_type) -> pa.Table:
     return dicts_to_table(rows, table_schema, timestamps, date_from)
 
 
+# table name -> the record type of its rows
+RECORD_TYPES = {"deliveries": r.Delivery, "publishes": r.Publish, "channels": r.ChannelFacts, "violations": r.Violation}
+
+
 def to_tables(records: Iterable) -> dict[str, pa.Table]:
     records = list(records)
-    return {"deliveries": to_table(records, r.Delivery), "publishes": to_table(records, r.Publish),
-            "channels": to_table(records, r.ChannelFacts), "violations": to_table(records, r.Violation)}
+    return {name: to_table(records, record_type) for name, record_type in RECORD_TYPES.items()}
 
 
 def replay_frames(frames: pa.Table, overdue_ns: int = r.DEFAULT_OVERDUE_NS) -> dict[str, pa.Table]:

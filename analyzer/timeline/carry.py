@@ -1,0 +1,243 @@
+"""One connection's timeline carried from one analysis run to the next.
+
+A scheduled run should cost the frames that arrived since the last run, not the connection's
+history. The state machine here is sans-IO and emits each record once, when it becomes final
+(connection.Timelines), so its state after a run's last frame is everything the next run needs:
+the next run resumes it and feeds it only the new frames. What the state holds is bounded by what
+is open (outstanding deliveries, unconfirmed publishes, consumers, modes, prefetch), not by history.
+
+A `Checkpoint` is that state plus what the stored tables need to be patched instead of rewritten:
+- `provisional`: the records the last run wrote for what was still open (its end() on a copy of
+  the state). The next run deletes exactly those rows and writes their new versions.
+- `boundary`: the Delivery and Publish records channel_metrics needs for buckets from
+  `boundary_ns` (the bucket of the connection's last frame) on: what arrived or was settled from
+  then on, what is still open, and the latest basic.deliver before it (its prefetch is the one in
+  force). The next run recomputes those buckets, and only those, from them and its own records.
+
+The checkpoint is exact only if the new frames continue the old ones and nothing they change lands
+in a bucket before the boundary; `continue_connection` checks both and otherwise says why
+(`fallback`): the caller then analyses the connection whole, as a first run would.
+
+A checkpoint is stored as bytes (pickle, read back by an unpickler that builds only this package's
+state classes and plain containers, so a lake's bytes cannot run code) tagged with `FORMAT`, a
+digest of the state machine's source: a checkpoint written by other code is not resumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import records as r
+from .connection import ConnectionTimeline
+
+_HERE = Path(__file__).parent
+FORMAT = hashlib.sha256(b"".join((_HERE / f"{name}.py").read_bytes() for name in
+                                 ("records", "consumer", "publisher", "channel", "connection", "carry"))).hexdigest()[:16]
+# In build mode (no rows to write) the records kept for the boundary are pruned this often.
+PRUNE_EVERY_ROWS = 1 << 16
+_SAFE_BUILTINS = {"set", "frozenset", "dict", "list", "tuple", "bytes", "bytearray", "int", "str", "bool", "float"}
+
+
+@dataclass
+class Checkpoint:
+    timeline: ConnectionTimeline           # after the last frame analysed; its emit hook detached
+    provisional: tuple = ()                 # records the last run wrote for what was open
+    boundary: tuple = ()                    # Delivery/Publish records channel_metrics needs from boundary_ns on
+    boundary_ns: int = 0
+
+    @property
+    def last_seq(self) -> int | None:
+        return self.timeline.last_seq
+
+    @property
+    def last_ts_ns(self) -> int | None:
+        return self.timeline.last_ts_ns
+
+
+@dataclass
+class Continued:
+    """What one run of one connection gives (empty lists and `fallback` set when it cannot carry)."""
+    rows: list = field(default_factory=list)        # records to write (final ones and the new provisional ones)
+    stale: list = field(default_factory=list)       # the last run's provisional records: rows to delete first
+    metrics: list = field(default_factory=list)     # Delivery/Publish/ChannelFacts channel_metrics reads
+    touched: set = field(default_factory=set)       # (channel, incarnation) whose metrics from boundary_ns are replaced
+    boundary_ns: int | None = None                  # None: a connection new to this run (nothing stored to patch)
+    checkpoint: Checkpoint | None = None
+    fallback: str | None = None
+
+
+def bucket_start(ts_ns: int, bucket_ns: int) -> int:
+    return ts_ns - ts_ns % bucket_ns
+
+
+def continue_connection(checkpoint: Checkpoint | None, rows: Iterable[Mapping], bucket_ns: int,
+                        overdue_ns: int = r.DEFAULT_OVERDUE_NS, keep_rows: bool = True) -> Continued:
+    """Feed `rows` (one connection, seq order) to the timeline `checkpoint` left (None: the
+    connection's first rows). `keep_rows=False` builds a checkpoint only (a whole-connection run
+    wrote the tables another way): records not needed for the boundary are dropped as it goes."""
+    emitted: list = []
+    timeline = checkpoint.timeline if checkpoint is not None else None
+    boundary = checkpoint.boundary_ns if checkpoint is not None else None
+    pruned_to = None
+    for count, row in enumerate(rows):
+        if timeline is None:
+            timeline = ConnectionTimeline(row["connection_id"], row.get("agent_id"), None, overdue_ns)
+        elif count == 0 and checkpoint is not None:
+            if timeline.last_seq is not None and row["seq"] <= timeline.last_seq:
+                return Continued(fallback=f"new frames from seq {row['seq']}, not after the last analysed "
+                                          f"seq {timeline.last_seq}")
+        if boundary is not None and row["ts_ns"] < boundary:
+            return Continued(fallback=f"a new frame (seq {row['seq']}) is older than the carried bucket")
+        timeline.emit = emitted.append
+        timeline.feed(row)
+        if not keep_rows and count % PRUNE_EVERY_ROWS == PRUNE_EVERY_ROWS - 1:
+            pruned_to = bucket_start(timeline.last_ts_ns, bucket_ns)
+            emitted[:] = _boundary_records(emitted, pruned_to)
+    if timeline is None:
+        return Continued(fallback="no frames")
+    state = _detached(timeline)
+    provisional = _ended_copy(state)
+    written = emitted + provisional
+    old = {_key(x): x for x in checkpoint.provisional} if checkpoint is not None else {}
+    new_keys = {_key(x) for x in written}
+    if not set(old) <= new_keys:
+        return Continued(fallback="a record open at the last run did not come out again")
+    if boundary is not None:
+        for record in written:
+            reason = _moved_before(old.get(_key(record)), record, boundary)
+            if reason:
+                return Continued(fallback=reason)
+    touched = {(x.channel, x.incarnation) for x in written}
+    live = {(x.channel, x.incarnation) for x in provisional if isinstance(x, r.ChannelFacts)}
+    facts = {(x.channel, x.incarnation) for x in written if isinstance(x, r.ChannelFacts)}
+    if keep_rows and not touched <= facts:
+        return Continued(fallback="records of an incarnation whose facts did not come out")
+    carried_items = _newest(list(checkpoint.boundary if checkpoint is not None else ()) + written)
+    if boundary is None:
+        metrics = [x for x in written if isinstance(x, (r.Delivery, r.Publish, r.ChannelFacts))]
+    else:
+        metrics = ([x for x in _boundary_records(carried_items, boundary) if (x.channel, x.incarnation) in touched]
+                   + [x for x in written if isinstance(x, r.ChannelFacts)])
+    next_boundary = bucket_start(state.last_ts_ns, bucket_ns)
+    if pruned_to is not None and next_boundary < pruned_to:
+        return Continued(fallback="frame times went back past records already dropped")
+    kept = tuple(x for x in _boundary_records(carried_items, next_boundary) if (x.channel, x.incarnation) in live)
+    return Continued(rows=written if keep_rows else [], stale=list(old.values()), metrics=metrics, touched=touched,
+                     boundary_ns=boundary,
+                     checkpoint=Checkpoint(state, tuple(provisional), kept, next_boundary))
+
+
+# -- what the stored rows need -----------------------------------------------------------------------
+
+def _key(record) -> tuple:
+    """A record's row key within its connection (the tables' sort keys)."""
+    if isinstance(record, (r.Delivery, r.Publish)):
+        return type(record).__name__, record.seq
+    if isinstance(record, r.Violation):
+        return "Violation", record.channel, record.incarnation, record.seq, record.kind
+    return "ChannelFacts", record.channel, record.incarnation
+
+
+def _settled_at(record) -> int | None:
+    """When an item stops being outstanding for channel_metrics: its settle time, never before itself."""
+    if record.settle_ts_ns is None:
+        return None
+    return max(record.settle_ts_ns, record.ts_ns)
+
+
+# The columns an item's arrival puts in channel_metrics (counts, whether it is outstanding at all).
+_ARRIVAL = {r.Delivery: ("ts_ns", "seq", "method", "no_ack", "redelivered", "consumer_prefetch", "channel_prefetch"),
+            r.Publish: ("ts_ns", "seq", "mode", "return_seq")}
+
+
+def _moved_before(old, new, boundary_ns: int) -> str | None:
+    """Why `new` (replacing `old`, None if it is new) would change channel_metrics before the
+    boundary bucket; None if it does not. Decided on the record's fields, conservatively: whatever
+    an item's arrival counts must be unchanged unless it arrived in the boundary bucket or later,
+    and its settling (old and new) must fall there too."""
+    if old == new:
+        return None
+    if isinstance(new, r.Violation):
+        return None  # not in channel_metrics
+    if isinstance(new, r.ChannelFacts):
+        ends = [t for x in (old, new) if x is not None for t in (x.end_ts_ns, x.observed_until_ts_ns)
+                if t is not None]
+        if any(t < boundary_ns for t in ends) or (old is None and new.open_ts_ns < boundary_ns):
+            return f"channel {new.channel} incarnation {new.incarnation} ends before the carried bucket"
+        return None
+    if old is not None and new.ts_ns < boundary_ns:
+        same = all(getattr(old, c) == getattr(new, c) for c in _ARRIVAL[type(new)])
+        if not same or (old.outcome == r.UNKNOWN) != (new.outcome == r.UNKNOWN):
+            return f"what {type(new).__name__.lower()} seq {new.seq} counts on arrival changed"
+    if old is None and new.ts_ns < boundary_ns:
+        return f"{type(new).__name__.lower()} seq {new.seq} arrived before the carried bucket"
+    settles = [_settled_at(x) for x in (old, new) if x is not None]
+    if any(t is not None and t < boundary_ns for t in settles):
+        return f"{type(new).__name__.lower()} seq {new.seq} settled before the carried bucket"
+    return None
+
+
+def _newest(records: list) -> list:
+    """Deliveries and publishes, the last version of each (later in the list wins)."""
+    by_key = {}
+    for x in records:
+        if isinstance(x, (r.Delivery, r.Publish)):
+            by_key[_key(x)] = x
+    return list(by_key.values())
+
+
+def _boundary_records(records: list, boundary_ns: int) -> list:
+    """The deliveries and publishes channel_metrics needs for buckets from `boundary_ns` on: those
+    arriving or settled from then on or never settled, and each incarnation's latest basic.deliver
+    before it."""
+    kept, last_deliver = [], {}
+    for x in records:
+        if not isinstance(x, (r.Delivery, r.Publish)):
+            continue
+        settled = _settled_at(x)
+        if x.ts_ns >= boundary_ns or settled is None or settled >= boundary_ns:
+            kept.append(x)
+        elif isinstance(x, r.Delivery) and x.method == "basic.deliver":
+            where = (x.channel, x.incarnation)
+            if where not in last_deliver or (x.ts_ns, x.seq) > (last_deliver[where].ts_ns, last_deliver[where].seq):
+                last_deliver[where] = x
+    return kept + list(last_deliver.values())
+
+
+# -- the state as bytes ---------------------------------------------------------------------------------
+
+def _detached(timeline: ConnectionTimeline) -> ConnectionTimeline:
+    timeline.emit = None
+    return timeline
+
+
+def _ended_copy(timeline: ConnectionTimeline) -> list:
+    """The records the data ending now would give, from a copy: the state itself goes on."""
+    copy = pickle.loads(pickle.dumps(timeline, protocol=pickle.HIGHEST_PROTOCOL))
+    out: list = []
+    copy.emit = out.append
+    copy.end()
+    return out
+
+
+def dump(checkpoint: Checkpoint) -> bytes:
+    return pickle.dumps(checkpoint, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class _StateUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if module.startswith(__package__ + ".") or (module == "builtins" and name in _SAFE_BUILTINS):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"a checkpoint may not name {module}.{name}")
+
+
+def load(data: bytes) -> Checkpoint:
+    checkpoint = _StateUnpickler(io.BytesIO(data)).load()
+    if not isinstance(checkpoint, Checkpoint):
+        raise pickle.UnpicklingError(f"not a checkpoint: {type(checkpoint).__name__}")
+    return checkpoint

@@ -1,0 +1,97 @@
+"""A new_data run's connections, carried on from their checkpoints (timeline/carried.py): only
+their new frames are read. What they write, and which stored rows that replaces:
+
+- deliveries, publishes: rows of the same (connection, seq). That is the last run's provisional
+  rows (items then open, now settled or still open) and, so that a run cut short and done again
+  never writes a row twice, the rows written themselves.
+- channels: the same incarnation's row; violations: every row of an incarnation whose facts are
+  written (the state machine emits an incarnation's violations with its facts, when it ends or
+  when the data does).
+- channel_metrics: the buckets of the touched incarnations from the boundary bucket on (the
+  bucket of the connection's last frame analysed before), recomputed from the records the
+  checkpoint kept for them plus the run's own. The buckets before are final: carry.py sends a
+  connection whose new frames would change one to the whole-connection path.
+- analysis_state: the connection's checkpoint.
+
+Connections that cannot be carried exactly (`fallbacks`, with the reason) are left to the caller's
+whole-connection path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from analyzer import schema
+from analyzer.timeline import INPUT_COLUMNS
+
+from .channel_metrics import channel_metrics
+from .delta_io import Match, read_delta, read_files
+from .timeline.carried import METRICS, STALE, STATE_TABLE, WRITE, carried_rows, carry_on
+from .timeline.incarnations import INCARNATION
+from .timeline.plans import materialised
+from .timeline.tables import TIMELINE_TABLES
+
+
+@dataclass
+class Carried:
+    tables: dict[str, DataFrame]          # rows to write, per table (analysis_state included)
+    matches: dict[str, list[Match]]       # the stored rows they replace
+    fallbacks: dict[str, str]             # connection -> why it must be analysed whole
+    frames: int                           # new frame rows read for the carried connections
+    connections: int                      # connections carried
+    records: int                          # records their checkpoints held
+
+    @property
+    def whole_keys(self) -> list[str]:
+        return sorted(self.fallbacks)
+
+
+def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, ...], keys: list[str], mode: str,
+                         bucket_ns: int, bucket_seconds: int, overdue_ns: int, frames_version: int) -> Carried:
+    wanted = F.broadcast(spark.createDataFrame([(k,) for k in keys], "connection_id string"))
+    new = read_files(spark, lake, "frames", new_files, list(INPUT_COLUMNS))
+    states = read_delta(spark, lake, STATE_TABLE, schema.ANALYSIS_STATE, mode).join(wanted, on="connection_id",
+                                                                                    how="left_semi")
+    wide = carry_on(new, states, bucket_ns, overdue_ns, frames_version)
+    fallbacks = {row["connection_id"]: row["reason"] for row in carried_rows(wide, "fallback").collect()}
+    state = carried_rows(wide, "state")
+    carried_ids = state.select("connection_id")
+    read = (new.join(F.broadcast(carried_ids), on="connection_id", how="left_semi").count(),
+            states.join(F.broadcast(carried_ids), on="connection_id", how="left_semi")
+            .agg(F.coalesce(F.sum("carried_records"), F.lit(0)).alias("n")).first()["n"])
+    tables = {name: carried_rows(wide, name, WRITE) for name in TIMELINE_TABLES}
+    tables["channel_metrics"] = _metrics(wide, bucket_seconds)
+    tables[STATE_TABLE] = state
+    return Carried(tables, _matches(wide, carried_ids), fallbacks, frames=read[0],
+                   connections=len(keys) - len(fallbacks), records=read[1])
+
+
+def _metrics(wide: DataFrame, bucket_seconds: int) -> DataFrame:
+    """channel_metrics of the touched incarnations from their boundary bucket on."""
+    inputs = {name: carried_rows(wide, name, METRICS) for name in ("deliveries", "publishes", "channels")}
+    touched = carried_rows(wide, "touched")
+    metrics = channel_metrics(inputs["deliveries"], inputs["publishes"], inputs["channels"], bucket_seconds)
+    return materialised(metrics.join(F.broadcast(touched), on=INCARNATION, how="inner")
+                        .where(F.col("bucket_start_ns") >= F.col("from_ns"))
+                        .select(*metrics.columns))
+
+
+def _matches(wide: DataFrame, carried_ids: DataFrame) -> dict[str, list[Match]]:
+    items = ["connection_id", "seq"]
+    incarnations = _written_or_stale(wide, "channels", INCARNATION)
+    return {
+        "deliveries": [Match(_written_or_stale(wide, "deliveries", items), tuple(items))],
+        "publishes": [Match(_written_or_stale(wide, "publishes", items), tuple(items))],
+        "channels": [Match(incarnations, tuple(INCARNATION))],
+        "violations": [Match(incarnations, tuple(INCARNATION))],
+        "channel_metrics": [Match(carried_rows(wide, "touched"), tuple(INCARNATION), ("bucket_start_ns", "from_ns"))],
+        STATE_TABLE: [Match(carried_ids, ("connection_id",))],
+    }
+
+
+def _written_or_stale(wide: DataFrame, name: str, columns: list[str]) -> DataFrame:
+    return carried_rows(wide, name, WRITE).select(*columns).unionByName(
+        carried_rows(wide, name, STALE).select(*columns))
