@@ -105,6 +105,14 @@ def test_a_checkpoint_cannot_name_other_classes():
             return (os.system, ("true",))
     with pytest.raises(pickle.UnpicklingError):
         load(pickle.dumps(Evil()))
+    # The package's modules import pickle, io and pathlib: reaching those through a module of the
+    # package (a dotted name, or a plain one naming an import) must be refused as well.
+    for module, name in (("analyzer.timeline.carry", "pickle.loads"), ("analyzer.timeline.carry", "pickle"),
+                         ("analyzer.timeline.carry", "Path"), ("analyzer.timeline.carry", "dump")):
+        forged = b"\x80\x04\x8c" + bytes([len(module)]) + module.encode() + b"\x8c" + bytes([len(name)]) \
+            + name.encode() + b"\x93."   # PROTO 4, SHORT_BINUNICODE x2, STACK_GLOBAL, STOP
+        with pytest.raises(pickle.UnpicklingError, match="may not name"):  # refused on sight, never called
+            load(forged)
     assert isinstance(load(dump(Checkpoint(continue_connection(None, renumbered(
         [{"connection_id": "c", "direction": "to_broker", "channel": 1, "method": "channel.open"}]),
         BUCKET_NS).checkpoint.timeline))), Checkpoint)

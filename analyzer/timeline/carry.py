@@ -231,8 +231,14 @@ def dump(checkpoint: Checkpoint) -> bytes:
 
 class _StateUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
-        if module.startswith(__package__ + ".") or (module == "builtins" and name in _SAFE_BUILTINS):
+        if module == "builtins" and name in _SAFE_BUILTINS:
             return super().find_class(module, name)
+        # Only classes defined in this package, by plain name: a module's other attributes (its
+        # imports, its functions) or a dotted name ("pickle.loads") would let a lake's bytes run code.
+        if module.startswith(__package__ + ".") and "." not in name:
+            found = super().find_class(module, name)
+            if isinstance(found, type) and found.__module__ == module:
+                return found
         raise pickle.UnpicklingError(f"a checkpoint may not name {module}.{name}")
 
 
