@@ -270,3 +270,23 @@ def _hot_connection(frames: pa.Table) -> str:
     """The connection with the most frames: a channel open through every run."""
     counts = frames.group_by("connection_id").aggregate([("seq", "count")]).sort_by([("seq_count", "descending")])
     return counts["connection_id"][0].as_py()
+
+
+def test_recorded_captures_cut_mid_connection_end_with_the_tables_of_one_run(spark, traffic, tmp_path_factory):
+    """The recorded captures (mid-stream starts, transactions, violations, ...) were recorded long
+    after the generated traffic, so the pieces above hold them whole: here they alone are cut in
+    four by time, inside their connections and channels."""
+    frames, connections = traffic
+    recorded = frames.filter(pc.invert(pc.starts_with(frames["connection_id"], "10.1.")))
+    assert recorded.num_rows and len(set(recorded["connection_id"].to_pylist())) >= len(IRREGULAR_EXAMPLES)
+    whole_dir, pieces_dir = (str(tmp_path_factory.mktemp(name)) for name in ("recorded_whole", "recorded_pieces"))
+    _append(whole_dir, "frames", recorded, schema.FRAMES, "all")
+    for lake_dir in (whole_dir, pieces_dir):
+        _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
+    analyze(spark, whole_dir, thresholds=LAB_THRESHOLDS)
+    reports = []
+    for number, piece in enumerate(gen.as_appended(recorded, [0.25, 0.5, 0.75])):
+        _append(pieces_dir, "frames", piece, schema.FRAMES, f"piece-{number}")
+        reports.append(analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS))
+    assert sum(r.carried_connections for r in reports[1:]) > 0, [r.reason for r in reports]
+    assert _tables(pieces_dir) == _tables(whole_dir)
