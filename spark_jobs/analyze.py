@@ -5,9 +5,9 @@ The thin I/O shell around pure transforms (timeline/, detectors/, channel_metric
 same from `ackscope analyze` and from `spark-submit spark_jobs/analyze.py --lake ...` on a cluster.
 
 A run analyses the connections with frames it has not seen (run_scope.py says which and why) and
-replaces their rows in the per-connection tables, each table in one commit; then it computes the
-findings over the whole tables. The run is logged in `analysis_runs` last: a run cut short is
-simply done again by the next one.
+replaces their rows in the per-connection tables, each table in one commit; then it computes again
+the findings those rows can change (detectors/scoped.py), or all of them on a full run. The run is
+logged in `analysis_runs` last: a run cut short is simply done again by the next one.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from .channel_metrics import NS_PER_SECOND, channel_metrics
 from .delta_io import Match, read_delta, read_files, replace_matching, write_delta
 from .incremental import carry_on_connections
 from .detectors import detect
+from .detectors.scoped import rescoped_findings
 from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, plan_run, thresholds_json
 from .session import delta_mode as resolve_delta_mode
 from .thresholds import Thresholds
@@ -69,7 +70,7 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
             overdue_ns: int = DEFAULT_OVERDUE_NS, full: bool = False) -> AnalysisReport:
     """One run: plan its scope (run_scope.py); carry the connections with new frames on from their
     checkpoints, or analyse them whole where that cannot be done exactly; patch or replace their
-    rows; then the findings over the whole tables."""
+    rows; then the findings they can change (all of them on a full run or new thresholds)."""
     started, started_ts = time.monotonic(), datetime.now(timezone.utc)
     thresholds = thresholds if thresholds is not None else Thresholds()
     mode = resolve_delta_mode(spark, delta_mode)
@@ -127,11 +128,18 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
                 replace_matching(rows, lake, name, table_schema, matches, delta_mode=mode)
             if name != STATE_TABLE:
                 report.rows[name] = rows.count()
-    # Findings follow messages across connections: the detectors see the whole tables.
-    whole = tables if keys is None else {name: read_delta(spark, lake, name, OUTPUT_TABLES[name], mode)
-                                        for name in TIMELINE_TABLES}
-    findings = materialised(detect({**whole, "frames": all_frames, "connections": connections}, thresholds))
-    write_delta(findings, lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=mode)
+    stored = tables if keys is None else {name: read_delta(spark, lake, name, OUTPUT_TABLES[name], mode)
+                                         for name in TIMELINE_TABLES}
+    inputs = {**stored, "frames": all_frames, "connections": connections}
+    if keys and not plan.findings_stale:
+        analysed = spark.createDataFrame([(k,) for k in keys], "connection_id string")
+        rescoped = rescoped_findings(inputs, analysed, _frames_of(spark, lake, keys, connections, plan, mode),
+                                     thresholds)
+        replace_matching(materialised(rescoped.findings), lake, "findings", schema.FINDINGS, rescoped.replaces,
+                         delta_mode=mode)
+    else:
+        findings = materialised(detect(inputs, thresholds))
+        write_delta(findings, lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=mode)
     report.rows["findings"] = _count_findings(lake, report)
     _log_run(lake, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
     return _finished(report, started)

@@ -290,3 +290,45 @@ def test_recorded_captures_cut_mid_connection_end_with_the_tables_of_one_run(spa
         reports.append(analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS))
     assert sum(r.carried_connections for r in reports[1:]) > 0, [r.reason for r in reports]
     assert _tables(pieces_dir) == _tables(whole_dir)
+
+
+def test_a_run_updates_findings_of_connections_it_did_not_analyse(spark, traffic, tmp_path_factory):
+    """Findings that follow a message across connections: the consumer that closed its channel
+    with deliveries unacked is in the lake first, the consumer that got them again (redelivered)
+    arrives later, as if another agent appended it. The second run analyses only the newcomer, and
+    must still find (and pin to the first consumer) what one run over everything finds."""
+    frames, connections = traffic
+    ids = set(lake.read_table(_recorded_example("redelivery_after_close", tmp_path_factory), "frames",
+                              schema.FRAMES)["connection_id"].to_pylist())
+    example = frames.filter(pc.is_in(frames["connection_id"], pa.array(sorted(ids))))
+    named = {r["connection_id"]: r["connection_name"] for r in connections.to_pylist() if r["connection_id"] in ids}
+    second = next(k for k, name in named.items() if (name or "").endswith("second-consumer"))
+    whole_dir, pieces_dir = (str(tmp_path_factory.mktemp(name)) for name in ("across_whole", "across_pieces"))
+    _append(whole_dir, "frames", example, schema.FRAMES, "all")
+    for lake_dir in (whole_dir, pieces_dir):
+        _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
+    analyze(spark, whole_dir, thresholds=LAB_THRESHOLDS)
+    is_second = pc.equal(example["connection_id"], second)
+    _append(pieces_dir, "frames", example.filter(pc.invert(is_second)), schema.FRAMES, "others")
+    analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS)
+    assert "redelivery_after_close" not in _kinds(pieces_dir)
+    _append(pieces_dir, "frames", example.filter(is_second), schema.FRAMES, "second")
+    report = analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS)
+    assert report.scope == NEW_DATA and report.connections == 1
+    assert _kinds(pieces_dir)["redelivery_after_close"] == {named_id for named_id, name in named.items()
+                                                           if (name or "").endswith("first-consumer")}
+    assert _tables(pieces_dir) == _tables(whole_dir)
+
+
+def _recorded_example(name: str, tmp_path_factory) -> str:
+    lake_dir = str(tmp_path_factory.mktemp(name))
+    assert not ingest_file(os.path.join(ROOT, "examples", name + ".pcapng"), lake_dir).errors
+    return lake_dir
+
+
+def _kinds(lake_dir: str) -> dict[str, set]:
+    found = lake.read_table(lake_dir, "findings", schema.FINDINGS, columns=["kind", "connection_id"]).to_pylist()
+    kinds: dict[str, set] = {}
+    for row in found:
+        kinds.setdefault(row["kind"], set()).add(row["connection_id"])
+    return kinds

@@ -7,7 +7,8 @@ PUBLISHES, CHANNELS, VIOLATIONS, FRAMES, CONNECTIONS), whichever job built the t
 reference timeline (analyzer.timeline) or the Spark timeline job.
 
 Modules: publisher.py (confirm-side kinds), consumer.py (ack-side kinds), messages.py (kinds that
-follow one message), flow.py (flow control), common.py (the raw-finding contract and `finish`).
+follow one message), flow.py (flow control), common.py (the raw-finding contract and `finish`),
+scoped.py (what a run that analysed some connections computes again).
 """
 
 from __future__ import annotations
@@ -54,11 +55,12 @@ INPUTS = {
 }
 
 
-def detect(tables: dict[str, DataFrame], thresholds: Thresholds | None = None) -> DataFrame:
-    """Every finding in `tables` (keys as in INPUTS), as a DataFrame of spark_schema(schema.FINDINGS)."""
+def detect(tables: dict[str, DataFrame], thresholds: Thresholds | None = None, kinds=tuple(DETECTORS)) -> DataFrame:
+    """Every finding of these kinds in `tables` (keys as in INPUTS), as a DataFrame of
+    spark_schema(schema.FINDINGS)."""
     check_inputs(tables)
     thresholds = thresholds if thresholds is not None else Thresholds()
-    raw = reduce(DataFrame.unionByName, [detector(tables, thresholds) for detector in DETECTORS.values()])
+    raw = reduce(DataFrame.unionByName, [DETECTORS[kind](tables, thresholds) for kind in kinds])
     return finish(raw, tables["frames"], tables["connections"])
 
 
