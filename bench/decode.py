@@ -501,7 +501,8 @@ def tshark_reference(path: str) -> Reference:
 
 _RSS_WRAPPER = ("import resource, subprocess, sys\n"
                 "code = subprocess.call(sys.argv[2:], stdout=sys.stdout)\n"
-                "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n"
+                "usage = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+                "open(sys.argv[1], 'w').write(f'{usage.ru_maxrss} {usage.ru_utime + usage.ru_stime}')\n"
                 "sys.exit(code)\n")
 
 
@@ -511,10 +512,11 @@ class Run:
     rss_mb: float
     returncode: int
     stdout: str
+    cpu_seconds: float = 0.0   # user + system of the child and everything it waited for
 
 
 def timed(cmd: list[str], *, keep_stdout: bool) -> Run:
-    """Wall time and peak RSS of one child: GNU time -v if installed, else a getrusage wrapper."""
+    """Wall time, CPU time and peak RSS of one child: GNU time -v if installed, else a getrusage wrapper."""
     with tempfile.NamedTemporaryFile(mode="r", suffix=".rss") as rss_file:
         if os.access(GNU_TIME, os.X_OK):
             full = [GNU_TIME, "-v", "-o", rss_file.name, *cmd]
@@ -526,10 +528,14 @@ def timed(cmd: list[str], *, keep_stdout: bool) -> Run:
         seconds = time.perf_counter() - started
         report = rss_file.read()
     found = re.search(r"Maximum resident set size \(kbytes\): (\d+)", report)
-    kbytes = int(found.group(1)) if found else int(report.strip() or 0)
+    if found:
+        kbytes = int(found.group(1))
+        cpu = sum(float(x) for x in re.findall(r"(?:User|System) time \(seconds\): ([\d.]+)", report))
+    else:
+        kbytes, cpu = (float(x) for x in (report.split() or ["0", "0"]))
     if proc.returncode not in (0,) and not keep_stdout:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return Run(seconds, kbytes / 1024, proc.returncode, proc.stdout or "")
+    return Run(seconds, kbytes / 1024, proc.returncode, proc.stdout or "", cpu)
 
 
 def ackscope_cmd(path: str, lake_dir: str, workers: int | None) -> list[str]:
@@ -555,7 +561,7 @@ def run_tshark(path: str) -> Run:
 
 def best_of(runs: list[Run]) -> Run:
     best = min(runs, key=lambda r: r.seconds)
-    return Run(best.seconds, max(r.rss_mb for r in runs), best.returncode, best.stdout)
+    return Run(best.seconds, max(r.rss_mb for r in runs), best.returncode, best.stdout, best.cpu_seconds)
 
 
 @dataclass
@@ -678,6 +684,13 @@ def print_workers(results: list[Result], workers: int | None, repeat: int, tmp_r
         print(f"  {r.capture.kind:<6} 1 worker {one.seconds:.2f} s, {workers} workers {many.seconds:.2f} s: "
               f"speed-up {speedup:.2f}x{target}; peak RSS of the largest process {many.rss_mb:,.0f} MB "
               f"{mark(many.rss_mb < TARGET_RSS_MB)} <{TARGET_RSS_MB}")
+        # One process already runs its Parquet encoding and fingerprint on threads beside the
+        # decoding: the cores it keeps busy bound what any split of the same work can gain here.
+        busy = one.cpu_seconds / one.seconds
+        cores = min(workers, os.cpu_count() or 1)
+        print(f"         CPU: 1 worker {one.cpu_seconds:.2f} s ({busy:.2f} cores busy on average), {workers} workers "
+              f"{many.cpu_seconds:.2f} s; on {cores} cores no split of the same work can beat "
+              f"{cores / busy:.2f}x")
 
 
 def profile(capture: Capture, top: int = 25) -> None:
