@@ -12,6 +12,7 @@ from .fingerprint import Fingerprints
 from .gcpause import cyclic_gc_paused
 from .pandas_probe import answer_pandas_probe_without_pandas
 from .spec import DEFAULT_BROKER_PORTS, DEFAULT_MAX_FRAME
+from .worker_pool import worker_pool
 
 EXIT_OK = 0
 EXIT_DAMAGED = 3      # a capture was truncated or corrupt: everything read before the damage was committed
@@ -128,22 +129,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_ingest(args, own_process: bool = False) -> int:
-    fingerprints = Fingerprints(args.files)  # hashed while the imports below run
-    with cyclic_gc_paused():  # these imports bring in pyarrow: start-up is faster without it
-        if own_process:  # see main()
-            answer_pandas_probe_without_pandas()
-        from .ingest import ingest_file
-
     try:
         ports = frozenset(int(p) for p in args.ports.split(",") if p.strip())
     except ValueError:
         print(f"ackscope ingest: --ports takes comma-separated numbers, not {args.ports!r}", file=sys.stderr)
         return 2
+    fingerprints = Fingerprints(args.files)  # hashed while the workers and the imports below start
+    with worker_pool(max(1, args.workers)) as pool:
+        return _ingest_files(args, ports, fingerprints, pool, own_process)
+
+
+def _ingest_files(args, ports, fingerprints, pool, own_process: bool) -> int:
+    with cyclic_gc_paused():  # these imports bring in pyarrow: start-up is faster without it
+        if own_process:  # see main()
+            answer_pandas_probe_without_pandas()
+        from .ingest import ingest_file
+
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
     os.makedirs(args.lake, exist_ok=True)
     reports = [ingest_file(path, args.lake, agent_id=args.agent_id, broker_ports=ports,
                            max_frame=args.max_frame_size, show_progress=show_progress and not args.json,
-                           workers=max(1, args.workers), fingerprint_of=fingerprints)
+                           workers=max(1, args.workers), pool=pool, fingerprint_of=fingerprints)
                for path in args.files]
     if args.json:
         print(json.dumps(combined_json(reports), sort_keys=True))

@@ -7,7 +7,6 @@ tables' commits is completed by the next run without duplicating anything.
 
 import concurrent.futures
 import contextlib
-import multiprocessing
 import os
 import sys
 import time
@@ -22,7 +21,7 @@ from .flows import DEFAULT_BROKER_PORTS, FlowTable
 from .framing import DEFAULT_MAX_FRAME
 from .gcpause import cyclic_gc_paused
 from .packets import SUPPORTED_LINKTYPES, tcp_segment
-from .pandas_probe import answer_pandas_probe_without_pandas
+from .worker_pool import worker_pool
 
 BATCH_ROWS = 100_000
 
@@ -128,18 +127,14 @@ def connections_table(connection_rows: list[dict]):
 
 
 def ingest_file(path: str, lake_dir: str, *, agent_id: str = "", broker_ports=DEFAULT_BROKER_PORTS,
-                max_frame: int = DEFAULT_MAX_FRAME, show_progress: bool = False, workers: int = 1,
+                max_frame: int = DEFAULT_MAX_FRAME, show_progress: bool = False, workers: int = 1, pool=None,
                 fingerprint_of=fingerprint) -> FileReport:
     """Decode one capture file into the lake. `fingerprint_of(path)` gives the file's SHA-256
-    (fingerprint.Fingerprints: one computed while this process was starting)."""
+    (fingerprint.Fingerprints: one computed while this process was starting). With several
+    `workers`, `pool` is worker_pool(workers) when the caller has one (started early, kept for
+    every file); else one is started for this file."""
     started = time.perf_counter()
-    # Workers beyond this process are started first: each new interpreter spends ~0.3 s importing
-    # pyarrow and the rest, which then overlaps the fingerprint and the lake look-ups below.
-    # spawn, not fork: delta-rs runs threads that a forked child would inherit in an unknown state.
-    spawn = multiprocessing.get_context("spawn")
-    # The workers only ingest: they start without pandas (pandas_probe).
-    with (spawn.Pool(workers - 1, initializer=answer_pandas_probe_without_pandas) if workers > 1
-          else contextlib.nullcontext()) as pool:
+    with (worker_pool(workers) if pool is None else contextlib.nullcontext(pool)) as pool:
         return _ingest_file(path, lake_dir, started, workers, pool, agent_id=agent_id, broker_ports=broker_ports,
                             max_frame=max_frame, show_progress=show_progress, fingerprint_of=fingerprint_of)
 
