@@ -29,7 +29,7 @@ from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
 from .channel_metrics import NS_PER_SECOND, channel_metrics
 from .delta_io import Match, read_delta, read_files, replace_matching, write_delta
-from .incremental import carry_on_connections
+from .incremental import Carried, carry_on_connections
 from .detectors import detect
 from .detectors.scoped import rescoped_findings
 from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, plan_run, thresholds_json
@@ -65,6 +65,25 @@ class AnalysisReport:
         return dict(self.__dict__)
 
 
+@dataclass
+class _Run:
+    """What every step of one run reads: where, which snapshot and connections, with what settings."""
+    spark: SparkSession
+    lake: str
+    mode: str
+    plan: RunScope
+    keys: list[str] | None              # the connections in scope; None: all of them (a full run)
+    connections: DataFrame
+    bucket_seconds: int
+    overdue_ns: int
+
+    def frames_of(self, keys: list[str]) -> DataFrame:
+        return _frames_of(self.spark, self.lake, keys, self.connections, self.plan, self.mode)
+
+    def ids(self, keys: list[str]) -> DataFrame:
+        return self.spark.createDataFrame([(k,) for k in keys], "connection_id string")
+
+
 def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str | None = None,
             delta_mode: str = "auto", thresholds: Thresholds | None = None, bucket_seconds: int = 10,
             overdue_ns: int = DEFAULT_OVERDUE_NS, full: bool = False) -> AnalysisReport:
@@ -80,6 +99,7 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
     all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
     connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)
     keys = None if plan.scope == FULL else _connections_in_scope(spark, lake, plan, mode)
+    run = _Run(spark, lake, mode, plan, keys, connections, bucket_seconds, overdue_ns)
     if keys == [] and not plan.findings_stale:
         report.reason += "; nothing to analyse"
         _count_findings(lake, report)
@@ -87,73 +107,88 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
             _log_run(lake, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
         return _finished(report, started)
 
-    tables = {}
-    if keys is None or keys:
-        bucket_ns = bucket_seconds * NS_PER_SECOND
-        carried = carry_on_connections(spark, lake, plan.new_files, keys, mode, bucket_ns, bucket_seconds,
-                                       overdue_ns, plan.frames_version) if plan.scope == NEW_DATA else None
-        if carried is not None:
-            report.frames, report.connections = carried.frames, carried.connections
-            report.carried_connections, report.carried_records = carried.connections, carried.records
-            if carried.fallbacks:
-                report.reason += f"; {len(carried.fallbacks)} connection(s) analysed whole: " + "; ".join(
-                    f"{k}: {why}" for k, why in sorted(carried.fallbacks.items())[:5])
-        whole_keys = keys if carried is None else carried.whole_keys
-        outputs = {name: [] for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
-        if whole_keys is None or whole_keys:
-            frames = all_frames if whole_keys is None else _frames_of(spark, lake, whole_keys, connections, plan, mode)
-            tables, irregular = _whole(frames, overdue_ns, bucket_seconds)
-            report.reference_connections = irregular.count()
-            tables[STATE_TABLE] = materialised(checkpoints(frames, bucket_ns, overdue_ns, plan.frames_version))
-            for name in outputs:
-                outputs[name].append(tables[name])
-            counted = frames.agg(F.count(F.lit(1)).alias("frames"),
-                                 F.countDistinct("connection_id").alias("ids")).first()
-            report.frames += counted["frames"]
-            report.connections += counted["ids"]
-        if carried is not None:
-            for name in outputs:
-                outputs[name].append(carried.tables[name])
-        wanted = None if whole_keys is None else spark.createDataFrame([(k,) for k in whole_keys], "connection_id string")
-        for name, parts in outputs.items():
-            rows = parts[0]
-            for part in parts[1:]:
-                rows = rows.unionByName(part)
-            table_schema = OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE)
-            if keys is None:
-                write_delta(rows, lake, name, table_schema, mode="overwrite", delta_mode=mode)
-            else:
-                matches = [Match(wanted, ("connection_id",))] if whole_keys else []
-                matches += carried.matches[name] if carried is not None else []
-                replace_matching(rows, lake, name, table_schema, matches, delta_mode=mode)
-            if name != STATE_TABLE:
-                report.rows[name] = rows.count()
-    stored = tables if keys is None else {name: read_delta(spark, lake, name, OUTPUT_TABLES[name], mode)
-                                         for name in TIMELINE_TABLES}
-    inputs = {**stored, "frames": all_frames, "connections": connections}
-    if keys and not plan.findings_stale:
-        analysed = spark.createDataFrame([(k,) for k in keys], "connection_id string")
-        rescoped = rescoped_findings(inputs, analysed, _frames_of(spark, lake, keys, connections, plan, mode),
-                                     thresholds)
-        replace_matching(materialised(rescoped.findings), lake, "findings", schema.FINDINGS, rescoped.replaces,
-                         delta_mode=mode)
-    else:
-        findings = materialised(detect(inputs, thresholds))
-        write_delta(findings, lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=mode)
+    tables = _per_connection_tables(run, all_frames, report) if keys != [] else {}
+    _refresh_findings(run, tables, all_frames, thresholds)
     report.rows["findings"] = _count_findings(lake, report)
     _log_run(lake, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
     return _finished(report, started)
 
 
-def _whole(frames: DataFrame, overdue_ns: int, bucket_seconds: int) -> tuple[dict[str, DataFrame], DataFrame]:
-    """The per-connection tables of these connections from all their frames, and the connections
-    the reference model replayed."""
-    timelines, irregular = routed_timelines(frames, overdue_ns)
+def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisReport) -> dict[str, DataFrame]:
+    """The per-connection tables of the run's connections, written (a full run: replacing each
+    table; otherwise: replacing those connections' rows). Connections carried on from their
+    checkpoints read only their new frames; the rest are analysed whole. Returns the tables a
+    full run computed (the findings read them), else nothing."""
+    carried = None
+    if run.plan.scope == NEW_DATA:
+        carried = carry_on_connections(run.spark, run.lake, run.plan.new_files, run.keys, run.mode,
+                                       run.bucket_seconds * NS_PER_SECOND, run.bucket_seconds, run.overdue_ns,
+                                       run.plan.frames_version)
+        _report_carried(carried, report)
+    whole_keys = run.keys if carried is None else carried.whole_keys
+    outputs = {name: [] for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
+    tables = {}
+    if whole_keys is None or whole_keys:
+        frames = all_frames if whole_keys is None else run.frames_of(whole_keys)
+        tables = _analysed_whole(run, frames, report)
+        for name in outputs:
+            outputs[name].append(tables[name])
+    if carried is not None:
+        for name in outputs:
+            outputs[name].append(carried.tables[name])
+    analysed_whole = [Match(run.ids(whole_keys), ("connection_id",))] if whole_keys else []
+    for name, parts in outputs.items():
+        rows = parts[0]
+        for part in parts[1:]:
+            rows = rows.unionByName(part)
+        table_schema = OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE)
+        if run.keys is None:
+            write_delta(rows, run.lake, name, table_schema, mode="overwrite", delta_mode=run.mode)
+        else:
+            matches = analysed_whole + (carried.matches[name] if carried is not None else [])
+            replace_matching(rows, run.lake, name, table_schema, matches, delta_mode=run.mode)
+        if name != STATE_TABLE:
+            report.rows[name] = rows.count()
+    return tables if run.keys is None else {}
+
+
+def _report_carried(carried: Carried, report: AnalysisReport) -> None:
+    report.frames, report.connections = carried.frames, carried.connections
+    report.carried_connections, report.carried_records = carried.connections, carried.records
+    if carried.fallbacks:
+        report.reason += f"; {len(carried.fallbacks)} connection(s) analysed whole: " + "; ".join(
+            f"{k}: {why}" for k, why in sorted(carried.fallbacks.items())[:5])
+
+
+def _analysed_whole(run: _Run, frames: DataFrame, report: AnalysisReport) -> dict[str, DataFrame]:
+    """The per-connection tables and checkpoints of these connections from all their frames."""
+    timelines, irregular = routed_timelines(frames, run.overdue_ns)
     # Every output reads the timelines again: compute them once.
     tables = {name: materialised(df) for name, df in timelines.items()}
     tables["channel_metrics"] = materialised(channel_metrics(tables["deliveries"], tables["publishes"],
-                                                          tables["channels"], bucket_seconds))
-    return tables, irregular
+                                                          tables["channels"], run.bucket_seconds))
+    tables[STATE_TABLE] = materialised(checkpoints(frames, run.bucket_seconds * NS_PER_SECOND, run.overdue_ns,
+                                                   run.plan.frames_version))
+    report.reference_connections = irregular.count()
+    counted = frames.agg(F.count(F.lit(1)).alias("frames"), F.countDistinct("connection_id").alias("ids")).first()
+    report.frames += counted["frames"]
+    report.connections += counted["ids"]
+    return tables
+
+
+def _refresh_findings(run: _Run, tables: dict[str, DataFrame], all_frames: DataFrame, thresholds: Thresholds) -> None:
+    """A scoped run computes again the findings its connections can change and replaces just those;
+    a full run (or new thresholds) computes them all and replaces the table."""
+    stored = tables or {name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode)
+                        for name in TIMELINE_TABLES}
+    inputs = {**stored, "frames": all_frames, "connections": run.connections}
+    if run.keys and not run.plan.findings_stale:
+        rescoped = rescoped_findings(inputs, run.ids(run.keys), run.frames_of(run.keys), thresholds)
+        replace_matching(materialised(rescoped.findings), run.lake, "findings", schema.FINDINGS, rescoped.replaces,
+                         delta_mode=run.mode)
+    else:
+        findings = materialised(detect(inputs, thresholds))
+        write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=run.mode)
 
 
 def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: str) -> list[str]:
