@@ -22,7 +22,7 @@ demo: $(STAMP)
 
 # Installs or starts what the tests talk to (tshark, RabbitMQ, Prometheus), then the whole suite.
 test: $(STAMP) services
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 services:
 	bash deploy/ci/services.sh
