@@ -77,11 +77,25 @@ class _Run:
     bucket_seconds: int
     overdue_ns: int
 
-    def frames_of(self, keys: list[str]) -> DataFrame:
-        return _frames_of(self.spark, self.lake, keys, self.connections, self.plan, self.mode)
+    @property
+    def bucket_ns(self) -> int:
+        return self.bucket_seconds * NS_PER_SECOND
 
     def ids(self, keys: list[str]) -> DataFrame:
         return self.spark.createDataFrame([(k,) for k in keys], "connection_id string")
+
+    def frames_of(self, keys: list[str]) -> DataFrame:
+        """Every frame of these connections: from the first day any of them was seen (the
+        connections table says), else from the start."""
+        wanted = F.broadcast(self.ids(keys))
+        seen = (self.connections.join(wanted, on="connection_id", how="inner")
+                .agg(F.countDistinct("connection_id").alias("known"), F.min("first_ts_ns").alias("first_ns")).first())
+        first_day = None
+        if seen["known"] == len(keys) and seen["first_ns"] is not None:
+            first_day = datetime.fromtimestamp(seen["first_ns"] // 10**9, timezone.utc).date().isoformat()
+        frames = read_delta(self.spark, self.lake, "frames", schema.FRAMES, self.mode, since=first_day,
+                            version=self.plan.frames_version)
+        return frames.join(wanted, on="connection_id", how="left_semi")
 
 
 def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str | None = None,
@@ -122,7 +136,7 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     carried = None
     if run.plan.scope == NEW_DATA:
         carried = carry_on_connections(run.spark, run.lake, run.plan.new_files, run.keys, run.mode,
-                                       run.bucket_seconds * NS_PER_SECOND, run.bucket_seconds, run.overdue_ns,
+                                       run.bucket_ns, run.bucket_seconds, run.overdue_ns,
                                        run.plan.frames_version)
         _report_carried(carried, report)
     whole_keys = run.keys if carried is None else carried.whole_keys
@@ -167,7 +181,7 @@ def _analysed_whole(run: _Run, frames: DataFrame, report: AnalysisReport) -> dic
     tables = {name: materialised(df) for name, df in timelines.items()}
     tables["channel_metrics"] = materialised(channel_metrics(tables["deliveries"], tables["publishes"],
                                                           tables["channels"], run.bucket_seconds))
-    tables[STATE_TABLE] = materialised(checkpoints(frames, run.bucket_seconds * NS_PER_SECOND, run.overdue_ns,
+    tables[STATE_TABLE] = materialised(checkpoints(frames, run.bucket_ns, run.overdue_ns,
                                                    run.plan.frames_version))
     report.reference_connections = irregular.count()
     counted = frames.agg(F.count(F.lit(1)).alias("frames"), F.countDistinct("connection_id").alias("ids")).first()
@@ -200,20 +214,6 @@ def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: 
     else:
         raise ValueError(f"scope {plan.scope!r} has no list of connections")
     return sorted(r["connection_id"] for r in ids.where(F.col("connection_id").isNotNull()).distinct().collect())
-
-
-def _frames_of(spark: SparkSession, lake: str, keys: list[str], connections: DataFrame, plan: RunScope,
-               mode: str) -> DataFrame:
-    """Every frame of these connections: from the first day any of them was seen (the connections
-    table says), else from the start."""
-    wanted = spark.createDataFrame([(k,) for k in keys], "connection_id string")
-    seen = (connections.join(F.broadcast(wanted), on="connection_id", how="inner")
-            .agg(F.countDistinct("connection_id").alias("known"), F.min("first_ts_ns").alias("first_ns")).first())
-    first_day = None
-    if seen["known"] == len(keys) and seen["first_ns"] is not None:
-        first_day = datetime.fromtimestamp(seen["first_ns"] // 10**9, timezone.utc).date().isoformat()
-    frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, since=first_day, version=plan.frames_version)
-    return frames.join(F.broadcast(wanted), on="connection_id", how="left_semi")
 
 
 def _log_run(lake: str, plan: RunScope, report: AnalysisReport, started_ts: datetime, bucket_seconds: int,
