@@ -39,6 +39,9 @@ CHANNEL_TRANSITIONS = {
     (TO_CLIENT, "tx.commit-ok"): ChannelLife.tx_reply,
     (TO_CLIENT, "tx.rollback-ok"): ChannelLife.tx_reply,
 }
+# Consumers ending: kept out of CHANNEL_TRANSITIONS because they change no record, only the live
+# view (live.py), so they must not start an incarnation where the data lacks the channel's open.
+CANCELS = frozenset(("basic.cancel", "basic.cancel-ok"))
 CONNECTION_ENDS = frozenset(("connection.close", "connection.close-ok"))
 TRANSPORT_ENDS = frozenset(("tcp.fin", "tcp.rst"))
 DELIVERING = frozenset(("basic.deliver", "basic.get-ok"))
@@ -58,6 +61,7 @@ class ConnectionTimeline:
         self.synchronised: set[str] = set()       # directions that joined mid-stream
         self.closed = None                        # the connection.close (or close-ok) row
         self.transport_end = None                 # the first tcp.fin / tcp.rst row
+        self.blocked_since_ns = None              # ts of a connection.blocked not yet unblocked
         self.last_seq = None
         self.last_ts_ns = None
         self.finished = False
@@ -96,6 +100,11 @@ class ConnectionTimeline:
                 for life in self.lives.values():
                     if life.holding == direction:
                         life.release()
+            elif method == "connection.blocked" and direction == TO_CLIENT:
+                if self.blocked_since_ns is None:
+                    self.blocked_since_ns = row["ts_ns"]
+            elif method == "connection.unblocked" and direction == TO_CLIENT:
+                self.blocked_since_ns = None
             elif method in TRANSPORT_ENDS and self.transport_end is None:
                 self.transport_end = row  # frames still in flight may follow: it ends at the end of the data
         elif method == "channel.open" and direction == TO_BROKER:
@@ -116,6 +125,10 @@ class ConnectionTimeline:
                     life.close(row, r.CHANNEL_CLOSED, ended_by="channel.close",
                                closed_by="broker" if direction == TO_BROKER else "client", peer=OTHER[direction])
                 self._retire_after(life, row)
+        elif method in CANCELS and direction == TO_CLIENT:
+            life = self.lives.get(channel)
+            if life is not None:
+                life.cancelled_consumer(row)
         else:
             transition = CHANNEL_TRANSITIONS.get((direction, method))
             if transition is None:

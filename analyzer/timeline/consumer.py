@@ -49,6 +49,8 @@ class _EarlyAck:
 class ConsumerSide:
     def _init_consumer(self, history_known: bool) -> None:
         self.consumers: dict[str, tuple] = {}  # consumer tag -> (queue, no_ack, consumer prefetch)
+        # Cancelled consumers stay in `consumers`: deliveries in flight still name them.
+        self.cancelled: set[str] = set()
         # Consume (without nowait) and get are synchronous: at most one awaits its reply.
         self.pending_consume: tuple | None = None
         self.pending_get: tuple | None = None
@@ -91,6 +93,11 @@ class ConsumerSide:
     def consume_ok(self, row) -> None:
         if self.pending_consume is not None and row.get("consumer_tag") is not None:
             self.consumers[row["consumer_tag"]], self.pending_consume = self.pending_consume, None
+
+    def cancelled_consumer(self, row) -> None:
+        """basic.cancel-ok, or the broker's basic.cancel (queue deleted): no more deliveries for it."""
+        if row.get("consumer_tag") is not None:
+            self.cancelled.add(row["consumer_tag"])
 
     def get(self, row) -> None:
         if not self.ended:
