@@ -30,3 +30,21 @@ def spark():
     session = get_spark("local[2]", "ackscope-tests", driver_memory="2g")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def analysed_examples(spark, tmp_path_factory):
+    """Every recorded example ingested into one lake and analysed once, at the lab's thresholds:
+    (lake folder, the run's report). Read it, never write to it: several test modules share it
+    (an analysis run has a fixed cost of a minute or more)."""
+    import glob
+
+    from analyzer.ingest import ingest_file
+    from spark_jobs.analyze import analyze
+
+    from .findings_check import LAB_THRESHOLDS
+
+    lake_dir = str(tmp_path_factory.mktemp("analysed-examples"))
+    for capture in sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng"))):
+        assert not ingest_file(capture, lake_dir).errors, capture
+    return lake_dir, analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)

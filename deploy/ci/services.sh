@@ -9,6 +9,8 @@ command -v java    >/dev/null || need+=(openjdk-17-jre-headless)
 command -v rabbitmq-server >/dev/null || need+=(rabbitmq-server)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v prometheus-pushgateway >/dev/null || need+=(prometheus-pushgateway)
+command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
+command -v chromium >/dev/null || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   echo "services: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
