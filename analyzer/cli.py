@@ -18,6 +18,7 @@ EXIT_OK = 0
 EXIT_DAMAGED = 3      # a capture was truncated or corrupt: everything read before the damage was committed
 EXIT_UNREADABLE = 4   # a file was not a readable capture: nothing was ingested from it
 EXIT_ANALYSIS_FAILED = 5
+EXIT_PUSH_FAILED = 6  # the Pushgateway could not be reached or refused the push
 
 DESCRIPTION = """\
 ackscope: AMQP 0-9-1 (RabbitMQ) traffic analyser. It decodes captures into Delta Lake tables and
@@ -109,7 +110,22 @@ def build_parser() -> argparse.ArgumentParser:
                          help="a publish still unconfirmed this long when the data ends is overdue "
                               "(default %(default)s)")
     analyze.add_argument("--json", action="store_true", help="print one JSON object")
+    add_push_options(analyze, "--pushgateway", "--push-job",
+                     "at the end of the run, push its results (as `ackscope push` does), or "
+                     "ackscope_analysis_failures=1 if it failed")
     analyze.set_defaults(run=run_analyze)
+
+    push = commands.add_parser(
+        "push", help="push the lake's analysis to a Prometheus Pushgateway",
+        description="Read the findings, channel_metrics, deliveries, publishes, connections and analysis_runs "
+                    "tables (no Spark) and PUT them as metrics (README, Metrics) to the group {job, lake} of a "
+                    "Pushgateway: the group is replaced whole, so a finding that is gone disappears.",
+        epilog=f"Exit status: 0 pushed; 2 bad arguments; {EXIT_PUSH_FAILED} the Pushgateway could not be "
+               "reached or refused the push.")
+    push.add_argument("--lake", required=True, metavar="DIR", help="folder holding the Delta tables")
+    add_push_options(push, "--pushgateway", "--job", "Pushgateway address, e.g. http://localhost:9091",
+                     required=True)
+    push.set_defaults(run=run_push)
 
     findings = commands.add_parser("findings", help="print what the analysis found",
                                    description="Print the findings table: a readable table, worst first, "
@@ -254,9 +270,13 @@ def run_analyze(args) -> int:
                          overdue_ns=int(args.overdue_seconds * 1e9), full=args.full)
     except Exception as exc:  # noqa: BLE001 - the job's own failure, reported once, with its cause
         print(f"ackscope analyze: the analysis of {args.lake} failed: {exc}", file=sys.stderr)
+        if args.pushgateway:
+            _push_after_analysis(args, failed=True)
         return EXIT_ANALYSIS_FAILED
     finally:
         spark.stop()
+    if args.pushgateway and not _push_after_analysis(args, failed=False):
+        return EXIT_PUSH_FAILED
     if args.json:
         print(json.dumps(report.as_json(), sort_keys=True))
     else:
@@ -264,6 +284,43 @@ def run_analyze(args) -> int:
         print()
         print(render_findings(read_findings(args.lake)))
     return EXIT_OK
+
+
+def add_push_options(parser, url_option: str, job_option: str, url_help: str, required: bool = False) -> None:
+    from .push import DEFAULT_JOB
+
+    parser.add_argument(url_option, dest="pushgateway", required=required, metavar="URL", help=url_help)
+    parser.add_argument(job_option, dest="push_job", default=DEFAULT_JOB, metavar="NAME",
+                        help="the job of the pushed group (default %(default)s)")
+
+
+def run_push(args) -> int:
+    from .push import PushError, lake_label, push
+
+    if not os.path.isdir(args.lake):
+        print(f"ackscope push: no lake at {args.lake}", file=sys.stderr)
+        return 2
+    try:
+        families = push(args.lake, args.pushgateway, args.push_job)
+    except PushError as exc:
+        print(f"ackscope push: {exc}", file=sys.stderr)
+        return EXIT_PUSH_FAILED
+    series = sum(len(f.samples) for f in families)
+    print(f"pushed {series} samples of {args.lake} to {args.pushgateway} "
+          f"(job={args.push_job}, lake={lake_label(args.lake)})")
+    return EXIT_OK
+
+
+def _push_after_analysis(args, failed: bool) -> bool:
+    from .push import PushError, push, push_failure
+
+    try:
+        push_failure(args.lake, args.pushgateway, args.push_job) if failed else push(
+            args.lake, args.pushgateway, args.push_job)
+    except PushError as exc:
+        print(f"ackscope analyze: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def run_findings(args) -> int:
@@ -285,7 +342,8 @@ def run_demo(args) -> int:
     print(f"\nackscope demo: analysing {args.lake} with Spark ({args.master})\n")
     return run_analyze(argparse.Namespace(lake=args.lake, master=args.master, driver_memory=None, since=None,
                                           until=None, full=False, delta_mode="auto", threshold=[], bucket_seconds=10,
-                                          overdue_seconds=60.0, json=False))
+                                          overdue_seconds=60.0, json=False, pushgateway=None,
+                                          push_job=None))
 
 
 if __name__ == "__main__":

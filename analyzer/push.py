@@ -1,0 +1,219 @@
+"""`ackscope push`: the lake's latest analysis as metrics, PUT to a Prometheus Pushgateway.
+
+Batch results are pushed, not scraped (DESIGN.md, "Metrics, labels and alerts"): one group per job
+and lake, replaced whole by every push (HTTP PUT), so a finding that is gone from the table is gone
+from Prometheus too. Every family is built fresh from the tables (delta-rs, no Spark) on each push,
+like a custom collector of client_python: nothing carries over from an earlier push.
+
+What is pushed is exactly the `analysis` metrics of metric_names.py, labelled by vhost and
+application (labels.py, one cap per push over the sorted applications, so the same lake always
+gives the same labels). A failed analysis pushes only ackscope_analysis_failures=1, with POST, so
+the findings of the last good analysis stay beside it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import push_to_gateway, pushadd_to_gateway
+
+from . import labels, lake, metric_names, schema
+
+DEFAULT_JOB = "ackscope-analysis"
+NS = 1e9
+# A delivery or publish counts in a latency histogram only when settled by the peer: a close, a
+# capture gap or the end of the data is no measure of how fast the peer answers.
+CONFIRMED = ("acked", "nacked")
+SETTLED_BY_CONSUMER = ("ack", "nack", "reject")
+
+
+class PushError(Exception):
+    """The Pushgateway could not be reached or refused the push: the message says which and why."""
+
+
+@dataclass
+class Where:
+    """Per-connection label values, from the connections table (vhost, application)."""
+    by_connection: dict = field(default_factory=dict)   # connection_id -> (vhost, application) before the cap
+    cap: labels.ApplicationCap = field(default_factory=labels.ApplicationCap)
+
+    def of(self, connection_id: str | None, metric: str, fallback_name: str | None = None) -> tuple[str, str]:
+        vhost, app = self.by_connection.get(connection_id, (labels.UNKNOWN, labels.application(fallback_name, None, None)))
+        return vhost, self.cap.label(app, metric)
+
+
+def lake_label(lake_dir: str) -> str:
+    """The lake's grouping-key value: one group per lake however the path was spelt."""
+    return lake_dir if "://" in lake_dir else os.path.abspath(lake_dir)
+
+
+def read_where(lake_dir: str, max_applications: int) -> Where:
+    table = lake.read_table(lake_dir, "connections", schema.CONNECTIONS,
+                            columns=["connection_id", "vhost", "connection_name", "client_product", "client_addr"])
+    where = Where(cap=labels.ApplicationCap(max_applications))
+    if table is None:
+        return where
+    for row in table.to_pylist():
+        where.by_connection[row["connection_id"]] = (
+            labels.vhost(row["vhost"]),
+            labels.application(row["connection_name"], row["client_product"], row["client_addr"]))
+    # Admit applications in sorted order: which ones the cap keeps must not depend on file order.
+    for app in sorted({app for _, app in where.by_connection.values()}):
+        where.cap.label(app, "")
+    where.cap.folded.clear()
+    return where
+
+
+def analysis_families(lake_dir: str, max_applications: int = labels.DEFAULT_MAX_APPLICATIONS) -> list:
+    """Every analysis metric family of this lake, as the tables hold it now."""
+    where = read_where(lake_dir, max_applications)
+    families = [*_findings_families(lake_dir, where), *_end_state_families(lake_dir, where),
+                _latency_family(lake_dir, where, "publishes", schema.PUBLISHES,
+                                "ackscope_analysis_publish_confirm_seconds",
+                                pc.field("outcome").isin(list(CONFIRMED))),
+                _latency_family(lake_dir, where, "deliveries", schema.DELIVERIES,
+                                "ackscope_analysis_deliver_ack_seconds",
+                                pc.field("outcome").isin(list(SETTLED_BY_CONSUMER)) & (pc.field("no_ack") == False)),  # noqa: E712
+                *_run_families(lake_dir), _gauge("ackscope_analysis_failures", 0)]
+    pushed = {f.name for f in families}
+    expected = {m.name for m in metric_names.METRICS if m.source == metric_names.ANALYSIS}
+    assert pushed == expected, f"push and metric_names disagree: {sorted(pushed ^ expected)}"
+    return families
+
+
+def _family(name: str):
+    metric = metric_names.BY_NAME[name]
+    make = HistogramMetricFamily if metric.type == metric_names.HISTOGRAM else GaugeMetricFamily
+    return make(name, metric.help, labels=list(metric.labels))
+
+
+def _gauge(name: str, value: float | None):
+    family = _family(name)
+    if value is not None:
+        family.add_metric([], value)
+    return family
+
+
+def _findings_families(lake_dir: str, where: Where) -> list:
+    findings, items = _family("ackscope_findings"), _family("ackscope_finding_items")
+    table = lake.read_table(lake_dir, "findings", schema.FINDINGS,
+                            columns=["kind", "severity", "connection_id", "connection_name", "count"])
+    counted, summed = defaultdict(int), defaultdict(int)
+    for row in (table.to_pylist() if table is not None else []):
+        key = (row["kind"], row["severity"], *where.of(row["connection_id"], "ackscope_findings", row["connection_name"]))
+        counted[key] += 1
+        summed[key] += row["count"] or 0
+    for key in sorted(counted):
+        findings.add_metric(list(key), counted[key])
+        items.add_metric(list(key), summed[key])
+    return [findings, items]
+
+
+def _end_state_families(lake_dir: str, where: Where) -> list:
+    """Unacked and unconfirmed at the end of the data: each channel incarnation's last bucket."""
+    names = ("ackscope_analysis_unacked_deliveries", "ackscope_analysis_oldest_unacked_seconds",
+             "ackscope_analysis_unconfirmed_publishes", "ackscope_analysis_oldest_unconfirmed_seconds")
+    families = [_family(name) for name in names]
+    table = lake.read_table(lake_dir, "channel_metrics", schema.CHANNEL_METRICS,
+                            columns=["connection_id", "channel", "incarnation", "bucket_start_ns", "unacked",
+                                     "oldest_unacked_age_ns", "unconfirmed", "oldest_unconfirmed_age_ns"])
+    if table is None or table.num_rows == 0:
+        return families
+    last = {}
+    for row in table.sort_by([("bucket_start_ns", "ascending")]).to_pylist():
+        last[(row["connection_id"], row["channel"], row["incarnation"])] = row
+    totals = defaultdict(lambda: [0, 0.0, 0, 0.0])
+    for (connection_id, _, _), row in sorted(last.items(), key=lambda item: str(item[0])):
+        total = totals[where.of(connection_id, names[0])]
+        total[0] += row["unacked"] or 0
+        total[1] = max(total[1], (row["oldest_unacked_age_ns"] or 0) / NS)
+        total[2] += row["unconfirmed"] or 0
+        total[3] = max(total[3], (row["oldest_unconfirmed_age_ns"] or 0) / NS)
+    for key in sorted(totals):
+        for family, value in zip(families, totals[key]):
+            family.add_metric(list(key), value)
+    return families
+
+
+def _latency_family(lake_dir: str, where: Where, table_name: str, table_schema: pa.Schema, name: str,
+                    settled: pc.Expression):
+    family = _family(name)
+    table = lake.read_table(lake_dir, table_name, table_schema,
+                            columns=["connection_id", "outcome", "no_ack", "settle_latency_ns"])
+    if table is None:
+        return family
+    table = table.filter(settled & pc.field("settle_latency_ns").is_valid())
+    bounds = np.array(metric_names.LATENCY_BUCKETS_SECONDS)
+    by_where: dict = {}
+    for connection_id in sorted(set(table["connection_id"].to_pylist())):
+        seconds = table.filter(pc.field("connection_id") == connection_id)["settle_latency_ns"].to_numpy() / NS
+        counts = np.searchsorted(np.sort(seconds), bounds, side="right")  # le: at most the bound
+        key = where.of(connection_id, name)
+        before = by_where.get(key, (np.zeros(len(bounds), dtype=np.int64), 0, 0.0))
+        by_where[key] = (before[0] + counts, before[1] + len(seconds), before[2] + float(seconds.sum()))
+    for key in sorted(by_where):
+        cumulative, count, total = by_where[key]
+        buckets = [(_le(b), int(c)) for b, c in zip(bounds, cumulative)] + [("+Inf", count)]
+        family.add_metric(list(key), buckets, total)
+    return family
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+def _run_families(lake_dir: str) -> list:
+    """The last analysis run's own figures; absent (no sample) before any run."""
+    runs = lake.read_table(lake_dir, "analysis_runs", schema.ANALYSIS_RUNS,
+                           columns=["started_ts", "finished_ts", "frames"])
+    last = max(runs.to_pylist(), key=lambda r: r["finished_ts"]) if runs is not None and runs.num_rows else None
+    return [
+        _gauge("ackscope_analysis_last_success_timestamp_seconds", last and last["finished_ts"].timestamp()),
+        _gauge("ackscope_analysis_duration_seconds",
+               last and (last["finished_ts"] - last["started_ts"]).total_seconds()),
+        _gauge("ackscope_analysis_frames", last and last["frames"]),
+    ]
+
+
+class _Families:
+    """A collector handing out families already built (the registry asks twice: describe, collect)."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self):
+        return iter(self.families)
+
+
+def _registry(families: list) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))
+    return registry
+
+
+def push(lake_dir: str, gateway: str, job: str = DEFAULT_JOB, timeout: float = 10.0,
+         max_applications: int = labels.DEFAULT_MAX_APPLICATIONS) -> list:
+    """PUT the lake's analysis metrics as the group {job, lake}; returns the families pushed."""
+    families = analysis_families(lake_dir, max_applications)
+    _send(push_to_gateway, gateway, job, lake_dir, families, timeout)
+    return families
+
+
+def push_failure(lake_dir: str, gateway: str, job: str = DEFAULT_JOB, timeout: float = 10.0) -> None:
+    """ackscope_analysis_failures=1 for the group, keeping what the last good analysis pushed (POST)."""
+    _send(pushadd_to_gateway, gateway, job, lake_dir, [_gauge("ackscope_analysis_failures", 1)], timeout)
+
+
+def _send(method, gateway: str, job: str, lake_dir: str, families: list, timeout: float) -> None:
+    try:
+        method(gateway, job=job, registry=_registry(families), grouping_key={"lake": lake_label(lake_dir)},
+               timeout=timeout)
+    except OSError as exc:  # URLError and HTTPError are OSErrors: unreachable, refused, 4xx/5xx
+        raise PushError(f"could not push to the Pushgateway at {gateway}: {exc}") from exc
