@@ -154,3 +154,19 @@ def test_an_unreachable_gateway_is_a_clear_error_and_exit_status(lake_dir, capsy
     assert cli.main(["push", "--lake", lake_dir, "--pushgateway", closed]) == cli.EXIT_PUSH_FAILED
     err = capsys.readouterr().err
     assert f"could not push to the Pushgateway at {closed}" in err and "refused" in err.lower()
+
+
+def test_a_failing_analyze_run_pushes_the_failure(gateway, lake_dir):
+    """The real command, in its own process (its Spark session is its own): the analysis fails (the
+    frames folder holds no Delta table), it says so with exit status 5, and the group shows it."""
+    import subprocess
+    import sys
+
+    push.push(lake_dir, gateway, job="t5")
+    os.makedirs(os.path.join(lake_dir, "frames"))
+    run = subprocess.run([sys.executable, "-m", "analyzer.cli", "analyze", "--lake", lake_dir, "--master", "local[1]",
+                          "--pushgateway", gateway, "--push-job", "t5"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == cli.EXIT_ANALYSIS_FAILED, run.stderr[-2000:]
+    assert f"the analysis of {lake_dir} failed" in run.stderr
+    assert samples(gateway, "ackscope_analysis_failures", job="t5") == {(): 1.0}
+    assert sum(samples(gateway, "ackscope_findings", job="t5").values()) == 4
