@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from analyzer import schema
 from analyzer.rows import dicts_to_table
 from analyzer.timeline import INPUT_COLUMNS
-from analyzer.timeline.carry import FORMAT, Checkpoint, continue_connection, dump, load
+from analyzer.timeline.carry import FORMAT, Checkpoint, StateError, continue_connection, dump, load
 from analyzer.timeline.connection import CONNECTION_ENDS, TRANSPORT_ENDS
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
@@ -60,7 +60,10 @@ def carry_on(new_frames: DataFrame, states: DataFrame, bucket_ns: int, overdue_n
                 return _fallback(connection_id, "analysed whole when it had ended (closed or FIN/RST): no checkpoint")
             if stored["format"] != FORMAT:
                 return _fallback(connection_id, f"checkpoint format {stored['format']}, not {FORMAT}")
-            checkpoint = load(stored["checkpoint"])
+            try:
+                checkpoint = load(stored["checkpoint"])
+            except StateError as refused:
+                return _fallback(connection_id, f"checkpoint refused: {refused}")
         done = continue_connection(checkpoint, _rows(frames), bucket_ns, overdue_ns)
         if done.fallback:
             return _fallback(connection_id, done.fallback)
