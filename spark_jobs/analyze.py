@@ -35,8 +35,8 @@ from .detectors.scoped import rescoped_findings
 from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, plan_run, thresholds_json
 from .session import delta_mode as resolve_delta_mode
 from .thresholds import Thresholds
-from .timeline import materialised, routed_timelines
-from .timeline.carried import STATE_TABLE, checkpoints
+from .connection_pass import STATE_TABLE, connection_pass, pass_rows
+from .timeline.plans import materialised
 from .timeline.tables import TIMELINE_TABLES
 
 OUTPUT_TABLES = {**TIMELINE_TABLES, "channel_metrics": schema.CHANNEL_METRICS, "findings": schema.FINDINGS}
@@ -55,7 +55,6 @@ class AnalysisReport:
     connections: int = 0                # connections analysed by this run
     carried_connections: int = 0        # of those, carried on from their checkpoint (only their new frames read)
     carried_records: int = 0            # records their checkpoints held (open items, the boundary bucket's)
-    reference_connections: int = 0      # analysed whole and replayed by the reference model (gaps, mid-stream, tx, ...)
     rows: dict = field(default_factory=dict)   # rows written per table (per-connection tables: for those connections)
     findings_by_kind: dict = field(default_factory=dict)   # the whole findings table after the run
     findings_by_severity: dict = field(default_factory=dict)
@@ -175,18 +174,16 @@ def _report_carried(carried: Carried, report: AnalysisReport) -> None:
 
 
 def _analysed_whole(run: _Run, frames: DataFrame, report: AnalysisReport) -> dict[str, DataFrame]:
-    """The per-connection tables and checkpoints of these connections from all their frames."""
-    timelines, irregular = routed_timelines(frames, run.overdue_ns)
-    # Every output reads the timelines again: compute them once.
-    tables = {name: materialised(df) for name, df in timelines.items()}
+    """The per-connection tables and checkpoints of these connections, from all their frames, in
+    one pass of the reference state machine (connection_pass.py)."""
+    wide = materialised(connection_pass(frames, run.bucket_ns, run.overdue_ns, run.plan.frames_version))
+    tables = {name: pass_rows(wide, name) for name in [*TIMELINE_TABLES, STATE_TABLE]}
     tables["channel_metrics"] = materialised(channel_metrics(tables["deliveries"], tables["publishes"],
                                                           tables["channels"], run.bucket_seconds))
-    tables[STATE_TABLE] = materialised(checkpoints(frames, run.bucket_ns, run.overdue_ns,
-                                                   run.plan.frames_version))
-    report.reference_connections = irregular.count()
-    counted = frames.agg(F.count(F.lit(1)).alias("frames"), F.countDistinct("connection_id").alias("ids")).first()
-    report.frames += counted["frames"]
-    report.connections += counted["ids"]
+    tally = pass_rows(wide, "tally").agg(F.coalesce(F.sum("frames"), F.lit(0)).alias("frames"),
+                                         F.count(F.lit(1)).alias("ids")).first()
+    report.frames += tally["frames"]
+    report.connections += tally["ids"]
     return tables
 
 
@@ -246,8 +243,7 @@ def _finished(report: AnalysisReport, started: float) -> AnalysisReport:
 
 def render_report(report: AnalysisReport) -> str:
     lines = [f"analysed {report.frames:,} frame rows of {report.connections} connection(s) in {report.lake} "
-             f"({report.delta_mode} Delta access, {report.seconds:.1f}s; "
-             f"{report.reference_connections} connection(s) through the reference model)",
+             f"({report.delta_mode} Delta access, {report.seconds:.1f}s)",
              f"  carried on from checkpoints: {report.carried_connections} connection(s), only their new frames read "
              f"({report.carried_records:,} open or boundary records carried)",
              f"  scope: {report.scope} ({report.reason}); frames version {report.frames_version}"]

@@ -20,7 +20,7 @@ from analyzer.timeline import records as r
 from analyzer.timeline.carry import Checkpoint, StateError, continue_connection, dump, load
 
 from .conftest import ROOT
-from .test_spark_timeline import VARIANTS
+from .variants import VARIANTS
 from .test_timeline import renumbered, valid_traffic
 
 BUCKET_NS = 10_000_000  # rows are 1 ms apart: a bucket of 10 rows, so runs cut buckets

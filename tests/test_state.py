@@ -19,7 +19,7 @@ from analyzer.timeline.connection import ConnectionTimeline
 from analyzer.timeline.state import StateError
 
 from .conftest import ROOT
-from .test_spark_timeline import VARIANTS
+from .variants import VARIANTS
 from .test_timeline import renumbered, valid_traffic
 
 BUCKET_NS = 10_000_000

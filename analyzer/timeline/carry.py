@@ -126,6 +126,56 @@ def continue_connection(checkpoint: Checkpoint | None, rows: Iterable[Mapping], 
                      checkpoint=Checkpoint(state, tuple(provisional), kept, next_boundary))
 
 
+class WholeConnection:
+    """A connection analysed from its first frame, streamed: every record goes to `out` as it becomes
+    final (and the open ones at the end), exactly what `replay` gives, while only what the next
+    run's checkpoint needs is kept (the boundary records, pruned as the frames go by). What the
+    Spark pass runs for each connection it analyses whole.
+
+    `finish()` ends the data and returns the checkpoint the next run carries on from, or None with
+    `no_checkpoint` saying why: the connection ended (closed, FIN/RST: new frames of it are analysed
+    whole again), or its frame times went back past records already dropped."""
+
+    def __init__(self, connection_id: str, agent_id: str | None, out, bucket_ns: int,
+                 overdue_ns: int = r.DEFAULT_OVERDUE_NS):
+        self.out, self.bucket_ns = out, bucket_ns
+        self.kept: list = []
+        self.timeline = ConnectionTimeline(connection_id, agent_id, self._emit, overdue_ns)
+        self.rows = 0
+        self.pruned_to: int | None = None
+        self.no_checkpoint: str | None = None
+
+    def _emit(self, record) -> None:
+        self.out(record)
+        self.kept.append(record)
+
+    def feed(self, row: Mapping) -> None:
+        self.timeline.feed(row)
+        self.rows += 1
+        if self.rows % PRUNE_EVERY_ROWS == 0:
+            self.pruned_to = bucket_start(self.timeline.last_ts_ns, self.bucket_ns)
+            self.kept = _boundary_records(self.kept, self.pruned_to)
+
+    def finish(self) -> Checkpoint | None:
+        state = self.timeline
+        if state.closed is not None or state.transport_end is not None:
+            state.end()  # its records are final: nothing to carry
+            self.no_checkpoint = "ended"
+            return None
+        state = _detached(state)
+        provisional = _ended_copy(state)
+        for record in provisional:
+            self.out(record)
+        boundary_ns = bucket_start(state.last_ts_ns, self.bucket_ns)
+        if self.pruned_to is not None and boundary_ns < self.pruned_to:
+            self.no_checkpoint = "frame times went back past records already dropped"
+            return None
+        live = {(x.channel, x.incarnation) for x in provisional if isinstance(x, r.ChannelFacts)}
+        kept = tuple(x for x in _boundary_records(_newest(self.kept + provisional), boundary_ns)
+                     if (x.channel, x.incarnation) in live)
+        return Checkpoint(state, tuple(provisional), kept, boundary_ns)
+
+
 # -- what the stored rows need -----------------------------------------------------------------------
 
 def _key(record) -> tuple:
