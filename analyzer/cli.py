@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--lake", default=".demo-lake", metavar="DIR", help="default %(default)s")
     demo.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
     demo.set_defaults(run=run_demo)
+
+    from dashboards.grafana.cli import add_dashboards_command
+    add_dashboards_command(commands)
     return parser
 
 
