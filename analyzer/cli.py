@@ -305,13 +305,15 @@ def run_push(args) -> int:
         print(f"ackscope push: no lake at {args.lake}", file=sys.stderr)
         return 2
     try:
-        families = push(args.lake, args.pushgateway, args.push_job)
+        pushed = push(args.lake, args.pushgateway, args.push_job)
     except PushError as exc:
         print(f"ackscope push: {exc}", file=sys.stderr)
         return EXIT_PUSH_FAILED
-    series = sum(len(f.samples) for f in families)
-    print(f"pushed {series} samples of {args.lake} to {args.pushgateway} "
+    print(f"pushed {pushed.samples} samples of {args.lake} to {args.pushgateway} "
           f"(job={args.push_job}, lake={lake_label(args.lake)})")
+    if pushed.folded:
+        print("  the application cap folded series into application=\"other\": "
+              + ", ".join(f"{name} {n}" for name, n in sorted(pushed.folded.items())), file=sys.stderr)
     return EXIT_OK
 
 

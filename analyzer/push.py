@@ -71,7 +71,17 @@ def read_where(lake_dir: str, max_applications: int) -> Where:
     return where
 
 
-def analysis_families(lake_dir: str, max_applications: int = labels.DEFAULT_MAX_APPLICATIONS) -> list:
+@dataclass
+class Pushed:
+    families: list              # what was pushed
+    folded: dict                # metric -> series folded into application="other" by the cap
+
+    @property
+    def samples(self) -> int:
+        return sum(len(f.samples) for f in self.families)
+
+
+def analysis_families(lake_dir: str, max_applications: int = labels.DEFAULT_MAX_APPLICATIONS) -> Pushed:
     """Every analysis metric family of this lake, as the tables hold it now."""
     where = read_where(lake_dir, max_applications)
     families = [*_findings_families(lake_dir, where), *_end_state_families(lake_dir, where),
@@ -85,7 +95,7 @@ def analysis_families(lake_dir: str, max_applications: int = labels.DEFAULT_MAX_
     pushed = {f.name for f in families}
     expected = {m.name for m in metric_names.METRICS if m.source == metric_names.ANALYSIS}
     assert pushed == expected, f"push and metric_names disagree: {sorted(pushed ^ expected)}"
-    return families
+    return Pushed(families, {name: n for name, n in where.cap.folded.items() if n})
 
 
 def _family(name: str):
@@ -199,11 +209,11 @@ def _registry(families: list) -> CollectorRegistry:
 
 
 def push(lake_dir: str, gateway: str, job: str = DEFAULT_JOB, timeout: float = 10.0,
-         max_applications: int = labels.DEFAULT_MAX_APPLICATIONS) -> list:
-    """PUT the lake's analysis metrics as the group {job, lake}; returns the families pushed."""
-    families = analysis_families(lake_dir, max_applications)
-    _send(push_to_gateway, gateway, job, lake_dir, families, timeout)
-    return families
+         max_applications: int = labels.DEFAULT_MAX_APPLICATIONS) -> Pushed:
+    """PUT the lake's analysis metrics as the group {job, lake}; returns what was pushed."""
+    pushed = analysis_families(lake_dir, max_applications)
+    _send(push_to_gateway, gateway, job, lake_dir, pushed.families, timeout)
+    return pushed
 
 
 def push_failure(lake_dir: str, gateway: str, job: str = DEFAULT_JOB, timeout: float = 10.0) -> None:

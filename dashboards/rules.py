@@ -50,6 +50,7 @@ class Signal:
     firing: tuple               # Series that make it hold from the first minute on
     quiet: tuple                # Series on the other side of the threshold: it never holds
     labels: dict                # the labels the alert then carries (besides alertname and severity)
+    kind: str | None = None     # the finding kind it reads, if it reads the pushed findings
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def finding(kind: str, measure: str = "ackscope_findings") -> Signal:
     severity = _KIND_SEVERITY[kind]
     selector = _selector(measure, {**TEST_GROUP, "kind": kind, "severity": severity, **TEST_WHERE})
     return Signal(f'sum by ({WHERE}) ({measure}{{kind="{kind}"}}) > 0',
-                  (Series(selector, _constant(3)),), (Series(selector, _constant(0)),), dict(TEST_WHERE))
+                  (Series(selector, _constant(3)),), (Series(selector, _constant(0)),), dict(TEST_WHERE), kind)
 
 
 def agent_counter(metric: str, window: str, matchers: str = "", extra: dict | None = None) -> Signal:
@@ -138,6 +139,16 @@ _KIND_SEVERITY = {
 
 
 # -- the rules ---------------------------------------------------------------------------------------
+
+def alerts_of_kind(settings: AlertSettings | None = None) -> dict[str, list[str]]:
+    """Finding kind -> the alerts its findings raise."""
+    found: dict[str, list[str]] = {}
+    for alert in alerts(settings if settings is not None else AlertSettings()):
+        for signal in alert.signals:
+            if signal.kind:
+                found.setdefault(signal.kind, []).append(alert.name)
+    return found
+
 
 def recording_rules() -> list[Recording]:
     def p99(histogram: str, rated: bool) -> str:

@@ -144,9 +144,10 @@ def test_a_lake_without_findings_pushes_no_findings_and_no_failure(gateway, tmp_
 
 
 def test_the_cap_folds_applications_beyond_it_into_other(gateway, lake_dir):
-    families = push.push(lake_dir, gateway, job="t4", max_applications=2)
-    apps = {s.labels["application"] for f in families if f.name == "ackscope_findings" for s in f.samples}
+    pushed = push.push(lake_dir, gateway, job="t4", max_applications=2)
+    apps = {s.labels["application"] for f in pushed.families if f.name == "ackscope_findings" for s in f.samples}
     assert apps == {"billing", "orders-api", "other"}  # sorted: "pika@10.0.0.7" comes third
+    assert pushed.folded["ackscope_findings"] == 1
 
 
 def test_an_unreachable_gateway_is_a_clear_error_and_exit_status(lake_dir, capsys):
