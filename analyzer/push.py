@@ -126,29 +126,46 @@ def _findings_families(lake_dir: str, where: Where) -> list:
     return [findings, items]
 
 
+def _where_index(where: Where, connection_ids: pa.ChunkedArray, metric: str) -> tuple[list, np.ndarray]:
+    """The label pairs of the rows' connections, and for every row the index of its pair: the
+    connections are few, the rows many, so the lookup runs once per connection."""
+    encoded = pc.dictionary_encode(connection_ids.combine_chunks())
+    keys, index_of_key, connection_to_key = [], {}, []
+    for connection_id in encoded.dictionary.to_pylist():
+        key = where.of(connection_id, metric)
+        if key not in index_of_key:
+            index_of_key[key] = len(keys)
+            keys.append(key)
+        connection_to_key.append(index_of_key[key])
+    rows = encoded.indices.to_numpy(zero_copy_only=False)
+    return keys, np.asarray(connection_to_key, dtype=np.int64)[rows] if len(rows) else np.zeros(0, np.int64)
+
+
 def _end_state_families(lake_dir: str, where: Where) -> list:
-    """Unacked and unconfirmed at the end of the data: each channel incarnation's last bucket."""
+    """Unacked and unconfirmed at the end of the data: each channel incarnation's last bucket,
+    summed per application (counts) or the largest (ages)."""
     names = ("ackscope_analysis_unacked_deliveries", "ackscope_analysis_oldest_unacked_seconds",
              "ackscope_analysis_unconfirmed_publishes", "ackscope_analysis_oldest_unconfirmed_seconds")
     families = [_family(name) for name in names]
+    incarnation = ["connection_id", "channel", "incarnation"]
     table = lake.read_table(lake_dir, "channel_metrics", schema.CHANNEL_METRICS,
-                            columns=["connection_id", "channel", "incarnation", "bucket_start_ns", "unacked",
-                                     "oldest_unacked_age_ns", "unconfirmed", "oldest_unconfirmed_age_ns"])
+                            columns=[*incarnation, "bucket_start_ns", "unacked", "oldest_unacked_age_ns",
+                                     "unconfirmed", "oldest_unconfirmed_age_ns"])
     if table is None or table.num_rows == 0:
         return families
-    last = {}
-    for row in table.sort_by([("bucket_start_ns", "ascending")]).to_pylist():
-        last[(row["connection_id"], row["channel"], row["incarnation"])] = row
-    totals = defaultdict(lambda: [0, 0.0, 0, 0.0])
-    for (connection_id, _, _), row in sorted(last.items(), key=lambda item: str(item[0])):
-        total = totals[where.of(connection_id, names[0])]
-        total[0] += row["unacked"] or 0
-        total[1] = max(total[1], (row["oldest_unacked_age_ns"] or 0) / NS)
-        total[2] += row["unconfirmed"] or 0
-        total[3] = max(total[3], (row["oldest_unconfirmed_age_ns"] or 0) / NS)
-    for key in sorted(totals):
-        for family, value in zip(families, totals[key]):
-            family.add_metric(list(key), value)
+    last = table.group_by(incarnation).aggregate([("bucket_start_ns", "max")]).rename_columns(
+        [*incarnation, "bucket_start_ns"])
+    ends = last.join(table, [*incarnation, "bucket_start_ns"], join_type="inner")
+    keys, rows = _where_index(where, ends["connection_id"], names[0])
+    columns = [ends[c].fill_null(0).to_numpy() for c in ("unacked", "oldest_unacked_age_ns", "unconfirmed",
+                                                        "oldest_unconfirmed_age_ns")]
+    totals = [np.bincount(rows, columns[0], len(keys)), np.zeros(len(keys)),
+              np.bincount(rows, columns[2], len(keys)), np.zeros(len(keys))]
+    np.maximum.at(totals[1], rows, columns[1] / NS)
+    np.maximum.at(totals[3], rows, columns[3] / NS)
+    for i in sorted(range(len(keys)), key=keys.__getitem__):
+        for family, values in zip(families, totals):
+            family.add_metric(list(keys[i]), float(values[i]))
     return families
 
 
@@ -160,18 +177,19 @@ def _latency_family(lake_dir: str, where: Where, table_name: str, table_schema: 
     if table is None:
         return family
     table = table.filter(settled & pc.field("settle_latency_ns").is_valid())
+    if table.num_rows == 0:
+        return family
+    keys, rows = _where_index(where, table["connection_id"], name)
+    seconds = table["settle_latency_ns"].to_numpy() / NS
     bounds = np.array(metric_names.LATENCY_BUCKETS_SECONDS)
-    by_where: dict = {}
-    for connection_id in sorted(set(table["connection_id"].to_pylist())):
-        seconds = table.filter(pc.field("connection_id") == connection_id)["settle_latency_ns"].to_numpy() / NS
-        counts = np.searchsorted(np.sort(seconds), bounds, side="right")  # le: at most the bound
-        key = where.of(connection_id, name)
-        before = by_where.get(key, (np.zeros(len(bounds), dtype=np.int64), 0, 0.0))
-        by_where[key] = (before[0] + counts, before[1] + len(seconds), before[2] + float(seconds.sum()))
-    for key in sorted(by_where):
-        cumulative, count, total = by_where[key]
-        buckets = [(_le(b), int(c)) for b, c in zip(bounds, cumulative)] + [("+Inf", count)]
-        family.add_metric(list(key), buckets, total)
+    # le semantics: a value equal to a bound is in that bound's bucket; past the last, only +Inf.
+    bucket = np.searchsorted(bounds, seconds, side="left")
+    per_bucket = np.bincount(rows * (len(bounds) + 1) + bucket, minlength=len(keys) * (len(bounds) + 1))
+    cumulative = np.cumsum(per_bucket.reshape(len(keys), len(bounds) + 1), axis=1)
+    sums = np.bincount(rows, seconds, len(keys))
+    for i in sorted(range(len(keys)), key=keys.__getitem__):
+        buckets = [(_le(b), int(c)) for b, c in zip(bounds, cumulative[i][:-1])] + [("+Inf", int(cumulative[i][-1]))]
+        family.add_metric(list(keys[i]), buckets, float(sums[i]))
     return family
 
 

@@ -66,6 +66,7 @@ def lake_dir(tmp_path):
         {"connection_id": "c1", "outcome": "lost", "settle_latency_ns": 50 * 10**9}])  # a close is no confirm
     write(lake_dir, "deliveries", schema.DELIVERIES, [
         {"connection_id": "c2", "outcome": "ack", "no_ack": False, "settle_latency_ns": 3 * 10**9},
+        {"connection_id": "c2", "outcome": "reject", "no_ack": False, "settle_latency_ns": 10**9},  # on a bound
         {"connection_id": "c2", "outcome": "auto", "no_ack": True, "settle_latency_ns": 0}])
     started = datetime(2023, 11, 14, 22, 0, tzinfo=timezone.utc)
     write(lake_dir, "analysis_runs", schema.ANALYSIS_RUNS, [
@@ -109,7 +110,8 @@ def test_push_puts_every_analysis_metric_and_a_second_push_replaces_the_group(ga
     assert confirm["count"] == 2 and confirm["sum"] == pytest.approx(0.402)
     assert float(confirm["buckets"]["0.0025"]) == 1 and float(confirm["buckets"]["0.5"]) == 2
     acks = samples(gateway, "ackscope_analysis_deliver_ack_seconds")[where(vhost="prod", application="billing")]
-    assert acks["count"] == 1 and float(acks["buckets"]["2.5"]) == 0 and float(acks["buckets"]["5"]) == 1
+    assert acks["count"] == 2 and acks["sum"] == 4.0
+    assert [float(acks["buckets"][le]) for le in ("0.5", "1", "2.5", "5", "+Inf")] == [0, 1, 1, 2, 2]
     assert samples(gateway, "ackscope_analysis_last_success_timestamp_seconds") == {(): 1699999290.0}
     assert samples(gateway, "ackscope_analysis_duration_seconds") == {(): 90.0}
     assert samples(gateway, "ackscope_analysis_frames") == {(): 1234.0}
@@ -171,3 +173,18 @@ def test_a_failing_analyze_run_pushes_the_failure(gateway, lake_dir):
     assert f"the analysis of {lake_dir} failed" in run.stderr
     assert samples(gateway, "ackscope_analysis_failures", job="t5") == {(): 1.0}
     assert sum(samples(gateway, "ackscope_findings", job="t5").values()) == 4
+
+
+def test_analyze_pushes_through_the_same_push(gateway, lake_dir, capsys):
+    """What `analyze --pushgateway` runs after a good run, and after a failed one; an unreachable
+    gateway turns into a message and False (the command then exits 6)."""
+    from argparse import Namespace
+
+    assert cli._push_after_analysis(Namespace(lake=lake_dir, pushgateway=gateway, push_job="t6"), failed=True)
+    assert samples(gateway, "ackscope_analysis_failures", job="t6") == {(): 1.0}
+    assert cli._push_after_analysis(Namespace(lake=lake_dir, pushgateway=gateway, push_job="t6"), failed=False)
+    assert samples(gateway, "ackscope_analysis_failures", job="t6") == {(): 0.0}
+    assert sum(samples(gateway, "ackscope_findings", job="t6").values()) == 4
+    closed = f"http://127.0.0.1:{free_port()}"
+    assert not cli._push_after_analysis(Namespace(lake=lake_dir, pushgateway=closed, push_job="t6"), failed=False)
+    assert f"ackscope analyze: could not push to the Pushgateway at {closed}" in capsys.readouterr().err
