@@ -283,7 +283,7 @@ def alerts(s: AlertSettings) -> list[Alert]:
         Alert("AmqpAnalysisStale", "warning", "analysis_stale_for_seconds",
               "The scheduled ackscope analysis has not succeeded recently.",
               f"The last successful analysis of lake {{{{ $labels.lake }}}} (job {{{{ $labels.job }}}}) is older "
-              f"than {s.analysis_stale_seconds} s: the scheduled job stopped or keeps failing, and the findings "
+              f"than {duration(s.analysis_stale_seconds)}: the scheduled job stopped or keeps failing, and the findings "
               "in Prometheus are old.",
               "amqpanalysisstale",
               (Signal(f"ackscope:analysis:age_seconds > {s.analysis_stale_seconds}",
