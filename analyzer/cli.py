@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     push = commands.add_parser(
         "push", help="push the lake's analysis to a Prometheus Pushgateway",
         description="Read the findings, channel_metrics, deliveries, publishes, connections and analysis_runs "
-                    "tables (no Spark) and PUT them as metrics (README, Metrics) to the group {job, lake} of a "
+                    "tables (no Spark) and PUT them as metrics (docs/alerting.md) to the group {job, lake} of a "
                     "Pushgateway: the group is replaced whole, so a finding that is gone disappears.",
         epilog=f"Exit status: 0 pushed; 2 bad arguments; {EXIT_PUSH_FAILED} the Pushgateway could not be "
                "reached or refused the push.")
