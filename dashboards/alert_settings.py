@@ -18,6 +18,10 @@ from spark_jobs.thresholds import Thresholds
 class AlertSettings:
     # The Prometheus job that scrapes the agents: AmqpAgentDown fires when it has no target up.
     agent_job: str = "ackscope-agent"
+    # Where alerts point for their runbook section: RUNBOOK.md as your site serves it (your Git
+    # host's page of dashboards/RUNBOOK.md, an internal wiki copy). The default is the file's path
+    # in the project, which names the section but is not a link.
+    runbook_url: str = "dashboards/RUNBOOK.md"
 
     # AmqpUnackedBuildup (live): manual-ack deliveries unacked at once by one application. Ten
     # consumers at the usual prefetch of 100 stay under it; a consumer with no limit or a stuck pool
@@ -59,6 +63,10 @@ class AlertSettings:
             if f.name == "agent_job":
                 if not value or '"' in value or "\\" in value:
                     raise ValueError(f"setting agent_job must be a plain job name, not {value!r}")
+            elif f.name == "runbook_url":
+                if not value or any(c in value for c in ' "#{}'):
+                    raise ValueError(f"setting runbook_url must be a URL or path without spaces, quotes, "
+                                     f"braces or '#', not {value!r}")
             elif f.name.endswith("_for_seconds"):
                 if not isinstance(value, int) or value < 0:
                     raise ValueError(f"setting {f.name} must be a whole number of seconds >= 0, not {value!r}")

@@ -27,7 +27,6 @@ from analyzer import metric_names, schema
 
 from .alert_settings import AlertSettings
 
-RUNBOOK = "https://github.com/ackscope/ackscope/blob/main/dashboards/RUNBOOK.md"
 OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "generated", "prometheus", "ackscope.rules.yml")
 WHERE = "vhost, application"
 # Label values the generated promtool tests use.
@@ -321,7 +320,7 @@ def alert_rule(alert: Alert, settings: AlertSettings) -> dict:
         rule["for"] = duration(for_seconds)
     rule["labels"] = {"severity": alert.severity}
     rule["annotations"] = {"summary": alert.summary, "description": alert.description,
-                           "runbook_url": f"{RUNBOOK}#{alert.runbook}"}
+                           "runbook_url": f"{settings.runbook_url}#{alert.runbook}"}
     return rule
 
 

@@ -6,7 +6,7 @@ the threshold, checked to fire nothing even after the `for`."""
 from __future__ import annotations
 
 from dashboards.alert_settings import AlertSettings
-from dashboards.rules import RUNBOOK, TEST_STEPS, Alert, alerts, render, rules_document
+from dashboards.rules import TEST_STEPS, Alert, alerts, render, rules_document
 
 STEP = 60  # seconds between input samples and between evaluations
 
@@ -31,7 +31,7 @@ def alert_cases(alert: Alert, settings: AlertSettings) -> list[dict]:
         expected = {"exp_labels": labels,
                     "exp_annotations": {"summary": render(alert.summary, labels),
                                         "description": render(alert.description, labels),
-                                        "runbook_url": f"{RUNBOOK}#{alert.runbook}"}}
+                                        "runbook_url": f"{settings.runbook_url}#{alert.runbook}"}}
         checks = []
         if for_seconds:
             checks.append({"eval_time": _minutes(for_seconds - STEP), "alertname": alert.name, "exp_alerts": []})

@@ -172,7 +172,7 @@ def test_every_pathology_in_the_examples_reaches_alertmanager(stack):
         if (labels["alertname"], labels.get("application")) in wanted:
             assert labels["application"] in annotations["description"]
             assert f"vhost {labels['vhost']}" in annotations["description"]
-            assert annotations["runbook_url"].startswith(rules.RUNBOOK + "#")
+            assert annotations["runbook_url"].startswith(AlertSettings().runbook_url + "#")
 
 
 def test_the_clean_scenarios_fire_nothing_of_warning_or_worse(stack):
