@@ -135,6 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
     findings.add_argument("--json", action="store_true", help="print a JSON array")
     findings.set_defaults(run=run_findings)
 
+    report = commands.add_parser("report", help="write the HTML report of a lake (no Spark needed)",
+                                 description="Write one self-contained HTML file about LAKE: the findings worst "
+                                             "first with their evidence and what to do, pictures (unacked and "
+                                             "unconfirmed over time, latencies, confirm order, requeue loops) and "
+                                             "the connections. It opens without network access.")
+    report.add_argument("--lake", required=True, metavar="DIR")
+    report.add_argument("-o", "--output", default="report.html", metavar="FILE", help="default %(default)s")
+    report.set_defaults(run=run_report)
+
     demo = commands.add_parser("demo", help="run the whole pipeline on the bundled sample capture",
                                description="Ingest the sample capture shipped with ackscope into LAKE, "
                                            "analyse it with Spark and print what was found.")
@@ -337,6 +346,18 @@ def run_findings(args) -> int:
     return EXIT_OK
 
 
+def run_report(args) -> int:
+    from .report import LakeMissing, write_report
+
+    try:
+        size = write_report(args.lake, args.output)
+    except LakeMissing as exc:
+        print(f"ackscope report: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.output} ({size / 1024:,.0f} KiB)")
+    return EXIT_OK
+
+
 def run_demo(args) -> int:
     samples = sample_captures()
     print(f"ackscope demo: ingesting {len(samples)} bundled sample capture(s) into {args.lake}\n")
@@ -346,10 +367,14 @@ def run_demo(args) -> int:
     if status != EXIT_OK:
         return status
     print(f"\nackscope demo: analysing {args.lake} with Spark ({args.master})\n")
-    return run_analyze(argparse.Namespace(lake=args.lake, master=args.master, driver_memory=None, since=None,
-                                          until=None, full=False, delta_mode="auto", threshold=[], bucket_seconds=10,
-                                          overdue_seconds=60.0, json=False, pushgateway=None,
-                                          push_job=None))
+    status = run_analyze(argparse.Namespace(lake=args.lake, master=args.master, driver_memory=None, since=None,
+                                            until=None, full=False, delta_mode="auto", threshold=[],
+                                            bucket_seconds=10, overdue_seconds=60.0, json=False, pushgateway=None,
+                                            push_job=None))
+    if status != EXIT_OK:
+        return status
+    print("\nackscope demo: ", end="")
+    return run_report(argparse.Namespace(lake=args.lake, output=os.path.join(args.lake, "report.html")))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,136 @@
+"""What the report shows, read from the lake with delta-rs and pyarrow (no Spark), in bounded pieces.
+
+Whole tables are never loaded: the frame count comes from the Delta log's statistics, the big
+timeline tables are read a few columns at a time, and the rows of single channels or messages are
+filtered while the Parquet files are read. Every table may be missing (a lake only ingested, or
+not even that): the fields are then empty and `analysed` / `ingested` say so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .. import lake, schema
+from ..findings import read_findings
+from ..timeline.tables import CHANNELS
+
+CONNECTION_COLUMNS = [
+    "connection_id", "first_ts_ns", "last_ts_ns", "source", "client_addr", "client_port", "server_addr",
+    "server_port", "protocol", "started_at_syn", "client_product", "client_version", "connection_name",
+    "server_product", "server_version", "user", "vhost", "close_code", "close_text", "closed_by", "ended_by",
+    "frames_to_broker", "frames_to_client", "gaps", "framing_errors"]
+CHANNEL_COLUMNS = ["connection_id", "channel", "incarnation", "open_ts_ns", "end_ts_ns", "ended_by",
+                   "observed_until_ts_ns", "deliveries", "publishes", "peak_unacked", "confirm_mode",
+                   "consumer_prefetch", "channel_prefetch"]
+
+
+class LakeMissing(Exception):
+    """The folder does not exist: nothing to report on (a typo, most often)."""
+
+
+@dataclass
+class LakeView:
+    lake_dir: str
+    ingested: bool = False               # a frames or connections table exists
+    analysed: bool = False               # a findings table exists
+    frames: int = 0
+    connections: list[dict] = field(default_factory=list)
+    findings: list[dict] = field(default_factory=list)
+    channels: list[dict] = field(default_factory=list)
+    last_run: dict | None = None
+    runs: int = 0
+
+    @property
+    def span_ns(self) -> tuple[int, int] | None:
+        starts = [c["first_ts_ns"] for c in self.connections if c["first_ts_ns"] is not None]
+        ends = [c["last_ts_ns"] for c in self.connections if c["last_ts_ns"] is not None]
+        return (min(starts), max(ends)) if starts and ends else None
+
+    def connection(self, connection_id: str) -> dict | None:
+        return self._connections_by_id().get(connection_id)
+
+    def _connections_by_id(self) -> dict[str, dict]:
+        if not hasattr(self, "_by_id"):
+            self._by_id = {c["connection_id"]: c for c in self.connections}
+        return self._by_id
+
+
+def read_lake(lake_dir: str) -> LakeView:
+    if not os.path.isdir(lake_dir):
+        raise LakeMissing(f"no lake at {lake_dir}: the folder does not exist")
+    view = LakeView(lake_dir)
+    frames = lake.open_table(lake_dir, "frames")
+    if frames is not None:
+        view.frames = _row_count(lake_dir, frames)
+    connections = lake.read_table(lake_dir, "connections", schema.CONNECTIONS, columns=CONNECTION_COLUMNS)
+    view.ingested = frames is not None or connections is not None
+    if connections is not None:
+        view.connections = sorted(connections.to_pylist(), key=lambda c: (c["first_ts_ns"] or 0, c["connection_id"]))
+    view.analysed = lake.open_table(lake_dir, "findings") is not None
+    view.findings = read_findings(lake_dir)
+    channels = lake.read_table(lake_dir, "channels", CHANNELS, columns=CHANNEL_COLUMNS)
+    if channels is not None:
+        view.channels = channels.to_pylist()
+    runs = lake.read_table(lake_dir, "analysis_runs", schema.ANALYSIS_RUNS)
+    if runs is not None and runs.num_rows:
+        rows = sorted(runs.to_pylist(), key=lambda r: r["finished_ts"] or r["started_ts"])
+        view.runs, view.last_run = len(rows), rows[-1]
+    return view
+
+
+def _row_count(lake_dir: str, table) -> int:
+    """Rows of a Delta table from its log's per-file statistics: frames can be billions of rows."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if "num_records" in actions.column_names:
+        counts = actions["num_records"].to_pylist()
+        if all(n is not None for n in counts):
+            return sum(counts)
+    return lake.read_table(lake_dir, "frames", schema.FRAMES, columns=["seq"]).num_rows
+
+
+def evidence_of(finding: dict) -> dict:
+    """A finding's evidence JSON as a dict ({} if absent; the raw text under "text" if not JSON)."""
+    raw = finding.get("evidence")
+    if not raw:
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return {"text": raw}
+    return parsed if isinstance(parsed, dict) else {"value": parsed}
+
+
+def incarnation_rows(lake_dir: str, table: str, table_schema: pa.Schema, columns: list[str],
+                     key: tuple[str, int, int]) -> pa.Table:
+    """The rows of one channel incarnation, filtered while reading."""
+    connection_id, channel, incarnation = key
+    where = ((pc.field("connection_id") == connection_id) & (pc.field("channel") == channel)
+             & (pc.field("incarnation") == incarnation))
+    rows = lake.read_table(lake_dir, table, table_schema, columns=columns, where=where)
+    return rows if rows is not None else table_schema.empty_table().select(columns)
+
+
+def message_deliveries(lake_dir: str, message_identity: str, limit: int) -> tuple[list[dict], int]:
+    """The first `limit` deliveries of one message, in time order, and how many there are in all."""
+    columns = ["connection_id", "channel", "incarnation", "ts_ns", "delivery_tag", "consumer_tag", "queue",
+               "redelivered", "x_death_count", "outcome", "requeue", "settle_ts_ns"]
+    rows = lake.read_table(lake_dir, "deliveries", schema.DELIVERIES, columns=columns,
+                           where=pc.field("message_identity") == message_identity)
+    if rows is None or rows.num_rows == 0:
+        return [], 0
+    rows = rows.sort_by([("ts_ns", "ascending")])
+    return rows.slice(0, limit).to_pylist(), rows.num_rows
+
+
+def column_values(lake_dir: str, table: str, table_schema: pa.Schema, column: str,
+                  where: pc.Expression) -> pa.Array:
+    """One column of a table, filtered while reading (latencies, out-of-order distances)."""
+    rows = lake.read_table(lake_dir, table, table_schema, columns=[column], where=where)
+    if rows is None:
+        return pa.array([], table_schema.field(column).type)
+    return rows[column].combine_chunks()
