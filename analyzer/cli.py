@@ -354,7 +354,7 @@ def run_report(args) -> int:
     except LakeMissing as exc:
         print(f"ackscope report: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {args.output} ({size / 1024:,.0f} KiB)")
+    print(f"wrote the report to {args.output} ({size / 1024:,.0f} KiB): open it in a browser")
     return EXIT_OK
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import schema
@@ -19,6 +20,9 @@ from .words import clock, place_name
 from .svg import BLUE, GREEN, GREY, ORANGE, PURPLE, RED, Plot, duration, nice_ticks, number, time_unit
 
 SEVERITY_COLOUR = {"critical": RED, "warning": ORANGE, "info": BLUE}
+MAX_MARKS = 200  # lost/nacked marks on one chart
+INK_MARK = "#3e4c59"
+DECADE_LABELS = ("10 µs", "100 µs", "1 ms", "10 ms", "100 ms", "1 s", "10 s", "100 s", "1000 s")  # LATENCY_EDGES_NS
 Key = tuple[str, int, int]  # a channel incarnation: (connection_id, channel, incarnation)
 
 
@@ -54,18 +58,35 @@ def _end_of(view: LakeView, key: Key, last_event_ns: int) -> int:
     return last_event_ns
 
 
-def unacked_chart(view: LakeView, key: Key, title: str) -> str | None:
-    """Manual-ack deliveries unacked over time, against the prefetch limits in force."""
+def unacked_events(view: LakeView, key: Key) -> pa.Table:
+    """The deliveries that count as unacked while outstanding (channel_metrics' rule: manual ack,
+    outcome known), in time order: ts_ns, settle_ts_ns (null: never settled) and the prefetch."""
     rows = incarnation_rows(view.lake_dir, "deliveries", schema.DELIVERIES,
                             ["ts_ns", "settle_ts_ns", "no_ack", "outcome", "consumer_prefetch", "channel_prefetch",
                              "consumer_tag"], key).sort_by("ts_ns")
-    counted = rows.filter(pc.and_(pc.equal(rows["no_ack"], False), pc.not_equal(rows["outcome"], "unknown")))
+    return rows.filter(pc.and_(pc.equal(rows["no_ack"], False), pc.not_equal(rows["outcome"], "unknown")))
+
+
+def unconfirmed_events(view: LakeView, key: Key) -> pa.Table:
+    """The publishes that count as unconfirmed while outstanding (confirm mode, outcome known)."""
+    rows = incarnation_rows(view.lake_dir, "publishes", schema.PUBLISHES,
+                            ["ts_ns", "settle_ts_ns", "mode", "outcome"], key).sort_by("ts_ns")
+    return rows.filter(pc.and_(pc.equal(rows["mode"], "confirm"), pc.not_equal(rows["outcome"], "unknown")))
+
+
+def outstanding_series(view: LakeView, key: Key, events: pa.Table, columns: int = S.COLUMNS) -> S.StepSeries:
+    starts = events["ts_ns"].to_numpy()
+    settles = events["settle_ts_ns"].fill_null(-1).to_numpy()
+    return S.outstanding(starts, settles, _end_of(view, key, int(max(starts.max(), settles.max()))), columns)
+
+
+def unacked_chart(view: LakeView, key: Key, title: str) -> str | None:
+    """Manual-ack deliveries unacked over time, against the prefetch limits in force."""
+    counted = unacked_events(view, key)
     if counted.num_rows == 0:
         return None
-    starts = counted["ts_ns"].to_numpy()
-    settles = counted["settle_ts_ns"].fill_null(-1).to_numpy()
-    end_ns = _end_of(view, key, int(max(starts.max(), settles.max())))
-    line = S.outstanding(starts, settles, end_ns)
+    line = outstanding_series(view, key, counted)
+    starts, end_ns = counted["ts_ns"].to_numpy(), line.end_ns
     consumer_limits = S.changes(counted["ts_ns"].to_numpy(), np.array(counted["consumer_prefetch"].to_pylist(), object))
     channel_limits = S.changes(counted["ts_ns"].to_numpy(), np.array(counted["channel_prefetch"].to_pylist(), object))
     limits = [v for _, v in consumer_limits + channel_limits if v]
@@ -93,15 +114,11 @@ def unacked_chart(view: LakeView, key: Key, title: str) -> str | None:
 
 def unconfirmed_chart(view: LakeView, key: Key, title: str) -> str | None:
     """Confirm-mode publishes awaiting their confirm over time; the lost ones marked where they were lost."""
-    rows = incarnation_rows(view.lake_dir, "publishes", schema.PUBLISHES,
-                            ["ts_ns", "settle_ts_ns", "mode", "outcome"], key)
-    counted = rows.filter(pc.and_(pc.equal(rows["mode"], "confirm"), pc.not_equal(rows["outcome"], "unknown")))
+    counted = unconfirmed_events(view, key)
     if counted.num_rows == 0:
         return None
-    starts = counted["ts_ns"].to_numpy()
-    settles = counted["settle_ts_ns"].fill_null(-1).to_numpy()
-    end_ns = _end_of(view, key, int(max(starts.max(), settles.max())))
-    line = S.outstanding(starts, settles, end_ns)
+    line = outstanding_series(view, key, counted)
+    starts, end_ns = counted["ts_ns"].to_numpy(), line.end_ns
     t0 = int(starts.min())
     plot = Plot(title, (t0, end_ns), (0, line.peak * 1.12 + 1))
     ticks, unit = _time_ticks(t0, end_ns)
@@ -114,9 +131,11 @@ def unconfirmed_chart(view: LakeView, key: Key, title: str) -> str | None:
     for table, colour, what in ((lost, RED, "lost"), (nacked, ORANGE, "nacked by the broker")):
         at = table["settle_ts_ns"].drop_null().to_numpy()
         if len(at):
-            for t, n in zip(*np.unique(at, return_counts=True)):
-                plot.marker(int(t), line.value_at(int(t) + 1) + 0, colour, "cross",
-                            f"{n:,} publishes {what} at {duration(int(t) - t0)}")
+            # One mark per instant, at most MAX_MARKS: many losses close together share a mark.
+            step = max(1, (end_ns - t0) // MAX_MARKS)
+            instants, counts = np.unique(t0 + (at - t0) // step * step, return_counts=True)
+            for t, n in zip(instants.tolist(), counts.tolist()):
+                plot.marker(t, line.value_at(t), colour, "cross", f"{n:,} publishes {what} at +{duration(t - t0)}")
             plot.legend.append((f"{len(at):,} {what}", colour, "cross"))
     plot.legend.append((f"peak {line.peak:,} unconfirmed", BLUE, "none"))
     return plot.render()
@@ -143,9 +162,6 @@ def latency_chart(histogram: S.Histogram, title: str, what: str, colour: str) ->
     plot.legend.append((f"max {duration(histogram.max_ns)}", GREY, "none"))
     return plot.render()
 
-
-INK_MARK = "#3e4c59"
-DECADE_LABELS = ("10 µs", "100 µs", "1 ms", "10 ms", "100 ms", "1 s", "10 s", "100 s", "1000 s")  # LATENCY_EDGES_NS
 
 
 def _log_slot(histogram: S.Histogram, value_ns: float) -> float:

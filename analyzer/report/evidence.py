@@ -44,7 +44,9 @@ def evidence_rows(finding: dict, evidence: dict) -> list[tuple[str, str]]:
     order = [k for k in FIRST if k in evidence] + sorted(k for k in evidence if k not in FIRST)
     for name in order:
         value = evidence[name]
-        if value is None or value == []:
+        if isinstance(value, list) and all(v is None for v in value):
+            continue  # e.g. no channel to name for a tag delivered nowhere
+        if value is None:
             continue
         label = LABELS.get(name, name.replace("_", " "))
         if name == "tags" and finding.get("kind") in PUBLISHER_KINDS:

@@ -12,10 +12,8 @@ from collections import Counter
 from datetime import datetime, timezone
 from html import escape
 
-from .. import schema
 from ..finding_advice import ADVICE
 from . import charts
-from .charts import SEVERITY_COLOUR
 from .evidence import evidence_rows
 from .lake_view import LakeView, evidence_of
 from .svg import BLUE, GREEN, duration
@@ -120,8 +118,23 @@ def _findings(view: LakeView) -> str:
     tail = (f'<p class="more">{more:,} more findings not shown here: '
             f'<code>ackscope findings --lake {escape(view.lake_dir)}</code> lists them all.</p>' if more else "")
     return (f'<section id="findings"><h2>Findings <span class="count">{len(view.findings):,}</span></h2>'
-            f'<div class="filters" hidden>Show: {filters}</div>'
+            + _finding_index(view, shown) + f'<div class="filters" hidden>Show: {filters}</div>'
             + "".join(_finding(view, f, i) for i, f in enumerate(shown, 1)) + tail + "</section>")
+
+
+def _finding_index(view: LakeView, shown: list[dict]) -> str:
+    """One line per finding, linking to it: the whole list at a glance before the details."""
+    rows = []
+    for i, f in enumerate(shown, 1):
+        severity = f["severity"] if f["severity"] in SEVERITIES else "info"
+        where = f["connection_name"] or who(view.connection(f["connection_id"]), f["connection_id"] or "")
+        where += f" · ch {f['channel']}" if f["channel"] else ""
+        rows.append(f'<tr data-severity="{severity}"><td><span class="badge sev-{severity}">{severity}</span></td>'
+                    f'<td><a href="#finding-{i}"><code>{escape(f["kind"] or "?")}</code></a></td>'
+                    f'<td>{escape(where)}</td><td class="num">{f["count"] or 0:,}</td>'
+                    f'<td>{escape(clock(f["first_ts_ns"]))}</td></tr>')
+    return ('<table class="index"><thead><tr><th>severity</th><th>kind</th><th>where</th><th class="num">count</th>'
+            f'<th>first seen (UTC)</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
 
 
 def _finding(view: LakeView, finding: dict, number: int) -> str:
@@ -168,15 +181,13 @@ def _key(row: dict) -> tuple[str, int, int]:
 def _chosen_channels(view: LakeView, busy_column: str) -> list[tuple[tuple, str]]:
     """Channel incarnations worth a picture: those with findings (worst first), then the busiest."""
     active = {_key(c): c for c in view.channels if (c[busy_column] or 0) > 0}
-    chosen: list[tuple[tuple, str]] = []
+    chosen: dict[tuple, str] = {}  # key -> why, in order
     for f in view.findings:
-        key = _key(f)
-        if key in active and key not in [k for k, _ in chosen]:
-            chosen.append((key, f"{f['severity']} {f['kind']}"))
-    for row in sorted(active.values(), key=lambda c: -(c[busy_column] or 0)):
-        if _key(row) not in [k for k, _ in chosen]:
-            chosen.append((_key(row), f"busiest: {row[busy_column]:,} {busy_column}"))
-    return chosen[:MAX_CHANNEL_CHARTS]
+        if _key(f) in active:
+            chosen.setdefault(_key(f), f"{f['severity']} {f['kind']}")
+    for row in sorted(active.values(), key=lambda c: -(c[busy_column] or 0))[:MAX_CHANNEL_CHARTS]:
+        chosen.setdefault(_key(row), f"busiest: {row[busy_column]:,} {busy_column}")
+    return list(chosen.items())[:MAX_CHANNEL_CHARTS]
 
 
 def _figure(svg: str | None, caption: str) -> str:
@@ -318,8 +329,6 @@ def _servers(view: LakeView) -> str:
     return ", ".join(f"{name} ({n})" for name, n in servers.most_common(3)) or "not seen"
 
 
-assert set(SEVERITY_COLOUR) == set(schema.SEVERITIES)
-
 STYLE = """
 :root { --ink:#1f2933; --muted:#616e7c; --line:#e4e7eb; --bg:#f7f8fa;
         --critical:#c62828; --warning:#e07b00; --info:#1d6fb8; }
@@ -391,6 +400,12 @@ table.connections .bad { color:var(--critical); font-weight:600; }
 table.connections .product { color:var(--muted); font-size:12px; }
 table.connections .addr, table.connections td:nth-child(4) { white-space:nowrap; }
 table.sortable.js th { cursor:pointer; }
+table.index { border-collapse:collapse; background:#fff; border:1px solid var(--line); width:100%;
+               font-size:14px; margin:6px 0 14px; }
+table.index th { background:#eef1f4; text-align:left; padding:5px 10px; }
+table.index td { padding:4px 10px; border-top:1px solid var(--line); }
+table.index a { color:var(--ink); } table.index code { background:none; font-weight:700; }
+.num { text-align:right; }
 .filters { margin:6px 0; } .filters label { margin-right:14px; }
 .hidden { display:none; }
 footer { color:var(--muted); font-size:12px; margin-top:36px; border-top:1px solid var(--line); padding-top:8px; }
@@ -406,7 +421,7 @@ SCRIPT = """
     filters.addEventListener('change', function () {
       var on = {};
       document.querySelectorAll('.sev-filter').forEach(function (box) { on[box.value] = box.checked; });
-      document.querySelectorAll('article.finding').forEach(function (a) {
+      document.querySelectorAll('article.finding, table.index tr[data-severity]').forEach(function (a) {
         a.classList.toggle('hidden', !on[a.dataset.severity]);
       });
     });

@@ -67,7 +67,7 @@ class Plot:
     """One chart: a plot area inside margins, data coordinates mapped onto it."""
 
     def __init__(self, title: str, x_range: tuple[float, float], y_range: tuple[float, float],
-                 width: int = 1030, height: int = 240, left: int = 64, right: int = 20, top: int = 34,
+                 width: int = 1030, height: int = 240, left: int = 80, right: int = 36, top: int = 34,
                  bottom: int = 46):
         self.title, self.width, self.height = title, width, height
         self.left, self.right, self.top, self.bottom = left, right, top, bottom
