@@ -143,6 +143,32 @@ def test_outstanding_series_match_channel_metrics(analysed_examples):
     assert checked >= 20, checked
 
 
+def test_big_channels_are_drawn_from_channel_metrics(analysed_examples, monkeypatch, tmp_path):
+    """Past MAX_EXACT_ROWS a channel's time charts come from channel_metrics' buckets instead of its
+    timeline rows: the same peaks, the same lost and nacked publishes."""
+    lake_dir, _ = analysed_examples
+    view = read_lake(lake_dir)
+    compared = 0
+    for channel in view.channels:
+        key = (channel["connection_id"], channel["channel"], channel["incarnation"])
+        for exact, what in ((charts.unacked_source, "unacked"), (charts.unconfirmed_source, "unconfirmed")):
+            from_rows, from_buckets = exact(view, key), charts._metrics_source(view, key, what)
+            assert (from_rows is None) == (from_buckets is None), (key, what)
+            if from_rows is None:
+                continue
+            assert from_buckets.line.peak == from_rows.line.peak, (key, what)
+            assert ({k: int(n.sum()) for k, (_, n) in from_buckets.marks.items()}
+                    == {k: int(n.sum()) for k, (_, n) in from_rows.marks.items()}), (key, what)
+            compared += 1
+    assert compared >= 10, compared
+    monkeypatch.setattr(charts, "MAX_EXACT_ROWS", 0)
+    out = str(tmp_path / "from-metrics.html")
+    write_report(lake_dir, out)
+    html = open(out, encoding="utf-8").read()
+    assert "unacked (peak per 10 s bucket, channel_metrics)" in html
+    assert "unconfirmed (peak per 10 s bucket, channel_metrics)" in html
+
+
 def test_reduced_series_keep_every_peak():
     rng = np.random.default_rng(7)
     starts = np.sort(rng.integers(0, 10 ** 12, 200_000))

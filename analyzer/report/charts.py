@@ -8,6 +8,7 @@ memory, and each reduces what it draws to a bounded number of points (series.py)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +22,7 @@ from .svg import BLUE, GREEN, GREY, ORANGE, PURPLE, RED, Plot, duration, nice_ti
 
 SEVERITY_COLOUR = {"critical": RED, "warning": ORANGE, "info": BLUE}
 MAX_MARKS = 200  # lost/nacked marks on one chart
+MAX_EXACT_ROWS = 2_000_000  # above this, a channel's time charts come from channel_metrics
 INK_MARK = "#3e4c59"
 DECADE_LABELS = ("10 µs", "100 µs", "1 ms", "10 ms", "100 ms", "1 s", "10 s", "100 s", "1000 s")  # LATENCY_EDGES_NS
 Key = tuple[str, int, int]  # a channel incarnation: (connection_id, channel, incarnation)
@@ -80,63 +82,141 @@ def outstanding_series(view: LakeView, key: Key, events: pa.Table, columns: int 
     return S.outstanding(starts, settles, _end_of(view, key, int(max(starts.max(), settles.max()))), columns)
 
 
-def unacked_chart(view: LakeView, key: Key, title: str) -> str | None:
-    """Manual-ack deliveries unacked over time, against the prefetch limits in force."""
+@dataclass
+class Outstanding:
+    """What a time chart draws for one incarnation, from whichever source suits its size."""
+    line: S.StepSeries
+    t0: int
+    consumer_limits: list[tuple[int, int]] = field(default_factory=list)  # (since, prefetch) changes
+    channel_limits: list[tuple[int, int]] = field(default_factory=list)
+    consumers: int = 0
+    marks: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # what -> (times, counts)
+    bucket_seconds: int | None = None  # set when drawn from channel_metrics
+
+
+def _from_metrics(view: LakeView, key: Key, busy_column: str) -> bool:
+    """channel_metrics (one row per bucket) when the timeline rows are too many to read, or the
+    buckets alone already give a point per pixel; else the exact timeline."""
+    rows = next((c[busy_column] or 0 for c in view.channels if _channel_key(c) == key), 0)
+    bucket_ns = view.bucket_seconds * 1e9
+    span = next(((c["end_ts_ns"] or c["observed_until_ts_ns"] or c["open_ts_ns"] or 0) - (c["open_ts_ns"] or 0)
+                 for c in view.channels if _channel_key(c) == key), 0)
+    return view.has_channel_metrics and (rows > MAX_EXACT_ROWS or span / bucket_ns >= S.COLUMNS)
+
+
+def _channel_key(row: dict) -> Key:
+    return row["connection_id"], row["channel"], row["incarnation"]
+
+
+def unacked_source(view: LakeView, key: Key) -> Outstanding | None:
+    if _from_metrics(view, key, "deliveries"):
+        return _metrics_source(view, key, "unacked")
     counted = unacked_events(view, key)
     if counted.num_rows == 0:
         return None
-    line = outstanding_series(view, key, counted)
-    starts, end_ns = counted["ts_ns"].to_numpy(), line.end_ns
-    consumer_limits = S.changes(counted["ts_ns"].to_numpy(), np.array(counted["consumer_prefetch"].to_pylist(), object))
-    channel_limits = S.changes(counted["ts_ns"].to_numpy(), np.array(counted["channel_prefetch"].to_pylist(), object))
-    limits = [v for _, v in consumer_limits + channel_limits if v]
+    times = counted["ts_ns"].to_numpy()
+    return Outstanding(
+        outstanding_series(view, key, counted), int(times.min()),
+        S.changes(times, np.array(counted["consumer_prefetch"].to_pylist(), object)),
+        S.changes(times, np.array(counted["channel_prefetch"].to_pylist(), object)),
+        len(set(counted["consumer_tag"].drop_null().to_pylist())))
+
+
+def unconfirmed_source(view: LakeView, key: Key) -> Outstanding | None:
+    if _from_metrics(view, key, "publishes"):
+        return _metrics_source(view, key, "unconfirmed")
+    counted = unconfirmed_events(view, key)
+    if counted.num_rows == 0:
+        return None
+    marks = {what: np.unique(counted.filter(pc.equal(counted["outcome"], outcome))["settle_ts_ns"].drop_null()
+                             .to_numpy(), return_counts=True)
+             for outcome, what in (("lost", "lost"), ("nacked", "nacked by the broker"))}
+    return Outstanding(outstanding_series(view, key, counted), int(counted["ts_ns"].to_numpy().min()), marks=marks)
+
+
+def _metrics_source(view: LakeView, key: Key, what: str) -> Outstanding | None:
+    """The bucket rows of channel_metrics as a step series of each bucket's peak. Buckets are rows
+    only where something happened or was outstanding: after a bucket with no successor the count
+    falls to what it was at that bucket's end (nothing outstanding, or the end of the data)."""
+    rows = incarnation_rows(view.lake_dir, "channel_metrics", schema.CHANNEL_METRICS,
+                            ["bucket_start_ns", "bucket_seconds", "as_of_ns", what, f"{what}_max", "consumer_prefetch",
+                             "channel_prefetch", "lost", "confirm_nacks"], key).sort_by("bucket_start_ns")
+    if rows.num_rows == 0 or not pc.max(rows[f"{what}_max"]).as_py():
+        return None
+    starts, ends = rows["bucket_start_ns"].to_numpy(), rows["as_of_ns"].to_numpy()
+    peaks, at_end = rows[f"{what}_max"].to_numpy(), rows[what].to_numpy()
+    lengths = rows["bucket_seconds"].to_numpy().astype(np.int64) * 1_000_000_000
+    gap_after = np.append(starts[1:] != starts[:-1] + lengths[:-1], True)
+    times = np.concatenate([starts, ends[gap_after]])
+    values = np.concatenate([peaks, at_end[gap_after]])
+    order = np.argsort(times, kind="stable")
+    line = S.reduce_to_columns(S.StepSeries(times[order], values[order], int(ends.max()), peak_per_column=True))
+    source = Outstanding(line, int(starts.min()), bucket_seconds=int(rows["bucket_seconds"][0].as_py()))
+    if what == "unacked":
+        source.consumer_limits = S.changes(starts, np.array(rows["consumer_prefetch"].to_pylist(), object))
+        source.channel_limits = S.changes(starts, np.array(rows["channel_prefetch"].to_pylist(), object))
+    else:
+        for column, label in (("lost", "lost"), ("confirm_nacks", "nacked by the broker")):
+            counts = rows[column].fill_null(0).to_numpy()
+            source.marks[label] = (starts[counts > 0], counts[counts > 0])  # at their bucket's start
+    return source
+
+
+def _line_label(name: str, source: Outstanding) -> str:
+    if source.bucket_seconds:
+        return f"{name} (peak per {source.bucket_seconds} s bucket, channel_metrics)"
+    return name + (" (peak per pixel)" if source.line.peak_per_column else "")
+
+
+def unacked_chart(view: LakeView, key: Key, title: str) -> str | None:
+    """Manual-ack deliveries unacked over time, against the prefetch limits in force."""
+    source = unacked_source(view, key)
+    if source is None:
+        return None
+    line, t0, end_ns = source.line, source.t0, source.line.end_ns
+    limits = [v for _, v in source.consumer_limits + source.channel_limits if v]
     top = max([line.peak] + limits) * 1.12 + 1
-    t0 = int(starts.min())
     plot = Plot(title, (t0, end_ns), (0, top))
     ticks, unit = _time_ticks(t0, end_ns)
     plot.count_axis(_time_label(t0, unit), "deliveries unacked", ticks)
     _finding_bands(plot, view, key)
-    consumers = len(set(counted["consumer_tag"].drop_null().to_pylist()))
-    for changes, colour, what in ((consumer_limits, ORANGE, "prefetch per consumer"),
-                                  (channel_limits, RED, "channel prefetch (global)")):
+    for changes, colour, what in ((source.consumer_limits, ORANGE, "prefetch per consumer"),
+                                  (source.channel_limits, RED, "channel prefetch (global)")):
         if any(v for _, v in changes):
             latest = changes[-1][1]
-            label = f"{what}: {latest or 'unlimited'}" + (f" ({consumers} consumers)" if consumers > 1 and
-                                                          what.endswith("consumer") else "")
+            label = f"{what}: {latest or 'unlimited'}" + (
+                f" ({source.consumers} consumers)" if source.consumers > 1 and what.endswith("consumer") else "")
             plot.step([(t, v if v else top) for t, v in changes], end_ns, colour, label, dash="6 4", width=1.6)
     if not limits:
         plot.legend.append(("no prefetch limit (basic.qos 0 or none)", RED, "dash"))
     plot.step(list(zip(line.times_ns.tolist(), line.values.tolist())), end_ns, PURPLE,
-              "unacked" + (" (peak per pixel)" if line.peak_per_column else ""), fill=True)
+              _line_label("unacked", source), fill=True)
     plot.legend.append((f"peak {line.peak:,} unacked", PURPLE, "none"))
     return plot.render()
 
 
 def unconfirmed_chart(view: LakeView, key: Key, title: str) -> str | None:
     """Confirm-mode publishes awaiting their confirm over time; the lost ones marked where they were lost."""
-    counted = unconfirmed_events(view, key)
-    if counted.num_rows == 0:
+    source = unconfirmed_source(view, key)
+    if source is None:
         return None
-    line = outstanding_series(view, key, counted)
-    starts, end_ns = counted["ts_ns"].to_numpy(), line.end_ns
-    t0 = int(starts.min())
+    line, t0, end_ns = source.line, source.t0, source.line.end_ns
     plot = Plot(title, (t0, end_ns), (0, line.peak * 1.12 + 1))
     ticks, unit = _time_ticks(t0, end_ns)
     plot.count_axis(_time_label(t0, unit), "publishes unconfirmed", ticks)
     _finding_bands(plot, view, key)
     plot.step(list(zip(line.times_ns.tolist(), line.values.tolist())), end_ns, BLUE,
-              "unconfirmed" + (" (peak per pixel)" if line.peak_per_column else ""), fill=True)
-    lost = counted.filter(pc.equal(counted["outcome"], "lost"))
-    nacked = counted.filter(pc.equal(counted["outcome"], "nacked"))
-    for table, colour, what in ((lost, RED, "lost"), (nacked, ORANGE, "nacked by the broker")):
-        at = table["settle_ts_ns"].drop_null().to_numpy()
+              _line_label("unconfirmed", source), fill=True)
+    colours = {"lost": RED, "nacked by the broker": ORANGE}
+    for what, (at, counts) in source.marks.items():
         if len(at):
-            # One mark per instant, at most MAX_MARKS: many losses close together share a mark.
+            # At most MAX_MARKS marks: losses close together share one.
             step = max(1, (end_ns - t0) // MAX_MARKS)
-            instants, counts = np.unique(t0 + (at - t0) // step * step, return_counts=True)
-            for t, n in zip(instants.tolist(), counts.tolist()):
-                plot.marker(t, line.value_at(t), colour, "cross", f"{n:,} publishes {what} at +{duration(t - t0)}")
-            plot.legend.append((f"{len(at):,} {what}", colour, "cross"))
+            instants, slot = np.unique(t0 + (at - t0) // step * step, return_inverse=True)
+            for t, n in zip(instants.tolist(), np.bincount(slot, weights=counts).astype(np.int64).tolist()):
+                plot.marker(t, line.value_at(t), colours[what], "cross",
+                            f"{n:,} publishes {what} at +{duration(t - t0)}")
+            plot.legend.append((f"{int(counts.sum()):,} {what}", colours[what], "cross"))
     plot.legend.append((f"peak {line.peak:,} unconfirmed", BLUE, "none"))
     return plot.render()
 
@@ -191,13 +271,13 @@ def out_of_order_chart(view: LakeView) -> tuple[str | None, int, int]:
     if not buckets:
         return None, 0, 0
     out_of_order = int((values > 0).sum())
-    plot = Plot("Publish-to-confirm order", (0, len(buckets)), (0, max(n for _, n in buckets) * 1.12 + 1))
+    slots = max(len(buckets), 6)  # a lone bucket stays a bar, not a wall
+    plot = Plot("Publish-to-confirm order", (0, slots), (0, max(n for _, n in buckets) * 1.12 + 1))
     plot.count_axis("out-of-order distance: confirm number minus the oldest still unconfirmed",
                     "confirmed publishes", [(i + 0.5, label) for i, (label, _) in enumerate(buckets)])
-    plot.bars([0.0] + [float(n) for _, n in buckets[1:]], ORANGE, "confirmed out of order",
-              [f"{label}: {n:,}" for label, n in buckets])
-    plot.bars([float(buckets[0][1])] + [0.0] * (len(buckets) - 1), GREEN, "confirmed in order",
-              [f"{label}: {n:,}" for label, n in buckets])
+    titles = [f"distance {label}: {n:,}" for label, n in buckets]
+    plot.bars([float(buckets[0][1])], GREEN, "confirmed in order", titles)
+    plot.bars([0.0] + [float(n) for _, n in buckets[1:]], ORANGE, "confirmed out of order", titles)
     return plot.render(), out_of_order, len(values)
 
 

@@ -44,6 +44,12 @@ class LakeView:
     channels: list[dict] = field(default_factory=list)
     last_run: dict | None = None
     runs: int = 0
+    has_channel_metrics: bool = False
+
+    @property
+    def bucket_seconds(self) -> int:
+        """channel_metrics' bucket length, as the last run wrote it (10 s, the default, if unknown)."""
+        return int((self.last_run or {}).get("bucket_seconds") or 10)
 
     @property
     def span_ns(self) -> tuple[int, int] | None:
@@ -76,6 +82,7 @@ def read_lake(lake_dir: str) -> LakeView:
     channels = lake.read_table(lake_dir, "channels", CHANNELS, columns=CHANNEL_COLUMNS)
     if channels is not None:
         view.channels = channels.to_pylist()
+    view.has_channel_metrics = lake.open_table(lake_dir, "channel_metrics") is not None
     runs = lake.read_table(lake_dir, "analysis_runs", schema.ANALYSIS_RUNS)
     if runs is not None and runs.num_rows:
         rows = sorted(runs.to_pylist(), key=lambda r: r["finished_ts"] or r["started_ts"])

@@ -226,13 +226,15 @@ def _channel_pictures(view: LakeView, busy_column: str, chart, heading: str, exp
 def _latency_pictures(view: LakeView) -> str:
     confirm = charts.latency_chart(charts.confirm_latency(view), "Confirm latency", "confirm", BLUE)
     ack = charts.latency_chart(charts.ack_latency(view), "Ack latency", "ack", GREEN)
+    missing = [what for what, svg in (("confirmed publishes", confirm), ("acked deliveries (manual ack)", ack))
+               if svg is None]
+    note = f'<p class="empty">No {" and no ".join(missing)} in this lake.</p>' if missing else ""
     body = (_figure(confirm, "From <code>basic.publish</code> to the broker's <code>basic.ack</code>/"
                              "<code>basic.nack</code>: persistent messages wait for the disk, so hundreds of "
                              "milliseconds under load are normal.")
             + _figure(ack, "From <code>basic.deliver</code> to the consumer's <code>basic.ack</code>: how long "
                            "handlers hold messages."))
-    return ("<h3>Confirm and ack latency</h3>"
-            + (body or '<p class="empty">No confirmed publishes or acked deliveries in this lake.</p>'))
+    return "<h3>Confirm and ack latency</h3>" + body + note
 
 
 def _order_pictures(view: LakeView) -> str:
@@ -298,18 +300,20 @@ def _connections(view: LakeView) -> str:
         product = " ".join(x for x in (c["client_product"], c["client_version"]) if x) or "client product not seen"
         if c["protocol"] != "amqp-0-9-1":
             product = f"not AMQP 0-9-1 ({c['protocol']})"
-        name = c["connection_name"] or "no connection_name"
-        opened = clock(c["first_ts_ns"]) + ("" if c["started_at_syn"] else " (joined mid-stream)")
+        name = f'<b>{escape(c["connection_name"])}</b>' if c["connection_name"] else \
+            '<span class="product">no connection_name</span>'
+        opened = escape(clock(c["first_ts_ns"])) + (
+            "" if c["started_at_syn"] else '<br><span class="product">joined mid-stream</span>')
         n = findings_of[c["connection_id"]]
         badge = (f'<span class="badge sev-{worst[c["connection_id"]]}">{n}</span>' if n else "0")
         ended = ending(c)
         bad = ended.startswith("TCP RST") or (c.get("close_code") or 200) not in (0, 200)
         account = escape(c["user"] or "–") + (f" · <code>{escape(c['vhost'])}</code>" if c["vhost"] is not None else "")
         client, server = f"{c['client_addr']}:{c['client_port']}", f"{c['server_addr']}:{c['server_port']}"
-        cells = [f'<b>{escape(name)}</b><br><span class="product">{escape(product)}</span>',
+        cells = [f'{name}<br><span class="product">{escape(product)}</span>',
                  account,
-                 f'<span class="addr">{escape(client)}</span> → <span class="addr">{escape(server)}</span>',
-                 escape(opened), f'<span class="{"bad" if bad else ""}">{escape(ended)}</span>',
+                 f'<span class="addr">{escape(client)}</span><br><span class="addr">→ {escape(server)}</span>',
+                 opened, f'<span class="{"bad" if bad else ""}">{escape(ended)}</span>',
                  f"{c['frames_to_broker'] or 0:,} / {c['frames_to_client'] or 0:,}",
                  str(c["gaps"] or 0), badge]
         rows.append(f'<tr data-n="{n}">' + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
@@ -399,6 +403,7 @@ table.connections td { padding:5px 8px; border-top:1px solid var(--line); vertic
 table.connections .bad { color:var(--critical); font-weight:600; }
 table.connections .product { color:var(--muted); font-size:12px; }
 table.connections .addr, table.connections td:nth-child(4) { white-space:nowrap; }
+table.connections td:first-child { min-width:230px; } table.connections td:nth-child(5) { min-width:200px; }
 table.sortable.js th { cursor:pointer; }
 table.index { border-collapse:collapse; background:#fff; border:1px solid var(--line); width:100%;
                font-size:14px; margin:6px 0 14px; }

@@ -50,12 +50,14 @@ def outstanding(starts_ns: np.ndarray, settles_ns: np.ndarray, end_ns: int, colu
     last_of_instant = np.append(times[1:] != times[:-1], True)
     times, running = times[last_of_instant], running[last_of_instant]
     series = StepSeries(times, running, int(max(end_ns, times[-1] if len(times) else end_ns)))
-    if len(times) <= 2 * columns:
+    return reduce_to_columns(series, columns)
+
+
+def reduce_to_columns(series: StepSeries, columns: int = COLUMNS) -> StepSeries:
+    """The series as the peak of each of `columns` equal slices of its time span (as it is if it
+    has few enough points)."""
+    if len(series.times_ns) <= 2 * columns:
         return series
-    return _peaks(series, columns)
-
-
-def _peaks(series: StepSeries, columns: int) -> StepSeries:
     t0, t1 = int(series.times_ns[0]), series.end_ns
     width = max(1, t1 - t0)
     edges = t0 + (np.arange(columns, dtype=np.float64) * width / columns).astype(np.int64)
