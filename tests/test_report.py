@@ -239,9 +239,22 @@ def test_hostile_names_are_escaped(tmp_path):
         server=["10.0.0.2:5672"] * 2, channel=[1, 1], incarnation=[1, 1], first_ts_ns=[T0, T0],
         last_ts_ns=[T0 + 5, T0 + 5], count=[25, 1], message_identity=[HOSTILE, None],
         summary=[HOSTILE, HOSTILE_ATTR], evidence=[evidence, "not json " + HOSTILE], source=[f"/tmp/{HOSTILE}.pcap"] * 2))
+    # The looping message's deliveries, so its picture (lanes, tooltips) carries the names too.
+    _write(lake_dir, "deliveries", schema.DELIVERIES, _table(
+        schema.DELIVERIES, schema.DELIVERY_TIMESTAMPS, schema.DELIVERY_DATE_FROM,
+        connection_id=[connection_id] * 3, channel=[1] * 3, incarnation=[1] * 3, seq=[1, 2, 3],
+        ts_ns=[T0, T0 + 10, T0 + 20], delivery_tag=[1, 2, 3], consumer_tag=[HOSTILE_ATTR] * 3, queue=[HOSTILE] * 3,
+        message_identity=[HOSTILE] * 3, no_ack=[False] * 3, outcome=["nack", "nack", "ack"],
+        requeue=[True, True, None], settle_ts_ns=[T0 + 5, T0 + 15, T0 + 25], settle_latency_ns=[5, 5, 5]))
+    _write(lake_dir, "channels", CHANNELS, _table(
+        CHANNELS, {"open_ts": "open_ts_ns", "end_ts": "end_ts_ns"}, "open_ts_ns",
+        connection_id=[connection_id], channel=[1], incarnation=[1], open_ts_ns=[T0], end_ts_ns=[T0 + 30],
+        deliveries=[3], publishes=[0]))
     out = str(tmp_path / "report.html")
     write_report(lake_dir, out)
     html = open(out, encoding="utf-8").read()
+    assert escape(f"Deliveries of message {HOSTILE}") in html  # the pictures were drawn
+    assert escape(f"consumer {HOSTILE_ATTR}") in html
     for raw in (HOSTILE, HOSTILE_ATTR, "<img", "<script>alert"):
         assert raw not in html, raw
     assert escape(HOSTILE) in html and escape(HOSTILE_ATTR) in html

@@ -272,12 +272,12 @@ def out_of_order_chart(view: LakeView) -> tuple[str | None, int, int]:
         return None, 0, 0
     out_of_order = int((values > 0).sum())
     slots = max(len(buckets), 6)  # a lone bucket stays a bar, not a wall
-    plot = Plot("Publish-to-confirm order", (0, slots), (0, max(n for _, n in buckets) * 1.12 + 1))
+    plot = Plot("Publish-to-confirm order", (0, slots), (0, max(n for _, n in buckets) * 1.18 + 1))
     plot.count_axis("out-of-order distance: confirm number minus the oldest still unconfirmed",
                     "confirmed publishes", [(i + 0.5, label) for i, (label, _) in enumerate(buckets)])
     titles = [f"distance {label}: {n:,}" for label, n in buckets]
-    plot.bars([float(buckets[0][1])], GREEN, "confirmed in order", titles)
-    plot.bars([0.0] + [float(n) for _, n in buckets[1:]], ORANGE, "confirmed out of order", titles)
+    plot.bars([float(buckets[0][1])], GREEN, "confirmed in order", titles, numbers=True)
+    plot.bars([0.0] + [float(n) for _, n in buckets[1:]], ORANGE, "confirmed out of order", titles, numbers=True)
     return plot.render(), out_of_order, len(values)
 
 

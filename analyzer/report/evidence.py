@@ -99,7 +99,8 @@ def _episode(episode) -> str:
 
 def _capture_html(finding: dict, evidence: dict) -> str:
     source = finding.get("source") or ""
-    packets = [p for p in (evidence.get("source_packets") or [])[:MAX_ITEMS] if isinstance(p, int)]
+    # Several frames can share a packet: the filter names each packet once.
+    packets = list(dict.fromkeys(p for p in (evidence.get("source_packets") or [])[:MAX_ITEMS] if isinstance(p, int)))
     html = f'<code title="{escape(source)}">{escape(os.path.basename(source) or source)}</code>' if source else ""
     if packets:
         wireshark = "frame.number in {" + " ".join(str(p) for p in packets) + "}"

@@ -144,8 +144,10 @@ class Plot:
                           f'y2="{py:.1f}" stroke="{colour}" stroke-width="1.6" stroke-dasharray="{dash}"/>')
         self.legend.append((label, colour, "dash"))
 
-    def bars(self, values: list[float], colour: str, label: str, titles: list[str] | None = None) -> None:
-        """One bar per slot 0..n-1 on an x range of (0, n)."""
+    def bars(self, values: list[float], colour: str, label: str, titles: list[str] | None = None,
+             numbers: bool = False) -> None:
+        """One bar per slot 0..n-1 on an x range of (0, n); `numbers` writes each bar's value above it
+        (small bars beside a tall one would otherwise read as nothing)."""
         for i, value in enumerate(values):
             if value <= 0:
                 continue
@@ -154,6 +156,8 @@ class Plot:
             tip = f"<title>{escape(titles[i])}</title>" if titles else ""
             self.parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" '
                               f'height="{self.py(self.y0) - y:.1f}" fill="{colour}">{tip}</rect>')
+            if numbers:
+                self.text(x + w / 2, y - 4, number(value), "middle", "note")
         self.legend.append((label, colour, "box"))
 
     def marker(self, x: float, y: float, colour: str, shape: str = "circle", tip: str = "") -> None:
