@@ -354,6 +354,9 @@ def run_report(args) -> int:
     except LakeMissing as exc:
         print(f"ackscope report: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the output cannot be written (a folder, no permission, disk full)
+        print(f"ackscope report: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"wrote the report to {args.output} ({size / 1024:,.0f} KiB): open it in a browser")
     return EXIT_OK
 

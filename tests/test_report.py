@@ -276,6 +276,9 @@ def test_empty_and_unanalysed_lakes(tmp_path, capsys):
 
     empty = tmp_path / "empty"
     empty.mkdir()
+    assert main(["report", "--lake", str(empty), "-o", str(tmp_path)]) == 2  # a folder: cannot be written
+    assert "cannot write" in capsys.readouterr().err
+    assert not [name for name in os.listdir(tmp_path.parent) if ".partial-" in name]
     assert main(["report", "--lake", str(empty), "-o", out]) == 0
     html = open(out, encoding="utf-8").read()
     assert "This lake holds no tables yet." in html and 'id="findings"' not in html

@@ -24,7 +24,11 @@ def write_report(lake_dir: str, out_path: str) -> int:
     folder = os.path.dirname(os.path.abspath(out_path))
     os.makedirs(folder, exist_ok=True)
     partial = f"{out_path}.partial-{os.getpid()}"
-    with open(partial, "wb") as out:
-        out.write(data)
-    os.replace(partial, out_path)
+    try:
+        with open(partial, "wb") as out:
+            out.write(data)
+        os.replace(partial, out_path)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
     return len(data)
