@@ -45,16 +45,20 @@ def examples_report(analysed_examples, tmp_path_factory) -> tuple[str, str]:
 # -- the advice: one source --------------------------------------------------------------------
 
 def test_readme_advice_table_is_finding_advice():
+    from spark_jobs.detectors.common import SEVERITY
+
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as readme:
         text = readme.read()
-    table = text[text.index("| kind | what it means | what to do |"):].splitlines()[2:]
-    rows = {}
+    table = text[text.index("| kind | severity | what it means | what to do |"):].splitlines()[2:]
+    advice, severities = {}, {}
     for line in table:
         if not line.startswith("|"):
             break
-        kind, meaning, todo = (cell.strip() for cell in line.strip().strip("|").split(" | "))
-        rows[kind.strip("`")] = (meaning, todo)
-    assert rows == ADVICE
+        kind, severity, meaning, todo = (cell.strip() for cell in line.strip().strip("|").split(" | "))
+        advice[kind.strip("`")] = (meaning, todo)
+        severities[kind.strip("`")] = severity
+    assert advice == ADVICE
+    assert severities == SEVERITY
     assert set(ADVICE) == set(schema.FINDING_KINDS)
 
 
