@@ -60,6 +60,10 @@ def test_readme_advice_table_is_finding_advice():
     assert advice == ADVICE
     assert severities == SEVERITY
     assert set(ADVICE) == set(schema.FINDING_KINDS)
+    # The dashboards' panel descriptions say the same (their severities are a copy without Spark).
+    from dashboards.grafana import advice
+    assert advice.SEVERITY == SEVERITY
+    assert advice.findings_table() == "\n".join(text[text.index("| kind | severity |"):].splitlines()[:2 + len(ADVICE)])
 
 
 # -- the page of the analysed examples ---------------------------------------------------------
