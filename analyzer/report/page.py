@@ -23,7 +23,8 @@ from .words import clock, place_name, who
 
 MAX_FINDINGS = 200       # findings shown in full; the rest are counted (`ackscope findings` lists all)
 MAX_CONNECTIONS = 300    # rows of the connections table
-MAX_CHANNEL_CHARTS = 4   # unacked / unconfirmed pictures: channels with findings first, then the busiest
+MAX_FINDING_CHANNELS = 4  # unacked / unconfirmed pictures: channels with findings (worst first) ...
+MAX_BUSIEST_CHANNELS = 2  # ... and the busiest others, for what normal looks like
 MAX_LOOP_CHARTS = 3      # requeue-looping messages drawn
 MAX_ORDER_CHARTS = 2     # per-channel out-of-order pictures
 SEVERITIES = tuple(reversed(schema.SEVERITIES))  # critical first
@@ -185,11 +186,12 @@ def _chosen_channels(view: LakeView, busy_column: str) -> list[tuple[tuple, str]
     active = {_key(c): c for c in view.channels if (c[busy_column] or 0) > 0}
     chosen: dict[tuple, str] = {}  # key -> why, in order
     for f in view.findings:
-        if _key(f) in active:
+        if _key(f) in active and len(chosen) < MAX_FINDING_CHANNELS:
             chosen.setdefault(_key(f), f"{f['severity']} {f['kind']}")
-    for row in sorted(active.values(), key=lambda c: -(c[busy_column] or 0))[:MAX_CHANNEL_CHARTS]:
-        chosen.setdefault(_key(row), f"busiest: {row[busy_column]:,} {busy_column}")
-    return list(chosen.items())[:MAX_CHANNEL_CHARTS]
+    busiest = [c for c in sorted(active.values(), key=lambda c: -(c[busy_column] or 0)) if _key(c) not in chosen]
+    for row in busiest[:MAX_BUSIEST_CHANNELS]:
+        chosen[_key(row)] = f"busiest other: {row[busy_column]:,} {busy_column}"
+    return list(chosen.items())
 
 
 def _figure(svg: str | None, caption: str) -> str:
