@@ -33,15 +33,24 @@ class LakeMissing(Exception):
     """The folder does not exist: nothing to report on (a typo, most often)."""
 
 
+MAX_CONNECTIONS = 300   # connections listed beside those with findings
+BUSIEST_CHANNELS = 8    # per kind of traffic: the channels the pictures may pick besides those with findings
+
+
 @dataclass
 class LakeView:
+    """What the page needs. Lists are a bounded selection; the counts and the span are of everything."""
     lake_dir: str
     ingested: bool = False               # a frames or connections table exists
     analysed: bool = False               # a findings table exists
     frames: int = 0
-    connections: list[dict] = field(default_factory=list)
+    connection_count: int = 0
+    amqp_connections: int = 0
+    span_ns: tuple[int, int] | None = None
+    servers: list[tuple[str, int]] = field(default_factory=list)  # server product and version, how many
+    connections: list[dict] = field(default_factory=list)  # those with findings, then the first by time
     findings: list[dict] = field(default_factory=list)
-    channels: list[dict] = field(default_factory=list)
+    channels: list[dict] = field(default_factory=list)  # those with findings, and the busiest
     last_run: dict | None = None
     runs: int = 0
     has_channel_metrics: bool = False
@@ -51,19 +60,10 @@ class LakeView:
         """channel_metrics' bucket length, as the last run wrote it (10 s, the default, if unknown)."""
         return int((self.last_run or {}).get("bucket_seconds") or 10)
 
-    @property
-    def span_ns(self) -> tuple[int, int] | None:
-        starts = [c["first_ts_ns"] for c in self.connections if c["first_ts_ns"] is not None]
-        ends = [c["last_ts_ns"] for c in self.connections if c["last_ts_ns"] is not None]
-        return (min(starts), max(ends)) if starts and ends else None
-
     def connection(self, connection_id: str) -> dict | None:
-        return self._connections_by_id().get(connection_id)
-
-    def _connections_by_id(self) -> dict[str, dict]:
         if not hasattr(self, "_by_id"):
             self._by_id = {c["connection_id"]: c for c in self.connections}
-        return self._by_id
+        return self._by_id.get(connection_id)
 
 
 def read_lake(lake_dir: str) -> LakeView:
@@ -73,21 +73,57 @@ def read_lake(lake_dir: str) -> LakeView:
     frames = lake.open_table(lake_dir, "frames")
     if frames is not None:
         view.frames = _row_count(lake_dir, frames)
+    view.analysed = lake.open_table(lake_dir, "findings") is not None
+    view.findings = read_findings(lake_dir)
     connections = lake.read_table(lake_dir, "connections", schema.CONNECTIONS, columns=CONNECTION_COLUMNS)
     view.ingested = frames is not None or connections is not None
     if connections is not None:
-        view.connections = sorted(connections.to_pylist(), key=lambda c: (c["first_ts_ns"] or 0, c["connection_id"]))
-    view.analysed = lake.open_table(lake_dir, "findings") is not None
-    view.findings = read_findings(lake_dir)
+        _read_connections(view, connections)
     channels = lake.read_table(lake_dir, "channels", CHANNELS, columns=CHANNEL_COLUMNS)
     if channels is not None:
-        view.channels = channels.to_pylist()
+        view.channels = _chosen_channels(channels, view.findings)
     view.has_channel_metrics = lake.open_table(lake_dir, "channel_metrics") is not None
     runs = lake.read_table(lake_dir, "analysis_runs", schema.ANALYSIS_RUNS)
     if runs is not None and runs.num_rows:
         rows = sorted(runs.to_pylist(), key=lambda r: r["finished_ts"] or r["started_ts"])
         view.runs, view.last_run = len(rows), rows[-1]
     return view
+
+
+def _read_connections(view: LakeView, table: pa.Table) -> None:
+    """Counts, span and servers over every connection (a lake of reconnecting clients holds millions);
+    as rows only those with findings and the first MAX_CONNECTIONS by time."""
+    view.connection_count = table.num_rows
+    view.amqp_connections = pc.sum(pc.equal(table["protocol"], "amqp-0-9-1")).as_py() or 0
+    first, last = pc.min(table["first_ts_ns"]).as_py(), pc.max(table["last_ts_ns"]).as_py()
+    view.span_ns = (first, last) if first is not None and last is not None else None
+    seen = table.filter(pc.is_valid(table["server_product"]))
+    products = pc.binary_join_element_wise(seen["server_product"], pc.fill_null(seen["server_version"], ""), " ")
+    products = pc.utf8_rtrim_whitespace(products)
+    view.servers = sorted(((v["values"], v["counts"]) for v in pc.value_counts(products).to_pylist()),
+                          key=lambda item: -item[1])[:3]
+    with_findings = pc.is_in(table["connection_id"], pa.array({f["connection_id"] for f in view.findings}, pa.string()))
+    ordered = table.sort_by([("first_ts_ns", "ascending"), ("connection_id", "ascending")])
+    chosen = pa.concat_tables([table.filter(with_findings), ordered.slice(0, MAX_CONNECTIONS)])
+    rows = {row["connection_id"]: row for row in chosen.to_pylist()}
+    view.connections = sorted(rows.values(), key=lambda c: (c["first_ts_ns"] or 0, c["connection_id"]))
+
+
+def _chosen_channels(table: pa.Table, findings: list[dict]) -> list[dict]:
+    """The channel incarnations a picture may show: those with findings, and the busiest consumers
+    and publishers. A lake holds one row per channel incarnation ever opened: never all of them."""
+    keys = {(f["connection_id"], f["channel"], f["incarnation"]) for f in findings}
+    on_findings = table.filter(pc.is_in(table["connection_id"],
+                                        pa.array({k[0] for k in keys}, pa.string())))
+    rows = {}
+    for row in on_findings.to_pylist():
+        key = (row["connection_id"], row["channel"], row["incarnation"])
+        if key in keys:
+            rows[key] = row
+    for column in ("deliveries", "publishes"):
+        for row in table.sort_by([(column, "descending")]).slice(0, BUSIEST_CHANNELS).to_pylist():
+            rows.setdefault((row["connection_id"], row["channel"], row["incarnation"]), row)
+    return list(rows.values())
 
 
 def _row_count(lake_dir: str, table) -> int:

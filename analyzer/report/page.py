@@ -16,13 +16,12 @@ from .. import schema
 from ..finding_advice import ADVICE
 from . import charts
 from .evidence import evidence_rows
-from .lake_view import LakeView, evidence_of
+from .lake_view import MAX_CONNECTIONS, LakeView, evidence_of
 from .svg import BLUE, GREEN, duration
 from .template import PAGE, SCRIPT, STYLE
 from .words import clock, place_name, who
 
 MAX_FINDINGS = 200       # findings shown in full; the rest are counted (`ackscope findings` lists all)
-MAX_CONNECTIONS = 300    # rows of the connections table
 MAX_FINDING_CHANNELS = 4  # unacked / unconfirmed pictures: channels with findings (worst first) ...
 MAX_BUSIEST_CHANNELS = 2  # ... and the busiest others, for what normal looks like
 MAX_LOOP_CHARTS = 3      # requeue-looping messages drawn
@@ -67,8 +66,7 @@ def _header(view: LakeView, generated_ns: int) -> str:
     if span:
         facts.append(("capture", f"{escape(clock(span[0], True))} → {escape(clock(span[1], True))} "
                                  f"({escape(duration(span[1] - span[0]))})"))
-    amqp = sum(1 for c in view.connections if c["protocol"] == "amqp-0-9-1")
-    facts.append(("traffic", f"{len(view.connections):,} connections ({amqp:,} AMQP 0-9-1), "
+    facts.append(("traffic", f"{view.connection_count:,} connections ({view.amqp_connections:,} AMQP 0-9-1), "
                              f"{view.frames:,} frame rows"))
     run = view.last_run
     if run:
@@ -321,17 +319,15 @@ def _connections(view: LakeView) -> str:
                  f"{c['frames_to_broker'] or 0:,} / {c['frames_to_client'] or 0:,}",
                  str(c["gaps"] or 0), badge]
         rows.append(f'<tr data-n="{n}">' + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
-    more = len(ordered) - len(shown)
-    tail = f'<p class="more">{more:,} more connections not listed (those without findings, latest first cut).</p>' \
+    more = view.connection_count - len(shown)
+    tail = f'<p class="more">{more:,} more connections not listed (the later ones without findings).</p>' \
         if more else ""
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
-    return (f'<section id="connections"><h2>Connections <span class="count">{len(view.connections):,}</span></h2>'
+    return (f'<section id="connections"><h2>Connections <span class="count">{view.connection_count:,}</span></h2>'
             f'<p class="explain">Connections with findings first. Server: '
             f'{escape(_servers(view))}.</p><div class="scroll"><table class="connections sortable">'
             f'<thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>{tail}</section>')
 
 
 def _servers(view: LakeView) -> str:
-    servers = Counter(" ".join(x for x in (c["server_product"], c["server_version"]) if x)
-                      for c in view.connections if c["server_product"])
-    return ", ".join(f"{name} ({n})" for name, n in servers.most_common(3)) or "not seen"
+    return ", ".join(f"{name} ({n:,})" for name, n in view.servers) or "not seen"
