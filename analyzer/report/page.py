@@ -139,6 +139,7 @@ def _finding_index(view: LakeView, shown: list[dict]) -> str:
 
 
 def _finding(view: LakeView, finding: dict, number: int) -> str:
+    """One finding; the evidence of info findings starts folded (they are choices, not failures)."""
     severity = finding["severity"] if finding["severity"] in SEVERITIES else "info"
     kind = finding["kind"] or "?"
     connection = view.connection(finding["connection_id"])
@@ -169,7 +170,7 @@ def _finding(view: LakeView, finding: dict, number: int) -> str:
             f' <span class="where">{where}</span><span class="count-of">×{finding["count"] or 0:,}</span></h3>'
             f'<p class="meta">{ends}{vhost} · {span}{measure}</p>'
             f'<p class="summary">{escape(finding["summary"] or "")}</p>{advice}'
-            f'<details open><summary>Evidence</summary><table class="evidence">{evidence}</table>'
+            f'<details{"" if severity == "info" else " open"}><summary>Evidence</summary><table class="evidence">{evidence}</table>'
             f'<p class="id">finding_id <code>{escape(finding["finding_id"] or "")}</code></p></details></article>')
 
 
