@@ -1,0 +1,386 @@
+"""channel_metrics (schema.CHANNEL_METRICS) from one connection's timeline records, sans-IO.
+
+The columns are defined in schema.py; this reads the records the state machine emits (Delivery,
+Publish, ChannelFacts, in any order) and applies no rule of its own about what settles what.
+
+How a bucket's row is made:
+- Every record adds events to the bucket they fall in: an arrival (+1 to its level if it counts as
+  outstanding at all), a settle (-1) at the later of its settle point and its own row, an
+  incarnation's open and end. Counts are summed as they come; the level changes are kept per
+  bucket and ordered only when the bucket is closed, one bucket at a time (a hot channel's
+  millions of items are never sorted as one list).
+- A bucket's level peak is the largest running level over its instants, where everything at the
+  same (ts, seq) counts at once (a multiple ack settles all its tags together).
+- The oldest item outstanding at a bucket's end is the first, in arrival order, not settled by
+  then: arrivals are queued in arrival order as their bucket closes and dropped from the front once
+  settled, so the front is the answer.
+- Buckets without events get a row only between two with events, while something is outstanding.
+
+Streaming: `ChannelMetrics` is fed records as they come and told, with `advance(horizon_ns)`, that
+no record fed later has anything before `horizon_ns`; it then returns the rows that became final.
+A record that breaks that promise raises `HorizonError` instead of giving a wrong row.
+`finish()` closes everything. `channel_metrics()` is feed-everything-then-finish.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+import pyarrow as pa
+
+from .. import schema
+from ..rows import dicts_to_table
+from . import records as r
+
+NS_PER_SECOND = 1_000_000_000
+NEVER = 2**63 - 1  # settle time of what is still outstanding when the data ends
+# An instant (ts_ns, seq) as one int that orders like the pair: ints sort much faster than tuples.
+# A missing seq sorts first, as Spark's nulls did.
+_SEQ_SPAN = 1 << 64
+_SEQ_MASK = _SEQ_SPAN - 1
+
+COUNTS = ("deliveries", "redeliveries", "deliveries_unknown", "acks", "nacks", "rejects", "requeues",
+          "publishes", "returns", "publishes_unknown", "confirms", "confirm_nacks", "lost")
+(DELIVERIES, REDELIVERIES, DELIVERIES_UNKNOWN, ACKS, NACKS, REJECTS, REQUEUES,
+ PUBLISHES, RETURNS, PUBLISHES_UNKNOWN, CONFIRMS, CONFIRM_NACKS, LOST) = range(len(COUNTS))
+# The count a settle adds, by outcome (others add none).
+_DELIVERY_SETTLE_COUNT = {r.ACK: ACKS, r.NACK: NACKS, r.REJECT: REJECTS}
+_PUBLISH_SETTLE_COUNT = {r.ACKED: CONFIRMS, r.NACKED: CONFIRM_NACKS, r.LOST: LOST}
+LEVELS = ("unacked", "unconfirmed")
+UNACKED, UNCONFIRMED = 0, 1
+
+
+class HorizonError(ValueError):
+    """A record has something before a horizon the caller promised (the caller's fault): a row
+    already returned as final would change."""
+
+
+def bucket_ns_of(bucket_seconds) -> int:
+    if not isinstance(bucket_seconds, int) or isinstance(bucket_seconds, bool) or bucket_seconds < 1:
+        raise ValueError(f"bucket_seconds must be a whole number of seconds >= 1, not {bucket_seconds!r}")
+    return bucket_seconds * NS_PER_SECOND
+
+
+def instant(ts_ns: int, seq: int | None) -> int:
+    return ts_ns * _SEQ_SPAN + (0 if seq is None else seq + 1)
+
+
+def instant_parts(key: int) -> tuple[int, int | None]:
+    low = key & _SEQ_MASK
+    return key >> 64, (None if low == 0 else low - 1)
+
+
+def settle_instant(item) -> tuple[int, int | None] | None:
+    """(ts, seq) an item stops being outstanding: its settle point, never before its own row."""
+    if item.settle_ts_ns is None:
+        return None
+    if item.settle_ts_ns < item.ts_ns:
+        return item.ts_ns, item.seq
+    return item.settle_ts_ns, item.settle_seq
+
+
+class _Bucket:
+    """What one bucket of one incarnation has seen so far."""
+    __slots__ = ("counts", "arrivals", "departures", "deliver_at", "prefetch", "observed_until")
+
+    def __init__(self):
+        self.counts = [0] * len(COUNTS)
+        self.arrivals = ([], [])      # per level: (instant, settle ts or NEVER) of what starts being outstanding
+        self.departures = ([], [])    # per level: instant of what stops
+        self.deliver_at = None        # instant of the latest basic.deliver in it
+        self.prefetch = None          # (consumer_prefetch, channel_prefetch) of that basic.deliver
+        self.observed_until = None
+
+
+class _Incarnation:
+    """One channel incarnation's buckets not final yet, and what the final ones leave in force."""
+    __slots__ = ("key", "buckets", "levels", "oldest", "queues", "prefetch", "idle_from", "announced")
+
+    def __init__(self, key: tuple):
+        self.key = key                        # (connection_id, agent_id, channel, incarnation)
+        self.buckets: dict[int, _Bucket] = {}
+        self.levels = [0, 0]                  # at the end of the last closed bucket
+        self.oldest = [None, None]            # instant of the oldest outstanding then (None: nothing)
+        self.queues = (deque(), deque())      # per level: (instant, settle ts) in arrival order
+        self.prefetch = None                  # of the last basic.deliver in a closed bucket
+        self.idle_from = None                 # first bucket after the last row, if rows may follow
+        self.announced = None                 # open instant told by `opened` (its ChannelFacts adds no event)
+
+    def bucket(self, start: int) -> _Bucket:
+        b = self.buckets.get(start)
+        if b is None:
+            b = self.buckets[start] = _Bucket()
+        return b
+
+
+class ChannelMetrics:
+    """Rows of schema.CHANNEL_METRICS, as dicts without the derived `date` and `bucket_start`."""
+
+    def __init__(self, bucket_seconds: int = 10):
+        self.bucket_seconds = bucket_seconds
+        self.size = bucket_ns_of(bucket_seconds)
+        self.incarnations: dict[tuple, _Incarnation] = {}
+        self.final_before = None  # buckets starting before this are closed (None: none yet)
+
+    # -- records in ---------------------------------------------------------------------------------
+
+    def feed(self, records: Iterable) -> None:
+        for x in records:
+            kind = type(x)
+            if kind is r.Delivery:
+                self._delivery(x)
+            elif kind is r.Publish:
+                self._publish(x)
+            elif kind is r.ChannelFacts:
+                self._facts(x)
+
+    def opened(self, connection_id: str, agent_id: str | None, channel: int, incarnation: int,
+               open_ts_ns: int, open_seq: int) -> None:
+        """An incarnation began (its ChannelFacts come only when it ends): its open bucket gets a row
+        even if nothing else happens there, without holding every later bucket back."""
+        inc = self._incarnation((connection_id, agent_id, channel, incarnation))
+        at = instant(open_ts_ns, open_seq)
+        if inc.announced is None:
+            self._check(open_ts_ns, inc.key)
+            inc.announced = at
+            inc.bucket(open_ts_ns - open_ts_ns % self.size)
+
+    def _incarnation(self, key: tuple) -> _Incarnation:
+        inc = self.incarnations.get(key)
+        if inc is None:
+            inc = self.incarnations[key] = _Incarnation(key)
+        return inc
+
+    def _check(self, ts_ns: int, key: tuple) -> None:
+        if self.final_before is not None and ts_ns < self.final_before:
+            raise HorizonError(f"connection {key[0]} channel {key[2]} incarnation {key[3]}: a record at ts_ns "
+                               f"{ts_ns} falls before the horizon {self.final_before} already passed")
+
+    def _delivery(self, d: r.Delivery) -> None:
+        inc = self._incarnation((d.connection_id, d.agent_id, d.channel, d.incarnation))
+        size, ts = self.size, d.ts_ns
+        settled = settle_instant(d)
+        if self.final_before is not None:
+            self._check(ts, inc.key)
+            if settled is not None:
+                self._check(settled[0], inc.key)
+        b = inc.bucket(ts - ts % size)
+        counts = b.counts
+        counts[DELIVERIES] += 1
+        if d.redelivered:
+            counts[REDELIVERIES] += 1
+        outcome = d.outcome
+        known = outcome != r.UNKNOWN
+        if not known:
+            counts[DELIVERIES_UNKNOWN] += 1
+        arrived = instant(ts, d.seq)
+        if d.method == "basic.deliver" and (b.deliver_at is None or arrived > b.deliver_at):
+            b.deliver_at, b.prefetch = arrived, (d.consumer_prefetch, d.channel_prefetch)
+        # Only manual-ack deliveries with a known outcome are ever unacked: an unknown one cannot say
+        # how long it was, and neither can one whose ack mode is unknown.
+        counted = d.no_ack is False and known
+        if counted:
+            b.arrivals[UNACKED].append((arrived, NEVER if settled is None else settled[0]))
+        if settled is None:
+            return
+        at_ts, at_seq = settled
+        s = b if at_ts - at_ts % size == ts - ts % size else inc.bucket(at_ts - at_ts % size)
+        if counted:
+            s.departures[UNACKED].append(instant(at_ts, at_seq))
+        which = _DELIVERY_SETTLE_COUNT.get(outcome)
+        if which is not None:
+            s.counts[which] += 1
+            if which != ACKS and d.requeue:
+                s.counts[REQUEUES] += 1
+
+    def _publish(self, p: r.Publish) -> None:
+        inc = self._incarnation((p.connection_id, p.agent_id, p.channel, p.incarnation))
+        size, ts = self.size, p.ts_ns
+        settled = settle_instant(p)
+        if self.final_before is not None:
+            self._check(ts, inc.key)
+            if settled is not None:
+                self._check(settled[0], inc.key)
+        b = inc.bucket(ts - ts % size)
+        counts = b.counts
+        counts[PUBLISHES] += 1
+        if p.return_seq is not None:
+            counts[RETURNS] += 1
+        outcome = p.outcome
+        known = outcome != r.UNKNOWN
+        if not known:
+            counts[PUBLISHES_UNKNOWN] += 1
+        counted = p.mode == r.CONFIRM and known
+        if counted:
+            b.arrivals[UNCONFIRMED].append((instant(ts, p.seq), NEVER if settled is None else settled[0]))
+        if settled is None:
+            return
+        at_ts, at_seq = settled
+        s = b if at_ts - at_ts % size == ts - ts % size else inc.bucket(at_ts - at_ts % size)
+        if counted:
+            s.departures[UNCONFIRMED].append(instant(at_ts, at_seq))
+        which = _PUBLISH_SETTLE_COUNT.get(outcome)
+        if which is not None:
+            s.counts[which] += 1
+
+    def _facts(self, c: r.ChannelFacts) -> None:
+        inc = self._incarnation((c.connection_id, c.agent_id, c.channel, c.incarnation))
+        size = self.size
+        if inc.announced != instant(c.open_ts_ns, c.open_seq):
+            self._check(c.open_ts_ns, inc.key)
+            inc.bucket(c.open_ts_ns - c.open_ts_ns % size)
+        # The end of the data ends an incarnation still open; that instant is also what its last
+        # bucket's end-of-bucket values describe.
+        end = c.end_ts_ns if c.end_ts_ns is not None else c.observed_until_ts_ns
+        if end is not None:
+            self._check(end, inc.key)
+            b = inc.bucket(end - end % size)
+            until = c.observed_until_ts_ns
+            if until is not None and (b.observed_until is None or until > b.observed_until):
+                b.observed_until = until
+
+    # -- rows out -----------------------------------------------------------------------------------
+
+    def advance(self, horizon_ns: int) -> list[dict]:
+        """No record fed from now on has an arrival, settle, open or end before `horizon_ns`: the
+        rows of every bucket that ends by then, and of the quiet ones before them, are final."""
+        before = horizon_ns - horizon_ns % self.size
+        if self.final_before is not None and before <= self.final_before:
+            return []
+        self.final_before = before
+        out: list[dict] = []
+        for inc in self.incarnations.values():
+            self._close_buckets(inc, before, out)
+            if inc.buckets:  # quiet buckets up to the next one with events are final too
+                self._idle_rows(inc, min(min(inc.buckets), before), out)
+        return out
+
+    def finish(self) -> list[dict]:
+        """The data ends: every remaining row, and nothing after an incarnation's last event."""
+        out: list[dict] = []
+        for inc in self.incarnations.values():
+            self._close_buckets(inc, None, out)
+        self.incarnations = {}
+        return out
+
+    def _close_buckets(self, inc: _Incarnation, before: int | None, out: list) -> None:
+        for start in sorted(inc.buckets):
+            if before is not None and start >= before:
+                break
+            self._idle_rows(inc, start, out)
+            out.append(self._close(inc, start, inc.buckets.pop(start)))
+
+    def _idle_rows(self, inc: _Incarnation, until: int, out: list) -> None:
+        """Rows of the quiet buckets from inc.idle_from up to `until`: the last closed bucket's
+        levels and oldest items, nothing counted."""
+        start = inc.idle_from
+        if start is None:
+            return
+        while start < until:
+            out.append(self._row(inc, start, start + self.size, _NO_COUNTS, tuple(inc.levels)))
+            start += self.size
+        inc.idle_from = start
+
+    def _close(self, inc: _Incarnation, start: int, b: _Bucket) -> dict:
+        end = start + self.size
+        peaks = []
+        for level in (UNACKED, UNCONFIRMED):
+            arrivals, departures = b.arrivals[level], b.departures[level]
+            before = inc.levels[level]
+            if not arrivals and not departures:
+                peaks.append(before)
+                continue
+            arrivals.sort()
+            departures.sort()
+            peaks.append(before + max(0, _peak_change(arrivals, departures)))
+            inc.levels[level] = before + len(arrivals) - len(departures)
+            inc.oldest[level] = _oldest_after(inc.queues[level], arrivals, end, inc.levels[level])
+        if b.deliver_at is not None:
+            inc.prefetch = b.prefetch
+        row = self._row(inc, start, end, b.counts, peaks, b.observed_until)
+        outstanding = inc.levels[UNACKED] > 0 or inc.levels[UNCONFIRMED] > 0
+        inc.idle_from = end if outstanding else None
+        return row
+
+    def _row(self, inc: _Incarnation, start: int, end: int, counts, peaks, observed_until=None) -> dict:
+        as_of = end if observed_until is None else min(end, observed_until)
+        connection_id, agent_id, channel, incarnation = inc.key
+        consumer_prefetch, channel_prefetch = inc.prefetch or (None, None)
+        row = {"bucket_start_ns": start, "bucket_seconds": self.bucket_seconds, "connection_id": connection_id,
+               "agent_id": agent_id, "channel": channel, "incarnation": incarnation, "as_of_ns": as_of,
+               "consumer_prefetch": consumer_prefetch, "channel_prefetch": channel_prefetch}
+        for level, name in enumerate(LEVELS):
+            oldest = inc.oldest[level] if inc.levels[level] > 0 else None
+            ts, seq = instant_parts(oldest) if oldest is not None else (None, None)
+            row[name] = inc.levels[level]
+            row[name + "_max"] = peaks[level]
+            row[f"oldest_{name}_age_ns"] = None if ts is None else as_of - ts
+            row[f"oldest_{name}_seq"] = seq
+        row.update(zip(COUNTS, counts))
+        return row
+
+
+_NO_COUNTS = (0,) * len(COUNTS)
+
+
+def _peak_change(arrivals: list, departures: list) -> int:
+    """The largest running sum of +1 per arrival and -1 per departure, both sorted by instant,
+    taken only after everything at one instant."""
+    i = j = run = peak = 0
+    n, m = len(arrivals), len(departures)
+    while i < n or j < m:
+        at = arrivals[i][0] if i < n else None
+        dt = departures[j] if j < m else None
+        now = dt if at is None or (dt is not None and dt < at) else at
+        while i < n and arrivals[i][0] == now:
+            run += 1
+            i += 1
+        while j < m and departures[j] == now:
+            run -= 1
+            j += 1
+        if run > peak:
+            peak = run
+    return peak
+
+
+def _oldest_after(queue: deque, arrivals: list, end: int, level: int) -> int | None:
+    """The instant of the first item, in arrival order, still outstanding at `end` (None if none).
+    What settled before `end` leaves the front for good, since later ends are later still; what
+    settled behind an older item still outstanding is swept out once it is most of the queue."""
+    queue.extend(arrivals)
+    while queue and queue[0][1] < end:
+        queue.popleft()
+    if len(queue) > 2 * level + 1024:
+        kept = [x for x in queue if x[1] >= end]
+        queue.clear()
+        queue.extend(kept)
+    return queue[0][0] if queue and level > 0 else None
+
+
+def channel_metrics(records: Iterable, bucket_seconds: int = 10) -> list[dict]:
+    """Every row for these records (one connection's, or several), sorted by incarnation and bucket."""
+    metrics = ChannelMetrics(bucket_seconds)
+    metrics.feed(records)
+    return sorted(metrics.finish(), key=_row_order)
+
+
+def carried_channel_metrics(records: Iterable, touched: set, boundary_ns: int | None,
+                            bucket_seconds: int = 10) -> list[dict]:
+    """The rows an incremental run replaces (carry.Continued: `metrics`, `touched`, `boundary_ns`):
+    the touched incarnations' buckets from the boundary bucket on, from the records the checkpoint
+    kept for them plus the run's own. None: a connection new to the run, all its buckets."""
+    bucket_ns_of(bucket_seconds)
+    wanted = [x for x in records if (x.channel, x.incarnation) in touched]
+    return [row for row in channel_metrics(wanted, bucket_seconds)
+            if boundary_ns is None or row["bucket_start_ns"] >= boundary_ns]
+
+
+def _row_order(row: dict) -> tuple:
+    return (row["connection_id"], row["agent_id"] is None, row["agent_id"] or "", row["channel"],
+            row["incarnation"], row["bucket_start_ns"])
+
+
+def to_table(rows: list[dict]) -> pa.Table:
+    return dicts_to_table(rows, schema.CHANNEL_METRICS, schema.CHANNEL_METRIC_TIMESTAMPS,
+                          schema.CHANNEL_METRIC_DATE_FROM)
