@@ -95,7 +95,7 @@ class _Bucket:
 
 class _Incarnation:
     """One channel incarnation's buckets not final yet, and what the final ones leave in force."""
-    __slots__ = ("key", "buckets", "levels", "oldest", "queues", "prefetch", "idle_from", "announced")
+    __slots__ = ("key", "buckets", "levels", "oldest", "queues", "prefetch", "idle_from", "announced", "ended")
 
     def __init__(self, key: tuple):
         self.key = key                        # (connection_id, agent_id, channel, incarnation)
@@ -106,6 +106,7 @@ class _Incarnation:
         self.prefetch = None                  # of the last basic.deliver in a closed bucket
         self.idle_from = None                 # first bucket after the last row, if rows may follow
         self.announced = None                 # open instant told by `opened` (its ChannelFacts adds no event)
+        self.ended = False                    # its ChannelFacts came: the machine emits nothing of it after them
 
     def bucket(self, start: int) -> _Bucket:
         b = self.buckets.get(start)
@@ -122,6 +123,7 @@ class ChannelMetrics:
         self.size = bucket_ns_of(bucket_seconds)
         self.incarnations: dict[tuple, _Incarnation] = {}
         self.final_before = None  # buckets starting before this are closed (None: none yet)
+        self.retired: set[tuple] = set()  # incarnations ended and closed: forgotten, so memory stays bounded
 
     # -- records in ---------------------------------------------------------------------------------
 
@@ -149,6 +151,9 @@ class ChannelMetrics:
     def _incarnation(self, key: tuple) -> _Incarnation:
         inc = self.incarnations.get(key)
         if inc is None:
+            if key in self.retired:
+                raise HorizonError(f"connection {key[0]} channel {key[2]} incarnation {key[3]}: a record after "
+                                   f"its ChannelFacts, whose rows are all out")
             inc = self.incarnations[key] = _Incarnation(key)
         return inc
 
@@ -226,6 +231,7 @@ class ChannelMetrics:
 
     def _facts(self, c: r.ChannelFacts) -> None:
         inc = self._incarnation((c.connection_id, c.agent_id, c.channel, c.incarnation))
+        inc.ended = True
         size = self.size
         if inc.announced != instant(c.open_ts_ns, c.open_seq):
             self._check(c.open_ts_ns, inc.key)
@@ -250,10 +256,13 @@ class ChannelMetrics:
             return []
         self.final_before = before
         out: list[dict] = []
-        for inc in self.incarnations.values():
+        for inc in list(self.incarnations.values()):
             self._close_buckets(inc, before, out)
             if inc.buckets:  # quiet buckets up to the next one with events are final too
                 self._idle_rows(inc, min(min(inc.buckets), before), out)
+            elif inc.ended:  # no row follows the last event
+                del self.incarnations[inc.key]
+                self.retired.add(inc.key)
         return out
 
     def finish(self) -> list[dict]:

@@ -1,0 +1,254 @@
+"""channel_metrics in plain Python (analyzer/timeline/metrics.py), against the Spark job it
+replaces: the Spark job's own table for every recorded example (the session's analysed lake),
+the Spark job on random traffic, the plain model on much more random traffic, the hand-built
+cases' exact values; streamed (rows out as they become final) equal to all at once; and an
+incremental run's patched rows equal to one run."""
+
+import os
+import time
+from collections import defaultdict
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analyzer import lake, schema
+from analyzer.timeline import CHANNELS, INPUT_COLUMNS, Timelines, replay, to_tables
+from analyzer.timeline import records as r
+from analyzer.timeline.carry import continue_connection, dump, load
+from analyzer.timeline.metrics import (ChannelMetrics, HorizonError, carried_channel_metrics, channel_metrics,
+                                       to_table)
+from analyzer.timeline.metrics_stream import announce_opens, horizon, stream_metrics
+
+from .channel_metrics_cases import (HAND_CHECKS, SECOND, as_table, connection, expected_metrics, hand_built_rows,
+                                    in_order)
+
+ORDER = [("connection_id", "ascending"), ("agent_id", "ascending"), ("channel", "ascending"),
+         ("incarnation", "ascending"), ("bucket_start_ns", "ascending")]
+
+
+def table_rows(rows: list[dict]) -> list[dict]:
+    """Rows as the stored table holds them (derived date and bucket_start included), in key order."""
+    return in_order(to_table(rows).to_pylist())
+
+
+def records_of(tables: dict[str, pa.Table]) -> list:
+    """Timeline tables back into the records they were written from."""
+    out = []
+    for name, record_type in (("deliveries", r.Delivery), ("publishes", r.Publish), ("channels", r.ChannelFacts)):
+        for row in tables[name].to_pylist():
+            out.append(record_type(**{field: row[field] for field in record_type.__slots__}))
+    return out
+
+
+def assert_same_rows(got: list[dict], want: list[dict]) -> None:
+    """Row for row, column by column (the first difference named, not a wall of dicts)."""
+    assert [(x["connection_id"], x["channel"], x["incarnation"], x["bucket_start_ns"]) for x in got] == \
+        [(x["connection_id"], x["channel"], x["incarnation"], x["bucket_start_ns"]) for x in want]
+    for mine, theirs in zip(got, want):
+        assert mine.keys() == theirs.keys()
+        for column in theirs:
+            assert mine[column] == theirs[column], (column, theirs)
+
+
+# -- the Spark job's table of every recorded example -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def examples(analysed_examples):
+    """The analysed lake's frames per connection (seq order) and its tables."""
+    lake_dir, _report = analysed_examples
+    frames = (lake.read_table(lake_dir, "frames", schema.FRAMES).select(INPUT_COLUMNS)
+              .sort_by([("connection_id", "ascending"), ("seq", "ascending")]))
+    by_connection = defaultdict(list)
+    for row in frames.to_pylist():
+        by_connection[row["connection_id"]].append(row)
+    tables = {name: lake.read_table(lake_dir, name, table_schema) for name, table_schema in
+              (("deliveries", schema.DELIVERIES), ("publishes", schema.PUBLISHES), ("channels", CHANNELS),
+               ("channel_metrics", schema.CHANNEL_METRICS))}
+    return by_connection, tables
+
+
+def spark_rows(tables) -> list[dict]:
+    return tables["channel_metrics"].sort_by(ORDER).to_pylist()
+
+
+def test_every_example_streamed_through_the_machine_equals_the_spark_table(examples):
+    by_connection, tables = examples
+    assert len(by_connection) > 10 and tables["channel_metrics"].num_rows > 100  # the examples are all there
+    streamed, replayed = [], []
+    for rows in by_connection.values():
+        records = []
+        streamed += stream_metrics(rows, bucket_seconds=10, advance_every=1, records=records)
+        replayed += channel_metrics(records, bucket_seconds=10)
+    want = in_order(spark_rows(tables))
+    assert_same_rows(table_rows(streamed), want)
+    assert_same_rows(table_rows(replayed), want)
+
+
+def test_every_example_from_the_stored_timeline_tables_equals_the_spark_table(examples):
+    _, tables = examples
+    assert_same_rows(table_rows(channel_metrics(records_of(tables), bucket_seconds=10)),
+                     in_order(spark_rows(tables)))
+
+
+# -- random traffic ----------------------------------------------------------------------------------------
+
+def random_records(data, connections):
+    bucket_seconds = data.draw(st.sampled_from([1, 10]), label="bucket_seconds")
+    agents = data.draw(st.permutations(["a1", "", None]), label="agents")
+    records = []
+    for i in range(data.draw(connections, label="connections")):
+        connection_id = f"10.0.0.1:4000{i % 2}>10.0.0.2:5672@1"
+        records += replay(connection(data, connection_id, agents[i // 2 % 3], bucket_seconds))
+    return records, bucket_seconds
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_random_traffic_equals_the_spark_job(spark, data):
+    from .test_channel_metrics import spark_metrics
+    records, bucket_seconds = random_records(data, st.integers(3, 6))
+    assert_same_rows(table_rows(channel_metrics(records, bucket_seconds)),
+                     spark_metrics(spark, to_tables(records), bucket_seconds))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_random_traffic_equals_the_model(data):
+    records, bucket_seconds = random_records(data, st.integers(1, 4))
+    assert_same_rows(table_rows(channel_metrics(records, bucket_seconds)),
+                     in_order(as_table(expected_metrics(to_tables(records), bucket_seconds)).to_pylist()))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_streamed_rows_equal_the_rows_of_all_records_at_once(data):
+    bucket_seconds = data.draw(st.sampled_from([1, 10]), label="bucket_seconds")
+    rows = connection(data, "10.0.0.1:40000>10.0.0.2:5672@1", "a1", bucket_seconds)
+    records = []
+    streamed = list(stream_metrics(rows, bucket_seconds, advance_every=data.draw(st.sampled_from([1, 3])),
+                                   records=records))
+    assert in_order(streamed) == channel_metrics(records, bucket_seconds)
+
+
+def test_rows_come_out_before_the_data_ends_and_memory_follows_the_horizon():
+    """A consumer acking promptly for ten minutes: every bucket's row is out before the data ends
+    but the last ones, and what is kept at any time is a bucket or two, not the connection."""
+    rows = prompt_consumer(messages=3000, gap_ns=200_000_000)
+    timelines, metrics, out, records, kept = Timelines(), ChannelMetrics(10), [], [], []
+    for row in rows:
+        emitted = timelines.feed(row)
+        records += emitted
+        metrics.feed(emitted)
+        timeline = timelines.connections[row["connection_id"]]
+        announce_opens(metrics, timeline)
+        out += metrics.advance(horizon(timeline))
+        kept.append(sum(len(inc.buckets) for inc in metrics.incarnations.values()))
+    out_before_the_end = len(out)
+    emitted = timelines.end_of_data()
+    metrics.feed(emitted)
+    out += metrics.finish()
+    assert in_order(out) == channel_metrics(records + emitted, 10)
+    assert len(out) == 61 and out_before_the_end >= 59  # 600 s in 10 s buckets, and the close's
+    assert max(kept) <= 2
+
+
+def prompt_consumer(messages: int, gap_ns: int, start_ns: int = 1_795_000_000_000_000_000) -> list[dict]:
+    from .test_timeline import Conv
+    conv = Conv(connection_id="10.0.0.1:40000>10.0.0.2:5672@1", start=start_ns)
+    conv.open(1)
+    conv.consume(1)
+    for tag in range(1, messages + 1):
+        conv.ts += gap_ns
+        conv.deliver(1, tag)
+        conv.ack(1, tag)
+    conv.close(1)
+    return [{c: row.get(c) for c in INPUT_COLUMNS} for row in conv.rows]
+
+
+def test_a_record_before_a_horizon_already_passed_is_refused():
+    records = replay(prompt_consumer(messages=100, gap_ns=SECOND))
+    deliveries = [x for x in records if type(x) is r.Delivery]
+    metrics = ChannelMetrics(10)
+    metrics.feed(deliveries[:50])
+    assert metrics.advance(deliveries[60].ts_ns)  # the first buckets are final...
+    with pytest.raises(HorizonError, match="before the horizon"):
+        metrics.feed([deliveries[50]])  # ...so this one, earlier than promised, cannot be taken
+
+
+# -- hand-built cases with exact values -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hand_built():
+    return hand_built_rows(lambda tables: table_rows(channel_metrics(records_of(tables), bucket_seconds=10)))
+
+
+@pytest.mark.parametrize("check", HAND_CHECKS.values(), ids=HAND_CHECKS.keys())
+def test_hand_built_cases(hand_built, check):
+    check(hand_built)
+
+
+def test_bucket_seconds_must_be_whole_seconds():
+    for bad in (0, -10, 2.5, "10", True):
+        with pytest.raises(ValueError, match="bucket_seconds"):
+            channel_metrics([], bucket_seconds=bad)
+        with pytest.raises(ValueError, match="bucket_seconds"):
+            carried_channel_metrics([], set(), None, bucket_seconds=bad)
+
+
+# -- incremental runs ---------------------------------------------------------------------------------------
+
+def patched_in_pieces(rows: list[dict], cuts: list[int], bucket_seconds: int) -> tuple[dict, int]:
+    """The stored channel_metrics after one incremental run per piece (carry.py), each replacing
+    the touched incarnations' rows from its boundary bucket on; and how many runs were carried."""
+    bucket_ns = bucket_seconds * SECOND
+    stored, checkpoint, carried = {}, None, 0
+    for start, stop in zip([0, *cuts], [*cuts, len(rows)]):
+        if start == stop:
+            continue
+        done = continue_connection(checkpoint, rows[start:stop], bucket_ns)
+        if done.fallback:  # analysed whole, as the Spark job does: every stored row replaced
+            done = continue_connection(None, rows[:stop], bucket_ns)
+            stored = {}
+        carried += done.boundary_ns is not None
+        for key in [k for k in stored if (k[0], k[1]) in done.touched
+                    and (done.boundary_ns is None or k[2] >= done.boundary_ns)]:
+            del stored[key]
+        for row in carried_channel_metrics(done.metrics, done.touched, done.boundary_ns, bucket_seconds):
+            key = (row["channel"], row["incarnation"], row["bucket_start_ns"])
+            assert key not in stored, key
+            stored[key] = row
+        checkpoint = load(dump(done.checkpoint))
+    return stored, carried
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_an_incremental_run_patched_onto_the_last_equals_one_run(data):
+    bucket_seconds = data.draw(st.sampled_from([1, 10]), label="bucket_seconds")
+    rows = connection(data, "10.0.0.1:40000>10.0.0.2:5672@1", "a1", bucket_seconds)
+    rows = [{c: row.get(c) for c in INPUT_COLUMNS} for row in rows]
+    cuts = sorted(data.draw(st.lists(st.integers(1, len(rows)), max_size=5), label="cuts"))
+    stored, _ = patched_in_pieces(rows, cuts, bucket_seconds)
+    assert sorted(stored.values(), key=lambda x: (x["channel"], x["incarnation"], x["bucket_start_ns"])) == \
+        channel_metrics(replay(rows), bucket_seconds)
+
+
+def test_incremental_runs_are_carried_not_just_redone():
+    rows = prompt_consumer(messages=400, gap_ns=SECOND // 4)
+    stored, carried = patched_in_pieces(rows, list(range(50, len(rows), 50)), 10)
+    assert carried >= 10
+    assert sorted(stored.values(), key=lambda x: x["bucket_start_ns"]) == channel_metrics(replay(rows), 10)
+
+
+# -- speed (a figure, not a timed test) -----------------------------------------------------------------------
+
+@pytest.mark.skipif(not os.environ.get("ACKSCOPE_BENCH"), reason="a figure, not a test: ACKSCOPE_BENCH=1")
+def test_records_per_cpu_second():
+    records = replay(prompt_consumer(messages=100_000, gap_ns=1_000_000))
+    started = time.process_time()
+    rows = channel_metrics(records, 10)
+    spent = time.process_time() - started
+    print(f"\nchannel_metrics: {len(records):,} records, {len(rows)} rows in {spent:.2f} CPU s: "
+          f"{len(records) / spent:,.0f} records per CPU second")
