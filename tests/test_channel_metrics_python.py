@@ -75,7 +75,7 @@ def spark_rows(tables) -> list[dict]:
 
 def test_every_example_streamed_through_the_machine_equals_the_spark_table(examples):
     by_connection, tables = examples
-    assert len(by_connection) > 10 and tables["channel_metrics"].num_rows > 100  # the examples are all there
+    assert len(by_connection) > 10 and tables["channel_metrics"].num_rows > 20  # the examples are all there
     streamed, replayed = [], []
     for rows in by_connection.values():
         records = []

@@ -25,6 +25,7 @@ A record that breaks that promise raises `HorizonError` instead of giving a wron
 from __future__ import annotations
 
 from collections import deque
+from itertools import accumulate
 from collections.abc import Iterable
 
 import pyarrow as pa
@@ -35,10 +36,13 @@ from . import records as r
 
 NS_PER_SECOND = 1_000_000_000
 NEVER = 2**63 - 1  # settle time of what is still outstanding when the data ends
-# An instant (ts_ns, seq) as one int that orders like the pair: ints sort much faster than tuples.
-# A missing seq sorts first, as Spark's nulls did.
-_SEQ_SPAN = 1 << 64
-_SEQ_MASK = _SEQ_SPAN - 1
+# An instant (ts_ns, seq) as one int that orders like the pair (ints sort much faster than tuples),
+# ts * 2**65 + 2 * (seq + 1), a missing seq first as Spark's nulls; + 1 for an arrival, so that at
+# one instant departures come before arrivals: then no running level in the middle of an instant
+# exceeds the level after it, and a bucket's peak is a plain running maximum.
+_TS_SCALE = 1 << 65
+_SEQ_MASK = _TS_SCALE - 1
+_DELTA = (-1, 1)  # by the arrival bit
 
 COUNTS = ("deliveries", "redeliveries", "deliveries_unknown", "acks", "nacks", "rejects", "requeues",
           "publishes", "returns", "publishes_unknown", "confirms", "confirm_nacks", "lost")
@@ -48,6 +52,7 @@ COUNTS = ("deliveries", "redeliveries", "deliveries_unknown", "acks", "nacks", "
 _DELIVERY_SETTLE_COUNT = {r.ACK: ACKS, r.NACK: NACKS, r.REJECT: REJECTS}
 _PUBLISH_SETTLE_COUNT = {r.ACKED: CONFIRMS, r.NACKED: CONFIRM_NACKS, r.LOST: LOST}
 LEVELS = ("unacked", "unconfirmed")
+UNKNOWN, CONFIRM = r.UNKNOWN, r.CONFIRM
 UNACKED, UNCONFIRMED = 0, 1
 
 
@@ -62,22 +67,9 @@ def bucket_ns_of(bucket_seconds) -> int:
     return bucket_seconds * NS_PER_SECOND
 
 
-def instant(ts_ns: int, seq: int | None) -> int:
-    return ts_ns * _SEQ_SPAN + (0 if seq is None else seq + 1)
-
-
-def instant_parts(key: int) -> tuple[int, int | None]:
-    low = key & _SEQ_MASK
-    return key >> 64, (None if low == 0 else low - 1)
-
-
-def settle_instant(item) -> tuple[int, int | None] | None:
-    """(ts, seq) an item stops being outstanding: its settle point, never before its own row."""
-    if item.settle_ts_ns is None:
-        return None
-    if item.settle_ts_ns < item.ts_ns:
-        return item.ts_ns, item.seq
-    return item.settle_ts_ns, item.settle_seq
+def arrival_parts(key: int) -> tuple[int, int]:
+    """(ts_ns, seq) of an arrival's instant."""
+    return key >> 65, ((key & _SEQ_MASK) >> 1) - 1
 
 
 class _Bucket:
@@ -86,9 +78,9 @@ class _Bucket:
 
     def __init__(self):
         self.counts = [0] * len(COUNTS)
-        self.arrivals = ([], [])      # per level: (instant, settle ts or NEVER) of what starts being outstanding
+        self.arrivals = ([], [])      # per level: (arrival instant, settle ts or NEVER) of what starts being outstanding
         self.departures = ([], [])    # per level: instant of what stops
-        self.deliver_at = None        # instant of the latest basic.deliver in it
+        self.deliver_at = None        # arrival instant of the latest basic.deliver in it
         self.prefetch = None          # (consumer_prefetch, channel_prefetch) of that basic.deliver
         self.observed_until = None
 
@@ -142,7 +134,7 @@ class ChannelMetrics:
         """An incarnation began (its ChannelFacts come only when it ends): its open bucket gets a row
         even if nothing else happens there, without holding every later bucket back."""
         inc = self._incarnation((connection_id, agent_id, channel, incarnation))
-        at = instant(open_ts_ns, open_seq)
+        at = (open_ts_ns, open_seq)
         if inc.announced is None:
             self._check(open_ts_ns, inc.key)
             inc.announced = at
@@ -163,36 +155,42 @@ class ChannelMetrics:
                                f"{ts_ns} falls before the horizon {self.final_before} already passed")
 
     def _delivery(self, d: r.Delivery) -> None:
-        inc = self._incarnation((d.connection_id, d.agent_id, d.channel, d.incarnation))
-        size, ts = self.size, d.ts_ns
-        settled = settle_instant(d)
+        key = (d.connection_id, d.agent_id, d.channel, d.incarnation)
+        inc = self.incarnations.get(key) or self._incarnation(key)
+        size, ts, seq = self.size, d.ts_ns, d.seq
+        settle_ts = d.settle_ts_ns
+        if settle_ts is not None:
+            settle_seq = d.settle_seq
+            if settle_ts < ts:  # never settled before its own row
+                settle_ts, settle_seq = ts, seq
         if self.final_before is not None:
-            self._check(ts, inc.key)
-            if settled is not None:
-                self._check(settled[0], inc.key)
-        b = inc.bucket(ts - ts % size)
+            self._check(ts if settle_ts is None else min(ts, settle_ts), key)
+        start = ts - ts % size
+        b = inc.buckets.get(start) or inc.bucket(start)
         counts = b.counts
         counts[DELIVERIES] += 1
         if d.redelivered:
             counts[REDELIVERIES] += 1
         outcome = d.outcome
-        known = outcome != r.UNKNOWN
+        known = outcome != UNKNOWN
         if not known:
             counts[DELIVERIES_UNKNOWN] += 1
-        arrived = instant(ts, d.seq)
+        arrived = ts * _TS_SCALE + seq * 2 + 3
         if d.method == "basic.deliver" and (b.deliver_at is None or arrived > b.deliver_at):
             b.deliver_at, b.prefetch = arrived, (d.consumer_prefetch, d.channel_prefetch)
         # Only manual-ack deliveries with a known outcome are ever unacked: an unknown one cannot say
         # how long it was, and neither can one whose ack mode is unknown.
         counted = d.no_ack is False and known
-        if counted:
-            b.arrivals[UNACKED].append((arrived, NEVER if settled is None else settled[0]))
-        if settled is None:
+        if settle_ts is None:
+            if counted:
+                b.arrivals[UNACKED].append((arrived, NEVER))
             return
-        at_ts, at_seq = settled
-        s = b if at_ts - at_ts % size == ts - ts % size else inc.bucket(at_ts - at_ts % size)
         if counted:
-            s.departures[UNACKED].append(instant(at_ts, at_seq))
+            b.arrivals[UNACKED].append((arrived, settle_ts))
+        settled = settle_ts - settle_ts % size
+        s = b if settled == start else (inc.buckets.get(settled) or inc.bucket(settled))
+        if counted:
+            s.departures[UNACKED].append(settle_ts * _TS_SCALE + (0 if settle_seq is None else settle_seq * 2 + 2))
         which = _DELIVERY_SETTLE_COUNT.get(outcome)
         if which is not None:
             s.counts[which] += 1
@@ -200,31 +198,35 @@ class ChannelMetrics:
                 s.counts[REQUEUES] += 1
 
     def _publish(self, p: r.Publish) -> None:
-        inc = self._incarnation((p.connection_id, p.agent_id, p.channel, p.incarnation))
-        size, ts = self.size, p.ts_ns
-        settled = settle_instant(p)
+        key = (p.connection_id, p.agent_id, p.channel, p.incarnation)
+        inc = self.incarnations.get(key) or self._incarnation(key)
+        size, ts, seq = self.size, p.ts_ns, p.seq
+        settle_ts = p.settle_ts_ns
+        if settle_ts is not None:
+            settle_seq = p.settle_seq
+            if settle_ts < ts:
+                settle_ts, settle_seq = ts, seq
         if self.final_before is not None:
-            self._check(ts, inc.key)
-            if settled is not None:
-                self._check(settled[0], inc.key)
-        b = inc.bucket(ts - ts % size)
+            self._check(ts if settle_ts is None else min(ts, settle_ts), key)
+        start = ts - ts % size
+        b = inc.buckets.get(start) or inc.bucket(start)
         counts = b.counts
         counts[PUBLISHES] += 1
         if p.return_seq is not None:
             counts[RETURNS] += 1
         outcome = p.outcome
-        known = outcome != r.UNKNOWN
+        known = outcome != UNKNOWN
         if not known:
             counts[PUBLISHES_UNKNOWN] += 1
-        counted = p.mode == r.CONFIRM and known
+        counted = p.mode == CONFIRM and known
         if counted:
-            b.arrivals[UNCONFIRMED].append((instant(ts, p.seq), NEVER if settled is None else settled[0]))
-        if settled is None:
+            b.arrivals[UNCONFIRMED].append((ts * _TS_SCALE + seq * 2 + 3, NEVER if settle_ts is None else settle_ts))
+        if settle_ts is None:
             return
-        at_ts, at_seq = settled
-        s = b if at_ts - at_ts % size == ts - ts % size else inc.bucket(at_ts - at_ts % size)
+        settled = settle_ts - settle_ts % size
+        s = b if settled == start else (inc.buckets.get(settled) or inc.bucket(settled))
         if counted:
-            s.departures[UNCONFIRMED].append(instant(at_ts, at_seq))
+            s.departures[UNCONFIRMED].append(settle_ts * _TS_SCALE + (0 if settle_seq is None else settle_seq * 2 + 2))
         which = _PUBLISH_SETTLE_COUNT.get(outcome)
         if which is not None:
             s.counts[which] += 1
@@ -233,7 +235,7 @@ class ChannelMetrics:
         inc = self._incarnation((c.connection_id, c.agent_id, c.channel, c.incarnation))
         inc.ended = True
         size = self.size
-        if inc.announced != instant(c.open_ts_ns, c.open_seq):
+        if inc.announced != (c.open_ts_ns, c.open_seq):
             self._check(c.open_ts_ns, inc.key)
             inc.bucket(c.open_ts_ns - c.open_ts_ns % size)
         # The end of the data ends an incarnation still open; that instant is also what its last
@@ -301,7 +303,6 @@ class ChannelMetrics:
                 peaks.append(before)
                 continue
             arrivals.sort()
-            departures.sort()
             peaks.append(before + max(0, _peak_change(arrivals, departures)))
             inc.levels[level] = before + len(arrivals) - len(departures)
             inc.oldest[level] = _oldest_after(inc.queues[level], arrivals, end, inc.levels[level])
@@ -321,7 +322,7 @@ class ChannelMetrics:
                "consumer_prefetch": consumer_prefetch, "channel_prefetch": channel_prefetch}
         for level, name in enumerate(LEVELS):
             oldest = inc.oldest[level] if inc.levels[level] > 0 else None
-            ts, seq = instant_parts(oldest) if oldest is not None else (None, None)
+            ts, seq = arrival_parts(oldest) if oldest is not None else (None, None)
             row[name] = inc.levels[level]
             row[name + "_max"] = peaks[level]
             row[f"oldest_{name}_age_ns"] = None if ts is None else as_of - ts
@@ -334,23 +335,16 @@ _NO_COUNTS = (0,) * len(COUNTS)
 
 
 def _peak_change(arrivals: list, departures: list) -> int:
-    """The largest running sum of +1 per arrival and -1 per departure, both sorted by instant,
-    taken only after everything at one instant."""
-    i = j = run = peak = 0
-    n, m = len(arrivals), len(departures)
-    while i < n or j < m:
-        at = arrivals[i][0] if i < n else None
-        dt = departures[j] if j < m else None
-        now = dt if at is None or (dt is not None and dt < at) else at
-        while i < n and arrivals[i][0] == now:
-            run += 1
-            i += 1
-        while j < m and departures[j] == now:
-            run -= 1
-            j += 1
-        if run > peak:
-            peak = run
-    return peak
+    """The largest running sum of +1 per arrival and -1 per departure in instant order, taken only
+    after everything at one instant (the encoding puts an instant's departures first)."""
+    if not departures:
+        return len(arrivals)
+    if not arrivals:
+        return 0
+    instants = [at for at, _ in arrivals]
+    instants += departures
+    instants.sort()
+    return max(accumulate(map(_DELTA.__getitem__, map((1).__and__, instants))))
 
 
 def _oldest_after(queue: deque, arrivals: list, end: int, level: int) -> int | None:

@@ -8,7 +8,8 @@ what can come. The horizon is the earliest of
   timestamps do makes ChannelMetrics raise HorizonError rather than return a wrong row),
 - the arrival of every item the machine holds back (deliveries not settled, publishes awaiting a
   confirm, a commit or a possible basic.return, records held until a close-ok),
-- the end of every incarnation that ended but whose ChannelFacts are not out yet.
+- the end of every incarnation that ended but whose ChannelFacts are not out yet, and the TCP FIN
+  or RST that will end the open ones when the data ends.
 An incarnation still open would hold the horizon at its open for its whole life, so its open is
 announced instead (ChannelMetrics.opened).
 
@@ -47,6 +48,8 @@ def horizon(timeline: ConnectionTimeline) -> int | None:
     earliest = timeline.last_ts_ns
     if earliest is None:
         return None
+    if timeline.transport_end is not None and (timeline.lives or timeline.awaiting_next):
+        earliest = min(earliest, timeline.transport_end["ts_ns"])
     for life in _lives(timeline):
         if life.ended is not None and life.ended[0] is not None:
             earliest = min(earliest, life.ended[0]["ts_ns"])
