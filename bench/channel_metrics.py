@@ -34,9 +34,11 @@ def hot_connection(hot_deliveries: int):
     return done
 
 
-def frame_rows(done):
+def frame_rows(done, batch_rows: int = 4096):
+    """Dicts a batch at a time, as the Spark pass hands Arrow batches to the machine."""
     for table in done.tables():
-        yield from table.select(list(INPUT_COLUMNS)).to_pylist()
+        for batch in table.select(list(INPUT_COLUMNS)).to_batches(max_chunksize=batch_rows):
+            yield from batch.to_pylist()
 
 
 def records_of(done) -> list:

@@ -166,7 +166,12 @@ def connection(data, connection_id, agent_id, bucket_seconds):
     for _ in range(data.draw(st.integers(1, 150), label="steps")):
         traffic.step()
     traffic.end()
-    rows = damaged(data, [dict(row) for row in traffic.conv.rows])
+    return timed(data, damaged(data, [dict(row) for row in traffic.conv.rows]), connection_id, agent_id,
+                 bucket_seconds)
+
+
+def timed(data, rows, connection_id, agent_id, bucket_seconds):
+    """Rows renumbered, with times that often land on bucket boundaries or just before one."""
     steps = data.draw(st.lists(st.tuples(STEPS, JITTER_NS), min_size=len(rows), max_size=len(rows)), label="times")
     aligned, ts, out = T0, T0, []
     for i, (row, (step, jitter)) in enumerate(zip(rows, steps)):

@@ -19,10 +19,10 @@ from analyzer.timeline import records as r
 from analyzer.timeline.carry import continue_connection, dump, load
 from analyzer.timeline.metrics import (ChannelMetrics, HorizonError, carried_channel_metrics, channel_metrics,
                                        to_table)
-from analyzer.timeline.metrics_stream import announce_opens, horizon, stream_metrics
+from analyzer.timeline.metrics_stream import announce_opens, horizons, stream_metrics
 
 from .channel_metrics_cases import (HAND_CHECKS, SECOND, as_table, connection, expected_metrics, hand_built_rows,
-                                    in_order)
+                                    in_order, timed)
 
 ORDER = [("connection_id", "ascending"), ("agent_id", "ascending"), ("channel", "ascending"),
          ("incarnation", "ascending"), ("bucket_start_ns", "ascending")]
@@ -121,11 +121,19 @@ def test_random_traffic_equals_the_model(data):
                      in_order(as_table(expected_metrics(to_tables(records), bucket_seconds)).to_pylist()))
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_streamed_rows_equal_the_rows_of_all_records_at_once(data):
+    """Every variant of traffic the timeline tests use: transactions, swapped directions, mid-stream
+    starts, gaps, bad acks."""
+    from .test_spark_timeline import VARIANTS
+    from .test_timeline import valid_traffic
     bucket_seconds = data.draw(st.sampled_from([1, 10]), label="bucket_seconds")
-    rows = connection(data, "10.0.0.1:40000>10.0.0.2:5672@1", "a1", bucket_seconds)
+    variant = data.draw(st.sampled_from(sorted(VARIANTS)), label="variant")
+    rows = valid_traffic(data, transactions=data.draw(st.booleans())).conv.rows
+    if VARIANTS[variant] is not None:
+        rows = VARIANTS[variant](data, rows)
+    rows = timed(data, rows, "10.0.0.1:40000>10.0.0.2:5672@1", "a1", bucket_seconds)
     records = []
     streamed = list(stream_metrics(rows, bucket_seconds, advance_every=data.draw(st.sampled_from([1, 3])),
                                    records=records))
@@ -143,7 +151,7 @@ def test_rows_come_out_before_the_data_ends_and_memory_follows_the_horizon():
         metrics.feed(emitted)
         timeline = timelines.connections[row["connection_id"]]
         announce_opens(metrics, timeline)
-        out += metrics.advance(horizon(timeline))
+        out += metrics.advance(*horizons(timeline))
         kept.append(sum(len(inc.buckets) for inc in metrics.incarnations.values()))
     out_before_the_end = len(out)
     emitted = timelines.end_of_data()
@@ -152,6 +160,39 @@ def test_rows_come_out_before_the_data_ends_and_memory_follows_the_horizon():
     assert in_order(out) == channel_metrics(records + emitted, 10)
     assert len(out) == 61 and out_before_the_end >= 59  # 600 s in 10 s buckets, and the close's
     assert max(kept) <= 2
+
+
+def test_a_delivery_nobody_acks_holds_back_its_own_channel_only():
+    """Channel 1 sits on one delivery for ten minutes while channel 2 consumes promptly: channel 2's
+    rows come out as it goes; channel 1's wait for the ack (its level and oldest item depend on it)."""
+    from .test_timeline import Conv
+    conv = Conv(connection_id="10.0.0.1:40000>10.0.0.2:5672@1", start=1_795_000_000_000_000_000)
+    for channel in (1, 2):
+        conv.open(channel)
+        conv.consume(channel)
+    conv.deliver(1, 1)
+    for tag in range(1, 3001):
+        conv.ts += 200_000_000
+        conv.deliver(2, tag)
+        conv.ack(2, tag)
+    conv.ack(1, 1)
+    rows = [{c: row.get(c) for c in INPUT_COLUMNS} for row in conv.rows]
+    timelines, metrics, out, records = Timelines(), ChannelMetrics(10), [], []
+    for row in rows:
+        if row["channel"] == 1 and row["method"] == "basic.ack":
+            before_the_ack = {channel: sum(1 for x in out if x["channel"] == channel) for channel in (1, 2)}
+        emitted = timelines.feed(row)
+        records += emitted
+        metrics.feed(emitted)
+        timeline = timelines.connections[row["connection_id"]]
+        announce_opens(metrics, timeline)
+        out += metrics.advance(*horizons(timeline))
+    emitted = timelines.end_of_data()
+    metrics.feed(emitted)
+    out += metrics.finish()
+    assert in_order(out) == channel_metrics(records + emitted, 10)
+    assert before_the_ack == {1: 0, 2: 60}  # all but the bucket the data is in
+    assert {channel: sum(1 for x in out if x["channel"] == channel) for channel in (1, 2)} == {1: 61, 2: 61}
 
 
 def prompt_consumer(messages: int, gap_ns: int, start_ns: int = 1_795_000_000_000_000_000) -> list[dict]:

@@ -16,8 +16,9 @@ How a bucket's row is made:
   settled, so the front is the answer.
 - Buckets without events get a row only between two with events, while something is outstanding.
 
-Streaming: `ChannelMetrics` is fed records as they come and told, with `advance(horizon_ns)`, that
-no record fed later has anything before `horizon_ns`; it then returns the rows that became final.
+Streaming: `ChannelMetrics` is fed records as they come and told, with `advance(horizon_ns, held)`,
+that no record fed later has anything before `horizon_ns` (or, for an incarnation in `held`, before
+its own horizon); it then returns the rows that became final.
 A record that breaks that promise raises `HorizonError` instead of giving a wrong row.
 `finish()` closes everything. `channel_metrics()` is feed-everything-then-finish.
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import accumulate
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
 
@@ -87,7 +88,8 @@ class _Bucket:
 
 class _Incarnation:
     """One channel incarnation's buckets not final yet, and what the final ones leave in force."""
-    __slots__ = ("key", "buckets", "levels", "oldest", "queues", "prefetch", "idle_from", "announced", "ended")
+    __slots__ = ("key", "buckets", "levels", "oldest", "queues", "prefetch", "idle_from", "announced", "ended",
+                 "final_before")
 
     def __init__(self, key: tuple):
         self.key = key                        # (connection_id, agent_id, channel, incarnation)
@@ -99,6 +101,7 @@ class _Incarnation:
         self.idle_from = None                 # first bucket after the last row, if rows may follow
         self.announced = None                 # open instant told by `opened` (its ChannelFacts adds no event)
         self.ended = False                    # its ChannelFacts came: the machine emits nothing of it after them
+        self.final_before = None              # its buckets starting before this are closed (None: none yet)
 
     def bucket(self, start: int) -> _Bucket:
         b = self.buckets.get(start)
@@ -114,7 +117,6 @@ class ChannelMetrics:
         self.bucket_seconds = bucket_seconds
         self.size = bucket_ns_of(bucket_seconds)
         self.incarnations: dict[tuple, _Incarnation] = {}
-        self.final_before = None  # buckets starting before this are closed (None: none yet)
         self.retired: set[tuple] = set()  # incarnations ended and closed: forgotten, so memory stays bounded
 
     # -- records in ---------------------------------------------------------------------------------
@@ -136,7 +138,7 @@ class ChannelMetrics:
         inc = self._incarnation((connection_id, agent_id, channel, incarnation))
         at = (open_ts_ns, open_seq)
         if inc.announced is None:
-            self._check(open_ts_ns, inc.key)
+            self._check(open_ts_ns, inc)
             inc.announced = at
             inc.bucket(open_ts_ns - open_ts_ns % self.size)
 
@@ -149,10 +151,12 @@ class ChannelMetrics:
             inc = self.incarnations[key] = _Incarnation(key)
         return inc
 
-    def _check(self, ts_ns: int, key: tuple) -> None:
-        if self.final_before is not None and ts_ns < self.final_before:
+    @staticmethod
+    def _check(ts_ns: int, inc: _Incarnation) -> None:
+        if inc.final_before is not None and ts_ns < inc.final_before:
+            key = inc.key
             raise HorizonError(f"connection {key[0]} channel {key[2]} incarnation {key[3]}: a record at ts_ns "
-                               f"{ts_ns} falls before the horizon {self.final_before} already passed")
+                               f"{ts_ns} falls before the horizon {inc.final_before} already passed")
 
     def _delivery(self, d: r.Delivery) -> None:
         key = (d.connection_id, d.agent_id, d.channel, d.incarnation)
@@ -163,8 +167,8 @@ class ChannelMetrics:
             settle_seq = d.settle_seq
             if settle_ts < ts:  # never settled before its own row
                 settle_ts, settle_seq = ts, seq
-        if self.final_before is not None:
-            self._check(ts if settle_ts is None else min(ts, settle_ts), key)
+        if inc.final_before is not None:
+            self._check(ts if settle_ts is None else min(ts, settle_ts), inc)
         start = ts - ts % size
         b = inc.buckets.get(start) or inc.bucket(start)
         counts = b.counts
@@ -206,8 +210,8 @@ class ChannelMetrics:
             settle_seq = p.settle_seq
             if settle_ts < ts:
                 settle_ts, settle_seq = ts, seq
-        if self.final_before is not None:
-            self._check(ts if settle_ts is None else min(ts, settle_ts), key)
+        if inc.final_before is not None:
+            self._check(ts if settle_ts is None else min(ts, settle_ts), inc)
         start = ts - ts % size
         b = inc.buckets.get(start) or inc.bucket(start)
         counts = b.counts
@@ -236,13 +240,13 @@ class ChannelMetrics:
         inc.ended = True
         size = self.size
         if inc.announced != (c.open_ts_ns, c.open_seq):
-            self._check(c.open_ts_ns, inc.key)
+            self._check(c.open_ts_ns, inc)
             inc.bucket(c.open_ts_ns - c.open_ts_ns % size)
         # The end of the data ends an incarnation still open; that instant is also what its last
         # bucket's end-of-bucket values describe.
         end = c.end_ts_ns if c.end_ts_ns is not None else c.observed_until_ts_ns
         if end is not None:
-            self._check(end, inc.key)
+            self._check(end, inc)
             b = inc.bucket(end - end % size)
             until = c.observed_until_ts_ns
             if until is not None and (b.observed_until is None or until > b.observed_until):
@@ -250,15 +254,22 @@ class ChannelMetrics:
 
     # -- rows out -----------------------------------------------------------------------------------
 
-    def advance(self, horizon_ns: int) -> list[dict]:
-        """No record fed from now on has an arrival, settle, open or end before `horizon_ns`: the
-        rows of every bucket that ends by then, and of the quiet ones before them, are final."""
-        before = horizon_ns - horizon_ns % self.size
-        if self.final_before is not None and before <= self.final_before:
-            return []
-        self.final_before = before
+    def advance(self, horizon_ns: int, held: Mapping[tuple[int, int], int] | None = None) -> list[dict]:
+        """No record fed from now on has an arrival, settle, open or end before `horizon_ns`, nor,
+        for the (channel, incarnation) keys of `held`, before their value: the rows of every bucket
+        that ends by then, and of the quiet ones before them, are final. (An incarnation's own held
+        items hold back its rows only, never its neighbours'.)"""
         out: list[dict] = []
         for inc in list(self.incarnations.values()):
+            horizon = horizon_ns
+            if held:
+                own = held.get((inc.key[2], inc.key[3]))
+                if own is not None and own < horizon:
+                    horizon = own
+            before = horizon - horizon % self.size
+            if inc.final_before is not None and before <= inc.final_before:
+                continue
+            inc.final_before = before
             self._close_buckets(inc, before, out)
             if inc.buckets:  # quiet buckets up to the next one with events are final too
                 self._idle_rows(inc, min(min(inc.buckets), before), out)

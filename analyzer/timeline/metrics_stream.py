@@ -3,9 +3,9 @@
 metrics.ChannelMetrics returns a bucket's row once told that nothing fed later falls before a
 horizon. This module reads that horizon off the machine (a read-only look at its state, as
 live.py does): the machine emits a record only when it is final, so what it still holds bounds
-what can come. The horizon is the earliest of
-- the last frame's time: later frames are assumed not to go back in time (a capture whose
-  timestamps do makes ChannelMetrics raise HorizonError rather than return a wrong row),
+what can come. The horizon is the last frame's time (later frames are assumed not to go back in time: a capture
+whose timestamps do makes ChannelMetrics raise HorizonError rather than return a wrong row), and,
+for an incarnation, the earliest of that and
 - the arrival of every item the machine holds back (deliveries not settled, publishes awaiting a
   confirm, a commit or a possible basic.return, records held until a close-ok),
 - the end of every incarnation that ended but whose ChannelFacts are not out yet, and the TCP FIN
@@ -13,8 +13,9 @@ what can come. The horizon is the earliest of
 An incarnation still open would hold the horizon at its open for its whole life, so its open is
 announced instead (ChannelMetrics.opened).
 
-What it costs: the buckets from the horizon on stay in memory with their level changes, so one
-item held for long (a delivery nobody acks) holds every bucket after it.
+What it costs: an incarnation's buckets from its horizon on stay in memory with their level
+changes, so one item held for long (a delivery nobody acks) holds every later bucket of its own
+incarnation (not its neighbours').
 """
 
 from __future__ import annotations
@@ -43,21 +44,27 @@ def _held_rows(life) -> Iterator[Mapping]:
             yield p.row
 
 
-def horizon(timeline: ConnectionTimeline) -> int | None:
-    """Nothing the timeline emits from now on has an event before this (None: no frame yet)."""
-    earliest = timeline.last_ts_ns
-    if earliest is None:
-        return None
-    if timeline.transport_end is not None and (timeline.lives or timeline.awaiting_next):
-        earliest = min(earliest, timeline.transport_end["ts_ns"])
+def horizons(timeline: ConnectionTimeline) -> tuple[int | None, dict[tuple[int, int], int]]:
+    """Nothing the timeline emits from now on has an event before the first value (None: no frame
+    yet), nor, for an incarnation the second maps by (channel, incarnation), before its value."""
+    last = timeline.last_ts_ns
+    held: dict[tuple[int, int], int] = {}
+    if last is None:
+        return None, held
     for life in _lives(timeline):
+        earliest = last
         if life.ended is not None and life.ended[0] is not None:
             earliest = min(earliest, life.ended[0]["ts_ns"])
+        elif life.ended is None and timeline.transport_end is not None:
+            earliest = min(earliest, timeline.transport_end["ts_ns"])
         for row in _held_rows(life):
             earliest = min(earliest, row["ts_ns"])
         for record in life.held:
             earliest = min(earliest, record.ts_ns)
-    return earliest
+        if earliest < last:
+            key = (life.channel, life.incarnation)
+            held[key] = min(earliest, held.get(key, earliest))
+    return last, held
 
 
 def announce_opens(metrics: ChannelMetrics, timeline: ConnectionTimeline) -> None:
@@ -82,7 +89,7 @@ def stream_metrics(rows: Iterable[Mapping], bucket_seconds: int = 10, overdue_ns
         if count % advance_every == 0:
             timeline = timeline or timelines.connections[row["connection_id"]]
             announce_opens(metrics, timeline)
-            yield from metrics.advance(horizon(timeline))
+            yield from metrics.advance(*horizons(timeline))
     emitted = timelines.end_of_data()
     metrics.feed(emitted)
     if records is not None:
