@@ -5,9 +5,11 @@ The hot connection of bench/frames_generator.py (one consumer channel, single an
 a few requeues) goes through the state machine once; then:
 - speed: channel_metrics over its records, in records per CPU second (the machine's own time
   apart);
-- memory (tracemalloc peak, Python allocations): the connection streamed frame batch by frame
-  batch through the machine and the streaming accumulator, rows out as they become final, against
-  all records kept and computed at the end.
+- memory (tracemalloc peak, Python allocations; Arrow's own buffers are not counted): the
+  connection streamed frame batch by frame batch through the machine and the streaming
+  accumulator, rows out as they become final; the same with no row final until the end (what one
+  item held from the first frame to the last costs); all records kept and computed at the end; and
+  the machine alone for reference.
 
     .venv/bin/python bench/channel_metrics.py [--hot-deliveries 820000] [--bucket-seconds 10] [--no-memory]
 """
@@ -79,13 +81,26 @@ def main(argv=None) -> int:
         return 0
     del records, rows
 
+    def machine_alone():
+        timelines = Timelines()
+        for row in frame_rows(done):
+            timelines.feed(row)
+        return len(timelines.end_of_data())
+
     def streamed():
         return sum(1 for _ in stream_metrics(frame_rows(done), args.bucket_seconds))
+
+    def never_final():
+        return sum(1 for _ in stream_metrics(frame_rows(done), args.bucket_seconds, advance_every=1 << 62))
 
     def all_at_once():
         return len(channel_metrics(records_of(done), args.bucket_seconds))
 
-    for name, work in (("streamed", streamed), ("all records, then metrics", all_at_once)):
+    for name, work in (("the machine alone, records dropped", machine_alone),
+                       ("streamed: machine + metrics, rows out as final", streamed),
+                       ("streamed, nothing final until the end (the worst case: an item held from the start)",
+                        never_final),
+                       ("all records kept, then metrics", all_at_once)):
         peak, count = peak_mb(work)
         print(f"tracemalloc peak, {name}: {peak:,.1f} MB ({count:,} rows)", flush=True)
     return 0
