@@ -127,7 +127,7 @@ def test_random_traffic_equals_the_model(data):
 def test_streamed_rows_equal_the_rows_of_all_records_at_once(data):
     """Every variant of traffic the timeline tests use: transactions, swapped directions, mid-stream
     starts, gaps, bad acks."""
-    from .test_spark_timeline import VARIANTS
+    from .variants import VARIANTS
     from .test_timeline import valid_traffic
     bucket_seconds = data.draw(st.sampled_from([1, 10]), label="bucket_seconds")
     variant = data.draw(st.sampled_from(sorted(VARIANTS)), label="variant")
