@@ -44,6 +44,12 @@ NEVER = 2**63 - 1  # settle time of what is still outstanding when the data ends
 _TS_SCALE = 1 << 65
 _SEQ_MASK = _TS_SCALE - 1
 _DELTA = (-1, 1)  # by the arrival bit
+# An outstanding item as one int too, (arrival instant << 64) + settle ts + 2**63 (NEVER fits):
+# a third of a tuple's memory, and it sorts by arrival.
+_SETTLE_BITS = 64
+_SETTLE_MASK = (1 << _SETTLE_BITS) - 1
+_SETTLE_OFFSET = 1 << 63
+_ARRIVAL_OF = (_SETTLE_BITS).__rrshift__  # item -> its arrival instant
 
 COUNTS = ("deliveries", "redeliveries", "deliveries_unknown", "acks", "nacks", "rejects", "requeues",
           "publishes", "returns", "publishes_unknown", "confirms", "confirm_nacks", "lost")
@@ -79,7 +85,7 @@ class _Bucket:
 
     def __init__(self):
         self.counts = [0] * len(COUNTS)
-        self.arrivals = ([], [])      # per level: (arrival instant, settle ts or NEVER) of what starts being outstanding
+        self.arrivals = ([], [])      # per level: the items (as above) that start being outstanding
         self.departures = ([], [])    # per level: instant of what stops
         self.deliver_at = None        # arrival instant of the latest basic.deliver in it
         self.prefetch = None          # (consumer_prefetch, channel_prefetch) of that basic.deliver
@@ -96,7 +102,7 @@ class _Incarnation:
         self.buckets: dict[int, _Bucket] = {}
         self.levels = [0, 0]                  # at the end of the last closed bucket
         self.oldest = [None, None]            # instant of the oldest outstanding then (None: nothing)
-        self.queues = (deque(), deque())      # per level: (instant, settle ts) in arrival order
+        self.queues = (deque(), deque())      # per level: items in arrival order
         self.prefetch = None                  # of the last basic.deliver in a closed bucket
         self.idle_from = None                 # first bucket after the last row, if rows may follow
         self.announced = None                 # open instant told by `opened` (its ChannelFacts adds no event)
@@ -187,10 +193,10 @@ class ChannelMetrics:
         counted = d.no_ack is False and known
         if settle_ts is None:
             if counted:
-                b.arrivals[UNACKED].append((arrived, NEVER))
+                b.arrivals[UNACKED].append((arrived << _SETTLE_BITS) + NEVER + _SETTLE_OFFSET)
             return
         if counted:
-            b.arrivals[UNACKED].append((arrived, settle_ts))
+            b.arrivals[UNACKED].append((arrived << _SETTLE_BITS) + settle_ts + _SETTLE_OFFSET)
         settled = settle_ts - settle_ts % size
         s = b if settled == start else (inc.buckets.get(settled) or inc.bucket(settled))
         if counted:
@@ -224,7 +230,8 @@ class ChannelMetrics:
             counts[PUBLISHES_UNKNOWN] += 1
         counted = p.mode == CONFIRM and known
         if counted:
-            b.arrivals[UNCONFIRMED].append((ts * _TS_SCALE + seq * 2 + 3, NEVER if settle_ts is None else settle_ts))
+            b.arrivals[UNCONFIRMED].append(((ts * _TS_SCALE + seq * 2 + 3) << _SETTLE_BITS)
+                                           + (NEVER if settle_ts is None else settle_ts) + _SETTLE_OFFSET)
         if settle_ts is None:
             return
         settled = settle_ts - settle_ts % size
@@ -352,7 +359,7 @@ def _peak_change(arrivals: list, departures: list) -> int:
         return len(arrivals)
     if not arrivals:
         return 0
-    instants = [at for at, _ in arrivals]
+    instants = list(map(_ARRIVAL_OF, arrivals))
     instants += departures
     instants.sort()
     return max(accumulate(map(_DELTA.__getitem__, map((1).__and__, instants))))
@@ -363,13 +370,14 @@ def _oldest_after(queue: deque, arrivals: list, end: int, level: int) -> int | N
     What settled before `end` leaves the front for good, since later ends are later still; what
     settled behind an older item still outstanding is swept out once it is most of the queue."""
     queue.extend(arrivals)
-    while queue and queue[0][1] < end:
+    settled_by = end + _SETTLE_OFFSET  # an item settled before `end` has a lower settle part
+    while queue and queue[0] & _SETTLE_MASK < settled_by:
         queue.popleft()
     if len(queue) > 2 * level + 1024:
-        kept = [x for x in queue if x[1] >= end]
+        kept = [x for x in queue if x & _SETTLE_MASK >= settled_by]
         queue.clear()
         queue.extend(kept)
-    return queue[0][0] if queue and level > 0 else None
+    return queue[0] >> _SETTLE_BITS if queue and level > 0 else None
 
 
 def channel_metrics(records: Iterable, bucket_seconds: int = 10) -> list[dict]:
