@@ -1,11 +1,12 @@
-"""channel_metrics while a connection streams through the state machine, in bounded memory.
+"""channel_metrics while a connection streams through the state machine, rows out as they become
+final: memory follows what the machine still holds, not the connection's length.
 
 metrics.ChannelMetrics returns a bucket's row once told that nothing fed later falls before a
 horizon. This module reads that horizon off the machine (a read-only look at its state, as
 live.py does): the machine emits a record only when it is final, so what it still holds bounds
-what can come. The horizon is the last frame's time (later frames are assumed not to go back in time: a capture
-whose timestamps do makes ChannelMetrics raise HorizonError rather than return a wrong row), and,
-for an incarnation, the earliest of that and
+what can come. The horizon is the last frame's time (later frames are assumed not to go back in
+time: a capture whose timestamps do makes ChannelMetrics raise HorizonError rather than return a
+wrong row), and, for an incarnation, the earliest of that and
 - the arrival of every item the machine holds back (deliveries not settled, publishes awaiting a
   confirm, a commit or a possible basic.return, records held until a close-ok),
 - the end of every incarnation that ended but whose ChannelFacts are not out yet, and the TCP FIN
@@ -15,7 +16,7 @@ announced instead (ChannelMetrics.opened).
 
 What it costs: an incarnation's buckets from its horizon on stay in memory with their level
 changes, so one item held for long (a delivery nobody acks) holds every later bucket of its own
-incarnation (not its neighbours').
+incarnation (not its neighbours'): about 60 bytes per item behind it (bench/README.md).
 """
 
 from __future__ import annotations
