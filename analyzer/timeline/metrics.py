@@ -261,12 +261,14 @@ class ChannelMetrics:
 
     # -- rows out -----------------------------------------------------------------------------------
 
-    def advance(self, horizon_ns: int, held: Mapping[tuple[int, int], int] | None = None) -> list[dict]:
+    def advance(self, horizon_ns: int | None, held: Mapping[tuple[int, int], int] | None = None) -> list[dict]:
         """No record fed from now on has an arrival, settle, open or end before `horizon_ns`, nor,
         for the (channel, incarnation) keys of `held`, before their value: the rows of every bucket
         that ends by then, and of the quiet ones before them, are final. (An incarnation's own held
-        items hold back its rows only, never its neighbours'.)"""
+        items hold back its rows only, never its neighbours'.) None: no frame yet, nothing final."""
         out: list[dict] = []
+        if horizon_ns is None:
+            return out
         for inc in list(self.incarnations.values()):
             horizon = horizon_ns
             if held:
