@@ -81,14 +81,15 @@ def arrival_parts(key: int) -> tuple[int, int]:
 
 class _Bucket:
     """What one bucket of one incarnation has seen so far."""
-    __slots__ = ("counts", "arrivals", "departures", "deliver_at", "prefetch", "observed_until")
+    __slots__ = ("counts", "arrivals", "departures", "deliver_at", "consumer_prefetch", "channel_prefetch",
+                 "observed_until")
 
     def __init__(self):
         self.counts = [0] * len(COUNTS)
         self.arrivals = ([], [])      # per level: the items (as above) that start being outstanding
         self.departures = ([], [])    # per level: instant of what stops
         self.deliver_at = None        # arrival instant of the latest basic.deliver in it
-        self.prefetch = None          # (consumer_prefetch, channel_prefetch) of that basic.deliver
+        self.consumer_prefetch = self.channel_prefetch = None  # of that basic.deliver
         self.observed_until = None
 
 
@@ -124,6 +125,7 @@ class ChannelMetrics:
         self.size = bucket_ns_of(bucket_seconds)
         self.incarnations: dict[tuple, _Incarnation] = {}
         self.retired: set[tuple] = set()  # incarnations ended and closed: forgotten, so memory stays bounded
+        self._last = self._last_inc = None  # the last record fed and its incarnation
 
     # -- records in ---------------------------------------------------------------------------------
 
@@ -164,9 +166,20 @@ class ChannelMetrics:
             raise HorizonError(f"connection {key[0]} channel {key[2]} incarnation {key[3]}: a record at ts_ns "
                                f"{ts_ns} falls before the horizon {inc.final_before} already passed")
 
-    def _delivery(self, d: r.Delivery) -> None:
-        key = (d.connection_id, d.agent_id, d.channel, d.incarnation)
+    def _of(self, x) -> _Incarnation:
+        """The record's incarnation; records come in runs of one, so the last one is tried first
+        (no key tuple per record: allocations are what the garbage collector counts)."""
+        last = self._last
+        if (last is not None and x.incarnation == last.incarnation and x.channel == last.channel
+                and x.connection_id == last.connection_id and x.agent_id == last.agent_id):
+            return self._last_inc
+        key = (x.connection_id, x.agent_id, x.channel, x.incarnation)
         inc = self.incarnations.get(key) or self._incarnation(key)
+        self._last, self._last_inc = x, inc
+        return inc
+
+    def _delivery(self, d: r.Delivery) -> None:
+        inc = self._of(d)
         size, ts, seq = self.size, d.ts_ns, d.seq
         settle_ts = d.settle_ts_ns
         if settle_ts is not None:
@@ -187,7 +200,7 @@ class ChannelMetrics:
             counts[DELIVERIES_UNKNOWN] += 1
         arrived = ts * _TS_SCALE + seq * 2 + 3
         if d.method == "basic.deliver" and (b.deliver_at is None or arrived > b.deliver_at):
-            b.deliver_at, b.prefetch = arrived, (d.consumer_prefetch, d.channel_prefetch)
+            b.deliver_at, b.consumer_prefetch, b.channel_prefetch = arrived, d.consumer_prefetch, d.channel_prefetch
         # Only manual-ack deliveries with a known outcome are ever unacked: an unknown one cannot say
         # how long it was, and neither can one whose ack mode is unknown.
         counted = d.no_ack is False and known
@@ -208,8 +221,7 @@ class ChannelMetrics:
                 s.counts[REQUEUES] += 1
 
     def _publish(self, p: r.Publish) -> None:
-        key = (p.connection_id, p.agent_id, p.channel, p.incarnation)
-        inc = self.incarnations.get(key) or self._incarnation(key)
+        inc = self._of(p)
         size, ts, seq = self.size, p.ts_ns, p.seq
         settle_ts = p.settle_ts_ns
         if settle_ts is not None:
@@ -285,6 +297,7 @@ class ChannelMetrics:
             elif inc.ended:  # no row follows the last event
                 del self.incarnations[inc.key]
                 self.retired.add(inc.key)
+                self._last = self._last_inc = None
         return out
 
     def finish(self) -> list[dict]:
@@ -293,6 +306,7 @@ class ChannelMetrics:
         for inc in self.incarnations.values():
             self._close_buckets(inc, None, out)
         self.incarnations = {}
+        self._last = self._last_inc = None
         return out
 
     def _close_buckets(self, inc: _Incarnation, before: int | None, out: list) -> None:
@@ -327,7 +341,7 @@ class ChannelMetrics:
             inc.levels[level] = before + len(arrivals) - len(departures)
             inc.oldest[level] = _oldest_after(inc.queues[level], arrivals, end, inc.levels[level])
         if b.deliver_at is not None:
-            inc.prefetch = b.prefetch
+            inc.prefetch = (b.consumer_prefetch, b.channel_prefetch)
         row = self._row(inc, start, end, b.counts, peaks, b.observed_until)
         outstanding = inc.levels[UNACKED] > 0 or inc.levels[UNCONFIRMED] > 0
         inc.idle_from = end if outstanding else None
