@@ -4,8 +4,6 @@ the Spark job on random traffic, the plain model on much more random traffic, th
 cases' exact values; streamed (rows out as they become final) equal to all at once; and an
 incremental run's patched rows equal to one run."""
 
-import os
-import time
 from collections import defaultdict
 
 import pyarrow as pa
@@ -282,15 +280,3 @@ def test_incremental_runs_are_carried_not_just_redone():
     stored, carried = patched_in_pieces(rows, list(range(50, len(rows), 50)), 10)
     assert carried >= 10
     assert sorted(stored.values(), key=lambda x: x["bucket_start_ns"]) == channel_metrics(replay(rows), 10)
-
-
-# -- speed (a figure, not a timed test) -----------------------------------------------------------------------
-
-@pytest.mark.skipif(not os.environ.get("ACKSCOPE_BENCH"), reason="a figure, not a test: ACKSCOPE_BENCH=1")
-def test_records_per_cpu_second():
-    records = replay(prompt_consumer(messages=100_000, gap_ns=1_000_000))
-    started = time.process_time()
-    rows = channel_metrics(records, 10)
-    spent = time.process_time() - started
-    print(f"\nchannel_metrics: {len(records):,} records, {len(rows)} rows in {spent:.2f} CPU s: "
-          f"{len(records) / spent:,.0f} records per CPU second")

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from . import records as r
 from . import state
 from .connection import ConnectionTimeline
-from .state import FORMAT, StateError
+from .state import FORMAT, StateError  # noqa: F401 - the checkpoint format and its error, for callers
 
 # In build mode (no rows to write) the records kept for the boundary are pruned this often.
 PRUNE_EVERY_ROWS = 1 << 16

@@ -22,7 +22,7 @@ from analyzer.timeline import INPUT_COLUMNS
 from analyzer.timeline.carry import FORMAT, StateError, continue_connection, load
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
-from ..connection_pass import STATE_TABLE, state_row, states_table
+from ..connection_pass import state_row, states_table
 from ..types import spark_schema
 from .plans import materialised
 from .tables import TIMELINE_TABLES
