@@ -125,3 +125,32 @@ def methods_of_ports(lake_dir: str, client_ports: set[int]) -> Counter:
 
 def env_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def publish_confirmed(name: str, count: int, *, queue: str | None = None, close: bool = True):
+    """A pika publisher named `name` sends `count` messages in confirm mode to a fresh exclusive
+    queue (or `queue`), each confirmed; returns the open connection when close is False."""
+    import pika
+
+    from tests.lab.clients import pika_connection
+    connection = pika_connection(name)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    target = queue or channel.queue_declare("", exclusive=True).method.queue
+    for number in range(count):
+        channel.basic_publish("", target, b"message %d" % number, pika.BasicProperties(message_id=f"{name}-{number}"))
+    if close:
+        connection.close()
+        return None
+    return connection
+
+
+def rows_of(lake_dir: str, connection_name: str, agent_id: str | None = None) -> list[dict]:
+    """Frame rows of the connections named `connection_name` (by the connections table)."""
+    connections = lake_connections(lake_dir)
+    if connections is None:
+        return []
+    ids = {c["connection_id"] for c in connections.to_pylist()
+           if c["connection_name"] == connection_name and (agent_id is None or c["agent_id"] == agent_id)}
+    frames = lake_frames(lake_dir, ["connection_id", "agent_id", "seq", "method"])
+    return [r for r in frames.to_pylist() if r["connection_id"] in ids]
