@@ -103,7 +103,7 @@ class LiveDecoder:
             row = conn.connection_row()
             connection_rows.append(row)
             protocol = row["protocol"]
-            if protocol not in ("amqp-0-9-1", "none", "unknown"):
+            if protocol not in ("amqp-0-9-1", "none"):  # as ingest counts them
                 self.unsupported[protocol] += 1
         timeline_rows = self._ordered_for_timelines(frames)
         ended_ids = [conn.id for conn in ending]
