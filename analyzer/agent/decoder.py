@@ -31,7 +31,12 @@ from ..timeline import INPUT_COLUMNS
 
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 LINGER_S = 30.0  # an ended flow's stragglers (last ACK, retransmitted FIN) still find it this long
-MAX_ERRORS_KEPT = 100  # the report keeps the first errors; the count goes on
+MAX_ERRORS_KEPT = 100
+# Row keys the state machine indexes (row["..."]) rather than .get(): kept even when null.
+ALWAYS_KEYS = frozenset(("connection_id", "seq", "ts_ns", "direction", "method", "delivery_tag", "consumer_tag"))
+SHARED_STRINGS = frozenset(("connection_id", "agent_id", "direction", "method", "exchange", "routing_key", "queue",
+                            "consumer_tag", "reply_text", "failing_method"))
+MAX_SHARED_STRINGS = 100_000  # the report keeps the first errors; the count goes on
 
 
 class LiveDecoder:
@@ -56,7 +61,7 @@ class LiveDecoder:
         self.unsupported: Counter = Counter()
         self.ended: dict = {}           # connection -> wall time it ended (its row already handed over)
         self._held: list[dict] = []     # rows waiting for an earlier content row (see _ordered_for_timelines)
-        self._ended_ids: list[str] = []
+        self._strings: dict = {}
 
     # -- packets in --------------------------------------------------------------------------------
 
@@ -125,7 +130,7 @@ class LiveDecoder:
         row still pending on their connection are held back until it comes."""
         rows = self._held
         if frames is not None and frames.num_rows:
-            rows += frames.select(INPUT_COLUMNS).to_pylist()
+            rows += self._rows_of(frames)
         if not rows:
             return []
         barrier = {}
@@ -142,6 +147,24 @@ class LiveDecoder:
             (held if limit is not None and row["seq"] > limit else ready).append(row)
         self._held = held
         return ready
+
+    def _rows_of(self, frames: pa.Table) -> list[dict]:
+        """The state machine's rows, made small: the machine keeps the row of every outstanding delivery
+        and publish (100,000 of them must fit in the agent's memory budget). Null columns are left out
+        (the machine reads them with .get) but for those it indexes; repeated strings (exchange,
+        routing key, consumer tag, ...) share one object per distinct value."""
+        names = INPUT_COLUMNS
+        columns = []
+        for name in names:
+            values = frames[name].to_pylist()
+            if name in SHARED_STRINGS:
+                shared = self._strings
+                if len(shared) > MAX_SHARED_STRINGS:
+                    shared.clear()
+                values = [shared.setdefault(v, v) if v is not None else None for v in values]
+            columns.append(values)
+        keep = ALWAYS_KEYS
+        return [{k: v for k, v in zip(names, values) if v is not None or k in keep} for values in zip(*columns)]
 
     def _forget_lingering(self, now: int) -> None:
         """Drop ended connections from the flow table once their linger is over, and the row
