@@ -236,6 +236,9 @@ def state_scale(connections: int, deliveries_each: int) -> dict:
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "scale":  # in a process of its own: nothing else in its RSS
+        print(json.dumps(state_scale(int(sys.argv[2]), int(sys.argv[3]))))
+        return
     if len(sys.argv) > 1 and sys.argv[1] in ("publish", "consume"):
         mode, *rest = sys.argv[1:]
         if mode == "publish":
@@ -266,7 +269,8 @@ def main() -> None:
           f"peak RSS {steps[-1]['peak_rss_mib']:.0f} MiB, flushes {report['flushes']}")
     scale = None
     if not args.skip_scale:
-        scale = state_scale(args.scale_connections, args.scale_deliveries)
+        scale = json.loads(subprocess.run([sys.executable, os.path.abspath(__file__), "scale", str(args.scale_connections),
+                                           str(args.scale_deliveries)], capture_output=True, text=True, check=True).stdout)
         print(f"state scale: {scale['connections']:,} connections, {scale['outstanding_deliveries']:,} outstanding "
               f"deliveries: peak RSS {scale['peak_rss_mib']} MiB ({scale['rss_before_mib']} MiB before; fed in {scale['feed_seconds']}s, a scrape "
               f"{scale['scrape_seconds']}s)")

@@ -7,8 +7,12 @@ needs CAP_NET_RAW (docs/agent.md).
 - A large receive buffer (SO_RCVBUFFORCE where allowed) absorbs the pauses of the decode loop;
   each wake-up drains every packet queued, so the loop costs one poll per batch, not per packet.
 - Kernel timestamps (SO_TIMESTAMPNS) are the packets' times, not the time the loop read them.
-- Loopback shows each packet twice, once outgoing and once incoming: the outgoing copy is skipped
-  on loopback devices only (on a real NIC the outgoing copy is the only one).
+- Loopback shows each packet twice, once outgoing and once incoming; the agent keeps the outgoing
+  copy. Incoming copies are queued from per-CPU backlogs, so under load a peer's ACK can reach the
+  socket before the data it acknowledges, which reassembly must then call a gap (measured: 2 false
+  gaps in 160,000 packets at 2,400 messages/s). An outgoing copy is tapped in the sender's
+  context, before the peer can have answered it, so the order is causal. (libpcap keeps the
+  incoming copy instead.) On a real NIC each packet shows once, both directions kept.
 - Devices with an Ethernet-like header are read raw (LINKTYPE_ETHERNET); everything else, and
   `any`, cooked: the socket strips the link header and a Linux cooked v2 (SLL2) header is made
   from the packet's address, as libpcap does, so the decoder sees one link type per capture.
@@ -153,8 +157,8 @@ class LiveCapture:
             except BlockingIOError:
                 break
             _ifname, protocol, pkttype, hatype, hwaddr = address
-            if pkttype == PACKET_OUTGOING and hatype == ARPHRD_LOOPBACK:
-                continue  # the same packet comes in again as PACKET_HOST
+            if hatype == ARPHRD_LOOPBACK and pkttype != PACKET_OUTGOING:
+                continue  # the copy going in again (see the module's docstring for why not this one)
             ts_ns = 0
             for level, kind, data in anc:
                 if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
