@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -197,11 +196,13 @@ def state_scale(connections: int, deliveries_each: int) -> dict:
     answer_pandas_probe_without_pandas()  # as `ackscope capture` does, and its memory pool
     import pyarrow
     pyarrow.set_memory_pool(pyarrow.system_memory_pool())
-    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a child would report its parent's peak.
+    baseline = memory_kib(os.getpid(), "VmHWM") / 1024
     from pamqp import commands
 
     from analyzer.agent.decoder import LiveDecoder
     from analyzer.agent.live_state import LiveState
+    from analyzer.agent.run import release_freed_memory
     from analyzer.labels import ApplicationCap
     from analyzer.packets import LINKTYPE_ETHERNET
     from tests.wire import Conversation, content, handshake, method
@@ -222,16 +223,17 @@ def state_scale(connections: int, deliveries_each: int) -> dict:
         for seg in conv.open() + conv.script(opening) + conv.send(1, deliveries):
             number += 1
             packet(number, time.time_ns(), seg)
-        if n % 500 == 499:
+        if n % 500 == 499:  # as the agent's ticks do, each with its trim
             frames, rows, ended_rows, ended = decoder.take()
             state.feed(rows, ended, decoder.connection_facts())
+            release_freed_memory()
     frames, rows, ended_rows, ended = decoder.take()
     state.feed(rows, ended, decoder.connection_facts())
     gauges_started = time.perf_counter()
     gauges = state.gauges(time.time_ns())
     return {"connections": connections, "outstanding_deliveries": int(sum(gauges["ackscope_unacked_deliveries"].values())),
             "feed_seconds": round(gauges_started - started, 1), "scrape_seconds": round(time.perf_counter() - gauges_started, 3),
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "peak_rss_mib": round(memory_kib(os.getpid(), "VmHWM") / 1024, 1),
             "rss_before_mib": round(baseline, 1)}
 
 

@@ -60,6 +60,7 @@ def test_iface_any_sees_loopback_once_like_lo_and_the_pcapng_output_ingests_to_t
         for agent in agents:
             agent.start()
         publish_confirmed("agent-test-any", 60)
+        time.sleep(1.0)  # the TCP teardown's last packets (a late RST) reach every agent before the first stops
         reports = [agent.stop() for agent in agents]
     finally:
         for agent in agents:

@@ -1,7 +1,7 @@
 """The live capture source: an AF_PACKET socket with a kernel BPF filter, read in batches.
 
-scapy finds the interface and compiles the filter (libpcap underneath); packets are never
-dissected by scapy: their raw bytes go to the decoder (packets.tcp_segment). Linux only, and
+scapy finds the interface and compiles the filter (libpcap underneath, in a child process:
+bpf.py); packets are never dissected by scapy: their raw bytes go to the decoder (packets.tcp_segment). Linux only, and
 needs CAP_NET_RAW (docs/agent.md).
 
 - A large receive buffer (SO_RCVBUFFORCE where allowed) absorbs the pauses of the decode loop;
@@ -28,6 +28,7 @@ import struct
 from dataclasses import dataclass
 
 from ..packets import LINKTYPE_ETHERNET, LINKTYPE_LINUX_SLL2
+from .bpf import INSTRUCTION_BYTES, BpfError, compile_in_child
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
@@ -77,28 +78,21 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def attach_filter(sock: socket.socket, expression: str, dlt: int) -> None:
-    """Compile `expression` with libpcap (through scapy) and attach it in the kernel, so only the
-    broker's packets ever reach user space."""
-    from scapy.arch.common import compile_filter
+def attach_filter(sock: socket.socket, iface: str, expression: str, dlt: int) -> None:
+    """Compile `expression` with libpcap through scapy (in a child process, bpf.py) and attach it in
+    the kernel, so only the broker's packets ever reach user space."""
     try:
-        program = compile_filter(expression, linktype=dlt)
-    except Exception as exc:
-        raise CaptureError(f"cannot compile the capture filter {expression!r}: {exc}") from exc
-    fprog = _SockFprog(program.bf_len, ctypes.cast(program.bf_insns, ctypes.c_void_p))
+        instructions = compile_in_child(iface, dlt, expression)
+    except BpfError as exc:
+        raise CaptureError(str(exc)) from exc
+    program = ctypes.create_string_buffer(instructions, len(instructions))
+    fprog = _SockFprog(len(instructions) // INSTRUCTION_BYTES, ctypes.addressof(program))
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, bytes(fprog))
 
 
 class LiveCapture:
     def __init__(self, iface: str, ports, buffer_bytes: int = DEFAULT_BUFFER_BYTES):
         self.iface = iface
-        if iface != ANY:
-            import scapy.arch  # noqa: F401  (loads the Linux interface provider)
-            from scapy.interfaces import resolve_iface
-            try:
-                resolve_iface(iface)  # scapy's view of the interface: a clear error for a typo
-            except Exception as exc:
-                raise CaptureError(f"no such network interface: {iface}") from exc
         self.cooked = iface == ANY or interface_type(iface) not in ETHERNET_LIKE
         self.linktype = LINKTYPE_LINUX_SLL2 if self.cooked else LINKTYPE_ETHERNET
         self.counters = CaptureCounters()
@@ -110,7 +104,11 @@ class LiveCapture:
                                "Python binary; see docs/agent.md)") from exc
         self.sock = sock
         # The filter goes on before the bind: nothing unfiltered is queued in between.
-        attach_filter(sock, bpf_filter(ports), DLT_RAW if self.cooked else DLT_EN10MB)
+        try:
+            attach_filter(sock, iface, bpf_filter(ports), DLT_RAW if self.cooked else DLT_EN10MB)
+        except CaptureError:
+            sock.close()
+            raise
         for option in (SO_RCVBUFFORCE, socket.SO_RCVBUF):  # FORCE passes rmem_max, with CAP_NET_ADMIN
             try:
                 sock.setsockopt(socket.SOL_SOCKET, option, buffer_bytes)

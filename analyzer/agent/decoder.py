@@ -36,7 +36,13 @@ MAX_ERRORS_KEPT = 100
 ALWAYS_KEYS = frozenset(("connection_id", "seq", "ts_ns", "direction", "method", "delivery_tag", "consumer_tag"))
 SHARED_STRINGS = frozenset(("connection_id", "agent_id", "direction", "method", "exchange", "routing_key", "queue",
                             "consumer_tag", "reply_text", "failing_method"))
-MAX_SHARED_STRINGS = 100_000  # the report keeps the first errors; the count goes on
+MAX_SHARED_STRINGS = 100_000
+# What a delivery's row holds only to be copied into its Delivery record: the agent counts records
+# by outcome, requeue, redelivered and latency, so the 100,000 outstanding deliveries it may hold
+# need not carry them (the batch analysis, which writes the records, gets every column).
+DELIVERING = frozenset(("basic.deliver", "basic.get-ok"))
+RECORD_ONLY_DELIVERY_KEYS = frozenset(("exchange", "routing_key", "message_id", "message_identity", "x_death_count",
+                                       "body_size", "delivery_mode"))  # the report keeps the first errors; the count goes on
 
 
 class LiveDecoder:
@@ -164,7 +170,12 @@ class LiveDecoder:
                 values = [shared.setdefault(v, v) if v is not None else None for v in values]
             columns.append(values)
         keep = ALWAYS_KEYS
-        return [{k: v for k, v in zip(names, values) if v is not None or k in keep} for values in zip(*columns)]
+        rows = [{k: v for k, v in zip(names, values) if v is not None or k in keep} for values in zip(*columns)]
+        for row in rows:
+            if row["method"] in DELIVERING:
+                for key in RECORD_ONLY_DELIVERY_KEYS.intersection(row):
+                    del row[key]
+        return rows
 
     def _forget_lingering(self, now: int) -> None:
         """Drop ended connections from the flow table once their linger is over, and the row
