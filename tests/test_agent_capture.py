@@ -124,3 +124,27 @@ def test_metrics_follow_the_catalog_and_the_series_cap_folds_into_other(tmp_path
     assert "other" in applications and "agent-test-cap-second" not in applications
     folded = families["ackscope_series_folded"].samples
     assert sum(s.value for s in folded if s.name == "ackscope_series_folded_total") >= 1
+
+
+def test_full_size_loopback_segments_are_captured_whole(tmp_path):
+    """Loopback carries 65,535-byte IP packets (plus 14 bytes of Ethernet header): large messages
+    fill them. A filter compiled with a 65,535-byte snap length would cut each one short."""
+    import pika
+
+    from tests.lab.clients import pika_connection
+    lake_dir = str(tmp_path / "lake")
+    with AgentProcess(lake_dir, agent_id="big") as agent:
+        connection = pika_connection("agent-test-big-messages")
+        channel = connection.channel()
+        channel.confirm_delivery()
+        queue = channel.queue_declare("", exclusive=True).method.queue
+        for number in range(5):
+            channel.basic_publish("", queue, os.urandom(300_000), pika.BasicProperties(message_id=f"big-{number}"))
+        connection.close()
+        time.sleep(0.5)
+        report = agent.stop()
+    assert report["gaps"] == 0
+    frames = lake.read_table(lake_dir, "frames", __import__("analyzer.schema").schema.FRAMES,
+                             ["method", "body_size", "content_complete", "message_id"]).to_pylist()
+    big = [f for f in frames if f["method"] == "basic.publish" and (f["message_id"] or "").startswith("big-")]
+    assert [(f["body_size"], f["content_complete"]) for f in big] == [(300_000, True)] * 5

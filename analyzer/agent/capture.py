@@ -82,7 +82,7 @@ def attach_filter(sock: socket.socket, iface: str, expression: str, dlt: int) ->
     """Compile `expression` with libpcap through scapy (in a child process, bpf.py) and attach it in
     the kernel, so only the broker's packets ever reach user space."""
     try:
-        instructions = compile_in_child(iface, dlt, expression)
+        instructions = compile_in_child(iface, dlt, expression, SNAP_BYTES)
     except BpfError as exc:
         raise CaptureError(str(exc)) from exc
     program = ctypes.create_string_buffer(instructions, len(instructions))
