@@ -150,7 +150,11 @@ def rows_of(lake_dir: str, connection_name: str, agent_id: str | None = None) ->
     connections = lake_connections(lake_dir)
     if connections is None:
         return []
-    ids = {c["connection_id"] for c in connections.to_pylist()
-           if c["connection_name"] == connection_name and (agent_id is None or c["agent_id"] == agent_id)}
+    # Agents watching the same traffic name a connection alike (addresses and first packet time):
+    # a connection is (connection_id, agent_id).
+    keys = {(c["connection_id"], c["agent_id"]) for c in connections.to_pylist()
+            if c["connection_name"] == connection_name and (agent_id is None or c["agent_id"] == agent_id)}
     frames = lake_frames(lake_dir, ["connection_id", "agent_id", "seq", "method"])
-    return [r for r in frames.to_pylist() if r["connection_id"] in ids]
+    if frames is None:
+        return []
+    return [r for r in frames.to_pylist() if (r["connection_id"], r["agent_id"]) in keys]

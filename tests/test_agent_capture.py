@@ -12,7 +12,7 @@ from collections import Counter
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from analyzer import lake, metric_names
+from analyzer import lake, metric_names, schema
 from analyzer.ingest import ingest_file
 from tests.agent_support import AgentProcess, publish_confirmed, rows_of, wait_for
 
@@ -144,7 +144,7 @@ def test_full_size_loopback_segments_are_captured_whole(tmp_path):
         time.sleep(0.5)
         report = agent.stop()
     assert report["gaps"] == 0
-    frames = lake.read_table(lake_dir, "frames", __import__("analyzer.schema").schema.FRAMES,
+    frames = lake.read_table(lake_dir, "frames", schema.FRAMES,
                              ["method", "body_size", "content_complete", "message_id"]).to_pylist()
     big = [f for f in frames if f["method"] == "basic.publish" and (f["message_id"] or "").startswith("big-")]
     assert [(f["body_size"], f["content_complete"]) for f in big] == [(300_000, True)] * 5

@@ -10,7 +10,7 @@ HTTP server run on different threads.
 from __future__ import annotations
 
 import threading
-from collections import Counter, defaultdict
+from collections import Counter
 
 from .. import labels
 from ..timeline import Timelines

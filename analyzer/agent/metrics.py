@@ -13,8 +13,6 @@ from ..metric_names import BY_NAME, COUNTER, GAUGE, HISTOGRAM
 from .live_state import CONFIRM_LATENCY, ACK_LATENCY, PROBLEM_COUNTERS
 from .live_state import Histogram
 
-FLUSH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
 
 def family(name: str):
     """An empty family of the catalog's type, help and labels. Counters are named without `_total`
@@ -36,7 +34,6 @@ def _histogram(fam, labels: list[str], histogram: Histogram) -> None:
 class AgentCollector(Collector):
     def __init__(self, agent):
         self.agent = agent
-        self.flush_histogram = Histogram(FLUSH_BUCKETS)
 
     def collect(self):
         agent = self.agent
@@ -85,10 +82,9 @@ class AgentCollector(Collector):
             for label, n in sorted(h[key].items()):
                 fam.add_metric([label], n)
             yield fam
-        for seconds in h["flush_seconds"]:
-            self.flush_histogram.observe(seconds)
+        buckets, total = h["flush_histogram"]
         fam = family("ackscope_agent_flush_duration_seconds")
-        _histogram(fam, [], self.flush_histogram)
+        fam.add_metric([], buckets, total)
         yield fam
         if h["last_flush_ts"] is not None:
             fam = family("ackscope_agent_last_flush_timestamp_seconds")

@@ -8,7 +8,6 @@ import os
 import struct
 import time
 
-_SHB = struct.Struct("<IIIHHq")
 _OPTION_END = b"\x00\x00\x00\x00"
 
 

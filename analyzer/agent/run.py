@@ -113,7 +113,7 @@ class Agent:
             "errors": self.decoder.error_count, "gaps": self.decoder.gaps(),
             "frames_by_method": self.decoder.frames_by_method(), "unsupported": dict(self.decoder.unsupported),
             "buffered_rows": sink.buffered_rows(), "flushes": flushes, "rows_dropped": dropped,
-            "flush_seconds": sink.take_flush_seconds(), "last_flush_ts": last_flush,
+            "flush_histogram": sink.flush_histogram(), "last_flush_ts": last_flush,
         }
 
     def ready(self) -> tuple[bool, str]:

@@ -23,9 +23,11 @@ from collections import Counter
 import pyarrow as pa
 
 from .. import lake, schema
+from .live_state import Histogram
 
 TABLES = {"frames": schema.FRAMES, "connections": schema.CONNECTIONS}
 DEFAULT_MAX_BUFFERED_ROWS = 1_000_000
+FLUSH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 DEFAULT_RETENTION_HOURS = 1.0   # vacuum: longer than any flush, so no writer's uncommitted file goes
 log = logging.getLogger("ackscope.agent")
 
@@ -57,7 +59,7 @@ class LakeSink:
         self.tables = {name: _Table(name, s, self._last_sequence(name) + 1) for name, s in TABLES.items()}
         self.rows_dropped: Counter = Counter()
         self.flushes: Counter = Counter()      # outcome -> flushes
-        self.flush_seconds: list[float] = []   # durations not yet taken by the metrics
+        self.flush_durations = Histogram(FLUSH_BUCKETS)
         self.last_flush_ts: float | None = None
         self.last_error: str | None = None
         self.compactions = 0
@@ -110,7 +112,7 @@ class LakeSink:
         elapsed = time.perf_counter() - started
         with self.lock:
             self.flushes["ok" if ok else "error"] += 1
-            self.flush_seconds.append(elapsed)
+            self.flush_durations.observe(elapsed)
             if ok:
                 self.last_flush_ts = time.time()
                 self.last_error = None
@@ -165,10 +167,9 @@ class LakeSink:
             except Exception as exc:
                 log.warning("compaction of %s failed (tried again later): %s: %s", name, type(exc).__name__, exc)
 
-    def take_flush_seconds(self) -> list[float]:
+    def flush_histogram(self) -> tuple[list, float]:
         with self.lock:
-            out, self.flush_seconds = self.flush_seconds, []
-            return out
+            return self.flush_durations.cumulative(), self.flush_durations.sum
 
 
 def lake_writable(lake_dir: str) -> bool:
