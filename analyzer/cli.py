@@ -18,6 +18,7 @@ EXIT_OK = 0
 EXIT_DAMAGED = 3      # a capture was truncated or corrupt: everything read before the damage was committed
 EXIT_UNREADABLE = 4   # a file was not a readable capture: nothing was ingested from it
 EXIT_ANALYSIS_FAILED = 5
+EXIT_PUSH_FAILED = 6  # the Pushgateway could not be reached or refused the push
 
 DESCRIPTION = """\
 ackscope: AMQP 0-9-1 (RabbitMQ) traffic analyser. It decodes captures into Delta Lake tables and
@@ -109,7 +110,22 @@ def build_parser() -> argparse.ArgumentParser:
                          help="a publish still unconfirmed this long when the data ends is overdue "
                               "(default %(default)s)")
     analyze.add_argument("--json", action="store_true", help="print one JSON object")
+    add_push_options(analyze, "--pushgateway", "--push-job",
+                     "at the end of the run, push its results (as `ackscope push` does), or "
+                     "ackscope_analysis_failures=1 if it failed")
     analyze.set_defaults(run=run_analyze)
+
+    push = commands.add_parser(
+        "push", help="push the lake's analysis to a Prometheus Pushgateway",
+        description="Read the findings, channel_metrics, deliveries, publishes, connections and analysis_runs "
+                    "tables (no Spark) and PUT them as metrics (docs/alerting.md) to the group {job, lake} of a "
+                    "Pushgateway: the group is replaced whole, so a finding that is gone disappears.",
+        epilog=f"Exit status: 0 pushed; 2 bad arguments; {EXIT_PUSH_FAILED} the Pushgateway could not be "
+               "reached or refused the push.")
+    push.add_argument("--lake", required=True, metavar="DIR", help="folder holding the Delta tables")
+    add_push_options(push, "--pushgateway", "--job", "Pushgateway address, e.g. http://localhost:9091",
+                     required=True)
+    push.set_defaults(run=run_push)
 
     findings = commands.add_parser("findings", help="print what the analysis found",
                                    description="Print the findings table: a readable table, worst first, "
@@ -119,13 +135,26 @@ def build_parser() -> argparse.ArgumentParser:
     findings.add_argument("--json", action="store_true", help="print a JSON array")
     findings.set_defaults(run=run_findings)
 
+    report = commands.add_parser("report", help="write the HTML report of a lake (no Spark needed)",
+                                 description="Write one self-contained HTML file about LAKE: the findings worst "
+                                             "first with their evidence and what to do, pictures (unacked and "
+                                             "unconfirmed over time, latencies, confirm order, requeue loops) and "
+                                             "the connections. It opens without network access.")
+    report.add_argument("--lake", required=True, metavar="DIR")
+    report.add_argument("-o", "--output", default="report.html", metavar="FILE", help="default %(default)s")
+    report.set_defaults(run=run_report)
+
     demo = commands.add_parser("demo", help="run the whole pipeline on the bundled sample capture",
                                description="Ingest the sample capture shipped with ackscope into LAKE, "
-                                           "analyse it with Spark and print what was found.")
+                                           "analyse it with Spark, print what was found and write the HTML "
+                                           "report LAKE/report.html.")
     demo.add_argument("--lake", default=".demo-lake", metavar="DIR", help="default %(default)s")
     demo.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
     demo.set_defaults(run=run_demo)
     add_capture_command(commands)
+
+    from dashboards.grafana.cli import add_dashboards_command
+    add_dashboards_command(commands)
     return parser
 
 
@@ -298,7 +327,7 @@ def sample_captures() -> list[str]:
 
 def run_analyze(args) -> int:
     from spark_jobs.analyze import analyze, render_report
-    from spark_jobs.session import get_spark
+    from spark_jobs.session import get_spark, spark_log_path
     from spark_jobs.thresholds import Thresholds
 
     from .findings import read_findings, render_findings
@@ -327,12 +356,17 @@ def run_analyze(args) -> int:
     try:
         report = analyze(spark, args.lake, since=args.since, until=args.until, delta_mode=args.delta_mode,
                          thresholds=thresholds, bucket_seconds=args.bucket_seconds,
-                         overdue_ns=int(args.overdue_seconds * 1e9), full=args.full)
+                         overdue_ns=int(args.overdue_seconds * 1e9), full=args.full, progress=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - the job's own failure, reported once, with its cause
-        print(f"ackscope analyze: the analysis of {args.lake} failed: {exc}", file=sys.stderr)
+        print(f"ackscope analyze: the analysis of {args.lake} failed: {exc}\n"
+              f"  Spark's log: {spark_log_path()}", file=sys.stderr)
+        if args.pushgateway:
+            _push_after_analysis(args, failed=True)
         return EXIT_ANALYSIS_FAILED
     finally:
         spark.stop()
+    if args.pushgateway and not _push_after_analysis(args, failed=False):
+        return EXIT_PUSH_FAILED
     if args.json:
         print(json.dumps(report.as_json(), sort_keys=True))
     else:
@@ -342,11 +376,65 @@ def run_analyze(args) -> int:
     return EXIT_OK
 
 
+def add_push_options(parser, url_option: str, job_option: str, url_help: str, required: bool = False) -> None:
+    from .push import DEFAULT_JOB
+
+    parser.add_argument(url_option, dest="pushgateway", required=required, metavar="URL", help=url_help)
+    parser.add_argument(job_option, dest="push_job", default=DEFAULT_JOB, metavar="NAME",
+                        help="the job of the pushed group (default %(default)s)")
+
+
+def run_push(args) -> int:
+    from .push import PushError, lake_label, push
+
+    if not os.path.isdir(args.lake):
+        print(f"ackscope push: no lake at {args.lake}", file=sys.stderr)
+        return 2
+    try:
+        pushed = push(args.lake, args.pushgateway, args.push_job)
+    except PushError as exc:
+        print(f"ackscope push: {exc}", file=sys.stderr)
+        return EXIT_PUSH_FAILED
+    print(f"pushed {pushed.samples} samples of {args.lake} to {args.pushgateway} "
+          f"(job={args.push_job}, lake={lake_label(args.lake)})")
+    if pushed.folded:
+        print("  the application cap folded series into application=\"other\": "
+              + ", ".join(f"{name} {n}" for name, n in sorted(pushed.folded.items())), file=sys.stderr)
+    return EXIT_OK
+
+
+def _push_after_analysis(args, failed: bool) -> bool:
+    from .push import PushError, push, push_failure
+
+    try:
+        push_failure(args.lake, args.pushgateway, args.push_job) if failed else push(
+            args.lake, args.pushgateway, args.push_job)
+    except PushError as exc:
+        print(f"ackscope analyze: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
 def run_findings(args) -> int:
     from .findings import findings_json, read_findings, render_findings
 
     rows = read_findings(args.lake, args.kind)
     print(json.dumps(findings_json(rows), sort_keys=True) if args.json else render_findings(rows))
+    return EXIT_OK
+
+
+def run_report(args) -> int:
+    from .report import LakeMissing, write_report
+
+    try:
+        size = write_report(args.lake, args.output)
+    except LakeMissing as exc:
+        print(f"ackscope report: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the output cannot be written (a folder, no permission, disk full)
+        print(f"ackscope report: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"wrote the report to {args.output} ({size / 1024:,.0f} KiB): open it in a browser")
     return EXIT_OK
 
 
@@ -359,9 +447,14 @@ def run_demo(args) -> int:
     if status != EXIT_OK:
         return status
     print(f"\nackscope demo: analysing {args.lake} with Spark ({args.master})\n")
-    return run_analyze(argparse.Namespace(lake=args.lake, master=args.master, driver_memory=None, since=None,
-                                          until=None, full=False, delta_mode="auto", threshold=[], bucket_seconds=10,
-                                          overdue_seconds=60.0, json=False))
+    status = run_analyze(argparse.Namespace(lake=args.lake, master=args.master, driver_memory=None, since=None,
+                                            until=None, full=False, delta_mode="auto", threshold=[],
+                                            bucket_seconds=10, overdue_seconds=60.0, json=False, pushgateway=None,
+                                            push_job=None))
+    if status != EXIT_OK:
+        return status
+    print("\nackscope demo: ", end="")
+    return run_report(argparse.Namespace(lake=args.lake, output=os.path.join(args.lake, "report.html")))
 
 
 if __name__ == "__main__":

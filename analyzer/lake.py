@@ -30,8 +30,11 @@ def open_table(lake: str, name: str) -> DeltaTable | None:
         return None
 
 
-def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table | None:
-    """A table's current snapshot as Arrow, or None if there is no such table.
+def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | None = None,
+               where: pc.Expression | None = None) -> pa.Table | None:
+    """A table's current snapshot as Arrow, or None if there is no such table. `where` (on columns
+    other than the partition) filters rows while the Parquet files are read, so a few rows of a big
+    table cost little memory.
 
     delta-rs resolves the snapshot (files and their partition values from the Delta log); pyarrow
     reads the Parquet files. Scanning through delta-rs's pyarrow dataset instead leaves threads
@@ -45,7 +48,7 @@ def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | Non
     for path, values in zip(actions["path"].to_pylist(),
                             zip(*(actions[f"partition.{p}"].to_pylist() for p in PARTITION_BY))):
         part = pq.read_table(os.path.join(lake, name, unquote(path)), partitioning=None,  # the log holds URI-encoded paths
-                             columns=[f.name for f in wanted if f.name not in PARTITION_BY])
+                             columns=[f.name for f in wanted if f.name not in PARTITION_BY], filters=where)
         n = part.num_rows
         by_name = dict(zip(PARTITION_BY, values))
         parts.append(pa.Table.from_arrays(

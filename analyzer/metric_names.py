@@ -116,3 +116,11 @@ def exposed_names(metric: Metric) -> tuple[str, ...]:
 
 
 EXPOSED = {series: m for m in METRICS for series in exposed_names(m)}
+
+# Bucket bounds (seconds) of every latency histogram, agent and analysis alike, so a panel can put
+# them side by side: publisher confirms take milliseconds (hundreds for persistent messages under
+# load); a consumer may hold a delivery up to RabbitMQ's consumer_timeout (30 minutes).
+LATENCY_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                           30.0, 60.0, 300.0, 1800.0)
+# ackscope_agent_flushes_total{outcome}: the value of a flush that did not reach the lake.
+FLUSH_FAILED = "error"
