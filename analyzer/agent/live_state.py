@@ -13,6 +13,7 @@ import threading
 from collections import Counter
 
 from .. import labels
+from ..metric_names import LATENCY_BUCKETS_SECONDS
 from ..timeline import Timelines
 from ..timeline import records as r
 from ..timeline.live import open_connections
@@ -31,9 +32,8 @@ DELIVERY_COUNTERS = {
 VIOLATION_COUNTER = "ackscope_unknown_delivery_tags_total"
 PROBLEM_COUNTERS = (*PUBLISH_COUNTERS, *DELIVERY_COUNTERS, VIOLATION_COUNTER)
 CONFIRM_LATENCY, ACK_LATENCY = "ackscope_publish_confirm_seconds", "ackscope_deliver_ack_seconds"
-# Persistent confirms take hundreds of ms under load; a consumer may take minutes per message.
-CONFIRM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-ACK_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0)
+# The catalog's buckets, shared with the analysis's histograms so panels can put them side by side.
+CONFIRM_BUCKETS = ACK_BUCKETS = LATENCY_BUCKETS_SECONDS
 SETTLED = frozenset((r.ACK, r.NACK, r.REJECT))
 MAX_LABEL_CACHE = 100_000
 

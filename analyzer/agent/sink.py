@@ -23,6 +23,7 @@ from collections import Counter
 import pyarrow as pa
 
 from .. import lake, schema
+from ..metric_names import FLUSH_FAILED
 from .live_state import Histogram
 
 TABLES = {"frames": schema.FRAMES, "connections": schema.CONNECTIONS}
@@ -111,7 +112,7 @@ class LakeSink:
                 log.warning("flush of %s failed (rows kept, retried next flush): %s", t.name, self.last_error)
         elapsed = time.perf_counter() - started
         with self.lock:
-            self.flushes["ok" if ok else "error"] += 1
+            self.flushes["ok" if ok else FLUSH_FAILED] += 1
             self.flush_durations.observe(elapsed)
             if ok:
                 self.last_flush_ts = time.time()
