@@ -40,5 +40,10 @@ bench-analyze: $(STAMP)
 bench-incremental: $(STAMP)
 	$(PY) bench/incremental.py
 
+# The live agent on loopback at rising rates beside dumpcap, then 10,000 connections of state (docs/agent.md).
+.PHONY: bench-capture
+bench-capture: $(STAMP) services
+	$(PY) bench/capture.py
+
 clean:
 	rm -rf $(VENV) $(LAKE) .pytest_cache build *.egg-info

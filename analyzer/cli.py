@@ -151,10 +151,86 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--lake", default=".demo-lake", metavar="DIR", help="default %(default)s")
     demo.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
     demo.set_defaults(run=run_demo)
+    add_capture_command(commands)
 
     from dashboards.grafana.cli import add_dashboards_command
     add_dashboards_command(commands)
     return parser
+
+
+def add_capture_command(commands) -> None:
+    capture = commands.add_parser(
+        "capture", help="the live agent: capture an interface into the lake, live gauges on /metrics",
+        description="Capture AMQP 0-9-1 traffic live from a network interface (AF_PACKET, kernel BPF "
+                    "filter on the broker ports; needs CAP_NET_RAW), decode it with the same core as "
+                    "`ingest`, commit the frames and connections tables to LAKE every flush interval, and "
+                    "serve live per-channel gauges on /metrics. Runs until SIGTERM or SIGINT, then flushes. "
+                    "See docs/agent.md.")
+    capture.add_argument("--iface", required=True, help="interface to capture (lo, eth0, any)")
+    capture.add_argument("--port", type=int, action="append", metavar="PORT",
+                         help="broker port (repeat for several; default 5672, 5671, 5552, 5551)")
+    capture.add_argument("--lake", required=True, metavar="DIR", help="folder holding the Delta tables")
+    capture.add_argument("--metrics-addr", metavar="HOST:PORT", help="serve /metrics, /healthz and /readyz here")
+    capture.add_argument("--flush-interval", type=float, default=10.0, metavar="SECONDS",
+                         help="commit buffered rows this often (default %(default)s); a crash loses at most this")
+    capture.add_argument("--agent-id", default="", metavar="ID",
+                         help="this agent's name in the lake (default: the host name); one per agent")
+    capture.add_argument("--pcap-out", metavar="DIR", help="also write the raw packets as rotating pcapng files")
+    capture.add_argument("--rotate-size", type=float, default=100.0, metavar="MB", help="pcapng file size (default %(default)s)")
+    capture.add_argument("--rotate-keep", type=int, default=10, metavar="N", help="pcapng files kept (default %(default)s)")
+    capture.add_argument("--compact-interval", type=float, default=3600.0, metavar="SECONDS",
+                         help="compact small files, checkpoint and vacuum this often (default %(default)s)")
+    capture.add_argument("--retention-hours", type=float, default=1.0, metavar="H",
+                         help="vacuum removes unreferenced files older than this (default %(default)s)")
+    capture.add_argument("--idle-timeout", type=float, default=600.0, metavar="SECONDS",
+                         help="a connection silent this long is ended (default %(default)s)")
+    capture.add_argument("--max-buffered-rows", type=int, default=1_000_000, metavar="N",
+                         help="rows kept while the lake cannot be written; the oldest beyond are dropped, counted")
+    capture.add_argument("--max-applications", type=int, default=200, metavar="N",
+                         help="application label values before folding into \"other\" (default %(default)s)")
+    capture.add_argument("--buffer-mb", type=int, default=64, metavar="MB", help="kernel socket buffer (default %(default)s)")
+    capture.add_argument("--json", action="store_true", help="on exit, print one JSON object instead of the summary")
+    capture.set_defaults(run=run_capture)
+
+
+def run_capture(args) -> int:
+    import logging
+
+    if "pandas" not in sys.modules:  # the agent never hands pyarrow pandas objects: ~40 MB of RSS saved
+        answer_pandas_probe_without_pandas()
+    import pyarrow
+    # malloc rather than jemalloc: the agent's Arrow buffers are small and short-lived, and jemalloc
+    # keeps freed pages (measured: 20 MB more peak RSS at 10,000 connections, bench/capture.py).
+    pyarrow.set_memory_pool(pyarrow.system_memory_pool())
+
+    from .agent.capture import CaptureError
+    from .agent.http import parse_address
+    from .agent.run import Agent, AgentConfig
+
+    logging.basicConfig(level=logging.WARNING, format="ackscope capture: %(message)s")
+    try:
+        config = AgentConfig(
+            iface=args.iface, lake=args.lake, ports=tuple(args.port or sorted(DEFAULT_BROKER_PORTS)),
+            agent_id=args.agent_id, metrics_addr=parse_address(args.metrics_addr) if args.metrics_addr else None,
+            flush_interval_s=args.flush_interval, compact_interval_s=args.compact_interval,
+            retention_hours=args.retention_hours, idle_timeout_s=args.idle_timeout,
+            max_buffered_rows=args.max_buffered_rows, max_applications=args.max_applications,
+            buffer_bytes=args.buffer_mb << 20, pcap_out=args.pcap_out,
+            rotate_bytes=int(args.rotate_size * (1 << 20)), rotate_keep=args.rotate_keep)
+        agent = Agent(config)
+    except (CaptureError, ValueError, OSError) as exc:
+        print(f"ackscope capture: {exc}", file=sys.stderr)
+        return 2
+    print(f"ackscope capture: capturing {args.iface} into {args.lake} as agent {agent.agent_id}", file=sys.stderr, flush=True)
+    report = agent.run()
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        frames = sum(report["frames_by_method"].values())
+        print(f"ackscope capture: {report['packets']:,} packets, {report['flows']} flows, {frames:,} frames, "
+              f"{report['gaps']} gaps, {report['kernel_drops']} kernel drops, flushes {report['flushes']}, "
+              f"rows dropped {report['rows_dropped'] or 0}, errors {report['error_count']}", file=sys.stderr)
+    return EXIT_OK  # rows dropped by a failing sink are in the report and on /metrics, not in the status
 
 
 def run_ingest(args, own_process: bool = False) -> int:

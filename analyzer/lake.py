@@ -101,17 +101,33 @@ class TableWriter:
             self.actions.append(AddAction(path, size, partition_values, mtime, True, stats))
         self.rows += rows
 
-    def commit(self, app_id: str, metadata: dict | None = None) -> int:
-        """Add every file written so far in one commit; returns the table version."""
-        table = open_table(os.path.dirname(self.path), os.path.basename(self.path))
-        if table is None:
-            try:
-                table = DeltaTable.create(self.path, self.schema, mode="ignore", partition_by=PARTITION_BY)
-            except Exception:  # another writer created it first: use theirs
-                table = DeltaTable(self.path)
+    def commit(self, app_id: str, metadata: dict | None = None, version: int = 1) -> int:
+        """Add every file written so far in one commit tagged with the app transaction (app_id,
+        version); returns the table version."""
+        table = _open_or_create(self.path, self.schema)
         table.create_write_transaction(
             self.actions, mode="append", schema=self.schema, partition_by=PARTITION_BY,
             commit_properties=CommitProperties(
                 custom_metadata={k: str(v) for k, v in (metadata or {}).items()},
-                app_transactions=[Transaction(app_id, 1)]))
+                app_transactions=[Transaction(app_id, version)]))
         return DeltaTable(self.path).version()
+
+
+CREATE_RACE_WAIT_S = 10.0
+
+
+def _open_or_create(path: str, schema: pa.Schema) -> DeltaTable:
+    """The table, created if there is none. Several writers (agents on one lake) may create it at
+    once: Delta's log lets exactly one version 0 land, and the others, failing, open that one; the
+    loser may look before the winner's log entry is visible, so it looks again for a while."""
+    deadline = time.monotonic() + CREATE_RACE_WAIT_S
+    while True:
+        table = open_table(os.path.dirname(path), os.path.basename(path))
+        if table is not None:
+            return table
+        try:
+            return DeltaTable.create(path, schema, mode="ignore", partition_by=PARTITION_BY)
+        except Exception:  # another writer created it first: use theirs, once it can be read
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

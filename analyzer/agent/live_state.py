@@ -1,0 +1,194 @@
+"""The reference state machine run live: decoded rows in, counters and histograms of the records it
+emits, and the open state (timeline/live.py) read at each scrape.
+
+Everything carries bounded labels only (labels.py): vhost and application, from the connection's
+own facts (connection.start-ok's connection_name or product, the client address, connection.open's
+vhost). Callers hold `lock` around `feed` and around reading for a scrape: the decode loop and the
+HTTP server run on different threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from .. import labels
+from ..metric_names import LATENCY_BUCKETS_SECONDS
+from ..timeline import Timelines
+from ..timeline import records as r
+from ..timeline.live import open_connections
+
+# Counters fed by the records the machine emits: metric -> predicate on a record.
+PUBLISH_COUNTERS = {
+    "ackscope_lost_confirms_total": lambda p: p.outcome == r.LOST and p.mode == r.CONFIRM,
+    "ackscope_confirm_nacks_total": lambda p: p.outcome == r.NACKED,
+    "ackscope_out_of_order_confirms_total": lambda p: bool(p.out_of_order),
+    "ackscope_returns_total": lambda p: p.return_code is not None,
+}
+DELIVERY_COUNTERS = {
+    "ackscope_requeues_total": lambda d: d.outcome in (r.NACK, r.REJECT) and d.requeue is True,
+    "ackscope_redeliveries_total": lambda d: d.redelivered is True,
+}
+VIOLATION_COUNTER = "ackscope_unknown_delivery_tags_total"
+PROBLEM_COUNTERS = (*PUBLISH_COUNTERS, *DELIVERY_COUNTERS, VIOLATION_COUNTER)
+CONFIRM_LATENCY, ACK_LATENCY = "ackscope_publish_confirm_seconds", "ackscope_deliver_ack_seconds"
+# The catalog's buckets, shared with the analysis's histograms so panels can put them side by side.
+CONFIRM_BUCKETS = ACK_BUCKETS = LATENCY_BUCKETS_SECONDS
+SETTLED = frozenset((r.ACK, r.NACK, r.REJECT))
+MAX_LABEL_CACHE = 100_000
+
+
+class Histogram:
+    __slots__ = ("buckets", "counts", "sum", "count")
+
+    def __init__(self, buckets):
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+                break
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, running = [], 0
+        for bound, n in zip(self.buckets, self.counts):
+            running += n
+            out.append((repr(bound), running))
+        out.append(("+Inf", self.count))
+        return out
+
+
+class LiveState:
+    def __init__(self, cap: labels.ApplicationCap):
+        self.cap = cap
+        self.lock = threading.Lock()
+        self.timelines = Timelines()
+        self.facts: dict[str, dict] = {}      # connection id -> its decoder facts (a live dict)
+        self.counters: dict[str, Counter] = {name: Counter() for name in PROBLEM_COUNTERS}
+        self.histograms: dict[str, dict] = {CONFIRM_LATENCY: {}, ACK_LATENCY: {}}
+        self.timeline_errors = 0
+        self._labels: dict[tuple, str] = {}
+
+    # -- rows in -------------------------------------------------------------------------------
+
+    def feed(self, rows: list[dict], ended_ids: list[str], facts: dict[str, dict]) -> None:
+        self.facts.update(facts)
+        feed, records = self.timelines.feed, []
+        for row in rows:
+            try:
+                records += feed(row)
+            except Exception:  # the machine refused a row (a decoder bug): lose that connection only
+                self.timeline_errors += 1
+                records += self.timelines.end_connection(row["connection_id"])
+        for connection_id in ended_ids:
+            records += self.timelines.end_connection(connection_id)
+        for record in records:
+            self._count(record)
+        for connection_id in ended_ids:
+            self.facts.pop(connection_id, None)
+
+    def end_of_data(self) -> None:
+        for record in self.timelines.end_of_data():
+            self._count(record)
+
+    def _count(self, record) -> None:
+        kind = type(record)
+        if kind is r.Publish:
+            where = self.where(record.connection_id)
+            for name, happened in PUBLISH_COUNTERS.items():
+                if happened(record):
+                    self.counters[name][self._folded(where, name)] += 1
+            if record.outcome == r.ACKED and record.mode == r.CONFIRM and record.settle_latency_ns is not None:
+                self._observe(CONFIRM_LATENCY, CONFIRM_BUCKETS, where, record.settle_latency_ns)
+        elif kind is r.Delivery:
+            where = self.where(record.connection_id)
+            for name, happened in DELIVERY_COUNTERS.items():
+                if happened(record):
+                    self.counters[name][self._folded(where, name)] += 1
+            if record.outcome in SETTLED and record.no_ack is False and record.settle_latency_ns is not None:
+                self._observe(ACK_LATENCY, ACK_BUCKETS, where, record.settle_latency_ns)
+        elif kind is r.Violation:
+            where = self.where(record.connection_id)
+            self.counters[VIOLATION_COUNTER][self._folded(where, VIOLATION_COUNTER)] += 1
+
+    def _observe(self, name: str, buckets, where: tuple, latency_ns: int) -> None:
+        key = self._folded(where, name)
+        histogram = self.histograms[name].get(key)
+        if histogram is None:
+            histogram = self.histograms[name][key] = Histogram(buckets)
+        histogram.observe(latency_ns / 1e9)
+
+    # -- labels --------------------------------------------------------------------------------
+
+    def where(self, connection_id: str) -> tuple[str, str]:
+        """(vhost, application) of a connection, before the cap."""
+        facts = self.facts.get(connection_id) or {}
+        app = labels.application(facts.get("connection_name"), facts.get("client_product"),
+                                 facts.get("client_addr") if facts.get("client_product") else None)
+        return labels.vhost(facts.get("vhost")), app
+
+    def _folded(self, where: tuple[str, str], metric: str) -> tuple[str, str]:
+        """The series key after the cap; a folded application is counted once per metric."""
+        vhost, app = where
+        key = (app, metric)
+        label = self._labels.get(key)
+        if label is None:
+            if len(self._labels) > MAX_LABEL_CACHE:
+                self._labels.clear()
+            label = self._labels[key] = self.cap.label(app, metric)
+        return vhost, label
+
+    # -- the open state, for a scrape ------------------------------------------------------------
+
+    def gauges(self, now_ns: int) -> dict[str, dict]:
+        """metric -> {label tuple: value} for the channels and connections open now."""
+        unacked: Counter = Counter()
+        oldest_unacked: dict = {}
+        unconfirmed: Counter = Counter()
+        oldest_unconfirmed: dict = {}
+        prefetch: dict = {}
+        consumers: Counter = Counter()
+        blocked: Counter = Counter()
+        for connection in open_connections(self.timelines):
+            where = self.where(connection.connection_id)
+            if connection.blocked_since_ns is not None:
+                blocked[self._folded(where, "ackscope_connection_blocked")] += 1
+            for ch in connection.channels:
+                if ch.unacked or ch.consumers:
+                    role = "consumer" if ch.consumers else "get"
+                    unacked[self._folded(where, "ackscope_unacked_deliveries") + (role,)] += ch.unacked
+                if ch.oldest_unacked_ts_ns is not None:
+                    key = self._folded(where, "ackscope_oldest_unacked_seconds")
+                    oldest_unacked[key] = max(oldest_unacked.get(key, 0.0), (now_ns - ch.oldest_unacked_ts_ns) / 1e9)
+                if ch.confirm_mode or ch.unconfirmed:
+                    unconfirmed[self._folded(where, "ackscope_unconfirmed_publishes")] += ch.unconfirmed
+                if ch.oldest_unconfirmed_ts_ns is not None:
+                    key = self._folded(where, "ackscope_oldest_unconfirmed_seconds")
+                    oldest_unconfirmed[key] = max(oldest_unconfirmed.get(key, 0.0),
+                                                  (now_ns - ch.oldest_unconfirmed_ts_ns) / 1e9)
+                if ch.consumers:
+                    consumers[self._folded(where, "ackscope_consumers")] += ch.consumers
+                    limits = [p for p in (ch.consumer_prefetch, ch.channel_prefetch) if p is not None]
+                    if limits:
+                        # 0 is unlimited: the lowest limit in force is the one that binds, unless unlimited.
+                        limit = min((p for p in limits if p), default=0)
+                        key = self._folded(where, "ackscope_prefetch_limit")
+                        prefetch[key] = min(prefetch.get(key, limit), limit) if limit else 0
+        return {
+            "ackscope_unacked_deliveries": dict(unacked),
+            "ackscope_oldest_unacked_seconds": oldest_unacked,
+            "ackscope_unconfirmed_publishes": dict(unconfirmed),
+            "ackscope_oldest_unconfirmed_seconds": oldest_unconfirmed,
+            "ackscope_prefetch_limit": prefetch,
+            "ackscope_consumers": dict(consumers),
+            "ackscope_connection_blocked": dict(blocked),
+        }
+
+    def folded_series(self) -> dict[str, int]:
+        return dict(self.cap.folded)

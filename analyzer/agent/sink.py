@@ -1,0 +1,177 @@
+"""Durable micro-batches: the agent's rows committed to the Delta lake once per flush interval.
+
+Each table keeps its own flush sequence; a flush is one commit per table, tagged with the Delta
+app transaction (`ackscope-agent-<agent id>`, sequence). The sequence starts after the last one
+the table holds for this agent, so a restart continues it; a commit whose outcome is unknown (it
+raised, but may have landed) is looked up by its transaction before it is tried again, so a
+retried flush adds nothing twice.
+
+A failing sink (disk full, permission denied, the store unreachable) never stops the capture:
+rows stay buffered up to `max_buffered_rows`, the oldest are dropped beyond that (counted per
+table), and the next flush tries again. Parquet files of a failed commit are never referenced;
+vacuum removes them after the retention period.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter
+
+import pyarrow as pa
+
+from .. import lake, schema
+from ..metric_names import FLUSH_FAILED
+from .live_state import Histogram
+
+TABLES = {"frames": schema.FRAMES, "connections": schema.CONNECTIONS}
+DEFAULT_MAX_BUFFERED_ROWS = 1_000_000
+FLUSH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+DEFAULT_RETENTION_HOURS = 1.0   # vacuum: longer than any flush, so no writer's uncommitted file goes
+log = logging.getLogger("ackscope.agent")
+
+
+def app_id_of(agent_id: str) -> str:
+    return f"ackscope-agent-{agent_id}"
+
+
+class _Table:
+    def __init__(self, name: str, table_schema: pa.Schema, sequence: int):
+        self.name, self.schema = name, table_schema
+        self.sequence = sequence        # the version of this table's next commit for this agent
+        self.buffered: list[pa.Table] = []
+        self.inflight: list[pa.Table] = []  # the rows of a commit that failed (it may have landed)
+        self.uncertain = False
+
+    def rows(self) -> int:
+        return sum(t.num_rows for t in self.buffered) + sum(t.num_rows for t in self.inflight)
+
+
+class LakeSink:
+    def __init__(self, lake_dir: str, agent_id: str, *, max_buffered_rows: int = DEFAULT_MAX_BUFFERED_ROWS,
+                 retention_hours: float = DEFAULT_RETENTION_HOURS):
+        self.lake_dir, self.agent_id = lake_dir, agent_id
+        self.app_id = app_id_of(agent_id)
+        self.max_buffered_rows = max_buffered_rows
+        self.retention_hours = retention_hours
+        self.lock = threading.Lock()
+        self.tables = {name: _Table(name, s, self._last_sequence(name) + 1) for name, s in TABLES.items()}
+        self.rows_dropped: Counter = Counter()
+        self.flushes: Counter = Counter()      # outcome -> flushes
+        self.flush_durations = Histogram(FLUSH_BUCKETS)
+        self.last_flush_ts: float | None = None
+        self.last_error: str | None = None
+        self.compactions = 0
+
+    def _last_sequence(self, name: str) -> int:
+        try:
+            table = lake.open_table(self.lake_dir, name)
+            return (table.transaction_version(self.app_id) or 0) if table is not None else 0
+        except Exception:  # an unreadable lake at start: begin at 1 and let the flushes report it
+            return 0
+
+    # -- rows in (decode loop's thread) ------------------------------------------------------------
+
+    def add(self, name: str, table: pa.Table | None) -> None:
+        if table is None or not table.num_rows:
+            return
+        with self.lock:
+            self.tables[name].buffered.append(table)
+            self._bound()
+
+    def buffered_rows(self) -> int:
+        with self.lock:
+            return sum(t.rows() for t in self.tables.values())
+
+    def _bound(self) -> None:
+        """Beyond the bound, the oldest batches go (frames before connections: a connection row is
+        one per connection, its loss costs more)."""
+        total = sum(t.rows() for t in self.tables.values())
+        for t in self.tables.values():
+            for batches in (t.inflight, t.buffered):
+                while total > self.max_buffered_rows and batches:
+                    dropped = batches.pop(0)
+                    total -= dropped.num_rows
+                    self.rows_dropped[t.name] += dropped.num_rows
+
+    # -- flushing (the sink's own thread) --------------------------------------------------------------
+
+    def flush(self, metadata: dict | None = None) -> bool:
+        """One commit per table with rows. True when every table's rows are committed."""
+        started = time.perf_counter()
+        ok = True
+        for t in self.tables.values():
+            try:
+                self._flush_table(t, metadata or {})
+            except Exception as exc:
+                ok = False
+                t.uncertain = True
+                self.last_error = f"{t.name}: {type(exc).__name__}: {exc}"
+                log.warning("flush of %s failed (rows kept, retried next flush): %s", t.name, self.last_error)
+        elapsed = time.perf_counter() - started
+        with self.lock:
+            self.flushes["ok" if ok else FLUSH_FAILED] += 1
+            self.flush_durations.observe(elapsed)
+            if ok:
+                self.last_flush_ts = time.time()
+                self.last_error = None
+        return ok
+
+    def _flush_table(self, t: _Table, metadata: dict) -> None:
+        if t.uncertain:
+            committed = self._last_sequence_or_raise(t.name)
+            with self.lock:
+                if committed >= t.sequence:  # the failed commit did land: its rows are in the table
+                    t.inflight = []
+                    t.sequence = committed + 1
+                t.uncertain = False
+        with self.lock:
+            t.inflight += t.buffered
+            t.buffered = []
+            batch = list(t.inflight)
+        if not batch:
+            return
+        writer = lake.TableWriter(self.lake_dir, t.name, t.schema)
+        writer.write(pa.concat_tables(batch).combine_chunks() if len(batch) > 1 else batch[0])
+        writer.commit(self.app_id, {"ackscope.agent_id": self.agent_id, **metadata}, version=t.sequence)
+        with self.lock:
+            # Rows dropped by the bound while writing were in this commit after all: not lost.
+            for dropped in batch:
+                if not any(dropped is kept for kept in t.inflight):
+                    self.rows_dropped[t.name] -= dropped.num_rows
+            t.inflight = []
+            t.sequence += 1
+
+    def _last_sequence_or_raise(self, name: str) -> int:
+        table = lake.open_table(self.lake_dir, name)
+        return (table.transaction_version(self.app_id) or 0) if table is not None else 0
+
+    # -- small files ---------------------------------------------------------------------------------
+
+    def compact(self) -> None:
+        """Merge small files, checkpoint the log and vacuum files older than the retention, table by
+        table; appends from this and other agents go on meanwhile (an append never conflicts with a
+        compaction; two agents compacting at once: one fails and tries again next time)."""
+        for name in self.tables:
+            try:
+                table = lake.open_table(self.lake_dir, name)
+                if table is None:
+                    continue
+                table.optimize.compact()
+                table = lake.open_table(self.lake_dir, name)
+                table.create_checkpoint()
+                table.vacuum(retention_hours=self.retention_hours, enforce_retention_duration=False,
+                             dry_run=False)
+                self.compactions += 1
+            except Exception as exc:
+                log.warning("compaction of %s failed (tried again later): %s: %s", name, type(exc).__name__, exc)
+
+    def flush_histogram(self) -> tuple[list, float]:
+        with self.lock:
+            return self.flush_durations.cumulative(), self.flush_durations.sum
+
+
+def lake_writable(lake_dir: str) -> bool:
+    return os.access(lake_dir, os.W_OK)

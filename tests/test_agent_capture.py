@@ -1,0 +1,150 @@
+"""The agent's capture side on loopback against the real RabbitMQ: bad input on the broker port,
+`--iface any` (Linux cooked v2) against `lo`, the rotating pcapng output, compaction while
+capturing, the metric catalog and the series cap."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+from collections import Counter
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from analyzer import lake, metric_names, schema
+from analyzer.ingest import ingest_file
+from tests.agent_support import AgentProcess, publish_confirmed, rows_of, wait_for
+
+TLS_CLIENT_HELLO = bytes.fromhex("16030100a5010000a10303") + os.urandom(32) + b"\x00" * 20
+
+
+def _send_and_close(payload: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", 5672), timeout=10) as s:
+        s.sendall(payload)
+        s.settimeout(2)
+        try:
+            while s.recv(65536):
+                pass
+        except (socket.timeout, ConnectionResetError):
+            pass
+
+
+def test_garbage_a_2gib_frame_claim_amqp_1_0_and_tls_are_counted_and_skipped(tmp_path):
+    lake_dir = str(tmp_path / "lake")
+    with AgentProcess(lake_dir, agent_id="bad-input", flush_interval=0.3) as agent:
+        _send_and_close(b"AMQP\x00\x01\x00\x00")                      # AMQP 1.0
+        _send_and_close(TLS_CLIENT_HELLO)                              # TLS on the plain port
+        _send_and_close(b"\x00\xff\x13garbage" * 100)                  # not a protocol at all
+        _send_and_close(b"AMQP\x00\x00\x09\x01" + struct.pack("!BHI", 1, 0, 0x80000000) + b"\x00" * 64)  # 2 GiB claim
+        publish_confirmed("agent-test-after-garbage", 10)  # decoding goes on for everyone else
+        assert wait_for(lambda: agent.value("ackscope_agent_unsupported_flows_total", protocol="tls") == 1)
+        assert agent.value("ackscope_agent_unsupported_flows_total", protocol="amqp-1.0") == 1
+        assert agent.value("ackscope_agent_decode_errors_total") >= 1  # the 2 GiB frame header
+        assert agent.status("/healthz") == 200
+        report = agent.stop()
+    assert report["unsupported_protocols"]["tls"] == 1 and report["unsupported_flows"] >= 3
+    assert any("frame" in error for error in report["errors"])
+    methods = Counter(r["method"] for r in rows_of(lake_dir, "agent-test-after-garbage"))
+    assert methods["basic.publish"] == 10 and methods["basic.ack"] == 10
+
+
+def test_iface_any_sees_loopback_once_like_lo_and_the_pcapng_output_ingests_to_the_same_rows(tmp_path):
+    pcap_dir, rotated_dir = tmp_path / "pcap", tmp_path / "rotated"
+    on_lo = AgentProcess(str(tmp_path / "lo"), agent_id="on-lo", extra=("--pcap-out", str(pcap_dir)))
+    on_any = AgentProcess(str(tmp_path / "any"), agent_id="on-any", iface="any")
+    rotating = AgentProcess(str(tmp_path / "rot"), agent_id="rot",
+                            extra=("--pcap-out", str(rotated_dir), "--rotate-size", "0.004", "--rotate-keep", "2"))
+    agents = [on_lo, on_any, rotating]
+    try:
+        for agent in agents:
+            agent.start()
+        publish_confirmed("agent-test-any", 60)
+        time.sleep(1.0)  # the TCP teardown's last packets (a late RST) reach every agent before the first stops
+        reports = [agent.stop() for agent in agents]
+    finally:
+        for agent in agents:
+            agent.__exit__()
+
+    def methods(lake_dir):
+        return Counter(r["method"] for r in rows_of(lake_dir, "agent-test-any"))
+
+    from_lo, from_any = methods(str(tmp_path / "lo")), methods(str(tmp_path / "any"))
+    assert from_lo["basic.publish"] == 60 and from_lo["basic.ack"] == 60
+    assert from_any == from_lo  # each loopback packet once, through the cooked (SLL2) framing
+    (pcap_file,) = reports[0]["pcap_files"]
+    reingested = str(tmp_path / "reingested")
+    assert not ingest_file(pcap_file, reingested).errors
+    assert methods(reingested) == from_lo
+    assert sorted(os.listdir(rotated_dir)) == sorted(os.path.basename(p) for p in reports[2]["pcap_files"])
+    assert len(os.listdir(rotated_dir)) == 2  # rotated many times, the newest two kept
+    for path in reports[2]["pcap_files"]:
+        assert not ingest_file(path, str(tmp_path / "rot-check")).unreadable
+
+
+def test_compaction_checkpoint_and_vacuum_run_while_capturing_and_the_tables_still_read_whole(tmp_path):
+    lake_dir = str(tmp_path / "lake")
+    with AgentProcess(lake_dir, agent_id="compact", flush_interval=0.2,
+                      extra=("--compact-interval", "1", "--retention-hours", "0")) as agent:
+        for burst in range(4):
+            publish_confirmed(f"agent-test-compact-{burst}", 15)
+            time.sleep(0.5)
+        assert wait_for(lambda: any(h.get("operation") == "OPTIMIZE"
+                                    for h in lake.open_table(lake_dir, "frames").history()), timeout=30)
+        publish_confirmed("agent-test-compact-after", 15)  # capture and flushes go on after compactions
+        agent.stop()
+    log = os.listdir(os.path.join(lake_dir, "frames", "_delta_log"))
+    assert any(name.endswith(".checkpoint.parquet") for name in log)
+    for name in [f"agent-test-compact-{b}" for b in range(4)] + ["agent-test-compact-after"]:
+        methods = Counter(r["method"] for r in rows_of(lake_dir, name))
+        assert methods["basic.publish"] == 15 and methods["basic.ack"] == 15, name
+
+
+def test_metrics_follow_the_catalog_and_the_series_cap_folds_into_other(tmp_path):
+    with AgentProcess(str(tmp_path / "lake"), agent_id="catalog", extra=("--max-applications", "1")) as agent:
+        first = publish_confirmed("agent-test-cap-first", 3, close=False)
+        channel = first.channel()
+        queue = channel.queue_declare("", exclusive=True).method.queue
+        channel.basic_consume(queue, lambda *a: None, auto_ack=False)
+        second = publish_confirmed("agent-test-cap-second", 3, queue=queue, close=False)
+        first.process_data_events(time_limit=0.5)
+        assert wait_for(lambda: agent.value("ackscope_unacked_deliveries") >= 3)
+        text = agent.get("/metrics")
+        first.close()
+        second.close()
+        agent.stop()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name, family in families.items():
+        metric = metric_names.BY_NAME.get(name) or metric_names.BY_NAME.get(name + "_total")
+        assert metric is not None and metric.source == metric_names.AGENT, name
+        assert family.type == metric.type, name
+        for sample in family.samples:
+            assert set(sample.labels) - {"le"} == set(metric.labels), (name, sample.labels)
+    applications = {s.labels.get("application") for f in families.values() for s in f.samples}
+    assert "other" in applications and "agent-test-cap-second" not in applications
+    folded = families["ackscope_series_folded"].samples
+    assert sum(s.value for s in folded if s.name == "ackscope_series_folded_total") >= 1
+
+
+def test_full_size_loopback_segments_are_captured_whole(tmp_path):
+    """Loopback carries 65,535-byte IP packets (plus 14 bytes of Ethernet header): large messages
+    fill them. A filter compiled with a 65,535-byte snap length would cut each one short."""
+    import pika
+
+    from tests.lab.clients import pika_connection
+    lake_dir = str(tmp_path / "lake")
+    with AgentProcess(lake_dir, agent_id="big") as agent:
+        connection = pika_connection("agent-test-big-messages")
+        channel = connection.channel()
+        channel.confirm_delivery()
+        queue = channel.queue_declare("", exclusive=True).method.queue
+        for number in range(5):
+            channel.basic_publish("", queue, os.urandom(300_000), pika.BasicProperties(message_id=f"big-{number}"))
+        connection.close()
+        time.sleep(0.5)
+        report = agent.stop()
+    assert report["gaps"] == 0
+    frames = lake.read_table(lake_dir, "frames", schema.FRAMES,
+                             ["method", "body_size", "content_complete", "message_id"]).to_pylist()
+    big = [f for f in frames if f["method"] == "basic.publish" and (f["message_id"] or "").startswith("big-")]
+    assert [(f["body_size"], f["content_complete"]) for f in big] == [(300_000, True)] * 5

@@ -1,0 +1,98 @@
+"""The agent's continuous decode (sans-IO, plain segments): rows reach the state machine in order even
+when a message's body arrives after later frames, a lost packet becomes a capture gap and no false
+finding, and ended connections leave the agent's memory."""
+
+from __future__ import annotations
+
+from pamqp import commands
+
+from analyzer.agent.decoder import LiveDecoder
+from analyzer.agent.live_state import LiveState
+from analyzer.labels import ApplicationCap
+from analyzer.packets import LINKTYPE_ETHERNET
+from analyzer.timeline.live import open_connections
+from tests.wire import Conversation, content, handshake, method
+
+NOW = 1_700_000_000_000_000_000
+
+
+class Live:
+    """A LiveDecoder and LiveState fed segments directly, with a fixed clock."""
+
+    def __init__(self, idle_timeout_s: float = 600.0):
+        self.now = NOW
+        self.decoder = LiveDecoder(source="test", agent_id="t", broker_ports=(5672,), linktype=LINKTYPE_ETHERNET,
+                                   idle_timeout_s=idle_timeout_s, clock=lambda: self.now)
+        self.state = LiveState(ApplicationCap())
+        self.number = 0
+
+    def feed(self, segments) -> None:
+        for seg in segments:
+            self.number += 1
+            self.now += 1000
+            self.decoder.flows.packet(self.number, self.now, seg)
+
+    def tick(self, end_all: bool = False):
+        frames, rows, connection_rows, ended = self.decoder.take(end_all=end_all)
+        self.state.feed(rows, ended, self.decoder.connection_facts())
+        return frames, rows, connection_rows
+
+    def channels(self) -> dict:
+        return {ch.channel: ch for conn in open_connections(self.state.timelines) for ch in conn.channels}
+
+
+def _confirming_consumer(conv: Conversation) -> list:
+    return conv.open() + conv.script(handshake(name="ordering") + [
+        (0, method(commands.Confirm.Select())), (1, method(commands.Confirm.SelectOk())),
+        (0, method(commands.Channel.Open(), 2)), (1, method(commands.Channel.OpenOk(), 2)),
+        (0, method(commands.Basic.Consume(queue="q", consumer_tag="c"), 2)),
+        (1, method(commands.Basic.ConsumeOk("c"), 2))])
+
+
+def test_rows_after_a_message_still_arriving_wait_for_it():
+    live, conv = Live(), Conversation()
+    live.feed(_confirming_consumer(conv))
+    live.tick()
+    publish = content(commands.Basic.Publish(exchange="", routing_key="q"), b"payload")
+    cut = len(publish) - 3  # the method and header now, the body's last bytes later
+    live.feed(conv.send(0, publish[:cut]))
+    live.feed(conv.send(1, content(commands.Basic.Deliver("c", 1, False, "", "q"), b"m", channel=2)))
+    _, rows, _ = live.tick()
+    assert [r["method"] for r in rows if r["channel"] == 2] == []  # the deliver waits behind the publish
+    live.feed(conv.send(0, publish[cut:]))
+    _, rows, _ = live.tick()
+    assert [r["method"] for r in rows] == ["basic.publish", "basic.deliver"]
+    assert live.state.timeline_errors == 0
+    channels = live.channels()
+    assert (channels[1].unconfirmed, channels[2].unacked) == (1, 1)
+
+
+def test_a_lost_packet_becomes_a_gap_and_no_lost_confirm():
+    live, conv = Live(), Conversation()
+    live.feed(_confirming_consumer(conv))
+    live.feed(conv.send(0, b"".join(content(commands.Basic.Publish(exchange="", routing_key="q"), b"m%d" % n)
+                                    for n in range(3))))
+    conv.send(1, method(commands.Basic.Ack(delivery_tag=3, multiple=True)))  # dropped by the kernel
+    live.feed([conv.ack(0)])      # the client acknowledges bytes the agent never saw
+    live.feed([conv.fin(0), conv.fin(1)])
+    live.tick()
+    live.tick(end_all=True)
+    live.state.end_of_data()
+    assert live.decoder.gaps() == 1
+    assert not live.state.counters["ackscope_lost_confirms_total"]  # unknown, not lost
+
+
+def test_ended_and_idle_connections_leave_memory():
+    live = Live(idle_timeout_s=5)
+    quiet, closed = Conversation(client=(bytes([10, 0, 0, 7]), 40001)), Conversation()
+    live.feed(_confirming_consumer(quiet) + _confirming_consumer(closed))
+    live.feed([closed.fin(0), closed.fin(1)])
+    _, _, ended = live.tick()
+    assert [row["ended_by"] for row in ended] == ["tcp.fin"]
+    live.now += 6 * 10**9
+    _, _, ended = live.tick()
+    assert [row["ended_by"] for row in ended] == ["idle-timeout"]
+    live.now += 60 * 10**9  # past the linger
+    live.tick()
+    assert live.decoder.flows.connections == [] and live.decoder.flows.flows == {}
+    assert live.state.timelines.connections == {} and live.decoder.rows.connections == []
