@@ -4,8 +4,8 @@ analysis (pushed), live state from the agents (scraped); the heavy queries are r
 from __future__ import annotations
 
 from . import advice
-from .panels import (ANY_IS_BAD, COUNT, PER_SECOND, SECONDS, bars_panel, instant, query, stat_panel,
-                     thresholds, timeseries_panel)
+from .panels import (COUNT, PER_SECOND, SECONDS, bars_panel, coloured_by_severity, instant, query, stat_panel,
+                     thresholds, timeseries_panel, yes_no)
 from .layout import assemble, new_dashboard
 
 UID = "ackscope-overview"
@@ -54,18 +54,18 @@ def analysis_freshness():
 
 
 def analysis_failed():
-    return stat_panel(
+    return yes_no(stat_panel(
         "Last analysis failed", "1 when the last run of the scheduled analysis failed (it pushes this "
         "before exiting), 0 when it succeeded. The findings shown are then those of the last good run; "
         "the job's own output says why it failed.",
-        COUNT, instant("max by (job, lake) (ackscope_analysis_failures)", "{{lake}}"))
+        COUNT, instant("max by (job, lake) (ackscope_analysis_failures)", "{{lake}}")), yes="failed", no="no")
 
 
 def findings_by_kind():
-    return bars_panel(
+    return coloured_by_severity(bars_panel(
         "Findings by kind and severity", "Findings in the latest analysis, by kind and severity.\n\n"
         + advice.findings_table() + "\n\n" + advice.EVIDENCE,
-        COUNT, instant("sort_desc(ackscope:findings:sum)", "{{severity}}: {{kind}}"), width=24)
+        COUNT, instant("sort_desc(ackscope:findings:sum)", "{{severity}}: {{kind}}"), width=24))
 
 
 def unacked_deliveries():
