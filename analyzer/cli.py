@@ -225,7 +225,7 @@ def sample_captures() -> list[str]:
 
 def run_analyze(args) -> int:
     from spark_jobs.analyze import analyze, render_report
-    from spark_jobs.session import get_spark
+    from spark_jobs.session import get_spark, spark_log_path
     from spark_jobs.thresholds import Thresholds
 
     from .findings import read_findings, render_findings
@@ -254,9 +254,10 @@ def run_analyze(args) -> int:
     try:
         report = analyze(spark, args.lake, since=args.since, until=args.until, delta_mode=args.delta_mode,
                          thresholds=thresholds, bucket_seconds=args.bucket_seconds,
-                         overdue_ns=int(args.overdue_seconds * 1e9), full=args.full)
+                         overdue_ns=int(args.overdue_seconds * 1e9), full=args.full, progress=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - the job's own failure, reported once, with its cause
-        print(f"ackscope analyze: the analysis of {args.lake} failed: {exc}", file=sys.stderr)
+        print(f"ackscope analyze: the analysis of {args.lake} failed: {exc}\n"
+              f"  Spark's log: {spark_log_path()}", file=sys.stderr)
         return EXIT_ANALYSIS_FAILED
     finally:
         spark.stop()

@@ -9,7 +9,10 @@ columns (analyzer.timeline.INPUT_COLUMNS), so the analysis can be read against t
 - sort: shuffle by connection, sort by (connection, channel, seq), write nothing;
 - window: one running value over (connection, channel) in blocks of seq, as timeline/blocks.py
   computes every running value, twice (the second run with the JIT warm);
-- write: the sorted input written as Parquet (the outputs are about as many rows as the input).
+- write: the sorted input written as Parquet (the outputs are about as many rows as the input);
+- arrow pass: the shape of the analysis' one pass (spark_jobs/connection_pass.py) with nothing in
+  it: shuffle by connection, sort by (connection, seq), hand every frame to Python through Arrow as
+  a row (the dicts the state machine reads) and count them.
 
     .venv/bin/python bench/spark_floor.py LAKE [--master local[1]] [--driver-memory 2g] [--json]
 """
@@ -39,12 +42,27 @@ def passes(frames, scratch: str) -> dict:
     block = Window.partitionBy("connection_id", "channel", seq_block()).orderBy("seq") \
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     windowed = frames.select("*", F.last("delivery_tag", ignorenulls=True).over(block).alias("last_tag"))
+    def arrow_pass():
+        import pyarrow as pa
+
+        def count_rows(batches):
+            rows = 0
+            for batch in batches:
+                rows += len(batch.to_pylist())
+            yield pa.RecordBatch.from_pydict({"rows": [rows]})
+
+        shaped = (frames.repartition(int(frames.sparkSession.conf.get("spark.sql.shuffle.partitions")),
+                                     "connection_id")
+                  .sortWithinPartitions("connection_id", "seq").mapInArrow(count_rows, "rows long"))
+        return shaped.agg(F.sum("rows")).first()[0]
+
     steps = {
         "scan": lambda: noop(frames),
         "sort": lambda: noop(by_channel(frames)),
         "window": lambda: noop(windowed),
         "window, warm": lambda: noop(windowed),
         "write": lambda: by_channel(frames).write.mode("overwrite").parquet(os.path.join(scratch, "sorted")),
+        "arrow pass": arrow_pass,
     }
     seconds = {}
     for name, step in steps.items():

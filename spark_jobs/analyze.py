@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import Counter
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import TextIO
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -34,9 +35,10 @@ from .detectors import detect
 from .detectors.scoped import rescoped_findings
 from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, plan_run, thresholds_json
 from .session import delta_mode as resolve_delta_mode
+from .steps import Steps
 from .thresholds import Thresholds
-from .timeline import materialised, routed_timelines
-from .timeline.carried import STATE_TABLE, checkpoints
+from .connection_pass import STATE_TABLE, connection_pass, pass_rows
+from .timeline.plans import materialised
 from .timeline.tables import TIMELINE_TABLES
 
 OUTPUT_TABLES = {**TIMELINE_TABLES, "channel_metrics": schema.CHANNEL_METRICS, "findings": schema.FINDINGS}
@@ -55,11 +57,12 @@ class AnalysisReport:
     connections: int = 0                # connections analysed by this run
     carried_connections: int = 0        # of those, carried on from their checkpoint (only their new frames read)
     carried_records: int = 0            # records their checkpoints held (open items, the boundary bucket's)
-    reference_connections: int = 0      # analysed whole and replayed by the reference model (gaps, mid-stream, tx, ...)
     rows: dict = field(default_factory=dict)   # rows written per table (per-connection tables: for those connections)
     findings_by_kind: dict = field(default_factory=dict)   # the whole findings table after the run
     findings_by_severity: dict = field(default_factory=dict)
     seconds: float = 0.0
+    seconds_by_step: dict = field(default_factory=dict)
+    spark_jobs: int = 0                 # Spark jobs the run started
 
     def as_json(self) -> dict:
         return dict(self.__dict__)
@@ -76,6 +79,7 @@ class _Run:
     connections: DataFrame
     bucket_seconds: int
     overdue_ns: int
+    steps: Steps
 
     @property
     def bucket_ns(self) -> int:
@@ -100,32 +104,38 @@ class _Run:
 
 def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str | None = None,
             delta_mode: str = "auto", thresholds: Thresholds | None = None, bucket_seconds: int = 10,
-            overdue_ns: int = DEFAULT_OVERDUE_NS, full: bool = False) -> AnalysisReport:
+            overdue_ns: int = DEFAULT_OVERDUE_NS, full: bool = False,
+            progress: TextIO | None = None) -> AnalysisReport:
     """One run: plan its scope (run_scope.py); carry the connections with new frames on from their
     checkpoints, or analyse them whole where that cannot be done exactly; patch or replace their
-    rows; then the findings they can change (all of them on a full run or new thresholds)."""
+    rows; then the findings they can change (all of them on a full run or new thresholds).
+    `progress`: where one line per step goes (the command line: stderr)."""
     started, started_ts = time.monotonic(), datetime.now(timezone.utc)
+    steps = Steps(spark, progress)
     thresholds = thresholds if thresholds is not None else Thresholds()
-    mode = resolve_delta_mode(spark, delta_mode)
-    plan = plan_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds, [*OUTPUT_TABLES, STATE_TABLE])
+    with steps.step("plan"):
+        mode = resolve_delta_mode(spark, delta_mode)
+        plan = plan_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds,
+                        [*OUTPUT_TABLES, STATE_TABLE])
+        all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
+        connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)
+        keys = None if plan.scope == FULL else _connections_in_scope(spark, lake, plan, mode)
     report = AnalysisReport(lake=lake, delta_mode=mode, scope=plan.scope, reason=plan.reason,
                             frames_version=plan.frames_version)
-    all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
-    connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)
-    keys = None if plan.scope == FULL else _connections_in_scope(spark, lake, plan, mode)
-    run = _Run(spark, lake, mode, plan, keys, connections, bucket_seconds, overdue_ns)
+    run = _Run(spark, lake, mode, plan, keys, connections, bucket_seconds, overdue_ns, steps)
     if keys == [] and not plan.findings_stale:
         report.reason += "; nothing to analyse"
         _count_findings(lake, report)
         if plan.new_files or plan.scope != NEW_DATA:
             _log_run(lake, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
-        return _finished(report, started)
+        return _finished(report, started, steps)
 
     tables = _per_connection_tables(run, all_frames, report) if keys != [] else {}
-    _refresh_findings(run, tables, all_frames, thresholds)
-    report.rows["findings"] = _count_findings(lake, report)
+    with steps.step("findings"):
+        _refresh_findings(run, tables, all_frames, thresholds)
+        report.rows["findings"] = _count_findings(lake, report)
     _log_run(lake, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
-    return _finished(report, started)
+    return _finished(report, started, steps)
 
 
 def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisReport) -> dict[str, DataFrame]:
@@ -135,22 +145,31 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     full run computed (the findings read them), else nothing."""
     carried = None
     if run.plan.scope == NEW_DATA:
-        carried = carry_on_connections(run.spark, run.lake, run.plan.new_files, run.keys, run.mode,
-                                       run.bucket_ns, run.bucket_seconds, run.overdue_ns,
-                                       run.plan.frames_version)
-        _report_carried(carried, report)
+        with run.steps.step("carry on from checkpoints"):
+            carried = carry_on_connections(run.spark, run.lake, run.plan.new_files, run.keys, run.mode,
+                                           run.bucket_ns, run.bucket_seconds, run.overdue_ns,
+                                           run.plan.frames_version)
+            _report_carried(carried, report)
     whole_keys = run.keys if carried is None else carried.whole_keys
     outputs = {name: [] for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
     tables = {}
     if whole_keys is None or whole_keys:
-        frames = all_frames if whole_keys is None else run.frames_of(whole_keys)
-        tables = _analysed_whole(run, frames, report)
+        with run.steps.step("timelines"):
+            frames = all_frames if whole_keys is None else run.frames_of(whole_keys)
+            tables = _analysed_whole(run, frames, report)
         for name in outputs:
             outputs[name].append(tables[name])
     if carried is not None:
         for name in outputs:
             outputs[name].append(carried.tables[name])
     analysed_whole = [Match(run.ids(whole_keys), ("connection_id",))] if whole_keys else []
+    with run.steps.step("write tables"):
+        _write_tables(run, outputs, analysed_whole, carried, report)
+    return tables if run.keys is None else {}
+
+
+def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carried | None,
+                  report: AnalysisReport) -> None:
     for name, parts in outputs.items():
         rows = parts[0]
         for part in parts[1:]:
@@ -163,7 +182,6 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
             replace_matching(rows, run.lake, name, table_schema, matches, delta_mode=run.mode)
         if name != STATE_TABLE:
             report.rows[name] = rows.count()
-    return tables if run.keys is None else {}
 
 
 def _report_carried(carried: Carried, report: AnalysisReport) -> None:
@@ -175,18 +193,16 @@ def _report_carried(carried: Carried, report: AnalysisReport) -> None:
 
 
 def _analysed_whole(run: _Run, frames: DataFrame, report: AnalysisReport) -> dict[str, DataFrame]:
-    """The per-connection tables and checkpoints of these connections from all their frames."""
-    timelines, irregular = routed_timelines(frames, run.overdue_ns)
-    # Every output reads the timelines again: compute them once.
-    tables = {name: materialised(df) for name, df in timelines.items()}
+    """The per-connection tables and checkpoints of these connections, from all their frames, in
+    one pass of the reference state machine (connection_pass.py)."""
+    wide = materialised(connection_pass(frames, run.bucket_ns, run.overdue_ns, run.plan.frames_version))
+    tables = {name: pass_rows(wide, name) for name in [*TIMELINE_TABLES, STATE_TABLE]}
     tables["channel_metrics"] = materialised(channel_metrics(tables["deliveries"], tables["publishes"],
                                                           tables["channels"], run.bucket_seconds))
-    tables[STATE_TABLE] = materialised(checkpoints(frames, run.bucket_ns, run.overdue_ns,
-                                                   run.plan.frames_version))
-    report.reference_connections = irregular.count()
-    counted = frames.agg(F.count(F.lit(1)).alias("frames"), F.countDistinct("connection_id").alias("ids")).first()
-    report.frames += counted["frames"]
-    report.connections += counted["ids"]
+    tally = pass_rows(wide, "tally").agg(F.coalesce(F.sum("frames"), F.lit(0)).alias("frames"),
+                                         F.count(F.lit(1)).alias("ids")).first()
+    report.frames += tally["frames"]
+    report.connections += tally["ids"]
     return tables
 
 
@@ -239,15 +255,15 @@ def _count_findings(lake: str, report: AnalysisReport) -> int:
     return stored.num_rows
 
 
-def _finished(report: AnalysisReport, started: float) -> AnalysisReport:
+def _finished(report: AnalysisReport, started: float, steps: Steps) -> AnalysisReport:
     report.seconds = round(time.monotonic() - started, 2)
+    report.seconds_by_step, report.spark_jobs = steps.seconds, steps.spark_jobs()
     return report
 
 
 def render_report(report: AnalysisReport) -> str:
     lines = [f"analysed {report.frames:,} frame rows of {report.connections} connection(s) in {report.lake} "
-             f"({report.delta_mode} Delta access, {report.seconds:.1f}s; "
-             f"{report.reference_connections} connection(s) through the reference model)",
+             f"({report.delta_mode} Delta access, {report.seconds:.1f}s, {report.spark_jobs} Spark jobs)",
              f"  carried on from checkpoints: {report.carried_connections} connection(s), only their new frames read "
              f"({report.carried_records:,} open or boundary records carried)",
              f"  scope: {report.scope} ({report.reason}); frames version {report.frames_version}"]

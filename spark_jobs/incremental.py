@@ -29,10 +29,12 @@ from analyzer.timeline import INPUT_COLUMNS
 
 from .channel_metrics import channel_metrics
 from .delta_io import Match, read_delta, read_files
-from .timeline.carried import METRICS, STALE, STATE_TABLE, WRITE, carried_rows, carry_on
-from .timeline.incarnations import INCARNATION
+from .connection_pass import STATE_TABLE
+from .timeline.carried import METRICS, STALE, WRITE, carried_rows, carry_on
 from .timeline.plans import materialised
 from .timeline.tables import TIMELINE_TABLES
+
+INCARNATION = ["connection_id", "channel", "incarnation"]
 
 
 @dataclass

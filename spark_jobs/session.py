@@ -9,7 +9,9 @@ anywhere, including air-gapped sites and the build machines (see DESIGN.md, "Del
 import os
 import re
 import sys
+import tempfile
 from importlib.metadata import version
+from pathlib import Path
 
 from py4j.protocol import Py4JJavaError
 from pyspark import SparkConf
@@ -45,6 +47,16 @@ _SESSION_CONF = {
 }
 
 
+LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
+
+
+def spark_log_path() -> str:
+    """Where the driver Spark starts here writes its log (ACKSCOPE_SPARK_LOG, else a file per user
+    in the temporary folder): error messages point there."""
+    return os.environ.get("ACKSCOPE_SPARK_LOG") or os.path.join(tempfile.gettempdir(),
+                                                                 f"ackscope-spark-{os.getuid()}.log")
+
+
 class NativeDeltaUnavailable(RuntimeError):
     """`--delta-mode native` was asked for, but this Spark cannot run delta-spark."""
 
@@ -65,6 +77,10 @@ def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memor
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if driver_memory:
         conf.set("spark.driver.memory", driver_memory)
+    # Spark's log lines go to a file, not the terminal (counts only if this call starts the driver).
+    java_options = conf.get("spark.driver.extraJavaOptions", "")
+    conf.set("spark.driver.extraJavaOptions", f"{java_options} -Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} "
+                                              f"-Dackscope.spark.log={spark_log_path()}".strip())
     if _delta_jars_in_driver(conf):
         conf.set("spark.sql.extensions", DELTA_EXTENSION).set("spark.sql.catalog.spark_catalog", DELTA_CATALOG)
     spark = SparkSession.builder.config(conf=conf).getOrCreate()

@@ -18,29 +18,23 @@ The checkpoint is exact only if the new frames continue the old ones and nothing
 in a bucket before the boundary; `continue_connection` checks both and otherwise says why
 (`fallback`): the caller then analyses the connection whole, as a first run would.
 
-A checkpoint is stored as bytes (pickle, read back by an unpickler that builds only this package's
-state classes and plain containers, so a lake's bytes cannot run code) tagged with `FORMAT`, a
-digest of the state machine's source: a checkpoint written by other code is not resumed.
+A checkpoint is stored as data (state.py: JSON of plain values, read back into fresh state objects
+only, versioned): a checkpoint of another version, damaged or forged, is refused with the reason
+and its connection analysed whole.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import pickle
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from . import records as r
+from . import state
 from .connection import ConnectionTimeline
+from .state import FORMAT, StateError
 
-_HERE = Path(__file__).parent
-FORMAT = hashlib.sha256(b"".join((_HERE / f"{name}.py").read_bytes() for name in
-                                 ("records", "consumer", "publisher", "channel", "connection", "carry"))).hexdigest()[:16]
 # In build mode (no rows to write) the records kept for the boundary are pruned this often.
 PRUNE_EVERY_ROWS = 1 << 16
-_SAFE_BUILTINS = {"set", "frozenset", "dict", "list", "tuple", "bytes", "bytearray", "int", "str", "bool", "float"}
 
 
 @dataclass
@@ -132,6 +126,56 @@ def continue_connection(checkpoint: Checkpoint | None, rows: Iterable[Mapping], 
                      checkpoint=Checkpoint(state, tuple(provisional), kept, next_boundary))
 
 
+class WholeConnection:
+    """A connection analysed from its first frame, streamed: every record goes to `out` as it becomes
+    final (and the open ones at the end), exactly what `replay` gives, while only what the next
+    run's checkpoint needs is kept (the boundary records, pruned as the frames go by). What the
+    Spark pass runs for each connection it analyses whole.
+
+    `finish()` ends the data and returns the checkpoint the next run carries on from, or None with
+    `no_checkpoint` saying why: the connection ended (closed, FIN/RST: new frames of it are analysed
+    whole again), or its frame times went back past records already dropped."""
+
+    def __init__(self, connection_id: str, agent_id: str | None, out, bucket_ns: int,
+                 overdue_ns: int = r.DEFAULT_OVERDUE_NS):
+        self.out, self.bucket_ns = out, bucket_ns
+        self.kept: list = []
+        self.timeline = ConnectionTimeline(connection_id, agent_id, self._emit, overdue_ns)
+        self.rows = 0
+        self.pruned_to: int | None = None
+        self.no_checkpoint: str | None = None
+
+    def _emit(self, record) -> None:
+        self.out(record)
+        self.kept.append(record)
+
+    def feed(self, row: Mapping) -> None:
+        self.timeline.feed(row)
+        self.rows += 1
+        if self.rows % PRUNE_EVERY_ROWS == 0:
+            self.pruned_to = bucket_start(self.timeline.last_ts_ns, self.bucket_ns)
+            self.kept = _boundary_records(self.kept, self.pruned_to)
+
+    def finish(self) -> Checkpoint | None:
+        state = self.timeline
+        if state.closed is not None or state.transport_end is not None:
+            state.end()  # its records are final: nothing to carry
+            self.no_checkpoint = "ended"
+            return None
+        state = _detached(state)
+        provisional = _ended_copy(state)
+        for record in provisional:
+            self.out(record)
+        boundary_ns = bucket_start(state.last_ts_ns, self.bucket_ns)
+        if self.pruned_to is not None and boundary_ns < self.pruned_to:
+            self.no_checkpoint = "frame times went back past records already dropped"
+            return None
+        live = {(x.channel, x.incarnation) for x in provisional if isinstance(x, r.ChannelFacts)}
+        kept = tuple(x for x in _boundary_records(_newest(self.kept + provisional), boundary_ns)
+                     if (x.channel, x.incarnation) in live)
+        return Checkpoint(state, tuple(provisional), kept, boundary_ns)
+
+
 # -- what the stored rows need -----------------------------------------------------------------------
 
 def _key(record) -> tuple:
@@ -211,6 +255,9 @@ def _boundary_records(records: list, boundary_ns: int) -> list:
 
 # -- the state as bytes ---------------------------------------------------------------------------------
 
+_CHECKPOINT_KEYS = ("timeline", "provisional", "boundary", "boundary_ns")
+
+
 def _detached(timeline: ConnectionTimeline) -> ConnectionTimeline:
     timeline.emit = None
     return timeline
@@ -218,7 +265,7 @@ def _detached(timeline: ConnectionTimeline) -> ConnectionTimeline:
 
 def _ended_copy(timeline: ConnectionTimeline) -> list:
     """The records the data ending now would give, from a copy: the state itself goes on."""
-    copy = pickle.loads(pickle.dumps(timeline, protocol=pickle.HIGHEST_PROTOCOL))
+    copy = state.loads(state.dumps({"timeline": timeline}), ("timeline",))["timeline"]
     out: list = []
     copy.emit = out.append
     copy.end()
@@ -226,24 +273,18 @@ def _ended_copy(timeline: ConnectionTimeline) -> list:
 
 
 def dump(checkpoint: Checkpoint) -> bytes:
-    return pickle.dumps(checkpoint, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-class _StateUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        if module == "builtins" and name in _SAFE_BUILTINS:
-            return super().find_class(module, name)
-        # Only classes defined in this package, by plain name: a module's other attributes (its
-        # imports, its functions) or a dotted name ("pickle.loads") would let a lake's bytes run code.
-        if module.startswith(__package__ + ".") and "." not in name:
-            found = super().find_class(module, name)
-            if isinstance(found, type) and found.__module__ == module:
-                return found
-        raise pickle.UnpicklingError(f"a checkpoint may not name {module}.{name}")
+    return state.dumps({key: getattr(checkpoint, key) for key in _CHECKPOINT_KEYS})
 
 
 def load(data: bytes) -> Checkpoint:
-    checkpoint = _StateUnpickler(io.BytesIO(data)).load()
-    if not isinstance(checkpoint, Checkpoint):
-        raise pickle.UnpicklingError(f"not a checkpoint: {type(checkpoint).__name__}")
-    return checkpoint
+    """The checkpoint `dump` wrote; StateError (with the reason) for anything else."""
+    parts = state.loads(data, _CHECKPOINT_KEYS)
+    records = (r.Delivery, r.Publish, r.ChannelFacts, r.Violation)
+    if not isinstance(parts["timeline"], ConnectionTimeline):
+        raise StateError("checkpoint timeline is not a connection's state")
+    for key in ("provisional", "boundary"):
+        if not (isinstance(parts[key], tuple) and all(isinstance(x, records) for x in parts[key])):
+            raise StateError(f"checkpoint {key} is not a tuple of records")
+    if type(parts["boundary_ns"]) is not int:
+        raise StateError("checkpoint boundary_ns is not an integer")
+    return Checkpoint(**parts)

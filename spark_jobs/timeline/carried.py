@@ -8,31 +8,26 @@ the boundary bucket on (role `metrics`), the incarnations whose metrics are reco
 (`touched`), the next checkpoint (`state`), or why the connection must be analysed whole instead
 (`fallback`).
 
-Runs that analyse connections whole (the first, `--full`, `--since`, fallbacks) build the
-checkpoints with `checkpoints`: the reference model replays the connections still open at the end
-of the data once (a connection that closed or saw FIN/RST gets a row without one: new frames of it
-are analysed whole again).
+Runs that analyse connections whole (the first, `--full`, `--since`, fallbacks) get their
+checkpoints from the same pass that writes their tables (connection_pass.py).
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from analyzer import schema
-from analyzer.rows import dicts_to_table
 from analyzer.timeline import INPUT_COLUMNS
-from analyzer.timeline.carry import FORMAT, Checkpoint, continue_connection, dump, load
-from analyzer.timeline.connection import CONNECTION_ENDS, TRANSPORT_ENDS
+from analyzer.timeline.carry import FORMAT, StateError, continue_connection, load
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
+from ..connection_pass import STATE_TABLE, state_row, states_table
 from ..types import spark_schema
 from .plans import materialised
 from .tables import TIMELINE_TABLES
 from .wide import from_wide, to_wide, wide_schema
 
-STATE_TABLE = "analysis_state"
 WRITE, STALE, METRICS = "write", "stale", "metrics"
 # A connection new to the run has no stored metrics: its incarnations' buckets are all computed here.
 FIRST_BUCKET = -(2**63)
@@ -60,7 +55,10 @@ def carry_on(new_frames: DataFrame, states: DataFrame, bucket_ns: int, overdue_n
                 return _fallback(connection_id, "analysed whole when it had ended (closed or FIN/RST): no checkpoint")
             if stored["format"] != FORMAT:
                 return _fallback(connection_id, f"checkpoint format {stored['format']}, not {FORMAT}")
-            checkpoint = load(stored["checkpoint"])
+            try:
+                checkpoint = load(stored["checkpoint"])
+            except StateError as refused:
+                return _fallback(connection_id, f"checkpoint refused: {refused}")
         done = continue_connection(checkpoint, _rows(frames), bucket_ns, overdue_ns)
         if done.fallback:
             return _fallback(connection_id, done.fallback)
@@ -72,40 +70,13 @@ def carry_on(new_frames: DataFrame, states: DataFrame, bucket_ns: int, overdue_n
         touched = pa.Table.from_pylist([{"connection_id": connection_id, "channel": channel, "incarnation": incarnation,
                                          "from_ns": from_ns} for channel, incarnation in sorted(done.touched)],
                                        schema=TOUCHED)
-        parts += [("touched", None, touched), ("state", None, _state([_state_row(done.checkpoint, frames_version)]))]
+        parts += [("touched", None, touched), ("state", None, states_table([state_row(done.checkpoint, frames_version)]))]
         return to_wide(WIDE, parts)
 
     wide = (new_frames.select(*INPUT_COLUMNS).groupBy("connection_id")
             .cogroup(states.groupBy("connection_id"))
             .applyInArrow(one_connection, spark_schema(WIDE)))
     return materialised(wide)
-
-
-def checkpoints(frames: DataFrame, bucket_ns: int, overdue_ns: int, frames_version: int) -> DataFrame:
-    """analysis_state rows for connections analysed whole from `frames` (all their frames)."""
-    ch0 = F.coalesce(F.col("channel"), F.lit(0)) == 0
-    ended = (frames.where(ch0 & F.col("method").isin(*CONNECTION_ENDS, *TRANSPORT_ENDS))
-             .select("connection_id").distinct())
-    tombstones = (frames.join(F.broadcast(ended), on="connection_id", how="left_semi").groupBy("connection_id")
-                  .agg(F.max("seq").alias("last_seq"), F.max_by("ts_ns", "seq").alias("last_ts_ns"))
-                  .select("connection_id", F.lit(frames_version).cast("long").alias("frames_version"), "last_seq",
-                          "last_ts_ns", F.lit(None).cast("long").alias("boundary_ns"),
-                          F.lit(0).cast("long").alias("carried_records"), F.lit(None).cast("string").alias("format"),
-                          F.lit(None).cast("binary").alias("checkpoint"),
-                          F.date_format(F.timestamp_micros(F.expr("last_ts_ns div 1000")), "yyyy-MM-dd").alias("date")))
-
-    def one_connection(rows: pa.Table) -> pa.Table:
-        done = continue_connection(None, _rows(rows), bucket_ns, overdue_ns, keep_rows=False)
-        if done.fallback:  # frame times went back: this connection is analysed whole every time
-            last = rows.sort_by("seq").slice(rows.num_rows - 1)
-            return _state([{"connection_id": last["connection_id"][0].as_py(), "frames_version": frames_version,
-                            "last_seq": last["seq"][0].as_py(), "last_ts_ns": last["ts_ns"][0].as_py(),
-                            "carried_records": 0}])
-        return _state([_state_row(done.checkpoint, frames_version)])
-
-    live = (frames.join(F.broadcast(ended), on="connection_id", how="left_anti").select(*INPUT_COLUMNS)
-            .groupBy("connection_id").applyInArrow(one_connection, spark_schema(schema.ANALYSIS_STATE)))
-    return live.unionByName(tombstones)
 
 
 def carried_rows(wide: DataFrame, name: str, role: str | None = None) -> DataFrame:
@@ -117,18 +88,6 @@ def _rows(frames: pa.Table):
     ordered = frames.select(list(INPUT_COLUMNS)).sort_by("seq")
     for batch in ordered.to_batches(max_chunksize=FEED_ROWS):
         yield from batch.to_pylist()
-
-
-def _state_row(checkpoint: Checkpoint, frames_version: int) -> dict:
-    timeline = checkpoint.timeline
-    return {"connection_id": timeline.id, "frames_version": frames_version, "last_seq": timeline.last_seq,
-            "last_ts_ns": timeline.last_ts_ns, "boundary_ns": checkpoint.boundary_ns,
-            "carried_records": len(checkpoint.provisional) + len(checkpoint.boundary),
-            "format": FORMAT, "checkpoint": dump(checkpoint)}
-
-
-def _state(rows: list[dict]) -> pa.Table:
-    return dicts_to_table(rows, schema.ANALYSIS_STATE, {}, "last_ts_ns")
 
 
 def _fallback(connection_id: str, reason: str) -> pa.Table:

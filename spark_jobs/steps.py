@@ -1,0 +1,35 @@
+"""A run's steps: how long each took and how many Spark jobs it started, with one progress line
+per step for whoever watches (stderr), while Spark's own log goes to its file (session.py)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from contextlib import contextmanager
+from typing import TextIO
+
+from pyspark.sql import SparkSession
+
+
+class Steps:
+    def __init__(self, spark: SparkSession, progress: TextIO | None = None, label: str = "ackscope analyze"):
+        self.context = spark.sparkContext
+        self.progress, self.label = progress, label
+        # Every job of this run carries the group, so the status tracker can count them.
+        self.group = f"ackscope-{uuid.uuid4().hex[:12]}"
+        self.context.setJobGroup(self.group, label)
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def step(self, name: str):
+        jobs_before, started = self.spark_jobs(), time.monotonic()
+        yield
+        took = time.monotonic() - started
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + took, 2)
+        if self.progress is not None:
+            print(f"{self.label}: {name} ({took:.1f}s, {self.spark_jobs() - jobs_before} Spark jobs)",
+                  file=self.progress, flush=True)
+
+    def spark_jobs(self) -> int:
+        """Spark jobs this run started so far."""
+        return len(self.context.statusTracker().getJobIdsForGroup(self.group))

@@ -1,0 +1,139 @@
+"""The state machine's state as data (analyzer/timeline/state.py): every state the machine reaches
+on random traffic and on the recorded captures survives the round trip and carries on exactly;
+anything but a checkpoint this code wrote is refused with its reason and without side effects."""
+
+import glob
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analyzer import lake, schema
+from analyzer.ingest import ingest_file
+from analyzer.timeline import INPUT_COLUMNS, state
+from analyzer.timeline.carry import continue_connection, dump, load
+from analyzer.timeline.channel import ChannelLife
+from analyzer.timeline.connection import ConnectionTimeline
+from analyzer.timeline.state import StateError
+
+from .conftest import ROOT
+from .variants import VARIANTS
+from .test_timeline import renumbered, valid_traffic
+
+BUCKET_NS = 10_000_000
+# The shape of version STATE_VERSION. A change to a state class's fields must bump the version
+# (old checkpoints are then analysed whole once, not misread) and update this line.
+SHAPE = {1: "7415487ac8"}
+
+
+def shape_digest() -> str:
+    import hashlib
+    text = ";".join(f"{cls.__name__}:{','.join(fields)}" for cls, fields in state.FIELDS.items())
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def test_the_version_names_the_shape():
+    assert SHAPE.get(state.STATE_VERSION) == shape_digest(), \
+        "the state's fields changed: bump state.STATE_VERSION and record the new shape here"
+
+
+def _rows(data):
+    variant = data.draw(st.sampled_from(sorted(VARIANTS)), label="variant")
+    traffic = valid_traffic(data, transactions=data.draw(st.booleans()))
+    rows = [dict(row, connection_id="c1") for row in traffic.conv.rows]
+    if VARIANTS[variant] is not None:
+        rows = [dict(row, connection_id="c1") for row in VARIANTS[variant](data, rows)]
+    return [{c: row.get(c) for c in INPUT_COLUMNS} for row in renumbered(rows)]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_any_state_round_trips_and_goes_on_as_the_original(data):
+    rows = _rows(data)
+    cut = data.draw(st.integers(1, len(rows)), label="cut")
+    original = continue_connection(None, rows[:cut], BUCKET_NS)
+    assert original.fallback is None
+    stored = dump(original.checkpoint)
+    assert dump(load(stored)) == stored  # nothing lost or added by reading it back
+    again = continue_connection(None, rows[:cut], BUCKET_NS)  # an untouched twin of the original
+    resumed = continue_connection(load(stored), rows[cut:], BUCKET_NS) if cut < len(rows) else None
+    twin = continue_connection(again.checkpoint, rows[cut:], BUCKET_NS) if cut < len(rows) else None
+    if resumed is not None:
+        assert (resumed.fallback, resumed.rows, resumed.stale) == (twin.fallback, twin.rows, twin.stale)
+
+
+def test_shared_objects_stay_shared():
+    """A mandatory confirm-mode publish waits for its confirm and for a return at once: one object."""
+    rows = renumbered([
+        {"connection_id": "c", "direction": "to_broker", "channel": 1, "method": "channel.open"},
+        {"connection_id": "c", "direction": "to_client", "channel": 1, "method": "channel.open-ok"},
+        {"connection_id": "c", "direction": "to_broker", "channel": 1, "method": "confirm.select"},
+        {"connection_id": "c", "direction": "to_client", "channel": 1, "method": "confirm.select-ok"},
+        {"connection_id": "c", "direction": "to_broker", "channel": 1, "method": "basic.publish",
+         "mandatory": True, "exchange": "x", "routing_key": "k"}])
+    life = load(dump(continue_connection(None, rows, BUCKET_NS).checkpoint)).timeline.lives[1]
+    (waiting,) = life.pending.values()
+    assert [waiting] == list(life.awaiting_return.values()) and life.connection.lives[1] is life
+
+
+def test_recorded_captures_round_trip(tmp_path):
+    for capture in sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng"))):
+        ingest_file(capture, str(tmp_path))
+    frames = lake.read_table(str(tmp_path), "frames", schema.FRAMES).select(INPUT_COLUMNS)
+    by_connection = {}
+    for row in frames.sort_by([("connection_id", "ascending"), ("seq", "ascending")]).to_pylist():
+        by_connection.setdefault(row["connection_id"], []).append(row)
+    for rows in by_connection.values():
+        stored = dump(continue_connection(None, rows, BUCKET_NS).checkpoint)
+        assert dump(load(stored)) == stored
+
+
+def _checkpoint() -> dict:
+    rows = renumbered([{"connection_id": "c", "direction": "to_broker", "channel": 1, "method": "channel.open"},
+                       {"connection_id": "c", "direction": "to_client", "channel": 1, "method": "channel.open-ok"}])
+    return json.loads(dump(continue_connection(None, rows, BUCKET_NS).checkpoint))
+
+
+def _forged(doc) -> bytes:
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda d: d.update(objects=[["Path", {}]]), "is not \\[state class, fields\\]"),
+    (lambda d: d["objects"][0][1].update(__class__=["M", {}]), "has fields"),
+    (lambda d: d["objects"][1][1].pop("outstanding"), "has fields"),
+    (lambda d: d.update(timeline=["O", 99]), "malformed"),
+    (lambda d: d.update(boundary=["R", "Delivery", [1, 2]]), "fields or values"),
+    (lambda d: d.update(boundary=["X", []]), "malformed"),
+    (lambda d: d.update(boundary={"__reduce__": 1}), "not tagged"),
+    (lambda d: d.update(version=0), "version 0"),
+    (lambda d: d.update(format="pickle"), "not a checkpoint"),
+    (lambda d: d.update(extra=1), "checkpoint fields"),
+])
+def test_forged_checkpoints_are_refused_without_side_effects(damage, reason):
+    doc = _checkpoint()
+    damage(doc)
+    before = {cls: dict(vars(cls)) for cls in (ConnectionTimeline, ChannelLife)}
+    with pytest.raises(StateError, match=reason):
+        load(_forged(doc))
+    assert {cls: dict(vars(cls)) for cls in (ConnectionTimeline, ChannelLife)} == before
+
+
+def test_deep_nesting_and_garbage_are_refused():
+    head = json.dumps(dict(_checkpoint(), boundary="HERE"))
+    deep = head.replace('"HERE"', '["L",[' * 100_000 + ']]' * 100_000)  # json.dumps would recurse too deep
+    with pytest.raises(StateError, match="nested too deeply|not a checkpoint"):
+        load(deep.encode())
+    for garbage in (b"", b"\x80\x04K\x01.", b"[]", b'{"format": 1}'):
+        with pytest.raises(StateError):
+            load(garbage)
+
+
+def test_a_state_with_an_undeclared_field_is_not_written():
+    rows = renumbered([{"connection_id": "c", "direction": "to_broker", "channel": 1, "method": "channel.open"}])
+    checkpoint = continue_connection(None, rows, BUCKET_NS).checkpoint
+    checkpoint.timeline.lives[1].new_thing = 1
+    with pytest.raises(TypeError, match="new_thing"):
+        dump(checkpoint)
