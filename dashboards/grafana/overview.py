@@ -88,14 +88,14 @@ def unconfirmed_publishes():
         "Unconfirmed publishes", "Confirm-mode publishes awaiting the broker's basic.ack or basic.nack "
         "now. Growth means the broker confirms slower than the publisher sends (disk, flow control); "
         "those still waiting when a channel closes are lost confirms.",
-        COUNT, query("sum by (vhost, application) (ackscope_unconfirmed_publishes)", BY_WHERE))
+        COUNT, query("sum by (vhost, application) (ackscope_unconfirmed_publishes)", BY_WHERE), width=8)
 
 
 def oldest_unconfirmed():
     return timeseries_panel(
         "Oldest unconfirmed publish", "Age of the oldest publish awaiting its confirm. Persistent "
         "messages wait for the disk: hundreds of milliseconds under load is normal, seconds is not.",
-        SECONDS, query("max by (vhost, application) (ackscope_oldest_unconfirmed_seconds)", BY_WHERE))
+        SECONDS, query("max by (vhost, application) (ackscope_oldest_unconfirmed_seconds)", BY_WHERE), width=8)
 
 
 def confirm_latency():
@@ -103,28 +103,28 @@ def confirm_latency():
         "Confirm latency p99", "99th percentile over 5 minutes of the time from basic.publish to its "
         "confirm. High: the broker is slow to take responsibility (fsync, memory or disk alarms, queue "
         "limits). A publisher that waits for each confirm in turn is limited by this latency.",
-        SECONDS, query("ackscope:publish_confirm_seconds:p99_5m", BY_WHERE))
+        SECONDS, query("ackscope:publish_confirm_seconds:p99_5m", BY_WHERE), width=8)
 
 
 def ack_latency():
     return timeseries_panel(
         "Ack latency p99", "99th percentile over 5 minutes of the time from a delivery to its ack, nack "
         "or reject: how long consumers take per message, queueing in the prefetch buffer included.",
-        SECONDS, query("ackscope:deliver_ack_seconds:p99_5m", BY_WHERE))
+        SECONDS, query("ackscope:deliver_ack_seconds:p99_5m", BY_WHERE), width=8)
 
 
 def requeue_rate():
     return timeseries_panel(
         "Requeues per second", "Deliveries nacked or rejected with requeue=true. A steady rate is often "
         "one poison message going round. " + advice.about("requeue_loop"),
-        PER_SECOND, query("ackscope:requeues:rate5m", BY_WHERE))
+        PER_SECOND, query("ackscope:requeues:rate5m", BY_WHERE), width=8)
 
 
 def redelivery_rate():
     return timeseries_panel(
         "Redeliveries per second", "Deliveries the broker marked redelivered=true: they were delivered "
         "before and not acked (requeued, or their channel closed). " + advice.about("redelivery_after_close"),
-        PER_SECOND, query("ackscope:redeliveries:rate5m", BY_WHERE))
+        PER_SECOND, query("ackscope:redeliveries:rate5m", BY_WHERE), width=8)
 
 
 def dashboard() -> dict:
