@@ -6,6 +6,7 @@ Grafana itself cannot be installed on these machines; what Grafana does with the
 here. The e2e test (real Prometheus fed by real traffic) runs every panel_queries() expression."""
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -164,3 +165,15 @@ def test_every_panel_query_parses_in_prometheus(promtool, tmp_path):
 def test_the_parse_check_rejects_a_broken_query(promtool, tmp_path):
     assert "parse error" in promtool_rejects(promtool, tmp_path, ["sum by (a) (rate(x[5m])"])
     assert "range vector" in promtool_rejects(promtool, tmp_path, ["rate(x)"])
+
+
+def test_the_recording_rules_used_are_defined_with_the_labels_promised():
+    """recorded.py is the contract with the rules (dashboards/rules.py, from the alerts work): every
+    rule a panel reads exists there, grouped by exactly the labels the panels expect."""
+    rules = pytest.importorskip("dashboards.rules", reason="dashboards/rules.py lands with the alerting rules")
+    defined = {rule.record: rule.expr for rule in rules.recording_rules()}
+    for name, labels in RECORDING_RULES.items():
+        assert name in defined, f"{name} is read by a panel but not recorded"
+        grouping = re.search(r"\bby \(([^)]*)\)", defined[name])
+        assert grouping, f"{name}: {defined[name]}"
+        assert {label.strip() for label in grouping.group(1).split(",")} - {"le"} == set(labels), name

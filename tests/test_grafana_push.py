@@ -3,6 +3,8 @@ it calls, as documented (tests/grafana_contract.py): Grafana itself cannot be in
 push goes through the real command line and the real grafana-client over real HTTP."""
 
 import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from grafana_client import GrafanaApi
@@ -155,3 +157,27 @@ def test_the_stand_in_enforces_the_documented_contract():
             api.folder.create_folder("G", uid="f")
         assert uid_taken.value.status_code == 409
         assert len(grafana.state.violations) == 1
+
+
+@pytest.mark.parametrize("status", [200, 404])
+def test_a_url_that_is_not_grafana_fails_before_writing(capsys, token_file, status):
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"<html>not Grafana</html>"
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        status_code, _, err = push(capsys, f"http://127.0.0.1:{server.server_address[1]}", "--token-file", token_file)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert status_code == EXIT_GRAFANA_ERROR and "no Grafana API at" in err

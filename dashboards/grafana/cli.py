@@ -21,7 +21,7 @@ def add_dashboards_command(commands) -> None:
                     "so pushing again updates it in place. The dashboards read the Prometheus data source "
                     "chosen in their `datasource` variable.",
         epilog="Exit status: 0 pushed; 2 bad arguments or token file; 6 Grafana unreachable; 7 the token was "
-               "rejected (401) or lacks rights (403); 8 Grafana answered with another error.")
+               "rejected (401) or lacks rights (403); 8 Grafana answered with another error, or the URL is not a Grafana.")
     push.add_argument("--url", required=True, help="Grafana's base URL, e.g. http://grafana:3000")
     push.add_argument("--token-file", metavar="FILE",
                       help="file holding a service account token (sent as a Bearer token, never printed); "

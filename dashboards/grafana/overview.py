@@ -4,8 +4,8 @@ analysis (pushed), live state from the agents (scraped); the heavy queries are r
 from __future__ import annotations
 
 from . import advice
-from .panels import (ANY_IS_BAD, COUNT, PER_SECOND, SECONDS, bars_panel, instant, query, stat_panel,
-                     thresholds, timeseries_panel)
+from .panels import (COUNT, PER_SECOND, SECONDS, bars_panel, coloured_by_severity, instant, query, stat_panel,
+                     thresholds, timeseries_panel, yes_no)
 from .layout import assemble, new_dashboard
 
 UID = "ackscope-overview"
@@ -54,18 +54,18 @@ def analysis_freshness():
 
 
 def analysis_failed():
-    return stat_panel(
+    return yes_no(stat_panel(
         "Last analysis failed", "1 when the last run of the scheduled analysis failed (it pushes this "
         "before exiting), 0 when it succeeded. The findings shown are then those of the last good run; "
         "the job's own output says why it failed.",
-        COUNT, instant("max by (job, lake) (ackscope_analysis_failures)", "{{lake}}"))
+        COUNT, instant("max by (job, lake) (ackscope_analysis_failures)", "{{lake}}")), yes="failed", no="no")
 
 
 def findings_by_kind():
-    return bars_panel(
+    return coloured_by_severity(bars_panel(
         "Findings by kind and severity", "Findings in the latest analysis, by kind and severity.\n\n"
         + advice.findings_table() + "\n\n" + advice.EVIDENCE,
-        COUNT, instant("sort_desc(ackscope:findings:sum)", "{{severity}}: {{kind}}"), width=24)
+        COUNT, instant("sort_desc(ackscope:findings:sum)", "{{severity}}: {{kind}}"), width=24))
 
 
 def unacked_deliveries():
@@ -88,14 +88,14 @@ def unconfirmed_publishes():
         "Unconfirmed publishes", "Confirm-mode publishes awaiting the broker's basic.ack or basic.nack "
         "now. Growth means the broker confirms slower than the publisher sends (disk, flow control); "
         "those still waiting when a channel closes are lost confirms.",
-        COUNT, query("sum by (vhost, application) (ackscope_unconfirmed_publishes)", BY_WHERE))
+        COUNT, query("sum by (vhost, application) (ackscope_unconfirmed_publishes)", BY_WHERE), width=8)
 
 
 def oldest_unconfirmed():
     return timeseries_panel(
         "Oldest unconfirmed publish", "Age of the oldest publish awaiting its confirm. Persistent "
         "messages wait for the disk: hundreds of milliseconds under load is normal, seconds is not.",
-        SECONDS, query("max by (vhost, application) (ackscope_oldest_unconfirmed_seconds)", BY_WHERE))
+        SECONDS, query("max by (vhost, application) (ackscope_oldest_unconfirmed_seconds)", BY_WHERE), width=8)
 
 
 def confirm_latency():
@@ -103,28 +103,28 @@ def confirm_latency():
         "Confirm latency p99", "99th percentile over 5 minutes of the time from basic.publish to its "
         "confirm. High: the broker is slow to take responsibility (fsync, memory or disk alarms, queue "
         "limits). A publisher that waits for each confirm in turn is limited by this latency.",
-        SECONDS, query("ackscope:publish_confirm_seconds:p99_5m", BY_WHERE))
+        SECONDS, query("ackscope:publish_confirm_seconds:p99_5m", BY_WHERE), width=8)
 
 
 def ack_latency():
     return timeseries_panel(
         "Ack latency p99", "99th percentile over 5 minutes of the time from a delivery to its ack, nack "
         "or reject: how long consumers take per message, queueing in the prefetch buffer included.",
-        SECONDS, query("ackscope:deliver_ack_seconds:p99_5m", BY_WHERE))
+        SECONDS, query("ackscope:deliver_ack_seconds:p99_5m", BY_WHERE), width=8)
 
 
 def requeue_rate():
     return timeseries_panel(
         "Requeues per second", "Deliveries nacked or rejected with requeue=true. A steady rate is often "
         "one poison message going round. " + advice.about("requeue_loop"),
-        PER_SECOND, query("ackscope:requeues:rate5m", BY_WHERE))
+        PER_SECOND, query("ackscope:requeues:rate5m", BY_WHERE), width=8)
 
 
 def redelivery_rate():
     return timeseries_panel(
         "Redeliveries per second", "Deliveries the broker marked redelivered=true: they were delivered "
         "before and not acked (requeued, or their channel closed). " + advice.about("redelivery_after_close"),
-        PER_SECOND, query("ackscope:redeliveries:rate5m", BY_WHERE))
+        PER_SECOND, query("ackscope:redeliveries:rate5m", BY_WHERE), width=8)
 
 
 def dashboard() -> dict:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import bargauge, common as common_builder, dashboard, prometheus, stat, table, timeseries
 from grafana_foundation_sdk.models import common, prometheus as prometheus_model, units
-from grafana_foundation_sdk.models.dashboard import Threshold, ThresholdsMode
+from grafana_foundation_sdk.models.dashboard import (DynamicConfigValue, Threshold, ThresholdsMode, ValueMap,
+                                                     ValueMappingResult)
 
 # Every panel reads the Prometheus the dashboard's `datasource` variable points at, so one JSON file
 # works against any Grafana whatever its data source is called.
@@ -37,6 +38,21 @@ def thresholds(*steps: tuple[float | None, str]) -> dashboard.ThresholdsConfig:
 
 
 ANY_IS_BAD = thresholds((None, "green"), (1, "red"))
+SEVERITY_COLOURS = {"critical": "red", "warning": "orange", "info": "blue"}
+
+
+def coloured_by_severity(panel):
+    """Series named "<severity>: ..." (legend) take their severity's colour: info is not an alarm."""
+    for severity, colour in SEVERITY_COLOURS.items():
+        panel = panel.override_by_regexp(f"^{severity}:.*", [DynamicConfigValue(
+            id_val="color", value={"mode": "fixed", "fixedColor": colour})])
+    return panel
+
+
+def yes_no(panel, yes: str, no: str):
+    """A 0/1 value shown as words."""
+    return panel.mappings([ValueMap(options={"0": ValueMappingResult(text=no, color="green", index=0),
+                                             "1": ValueMappingResult(text=yes, color="red", index=1)})])
 
 
 def timeseries_panel(title: str, description: str, unit: str, *targets: prometheus.Dataquery,

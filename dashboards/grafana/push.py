@@ -75,13 +75,27 @@ def push_dashboards(url: str, token: str | None = None, folder: str = "ackscope"
     api = GrafanaApi.from_url(url, credential=token, timeout=timeout)
     where = shown(url)
     with _explained(where):
-        health = api.client.GET("/health")
-        if isinstance(health, dict) and health.get("database", "ok") != "ok":
-            raise PushError(f"Grafana at {where} is up but not healthy (database: {health.get('database')})",
-                            EXIT_GRAFANA_ERROR)
+        _check_health(api, where)
         folder_id = _folder(api, folder)
         pushed = [_push_one(api, board, folder_id) for board in (load() if boards is None else boards)]
     return folder_id, pushed
+
+
+def _check_health(api: GrafanaApi, where: str) -> None:
+    """GET /api/health answers {"database": "ok", "version": ...} without credentials on every Grafana:
+    anything else means the URL is not a Grafana (or not its root), said before any write is tried."""
+    try:
+        health = api.client.GET("/health")
+    except GrafanaClientError as exc:
+        if exc.status_code != 404:
+            raise
+        health = None
+    if not isinstance(health, dict) or "database" not in health:
+        raise PushError(f"no Grafana API at {where} (GET /api/health did not answer like Grafana): "
+                        "give Grafana's root URL, with its sub-path if it is served under one", EXIT_GRAFANA_ERROR)
+    if health["database"] != "ok":
+        raise PushError(f"Grafana at {where} is up but not healthy (database: {health['database']})",
+                        EXIT_GRAFANA_ERROR)
 
 
 def _folder(api: GrafanaApi, title: str) -> str:
