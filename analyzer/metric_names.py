@@ -80,6 +80,14 @@ METRICS = (
            "Unix time of the last successful flush."),
     Metric("ackscope_agent_rows_dropped_total", COUNTER, AGENT, ("table",),
            "Rows dropped because the sink failed and the buffer was full."),
+    # The agent process itself: client_python's standard process collector, under its standard names
+    # (every exporter has them, and Prometheus users know them), so no ackscope_ prefix.
+    Metric("process_resident_memory_bytes", GAUGE, AGENT, (), "Resident memory of the agent process."),
+    Metric("process_virtual_memory_bytes", GAUGE, AGENT, (), "Virtual memory of the agent process."),
+    Metric("process_cpu_seconds_total", COUNTER, AGENT, (), "CPU time the agent process used, user and system."),
+    Metric("process_start_time_seconds", GAUGE, AGENT, (), "Unix time the agent process started."),
+    Metric("process_open_fds", GAUGE, AGENT, (), "File descriptors the agent process has open."),
+    Metric("process_max_fds", GAUGE, AGENT, (), "The agent process's limit on open file descriptors."),
     # -- the analysis (pushed) -------------------------------------------------------------------------
     Metric("ackscope_findings", GAUGE, ANALYSIS, FINDING, "Findings in the latest analysis."),
     Metric("ackscope_finding_items", GAUGE, ANALYSIS, FINDING,
@@ -106,6 +114,7 @@ METRICS = (
 )
 
 BY_NAME = {m.name: m for m in METRICS}
+STANDARD_PROCESS = frozenset(m.name for m in METRICS if m.name.startswith("process_"))
 
 
 def exposed_names(metric: Metric) -> tuple[str, ...]:

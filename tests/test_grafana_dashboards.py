@@ -61,7 +61,7 @@ def test_every_panel_has_a_description_a_unit_the_datasource_variable_and_querie
     for panel in panels:
         where = f"{board['uid']} / {panel['title']}"
         assert len(panel.get("description", "")) >= 40, f"{where}: say what it means and what to do"
-        assert panel["fieldConfig"]["defaults"].get("unit") in {"s", "short", "pps", "Bps"}, where
+        assert panel["fieldConfig"]["defaults"].get("unit") in {"s", "short", "pps", "Bps", "bytes"}, where
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, where
         assert panel["targets"], where
         for target in panel["targets"]:

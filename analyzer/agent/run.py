@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 
 from .. import labels
 from ..spec import DEFAULT_BROKER_PORTS, DEFAULT_MAX_FRAME
@@ -98,6 +98,7 @@ class Agent:
         if config.metrics_addr is not None:
             registry = CollectorRegistry(auto_describe=False)
             registry.register(AgentCollector(self))
+            ProcessCollector(registry=registry)  # process_resident_memory_bytes, ..._cpu_seconds_total
             self.server = serve(config.metrics_addr, registry, self.ready)
 
     # -- what the metrics and probes read (under state.lock) ---------------------------------------

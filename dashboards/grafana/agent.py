@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from . import variables
 from .layout import assemble, new_dashboard
-from .panels import (BYTES_PER_SECOND, COUNT, PACKETS_PER_SECOND, PER_SECOND, SECONDS, query, timeseries_panel)
+from .panels import (BYTES, BYTES_PER_SECOND, COUNT, PACKETS_PER_SECOND, PER_SECOND, SECONDS, query,
+                     timeseries_panel)
 from .promql import AGENT
 
 UID = "ackscope-agent"
@@ -110,6 +111,22 @@ def series_folded():
         COUNT, query(f"sum by (metric) (increase(ackscope_series_folded_total{SEL}[$__rate_interval]))", "{{metric}}"))
 
 
+def memory():
+    return timeseries_panel(
+        "Memory (RSS)", "Resident memory of each agent process. It follows what is open (connections, "
+        "unacked deliveries, unconfirmed publishes) and the rows buffered for the lake; give the container "
+        "a limit above its peak (docs/agent.md has the measured figures).",
+        BYTES, query(f"max by (instance) (process_resident_memory_bytes{SEL})", BY_AGENT), width=12)
+
+
+def cpu():
+    return timeseries_panel(
+        "CPU (cores)", "Cores each agent process uses. Near a whole core the capture cannot keep up: "
+        "kernel drops follow.",
+        COUNT, query(f"sum by (instance) (rate(process_cpu_seconds_total{SEL}[$__rate_interval]))", BY_AGENT),
+        width=12)
+
+
 def dashboard() -> dict:
     board = new_dashboard(UID, "ackscope / Agent health",
                           "The capture agents: what they see, what they lose, and how far behind the lake is.",
@@ -117,5 +134,6 @@ def dashboard() -> dict:
     return assemble(board, [
         ("Capture", [packets(), captured_bytes(), kernel_drops(), decode_problems(), frames_by_method()]),
         ("Lake", [buffered_rows(), flush_lag(), flush_duration(), flushes_by_outcome(), rows_dropped()]),
+        ("Process", [memory(), cpu()]),
         ("Labels", [series_folded()]),
     ])

@@ -17,6 +17,7 @@ COUNT = units.Short
 PER_SECOND = units.Short   # with "per second" in the title: Grafana's ops/s reads as operations
 PACKETS_PER_SECOND = units.PacketsPerSecond
 BYTES_PER_SECOND = units.BytesPerSecondSI
+BYTES = units.BytesIEC
 
 
 def query(expr: str, legend: str = "", ref: str = "A") -> prometheus.Dataquery:
