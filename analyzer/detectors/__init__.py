@@ -48,10 +48,16 @@ CONNECTION_COLUMNS = ("connection_id", "connection_name", "client_addr", "client
                       "source", "last_ts_ns")
 
 
+# The methods of those rows: one set lookup rules out nearly every frame of a connection.
+FRAME_METHODS = frozenset(("basic.return", "basic.consume", "connection.blocked", "connection.unblocked",
+                           "channel.flow"))
+
+
 def wants_frame(row: Mapping) -> bool:
-    """The frame rows some kind reads: basic.return and channel.flow, connection.blocked and
-    unblocked to the client, manual-ack basic.consume to the broker."""
-    return UnroutableReturned.wants(row) or UnboundedPrefetch.wants(row) or FlowBlocked.wants(row)
+    """The frame rows some kind reads: basic.return, channel.flow, connection.blocked and
+    connection.unblocked to the client, manual-ack basic.consume to the broker."""
+    return row["method"] in FRAME_METHODS and (
+        UnroutableReturned.wants(row) or UnboundedPrefetch.wants(row) or FlowBlocked.wants(row))
 
 
 class ConnectionDetectors:
@@ -112,5 +118,5 @@ def detect_connection(records: Iterable, frames: Iterable[Mapping], connection: 
     return detectors.findings(packets_of)
 
 
-__all__ = ["ConnectionDetectors", "detect_connection", "wants_frame", "KINDS", "FRAME_COLUMNS", "PACKET_COLUMNS",
-           "CONNECTION_COLUMNS", "SEVERITY", "MAX_EVIDENCE", "RawFinding"]
+__all__ = ["ConnectionDetectors", "detect_connection", "wants_frame", "KINDS", "FRAME_METHODS", "FRAME_COLUMNS",
+           "PACKET_COLUMNS", "CONNECTION_COLUMNS", "SEVERITY", "MAX_EVIDENCE", "RawFinding"]
