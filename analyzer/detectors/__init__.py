@@ -101,8 +101,18 @@ class ConnectionDetectors:
 
     def findings(self, packets_of: PacketsOf) -> list[dict]:
         """Rows of schema.FINDINGS. `packets_of(seqs)`: the (source_packet, source) of each frame
-        seq of this connection asked for (PACKET_COLUMNS), None for a seq the frames lack."""
+        seq of this connection asked for (PACKET_COLUMNS), None for a seq the frames lack. In two
+        steps, for a caller that looks the packets up later: `raw_findings()`, `evidence_seqs(raw)`
+        and `common.finish(raw, connection, packets_of)`."""
         return [finish(raw, self.context.connection, packets_of) for raw in self.raw_findings()]
+
+
+def evidence_seqs(raw: list[RawFinding]) -> list[int]:
+    """The frame seqs the raw findings of one connection point at, each once, ascending: what
+    `packets_of` will be asked for. The pass sees each frame once and these are known only at the
+    connection's end, so a caller that did not keep the frames looks them up afterwards (one
+    semi-join of these few seqs with `frames`, as the Spark detectors do today)."""
+    return sorted({seq for finding in raw for seq in finding.evidence.get("seqs") or () if seq is not None})
 
 
 def detect_connection(records: Iterable, frames: Iterable[Mapping], connection: Mapping, thresholds,
@@ -118,5 +128,6 @@ def detect_connection(records: Iterable, frames: Iterable[Mapping], connection: 
     return detectors.findings(packets_of)
 
 
-__all__ = ["ConnectionDetectors", "detect_connection", "wants_frame", "KINDS", "FRAME_METHODS", "FRAME_COLUMNS",
-           "PACKET_COLUMNS", "CONNECTION_COLUMNS", "SEVERITY", "MAX_EVIDENCE", "RawFinding"]
+__all__ = ["ConnectionDetectors", "detect_connection", "evidence_seqs", "finish", "wants_frame", "KINDS",
+           "FRAME_METHODS", "FRAME_COLUMNS", "PACKET_COLUMNS", "CONNECTION_COLUMNS", "SEVERITY", "MAX_EVIDENCE",
+           "RawFinding"]
