@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         if isinstance(item, dict):
             break
         done, row = item
-        connections.append((done.n, done.tables(), row))
+        connections.append((done.n, list(done.tables()), row))
     connections.sort(key=lambda c: -c[0])
     n, tables, row = connections[0]
     hot = measure(tables, row, thresholds, traced=False)
