@@ -35,8 +35,8 @@ def held_bytes(detectors: ConnectionDetectors) -> int:
     publishes)."""
     total = 0
     for buildup in detectors.buildup.channels.values():
-        for scope in buildup.scopes.values():
-            total += scope.keys.itemsize * len(scope.keys) + scope.times.itemsize * len(scope.times)
+        total += sum(a.itemsize * len(a) for a in (buildup.seqs, buildup.ts, buildup.settle_keys, buildup.settle_ts,
+                                                   buildup.scope_ids))
     for lockstep in detectors.synchronous.channels.values():
         total += sum(a.itemsize * len(a) for a in (lockstep.seqs, lockstep.ts, lockstep.settles, lockstep.flags))
     return total

@@ -25,32 +25,22 @@ SETTLED_BY_CLIENT = frozenset((r.ACK, r.NACK, r.REJECT))
 
 class _Scope:
     """Where unacked deliveries are counted against a prefetch limit: the channel (every manual
-    delivery; its limit the global basic.qos) or one consumer with a per-consumer limit. Holds two
-    events per delivery, 16 bytes each (order key, time): the profile needs them in row order, and
-    deliveries come out when settled, not in row order."""
-    __slots__ = ("keys", "times", "limit", "end_ns")
+    delivery; its limit the global basic.qos) or one consumer with a per-consumer limit."""
+    __slots__ = ("limit", "end_ns")
 
     def __init__(self):
-        self.keys, self.times = array("q"), array("q")
         self.limit: int | None = None
         self.end_ns: int | None = None
 
     def add(self, d: r.Delivery, limit: int | None) -> None:
-        # Row order is seq; a settlement shown on its delivery's own row comes after it (key parity).
-        self.keys.append(d.seq * 2)
-        self.times.append(d.ts_ns)
-        if d.outcome in SETTLED:
-            self.keys.append((d.settle_seq if d.settle_seq is not None else d.seq) * 2 + 1)
-            self.times.append(d.settle_ts_ns)
         self.limit = most(self.limit, limit)
         self.end_ns = most(self.end_ns, d.observed_until_ts_ns)
 
-    def profile(self) -> tuple[int, int | None]:
-        """(most unacked at once, longest time at the limit with no ack or None). Each event row
-        lasts until the next, the last until the end of the data; rows tied in order count
-        together; a row is at the limit when unacked >= limit > 0; a run of such rows began at the
-        row after the last one that was not."""
-        keys, times = np.frombuffer(self.keys, dtype=np.int64), np.frombuffer(self.times, dtype=np.int64)
+    def profile(self, keys: np.ndarray, times: np.ndarray) -> tuple[int, int | None]:
+        """(most unacked at once, longest time at the limit with no ack or None) over this scope's
+        events (order keys, times). Each event row lasts until the next, the last until the end of
+        the data; rows tied in order count together; a row is at the limit when unacked >= limit
+        > 0; a run of such rows began at the row after the last one that was not."""
         order = np.lexsort((times, keys))
         keys, times = keys[order], times[order]
         running = np.cumsum(1 - 2 * (keys & 1))
@@ -72,14 +62,24 @@ class _Scope:
         return peak, int(stall[full].max())
 
 
+_NO_SETTLE = -1
+
+
 class _Buildup:
-    """One incarnation's manual-ack deliveries: the oldest, those past each threshold, the scopes."""
-    __slots__ = ("agent_id", "oldest_ns", "oldest", "by_age", "by_stall", "scopes")
+    """One incarnation's manual-ack deliveries: the oldest, those past each threshold, the scopes.
+    For the profile over time it holds (seq, ts, settle row, settle ts, consumer scope) of each,
+    36 bytes a delivery: the profile needs the deliveries in row order, and they come out when
+    settled, not in row order."""
+    __slots__ = ("agent_id", "oldest_ns", "oldest", "by_age", "by_stall", "channel_scope", "consumer_scopes",
+                 "seqs", "ts", "settle_keys", "settle_ts", "scope_ids")
 
     def __init__(self):
         self.agent_id, self.oldest_ns, self.oldest = None, None, None
         self.by_age, self.by_stall = Tally(), Tally()
-        self.scopes: dict[str, _Scope] = {}
+        self.channel_scope = _Scope()
+        self.consumer_scopes: dict[str, tuple[int, _Scope]] = {}  # name -> (scope id from 1, scope)
+        self.seqs, self.ts, self.settle_keys, self.settle_ts = array("q"), array("q"), array("q"), array("q")
+        self.scope_ids = array("i")
 
     def add(self, d: r.Delivery, until_ns: int, age_limit_ns: int, stall_limit_ns: int) -> None:
         age = until_ns - d.ts_ns
@@ -92,16 +92,38 @@ class _Buildup:
         if age >= stall_limit_ns:
             self.by_stall.add(None, d.ts_ns, until_ns, d.seq, item)
         delivered = d.method == "basic.deliver"
-        self._scope("channel").add(d, d.channel_prefetch if delivered else None)
+        self.channel_scope.add(d, d.channel_prefetch if delivered else None)
+        scope_id = 0
         # basic.get ignores prefetch: only basic.deliver rows belong to a consumer's scope.
         if delivered and d.consumer_prefetch is not None and d.consumer_prefetch > 0:
-            self._scope("consumer " + (d.consumer_tag or "")).add(d, d.consumer_prefetch)
+            name = "consumer " + (d.consumer_tag or "")
+            found = self.consumer_scopes.get(name)
+            if found is None:
+                found = self.consumer_scopes[name] = (len(self.consumer_scopes) + 1, _Scope())
+            scope_id = found[0]
+            found[1].add(d, d.consumer_prefetch)
+        self.seqs.append(d.seq)
+        self.ts.append(d.ts_ns)
+        settled = d.outcome in SETTLED
+        # A settlement shown on its delivery's own row comes after it (key parity, in `events`).
+        self.settle_keys.append((d.settle_seq if d.settle_seq is not None else d.seq) if settled else _NO_SETTLE)
+        self.settle_ts.append(d.settle_ts_ns if settled else 0)
+        self.scope_ids.append(scope_id)
 
-    def _scope(self, name: str) -> _Scope:
-        scope = self.scopes.get(name)
-        if scope is None:
-            scope = self.scopes[name] = _Scope()
-        return scope
+    def profiles(self):
+        """(scope name, scope, (peak, stall)) of the channel and of each consumer scope."""
+        seqs, ts = np.frombuffer(self.seqs, dtype=np.int64), np.frombuffer(self.ts, dtype=np.int64)
+        settle_keys = np.frombuffer(self.settle_keys, dtype=np.int64)
+        settle_ts = np.frombuffer(self.settle_ts, dtype=np.int64)
+        scope_ids = np.frombuffer(self.scope_ids, dtype=np.int32)
+        scopes = [("channel", None, self.channel_scope)]
+        scopes += [(name, scope_id, scope) for name, (scope_id, scope) in self.consumer_scopes.items()]
+        for name, scope_id, scope in scopes:
+            mine = slice(None) if scope_id is None else scope_ids == scope_id
+            settled = settle_keys[mine] != _NO_SETTLE
+            keys = np.concatenate((seqs[mine] * 2, settle_keys[mine][settled] * 2 + 1))
+            times = np.concatenate((ts[mine], settle_ts[mine][settled]))
+            yield name, scope, scope.profile(keys, times)
 
 
 class UnackedBuildup:
@@ -149,8 +171,7 @@ class UnackedBuildup:
         out = []
         for (channel, incarnation), b in self.channels.items():
             computed_peak, stall_ns, stall_limit = None, None, None
-            for name, scope in b.scopes.items():
-                peak, stall = scope.profile()
+            for name, scope, (peak, stall) in b.profiles():
                 if name == "channel":
                     computed_peak = peak
                 if stall is not None and (stall_ns is None or stall > stall_ns):
