@@ -306,8 +306,9 @@ def test_random_traffic_and_the_hand_built_cases_give_the_findings_of_the_spark_
               phases=[Phase.explicit, Phase.reuse, Phase.generate])
     @given(data=st.data())
     def one_run(data):
-        frames, connections = random_connections(data, 40)
-        assume(len(frames) >= 800)
+        # 25 connections: with many more, Hypothesis runs out of its draw buffer again and again
+        frames, connections = random_connections(data, 25)
+        assume(len(frames) >= 600)
         records = replay([{name: row.get(name) for name in INPUT_COLUMNS}
                           for row in sorted(frames, key=lambda row: (row["connection_id"], row["seq"]))])
         tables = {**to_tables(records),
