@@ -17,10 +17,11 @@ and unbounded_prefetch), flow.py (flow control), context.py (what is known at th
 end, frames placed in incarnations), common.py (the raw finding, evidence, `finish`).
 
 Memory: every kind keeps running aggregates (counts, spans, the first MAX_EVIDENCE items) except
-unacked_buildup (two 16-byte events per manual-ack delivery per scope, for its profile over time),
-synchronous_confirms (32 bytes per confirm-mode publish, for the idle times) and the frame-based
-kinds (one tuple per basic.return, manual basic.consume and flow-control frame). README "Findings"
-defines the kinds.
+unacked_buildup (36 bytes per manual-ack delivery, for its profile over time), synchronous_confirms
+(25 bytes per confirm-mode publish, for the idle times) and the frame-based kinds (one tuple per
+basic.return, manual basic.consume and flow-control frame): records come out when final, not in row
+order, and the incarnations frames belong to are known once their ChannelFacts are in. README
+"Findings" defines the kinds.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ _NULL = np.iinfo(np.int64).min  # a settle time not known (open, unknown)
 
 class _Lockstep:
     """One incarnation's confirm-mode publishes whose pending count is known. Besides running
-    aggregates it holds (seq, ts_ns, settle_ts_ns, lockstep) of each, 32 bytes a publish: a
+    aggregates it holds (seq, ts_ns, settle_ts_ns, lockstep) of each, 25 bytes a publish: a
     lockstep publish's idle time is measured from the latest confirm of the publishes before it in
     seq order, and records arrive in settlement order, not seq order."""
     __slots__ = ("agent_id", "n", "lockstep", "first_ns", "last_ns", "items", "seqs", "ts", "settles", "flags")
