@@ -267,9 +267,9 @@ def uneven_clock(data, rows: list[dict]) -> list[dict]:
 
 
 def random_connections(data, n: int) -> tuple[list[dict], list[dict]]:
-    """`n` connections of random traffic, each as is or in one of test_spark_timeline's variants
+    """`n` connections of random traffic, each as is or in one of tests/variants.py's variants
     (reordered, mid-stream, a capture gap, bad acks), with flow-control frames and uneven clocks."""
-    from .test_spark_timeline import VARIANTS
+    from .variants import VARIANTS
 
     frames, connections = [], []
     for i in range(n):
