@@ -149,6 +149,29 @@ FINDING_KINDS = (
     "unconfirmed_persistent_publish", "synchronous_confirms", "unbounded_prefetch", "flow_blocked",
 )
 SEVERITIES = ("info", "warning", "critical")
+# The severity of each kind: the one table the detectors, the alert rules, the dashboards and the
+# report read (README, "Findings").
+FINDING_SEVERITY = {
+    # Critical: a publish the publisher believes safe is gone, or the client broke the protocol
+    # and the broker closed its channel.
+    "lost_confirm": "critical",
+    "unknown_delivery_tag": "critical",
+    # Warning: the broker or a consumer is in trouble now and someone should act.
+    "confirm_nack": "warning",
+    "unacked_buildup": "warning",
+    "requeue_loop": "warning",
+    "redelivery_after_close": "warning",
+    "unbounded_prefetch": "warning",
+    "flow_blocked": "warning",
+    # Info: a design choice worth knowing, not a failure. Out-of-order confirms are allowed by the
+    # protocol (DESIGN.md: apps must not rely on the order); a publisher that asked for `mandatory`
+    # was told about its unroutable message; persistent publishes without confirms and lockstep
+    # confirms are risk and cost the application chose.
+    "out_of_order_confirm": "info",
+    "unroutable_returned": "info",
+    "unconfirmed_persistent_publish": "info",
+    "synchronous_confirms": "info",
+}
 
 FINDINGS = pa.schema([
     ("date", _str),                   # UTC day of first_ts

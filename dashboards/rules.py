@@ -128,13 +128,7 @@ def agent_counter(metric: str, window: str, matchers: str = "", extra: dict | No
                   (Series(selector, f"0+1x{TEST_STEPS}"),), (Series(selector, _constant(0)),), dict(TEST_AGENT))
 
 
-# Severity of each finding kind, as the detectors give it (README, Findings).
-_KIND_SEVERITY = {
-    "lost_confirm": "critical", "unknown_delivery_tag": "critical", "confirm_nack": "warning",
-    "unacked_buildup": "warning", "requeue_loop": "warning", "redelivery_after_close": "warning",
-    "unbounded_prefetch": "warning", "flow_blocked": "warning", "out_of_order_confirm": "info",
-    "unroutable_returned": "info", "unconfirmed_persistent_publish": "info", "synchronous_confirms": "info",
-}
+_KIND_SEVERITY = schema.FINDING_SEVERITY
 
 
 # -- the rules ---------------------------------------------------------------------------------------

@@ -18,25 +18,15 @@ from datetime import datetime, timedelta, timezone
 from decimal import ROUND_HALF_UP, Decimal
 from operator import itemgetter
 
+from ..schema import FINDING_SEVERITY
+
 # Items listed in a finding's evidence: enough to open the first few in Wireshark; `count` says
 # how many there are in all.
 MAX_EVIDENCE = 20
 
-SEVERITY = {
-    # Critical: a publish the publisher believes safe is gone, or the client broke the protocol.
-    "lost_confirm": "critical",
-    "unknown_delivery_tag": "critical",
-    # Warning: the broker or a consumer is in trouble now and someone should act.
-    "confirm_nack": "warning",
-    "unacked_buildup": "warning",
-    "unbounded_prefetch": "warning",
-    "flow_blocked": "warning",
-    # Info: what the protocol allows or the application chose (README, "Findings").
-    "out_of_order_confirm": "info",
-    "unroutable_returned": "info",
-    "unconfirmed_persistent_publish": "info",
-    "synchronous_confirms": "info",
-}
+# The kinds about one connection; the two that follow a message across connections are Spark's.
+SEVERITY = {kind: severity for kind, severity in FINDING_SEVERITY.items()
+            if kind not in ("requeue_loop", "redelivery_after_close")}
 
 # The evidence fields, in the order the JSON lists them (spark_jobs/detectors/common.py's EVIDENCE,
 # the fields the per-connection kinds use; the cross-connection ones are the Spark aggregation's).

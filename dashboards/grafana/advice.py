@@ -5,15 +5,9 @@ findings table), shown in the panels' descriptions (the (i) of a panel) so the d
 from __future__ import annotations
 
 from analyzer.finding_advice import ADVICE
+from analyzer.schema import FINDING_SEVERITY
 
-# The severity each detector gives its kind (spark_jobs/detectors/common.py, SEVERITY; tests/test_report.py
-# checks the README's table against it), here without importing Spark.
-SEVERITY = {
-    "lost_confirm": "critical", "unknown_delivery_tag": "critical", "confirm_nack": "warning",
-    "unacked_buildup": "warning", "requeue_loop": "warning", "redelivery_after_close": "warning",
-    "unbounded_prefetch": "warning", "flow_blocked": "warning", "out_of_order_confirm": "info",
-    "unroutable_returned": "info", "unconfirmed_persistent_publish": "info", "synchronous_confirms": "info",
-}
+SEVERITY = FINDING_SEVERITY
 # kind -> (severity, what it means, what to do): the advice itself has one source, analyzer/finding_advice.py.
 FINDINGS = {kind: (severity, *ADVICE[kind]) for kind, severity in SEVERITY.items()}
 

@@ -22,27 +22,7 @@ from spark_jobs.types import spark_schema
 # Wireshark; `count` says how many there are in all.
 MAX_EVIDENCE = 20
 
-SEVERITY = {
-    # Critical: a publish the publisher believes safe is gone, or the client broke the protocol
-    # and the broker closed its channel.
-    "lost_confirm": "critical",
-    "unknown_delivery_tag": "critical",
-    # Warning: the broker or a consumer is in trouble now and someone should act.
-    "confirm_nack": "warning",
-    "unacked_buildup": "warning",
-    "requeue_loop": "warning",
-    "redelivery_after_close": "warning",
-    "unbounded_prefetch": "warning",
-    "flow_blocked": "warning",
-    # Info: a design choice worth knowing, not a failure. Out-of-order confirms are allowed by the
-    # protocol (DESIGN.md: apps must not rely on the order); a publisher that asked for `mandatory`
-    # was told about its unroutable message; persistent publishes without confirms and lockstep
-    # confirms are risk and cost the application chose.
-    "out_of_order_confirm": "info",
-    "unroutable_returned": "info",
-    "unconfirmed_persistent_publish": "info",
-    "synchronous_confirms": "info",
-}
+SEVERITY = schema.FINDING_SEVERITY
 
 _EPISODE = "struct<blocked_seq:bigint,unblocked_seq:bigint,seconds:double>"
 
