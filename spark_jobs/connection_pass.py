@@ -38,13 +38,13 @@ FLUSH_RECORDS = 50_000
 
 
 def connection_pass(frames: DataFrame, bucket_ns: int, overdue_ns: int, frames_version: int | None,
-                    partitions: int | None = None) -> DataFrame:
+                    partitions: int | None = None, flush_records: int = FLUSH_RECORDS) -> DataFrame:
     """The wide table (PASS_TABLES) of every connection in `frames` (schema.FRAMES or INPUT_COLUMNS)."""
     spark = frames.sparkSession
     partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
 
     def run_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return _Partition(bucket_ns, overdue_ns, frames_version).run(batches)
+        return _Partition(bucket_ns, overdue_ns, frames_version, flush_records).run(batches)
 
     return (frames.select(*INPUT_COLUMNS)
             .repartition(partitions, "connection_id")
@@ -60,8 +60,10 @@ def pass_rows(wide: DataFrame, name: str) -> DataFrame:
 class _Partition:
     """One partition: its connections one after the other, records out in batches."""
 
-    def __init__(self, bucket_ns: int, overdue_ns: int, frames_version: int | None):
+    def __init__(self, bucket_ns: int, overdue_ns: int, frames_version: int | None, flush_records: int):
         self.bucket_ns, self.overdue_ns, self.frames_version = bucket_ns, overdue_ns, frames_version
+        self.flush_records = flush_records
+        # Emptied in place by each flush, never replaced: a connection's machine keeps appending to it.
         self.records: list = []
         self.states: list[dict] = []
         self.tally: list[dict] = []
@@ -76,7 +78,7 @@ class _Partition:
                     current = WholeConnection(row["connection_id"], row.get("agent_id"), self.records.append,
                                               self.bucket_ns, self.overdue_ns)
                 current.feed(row)
-            if len(self.records) + len(self.states) >= FLUSH_RECORDS:
+            if len(self.records) + len(self.states) >= self.flush_records:
                 yield from self._flush()
         if current is not None:
             self._finish(current)
@@ -96,8 +98,10 @@ class _Partition:
         parts = [(name, None, to_table(self.records, record_type)) for name, record_type in RECORD_TYPES.items()]
         parts += [(STATE_TABLE, None, states_table(self.states)),
                   ("tally", None, pa.Table.from_pylist(self.tally, schema=TALLY))]
-        self.records, self.states, self.tally = [], [], []
-        yield from to_wide(WIDE, parts).to_batches()
+        wide = to_wide(WIDE, parts)
+        for gathered in (self.records, self.states, self.tally):
+            gathered.clear()
+        yield from wide.to_batches()
 
 
 def state_row(checkpoint: Checkpoint, frames_version: int | None) -> dict:

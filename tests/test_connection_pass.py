@@ -44,10 +44,10 @@ def small_batches(spark):
     spark.conf.set(key, before)
 
 
-def run_pass(spark, frames: pa.Table, overdue_ns: int, partitions: int):
+def run_pass(spark, frames: pa.Table, overdue_ns: int, partitions: int, flush_records: int = 50_000):
     # combine_chunks: Spark 4.2 drops every chunk after an empty one of a chunked Arrow table.
     wide = connection_pass(spark.createDataFrame(frames.combine_chunks()), BUCKET_NS, overdue_ns,
-                           frames_version=7, partitions=partitions).persist()
+                           frames_version=7, partitions=partitions, flush_records=flush_records).persist()
     got = {name: pass_rows(wide, name).toArrow().sort_by([(k, "ascending") for k in KEYS[name]])
            for name in TIMELINE_TABLES}
     states = {row["connection_id"]: row for row in pass_rows(wide, STATE_TABLE).toArrow().to_pylist()}
@@ -106,8 +106,10 @@ def test_the_pass_equals_the_reference_model_on_random_traffic(spark, small_batc
             conn = [dict(row, connection_id=connection_id) for row in VARIANTS[variant](data, conn)]
         rows += renumbered(conn)
     rows = [{c: row.get(c) for c in INPUT_COLUMNS} | {"agent_id": row.get("agent_id", "test")} for row in rows]
+    # Records leave in batches of 1 to 50,000: a connection's records cross many flushes.
     got, states, tally = run_pass(spark, pa.Table.from_pylist(rows, schema=INPUT_SCHEMA), OVERDUE_NS,
-                                  partitions=data.draw(st.sampled_from([1, 3, 8]), label="partitions"))
+                                  partitions=data.draw(st.sampled_from([1, 3, 8]), label="partitions"),
+                                  flush_records=data.draw(st.sampled_from([1, 3, 50_000]), label="flush"))
     assert_same_tables(got, to_tables(replay(sorted(rows, key=lambda r: (r["connection_id"], r["seq"])),
                                              OVERDUE_NS)))
     by_connection = _by_connection(rows)
@@ -123,7 +125,7 @@ def test_the_pass_equals_the_reference_model_on_recorded_captures(spark, tmp_pat
     for capture in captures:
         ingest_file(capture, str(tmp_path))
     frames = lake.read_table(str(tmp_path), "frames", schema.FRAMES)
-    got, states, tally = run_pass(spark, frames.select(INPUT_COLUMNS), 60 * 10**9, partitions=4)
+    got, states, tally = run_pass(spark, frames.select(INPUT_COLUMNS), 60 * 10**9, partitions=4, flush_records=5)
     assert_same_tables(got, replay_frames(frames))
     by_connection = _by_connection(frames.select(INPUT_COLUMNS).to_pylist())
     assert tally == {k: len(v) for k, v in by_connection.items()}
