@@ -74,7 +74,6 @@ class LiveState:
         self.histograms: dict[str, dict] = {CONFIRM_LATENCY: {}, ACK_LATENCY: {}}
         self.timeline_errors = 0
         self._labels: dict[tuple, str] = {}
-        self._zeroed: set[str] = set()        # connections whose application's counters exist at 0
 
     # -- rows in -------------------------------------------------------------------------------
 
@@ -89,26 +88,10 @@ class LiveState:
                 records += self.timelines.end_connection(row["connection_id"])
         for connection_id in ended_ids:
             records += self.timelines.end_connection(connection_id)
-        self._zero_counters({row["connection_id"] for row in rows})
         for record in records:
             self._count(record)
         for connection_id in ended_ids:
             self.facts.pop(connection_id, None)
-            self._zeroed.discard(connection_id)
-
-    def _zero_counters(self, connection_ids) -> None:
-        """Every problem counter of an application exists, at 0, from the moment its connection is
-        known (connection.open seen, so its vhost and application are): Prometheus' increase() cannot
-        count a series' first sample, so a counter born at 30 lost confirms would never alert. (A
-        connection that opens and loses within one scrape interval still shows up already counted.)"""
-        for connection_id in connection_ids:
-            facts = self.facts.get(connection_id)
-            if connection_id in self._zeroed or not facts or facts.get("vhost") is None:
-                continue
-            self._zeroed.add(connection_id)
-            where = self.where(connection_id)
-            for name in PROBLEM_COUNTERS:
-                self.counters[name][self._folded(where, name)] += 0
 
     def end_of_data(self) -> None:
         for record in self.timelines.end_of_data():
