@@ -1,7 +1,8 @@
 """The analysis job: frames and connections in; deliveries, publishes, channels, violations,
 channel_metrics and findings out, as Delta tables of the same lake.
 
-The thin I/O shell around pure transforms (timeline/, detectors/, channel_metrics.py). Runs the
+The I/O shell around one pass of the reference state machine (connection_pass.py: the timeline
+tables and checkpoints) and the Spark transforms after it (channel_metrics.py, detectors/). Runs the
 same from `ackscope analyze` and from `spark-submit spark_jobs/analyze.py --lake ...` on a cluster.
 
 A run analyses the connections with frames it has not seen (run_scope.py says which and why) and

@@ -14,7 +14,7 @@ from array import array
 import numpy as np
 
 from ..timeline import records as r
-from .common import (Firsts, Incarnation, RawFinding, Tally, column, fixed, least, most, nulls_first, seconds,
+from .common import (Incarnation, RawFinding, Tally, column, fixed, least, most, nulls_first, seconds,
                      text)
 from .context import Context, FramesByIncarnation
 
