@@ -29,16 +29,20 @@ from analyzer import schema
 from analyzer.lake import TableWriter, read_table
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
-from .channel_metrics import NS_PER_SECOND, channel_metrics
+from analyzer.connection_analysis import Settings
+
+from .channel_metrics import NS_PER_SECOND
 from .delta_io import Match, read_delta, read_files, replace_matching, write_delta
+from .evidence_packets import finished_findings
 from .incremental import Carried, carry_on_connections
 from .detectors import detect
-from .detectors.scoped import rescoped_findings
+from .detectors.scoped import ACROSS_CONNECTIONS, OWN_CONNECTION, rescoped_findings
+from .metrics_redo import pass_channel_metrics
 from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, plan_run, thresholds_json
 from .session import delta_mode as resolve_delta_mode
 from .steps import Steps
 from .thresholds import Thresholds
-from .connection_pass import STATE_TABLE, connection_pass, pass_rows
+from .connection_pass import STATE_TABLE, connection_pass, pass_rows, pass_summary
 from .timeline.plans import materialised
 from .timeline.tables import TIMELINE_TABLES
 
@@ -80,6 +84,7 @@ class _Run:
     connections: DataFrame
     bucket_seconds: int
     overdue_ns: int
+    thresholds: Thresholds
     steps: Steps
 
     @property
@@ -123,7 +128,7 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
         keys = None if plan.scope == FULL else _connections_in_scope(spark, lake, plan, mode)
     report = AnalysisReport(lake=lake, delta_mode=mode, scope=plan.scope, reason=plan.reason,
                             frames_version=plan.frames_version)
-    run = _Run(spark, lake, mode, plan, keys, connections, bucket_seconds, overdue_ns, steps)
+    run = _Run(spark, lake, mode, plan, keys, connections, bucket_seconds, overdue_ns, thresholds, steps)
     if keys == [] and not plan.findings_stale:
         report.reason += "; nothing to analyse"
         _count_findings(lake, report)
@@ -131,19 +136,26 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
             _log_run(lake, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
         return _finished(report, started, steps)
 
-    tables = _per_connection_tables(run, all_frames, report) if keys != [] else {}
+    own_findings = _per_connection_tables(run, all_frames, report) if keys != [] else None
     with steps.step("findings"):
-        _refresh_findings(run, tables, all_frames, thresholds)
+        _refresh_findings(run, own_findings, all_frames, thresholds)
         report.rows["findings"] = _count_findings(lake, report)
     _log_run(lake, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
     return _finished(report, started, steps)
 
 
-def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisReport) -> dict[str, DataFrame]:
+@dataclass
+class _Analysed:
+    """What the per-connection step leaves for the findings step."""
+    tables: dict[str, DataFrame]        # a full run's timeline tables (the findings read them), else empty
+    own_findings: DataFrame | None      # the pass's findings about one connection (None: nothing analysed whole)
+    carried_keys: list[str]             # connections carried on from their checkpoints
+
+
+def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisReport) -> _Analysed:
     """The per-connection tables of the run's connections, written (a full run: replacing each
     table; otherwise: replacing those connections' rows). Connections carried on from their
-    checkpoints read only their new frames; the rest are analysed whole. Returns the tables a
-    full run computed (the findings read them), else nothing."""
+    checkpoints read only their new frames; the rest are analysed whole, their findings too."""
     carried = None
     if run.plan.scope == NEW_DATA:
         with run.steps.step("carry on from checkpoints"):
@@ -153,11 +165,11 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
             _report_carried(carried, report)
     whole_keys = run.keys if carried is None else carried.whole_keys
     outputs = {name: [] for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
-    tables = {}
+    tables, own_findings, whole_rows = {}, None, {}
     if whole_keys is None or whole_keys:
         with run.steps.step("timelines"):
             frames = all_frames if whole_keys is None else run.frames_of(whole_keys)
-            tables = _analysed_whole(run, frames, report)
+            tables, own_findings, whole_rows = _analysed_whole(run, frames, whole_keys, report)
         for name in outputs:
             outputs[name].append(tables[name])
     if carried is not None:
@@ -165,12 +177,13 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
             outputs[name].append(carried.tables[name])
     analysed_whole = [Match(run.ids(whole_keys), ("connection_id",))] if whole_keys else []
     with run.steps.step("write tables"):
-        _write_tables(run, outputs, analysed_whole, carried, report)
-    return tables if run.keys is None else {}
+        _write_tables(run, outputs, analysed_whole, carried, report, whole_rows)
+    carried_keys = sorted(set(run.keys or ()) - set(whole_keys or ())) if carried is not None else []
+    return _Analysed(tables if run.keys is None else {}, own_findings, carried_keys)
 
 
 def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carried | None,
-                  report: AnalysisReport) -> None:
+                  report: AnalysisReport, whole_rows: dict[str, int]) -> None:
     for name, parts in outputs.items():
         rows = parts[0]
         for part in parts[1:]:
@@ -182,7 +195,7 @@ def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carri
             matches = analysed_whole + (carried.matches[name] if carried is not None else [])
             replace_matching(rows, run.lake, name, table_schema, matches, delta_mode=run.mode)
         if name != STATE_TABLE:
-            report.rows[name] = rows.count()
+            report.rows[name] = whole_rows.get(name, 0) + (carried.tables[name].count() if carried is not None else 0)
 
 
 def _report_carried(carried: Carried, report: AnalysisReport) -> None:
@@ -193,33 +206,52 @@ def _report_carried(carried: Carried, report: AnalysisReport) -> None:
             f"{k}: {why}" for k, why in sorted(carried.fallbacks.items())[:5])
 
 
-def _analysed_whole(run: _Run, frames: DataFrame, report: AnalysisReport) -> dict[str, DataFrame]:
-    """The per-connection tables and checkpoints of these connections, from all their frames, in
-    one pass of the reference state machine (connection_pass.py)."""
-    wide = materialised(connection_pass(frames, run.bucket_ns, run.overdue_ns, run.plan.frames_version))
-    tables = {name: pass_rows(wide, name) for name in [*TIMELINE_TABLES, STATE_TABLE]}
-    tables["channel_metrics"] = materialised(channel_metrics(tables["deliveries"], tables["publishes"],
-                                                          tables["channels"], run.bucket_seconds))
-    tally = pass_rows(wide, "tally").agg(F.coalesce(F.sum("frames"), F.lit(0)).alias("frames"),
-                                         F.count(F.lit(1)).alias("ids")).first()
-    report.frames += tally["frames"]
-    report.connections += tally["ids"]
-    return tables
+def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None,
+                    report: AnalysisReport) -> tuple[dict[str, DataFrame], DataFrame, dict[str, int]]:
+    """The per-connection tables, checkpoints and findings about one connection of these
+    connections (None: all), from all their frames, in one pass of the reference state machine
+    (connection_pass.py); and the rows of each table."""
+    connections = run.connections if keys is None else run.connections.join(
+        F.broadcast(run.ids(keys)), on="connection_id", how="left_semi")
+    settings = Settings(run.bucket_seconds, run.overdue_ns, run.thresholds)
+    wide = materialised(connection_pass(frames, connections, settings, run.plan.frames_version))
+    summary = pass_summary(wide)
+    tables = {name: pass_rows(wide, name) for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
+    tables["channel_metrics"] = pass_channel_metrics(wide, summary.metrics_redo, run.bucket_seconds)
+    if summary.metrics_redo:
+        summary.rows["channel_metrics"] = tables["channel_metrics"].count()
+    report.frames += summary.frames
+    report.connections += summary.connections
+    return tables, finished_findings(pass_rows(wide, "raw_findings"), frames), summary.rows
 
 
-def _refresh_findings(run: _Run, tables: dict[str, DataFrame], all_frames: DataFrame, thresholds: Thresholds) -> None:
+def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFrame, thresholds: Thresholds) -> None:
     """A scoped run computes again the findings its connections can change and replaces just those;
-    a full run (or new thresholds) computes them all and replaces the table."""
-    stored = tables or {name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode)
-                        for name in TIMELINE_TABLES}
+    a full run (or new thresholds) computes them all and replaces the table. The findings about one
+    connection analysed whole come from the pass; the cross-connection kinds from the Spark
+    aggregation by message (detectors/messages.py)."""
+    stored = (analysed.tables if analysed is not None else {}) or {
+        name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in TIMELINE_TABLES}
     inputs = {**stored, "frames": all_frames, "connections": run.connections}
+    own = analysed.own_findings if analysed is not None else None
     if run.keys and not run.plan.findings_stale:
-        rescoped = rescoped_findings(inputs, run.ids(run.keys), run.frames_of(run.keys), thresholds)
+        if analysed.carried_keys:
+            carried_ids = run.ids(analysed.carried_keys)
+            # Until the carried connections' detectors run in Python too (issue 13), from their stored rows.
+            carried_own = detect({name: df.join(F.broadcast(carried_ids), on="connection_id", how="left_semi")
+                                  for name, df in inputs.items() if name != "frames"}
+                                 | {"frames": run.frames_of(analysed.carried_keys)}, thresholds, kinds=OWN_CONNECTION)
+            own = carried_own if own is None else own.unionByName(carried_own)
+        rescoped = rescoped_findings(inputs, run.ids(run.keys), own, thresholds)
         replace_matching(materialised(rescoped.findings), run.lake, "findings", schema.FINDINGS, rescoped.replaces,
                          delta_mode=run.mode)
     else:
-        findings = materialised(detect(inputs, thresholds))
-        write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=run.mode)
+        if run.keys is None and own is not None:
+            findings = own.unionByName(detect(inputs, thresholds, kinds=ACROSS_CONNECTIONS))
+        else:  # new thresholds and nothing else new: every finding from the stored rows
+            findings = detect(inputs, thresholds)
+        write_delta(materialised(findings), run.lake, "findings", schema.FINDINGS, mode="overwrite",
+                    delta_mode=run.mode)
 
 
 def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: str) -> list[str]:

@@ -2,54 +2,86 @@
 
 A channel's timeline is a sequential state machine (DESIGN.md, "Analysis"): Spark moves the data,
 Python runs the machine. The frames are shuffled by connection and sorted by (connection, seq)
-within each partition; `mapInArrow` then streams every partition's Arrow batches through
-`carry.WholeConnection`, one connection after the other, so a connection of millions of frames is
-never held whole: records leave as Arrow batches as they become final. Out of the one pass come the
-four timeline tables, each connection's checkpoint for the next incremental run (`analysis_state`)
-and a tally of the frames read, as one wide table (wide.py): Spark takes one output schema per call.
+within each partition, each connection's schema.CONNECTIONS row travelling first (a header row, at
+seq HEADER_SEQ); `mapInArrow` then streams every partition's Arrow batches through
+analyzer/connection_analysis.py, one connection after the other, so a connection of millions of
+frames is never held whole: records and metric rows leave as Arrow batches as they become final.
+Out of the one pass come, as one wide table (wide.py; Spark takes one output schema per call): the
+four timeline tables, channel_metrics, the connection's findings (raw: the capture packets of their
+evidence are looked up afterwards, findings.py), each connection's checkpoint for the next
+incremental run (`analysis_state`) and a tally of the frames read.
 
 Connections are independent, so the work scales out by partition; a hot connection is one task.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from analyzer import schema
+from analyzer.connection_analysis import ADVANCE_EVERY_ROWS, ANALYSIS_COLUMNS, ConnectionAnalysis, Settings
+from analyzer.detectors import evidence_seqs
 from analyzer.rows import dicts_to_table
-from analyzer.timeline import INPUT_COLUMNS
-from analyzer.timeline.carry import FORMAT, Checkpoint, WholeConnection, dump
+from analyzer.timeline.carry import FORMAT, Checkpoint, dump
+from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
 from .timeline.tables import TIMELINE_TABLES
-from .timeline.wide import from_wide, to_wide, wide_schema
+from .timeline.wide import RECORD, from_wide, to_wide, wide_schema
 from .types import spark_schema
 
-TALLY = pa.schema([("connection_id", pa.string()), ("frames", pa.int64())])
+# A header row sorts before every frame of its connection (frame seqs count from 1).
+HEADER_SEQ = -1
+HEADER = "connection"        # the header row's column: its schema.CONNECTIONS row as JSON
+TALLY = pa.schema([("connection_id", pa.string()), ("frames", pa.int64()), ("metrics_redo", pa.string())])
+# A finding of one connection before its evidence packets are known: the RawFinding and the
+# connection row (JSON, for findings.finish_raw), and the frame seqs its evidence names.
+RAW_FINDINGS = pa.schema([("connection_id", pa.string()), ("connection", pa.string()), ("finding", pa.string()),
+                          ("seqs", pa.list_(pa.int64()))])
 STATE_TABLE = "analysis_state"
-PASS_TABLES = {**TIMELINE_TABLES, STATE_TABLE: schema.ANALYSIS_STATE, "tally": TALLY}
+PASS_TABLES = {**TIMELINE_TABLES, "channel_metrics": schema.CHANNEL_METRICS, "raw_findings": RAW_FINDINGS,
+               STATE_TABLE: schema.ANALYSIS_STATE, "tally": TALLY}
 WIDE = wide_schema(PASS_TABLES)
+# The pass's outputs that are tables of the lake.
+TABLE_NAMES = (*TIMELINE_TABLES, "channel_metrics", STATE_TABLE)
 # Records (or connections' state rows) gathered before they leave as one Arrow batch: large enough
 # that the Arrow conversion is amortised, small enough that a hot connection streams.
 FLUSH_RECORDS = 50_000
 
 
-def connection_pass(frames: DataFrame, bucket_ns: int, overdue_ns: int, frames_version: int | None,
-                    partitions: int | None = None, flush_records: int = FLUSH_RECORDS) -> DataFrame:
-    """The wide table (PASS_TABLES) of every connection in `frames` (schema.FRAMES or INPUT_COLUMNS)."""
+def connection_pass(frames: DataFrame, connections: DataFrame, settings: Settings, frames_version: int | None,
+                    partitions: int | None = None, flush_records: int = FLUSH_RECORDS,
+                    advance_every: int = ADVANCE_EVERY_ROWS) -> DataFrame:
+    """The wide table (PASS_TABLES) of every connection in `frames` (schema.FRAMES, or at least
+    ANALYSIS_COLUMNS). `connections`: schema.CONNECTIONS rows (any number; those without frames
+    here are skipped)."""
     spark = frames.sparkSession
     partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
 
     def run_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return _Partition(bucket_ns, overdue_ns, frames_version, flush_records).run(batches)
+        return _Partition(settings, frames_version, flush_records, advance_every).run(batches)
 
-    return (frames.select(*INPUT_COLUMNS)
-            .repartition(partitions, "connection_id")
+    rows = frames.select(*ANALYSIS_COLUMNS).unionByName(headers(connections), allowMissingColumns=True)
+    return (rows.repartition(partitions, "connection_id")
             .sortWithinPartitions("connection_id", "seq")
             .mapInArrow(run_partition, spark_schema(WIDE)))
+
+
+def headers(connections: DataFrame) -> DataFrame:
+    """One header row per connection: the row first seen (should two agents have seen it), with the
+    last time any of them saw it, as the Spark detectors had it (detectors/common.py)."""
+    first = connections.groupBy("connection_id").agg(
+        F.min(F.struct("first_ts_ns", "agent_id", "connection_name", "client_addr", "client_port", "server_addr",
+                       "server_port", "source")).alias("c"),
+        F.max("last_ts_ns").alias("last_ts_ns"))
+    return first.select("connection_id", F.lit(HEADER_SEQ).cast("bigint").alias("seq"),
+                        F.to_json(F.struct("connection_id", "c.*", "last_ts_ns")).alias(HEADER))
 
 
 def pass_rows(wide: DataFrame, name: str) -> DataFrame:
@@ -57,49 +89,85 @@ def pass_rows(wide: DataFrame, name: str) -> DataFrame:
     return from_wide(wide, name, PASS_TABLES[name])
 
 
+@dataclass
+class PassSummary:
+    rows: dict[str, int]           # rows of each table
+    frames: int                    # frame rows read
+    connections: int
+    metrics_redo: list[str]        # connections whose channel_metrics must be computed from all their records
+
+
+def pass_summary(wide: DataFrame) -> PassSummary:
+    """What the (materialised) wide table holds, in one Spark job."""
+    redo = F.when(F.col("tally__metrics_redo").isNotNull(), F.col("tally__connection_id"))
+    got = {row[RECORD]: row for row in wide.groupBy(RECORD).agg(
+        F.count(F.lit(1)).alias("n"), F.sum("tally__frames").alias("frames"),
+        F.collect_list(redo).alias("redo")).collect()}
+    tally = got.get("tally")
+    return PassSummary({name: row["n"] for name, row in got.items() if name in TABLE_NAMES},
+                       frames=tally["frames"] if tally else 0, connections=tally["n"] if tally else 0,
+                       metrics_redo=sorted(tally["redo"]) if tally else [])
+
+
 class _Partition:
     """One partition: its connections one after the other, records out in batches."""
 
-    def __init__(self, bucket_ns: int, overdue_ns: int, frames_version: int | None, flush_records: int):
-        self.bucket_ns, self.overdue_ns, self.frames_version = bucket_ns, overdue_ns, frames_version
-        self.flush_records = flush_records
-        # Emptied in place by each flush, never replaced: a connection's machine keeps appending to it.
+    def __init__(self, settings: Settings, frames_version: int | None, flush_records: int, advance_every: int):
+        self.settings, self.frames_version = settings, frames_version
+        self.flush_records, self.advance_every = flush_records, advance_every
+        # Emptied in place by each flush, never replaced: a connection's machine keeps appending to them.
         self.records: list = []
-        self.states: list[dict] = []
-        self.tally: list[dict] = []
+        self.metrics: list[dict] = []
+        self.rows: dict[str, list[dict]] = {"raw_findings": [], STATE_TABLE: [], "tally": []}
+        self.header: dict | None = None
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        current: WholeConnection | None = None
+        current: ConnectionAnalysis | None = None
         for batch in batches:
             for row in batch.to_pylist():
-                if current is None or row["connection_id"] != current.timeline.id:
+                connection_id = row["connection_id"]
+                if current is None or connection_id != current.connection_id:
                     if current is not None:
                         self._finish(current)
-                    current = WholeConnection(row["connection_id"], row.get("agent_id"), self.records.append,
-                                              self.bucket_ns, self.overdue_ns)
+                        current = None
+                    if row["seq"] == HEADER_SEQ:
+                        self.header = json.loads(row[HEADER])
+                        continue
+                    if self.header is not None and self.header["connection_id"] != connection_id:
+                        self.header = None
+                    current = ConnectionAnalysis(connection_id, row["agent_id"], self.settings,
+                                                 self.records.append, self.metrics.extend, self.advance_every)
                 current.feed(row)
-            if len(self.records) + len(self.states) >= self.flush_records:
+            if len(self.records) + len(self.metrics) + len(self.rows[STATE_TABLE]) >= self.flush_records:
                 yield from self._flush()
         if current is not None:
             self._finish(current)
         yield from self._flush()
 
-    def _finish(self, connection: WholeConnection) -> None:
-        checkpoint = connection.finish()
-        timeline = connection.timeline
-        self.tally.append({"connection_id": timeline.id, "frames": connection.rows})
-        self.states.append(state_row(checkpoint, self.frames_version) if checkpoint is not None else {
+    def _finish(self, analysis: ConnectionAnalysis) -> None:
+        header, self.header = self.header, None
+        done = analysis.finish(header)
+        connection_json = json.dumps(header if header is not None else {"connection_id": analysis.connection_id})
+        for raw in done.raw_findings:
+            self.rows["raw_findings"].append({"connection_id": analysis.connection_id, "connection": connection_json,
+                                              "finding": json.dumps(asdict(raw)), "seqs": evidence_seqs([raw])})
+        timeline = analysis.whole.timeline
+        self.rows["tally"].append({"connection_id": timeline.id, "frames": analysis.rows,
+                                   "metrics_redo": done.metrics_redo})
+        self.rows[STATE_TABLE].append(state_row(done.checkpoint, self.frames_version) if done.checkpoint is not None else {
             "connection_id": timeline.id, "frames_version": self.frames_version, "last_seq": timeline.last_seq,
             "last_ts_ns": timeline.last_ts_ns, "carried_records": 0})
 
     def _flush(self) -> Iterator[pa.RecordBatch]:
-        if not (self.records or self.states or self.tally):
+        if not (self.records or self.metrics or any(self.rows.values())):
             return
         parts = [(name, None, to_table(self.records, record_type)) for name, record_type in RECORD_TYPES.items()]
-        parts += [(STATE_TABLE, None, states_table(self.states)),
-                  ("tally", None, pa.Table.from_pylist(self.tally, schema=TALLY))]
+        parts += [("channel_metrics", None, metrics_table(self.metrics)),
+                  ("raw_findings", None, pa.Table.from_pylist(self.rows["raw_findings"], schema=RAW_FINDINGS)),
+                  (STATE_TABLE, None, states_table(self.rows[STATE_TABLE])),
+                  ("tally", None, pa.Table.from_pylist(self.rows["tally"], schema=TALLY))]
         wide = to_wide(WIDE, parts)
-        for gathered in (self.records, self.states, self.tally):
+        for gathered in (self.records, self.metrics, *self.rows.values()):
             gathered.clear()
         yield from wide.to_batches()
 

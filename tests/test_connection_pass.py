@@ -1,7 +1,8 @@
 """The one pass (spark_jobs/connection_pass.py) on a real local Spark: every connection through the
-reference state machine must give exactly what replaying it alone gives, whatever the partitioning
-and however the Arrow batches cut the connections; and each open connection's checkpoint must be
-the one carrying it on from its frames gives.
+reference state machine must give exactly what replaying it alone gives (its timeline tables, its
+channel_metrics and its findings about one connection), whatever the partitioning and however the
+Arrow batches cut the connections; and each open connection's checkpoint must be the one carrying
+it on from its frames gives.
 
 Random traffic comes from tests/test_timeline.py's generator with tests/variants.py's damage; each
 Spark run takes many connections at once (a Spark job costs seconds whatever its size)."""
@@ -15,23 +16,35 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from analyzer import lake, schema
+from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
+from analyzer.detectors import detect_connection
 from analyzer.ingest import ingest_file
-from analyzer.timeline import INPUT_COLUMNS, replay, replay_frames, to_tables
+from analyzer.rows import dicts_to_table
+from analyzer.timeline import INPUT_COLUMNS, replay, to_tables
 from analyzer.timeline.carry import continue_connection, load
-from spark_jobs.connection_pass import STATE_TABLE, connection_pass, pass_rows
+from analyzer.timeline.metrics import channel_metrics
+from analyzer.timeline.metrics import to_table as metrics_table
+from spark_jobs.connection_pass import STATE_TABLE, connection_pass, pass_rows, pass_summary
+from spark_jobs.evidence_packets import finished_findings
+from spark_jobs.metrics_redo import pass_channel_metrics
 from spark_jobs.timeline.tables import TIMELINE_TABLES
 
 from .conftest import ROOT
+from .findings_check import LAB_THRESHOLDS
+from .test_detectors_python import assert_same, packets_from, random_connections
 from .test_timeline import renumbered, valid_traffic
 from .variants import VARIANTS
 
-INPUT_SCHEMA = pa.schema([schema.FRAMES.field(name) for name in INPUT_COLUMNS])
+FRAME_COLUMNS = (*ANALYSIS_COLUMNS, "source_packet", "source")
+INPUT_SCHEMA = pa.schema([schema.FRAMES.field(name) for name in FRAME_COLUMNS])
 KEYS = {"deliveries": ("connection_id", "channel", "incarnation", "seq"),
         "publishes": ("connection_id", "channel", "incarnation", "seq"),
         "channels": ("connection_id", "channel", "incarnation"),
-        "violations": ("connection_id", "channel", "incarnation", "seq", "kind")}
+        "violations": ("connection_id", "channel", "incarnation", "seq", "kind"),
+        "channel_metrics": ("connection_id", "channel", "incarnation", "bucket_start_ns")}
 OVERDUE_NS = 15_000_000  # rows are 1 ms apart: some open publishes are overdue, some not
-BUCKET_NS = 10_000_000
+BUCKET_SECONDS = 1
+BUCKET_NS = BUCKET_SECONDS * 10**9
 
 
 @pytest.fixture
@@ -44,20 +57,50 @@ def small_batches(spark):
     spark.conf.set(key, before)
 
 
-def run_pass(spark, frames: pa.Table, overdue_ns: int, partitions: int, flush_records: int = 50_000):
+def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, partitions: int,
+             flush_records: int = 50_000, advance_every: int = 4096):
     # combine_chunks: Spark 4.2 drops every chunk after an empty one of a chunked Arrow table.
-    wide = connection_pass(spark.createDataFrame(frames.combine_chunks()), BUCKET_NS, overdue_ns,
-                           frames_version=7, partitions=partitions, flush_records=flush_records).persist()
+    frames_df = spark.createDataFrame(frames.combine_chunks())
+    wide = connection_pass(frames_df, spark.createDataFrame(connections.combine_chunks()),
+                           Settings(BUCKET_SECONDS, overdue_ns, LAB_THRESHOLDS), frames_version=7,
+                           partitions=partitions, flush_records=flush_records, advance_every=advance_every).persist()
     got = {name: pass_rows(wide, name).toArrow().sort_by([(k, "ascending") for k in KEYS[name]])
            for name in TIMELINE_TABLES}
+    summary = pass_summary(wide)
+    got["channel_metrics"] = pass_channel_metrics(wide, summary.metrics_redo, BUCKET_SECONDS).toArrow().sort_by(
+        [(k, "ascending") for k in KEYS["channel_metrics"]])
+    got["findings"] = finished_findings(pass_rows(wide, "raw_findings"), frames_df).toArrow().to_pylist()
     states = {row["connection_id"]: row for row in pass_rows(wide, STATE_TABLE).toArrow().to_pylist()}
     tally = {row["connection_id"]: row["frames"] for row in pass_rows(wide, "tally").toArrow().to_pylist()}
+    streamed = {name: n for name, n in summary.rows.items() if name != "channel_metrics" or not summary.metrics_redo}
+    assert streamed == {name: table.num_rows for name, table in got.items()
+                        if name != "findings" and name in streamed} | {STATE_TABLE: len(states)}
+    assert (summary.frames, summary.connections) == (sum(tally.values()), len(tally))
     wide.unpersist()
-    return got, states, tally
+    return got, states, tally, summary.metrics_redo
+
+
+def expected_outputs(frames: list[dict], connections: list[dict], overdue_ns: int) -> dict:
+    """What the reference parts give, each connection alone: the timeline tables, channel_metrics
+    and the findings about one connection."""
+    by_connection = _by_connection(frames)
+    rows_of = {c["connection_id"]: c for c in connections}
+    records, findings = [], []
+    for connection_id, rows in by_connection.items():
+        mine = replay([{c: row.get(c) for c in INPUT_COLUMNS} for row in rows], overdue_ns)
+        records += mine
+        findings += detect_connection(mine, rows, rows_of.get(connection_id, {"connection_id": connection_id}),
+                                      LAB_THRESHOLDS, packets_from(rows))
+    expected = to_tables(records)
+    expected["channel_metrics"] = metrics_table(channel_metrics(records, BUCKET_SECONDS)).sort_by(
+        [(k, "ascending") for k in KEYS["channel_metrics"]])
+    expected["findings"] = findings
+    return expected
 
 
 def assert_same_tables(got: dict, expected: dict):
-    for name in TIMELINE_TABLES:
+    assert_same(got["findings"], expected["findings"])
+    for name in [*TIMELINE_TABLES, "channel_metrics"]:
         assert got[name].schema == expected[name].schema, name
         if not got[name].equals(expected[name]):
             rows, want = got[name].to_pylist(), expected[name].to_pylist()
@@ -96,23 +139,18 @@ def _by_connection(rows: list[dict]) -> dict:
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(data=st.data())
 def test_the_pass_equals_the_reference_model_on_random_traffic(spark, small_batches, data):
-    rows = []
-    for i in range(36):
-        variant = data.draw(st.sampled_from(sorted(VARIANTS)), label="variant")
-        traffic = valid_traffic(data, transactions=data.draw(st.booleans()))
-        connection_id = f"10.0.0.1:{40000 + i}>10.0.0.2:5672@{i}"
-        conn = [dict(row, connection_id=connection_id) for row in traffic.conv.rows]
-        if VARIANTS[variant] is not None:
-            conn = [dict(row, connection_id=connection_id) for row in VARIANTS[variant](data, conn)]
-        rows += renumbered(conn)
-    rows = [{c: row.get(c) for c in INPUT_COLUMNS} | {"agent_id": row.get("agent_id", "test")} for row in rows]
-    # Records leave in batches of 1 to 50,000: a connection's records cross many flushes.
-    got, states, tally = run_pass(spark, pa.Table.from_pylist(rows, schema=INPUT_SCHEMA), OVERDUE_NS,
+    """36 connections of random traffic (tests/variants.py's damage, flow control, uneven clocks)."""
+    frames, connections = random_connections(data, 36)
+    frames = [{c: row.get(c) for c in FRAME_COLUMNS} for row in frames]
+    # Records leave in batches of 1 to 50,000: a connection's records cross many flushes; metric
+    # buckets are let out after every row, every 7 rows or as in production.
+    got, states, tally, _redo = run_pass(spark, pa.Table.from_pylist(frames, schema=INPUT_SCHEMA),
+                                  connection_table(connections), OVERDUE_NS,
                                   partitions=data.draw(st.sampled_from([1, 3, 8]), label="partitions"),
-                                  flush_records=data.draw(st.sampled_from([1, 3, 50_000]), label="flush"))
-    assert_same_tables(got, to_tables(replay(sorted(rows, key=lambda r: (r["connection_id"], r["seq"])),
-                                             OVERDUE_NS)))
-    by_connection = _by_connection(rows)
+                                  flush_records=data.draw(st.sampled_from([1, 3, 50_000]), label="flush"),
+                                  advance_every=data.draw(st.sampled_from([1, 7, 4096]), label="advance"))
+    assert_same_tables(got, expected_outputs(frames, connections, OVERDUE_NS))
+    by_connection = _by_connection(frames)
     assert tally == {k: len(v) for k, v in by_connection.items()}
     assert_checkpoints(states, by_connection, OVERDUE_NS)
 
@@ -124,9 +162,36 @@ def test_the_pass_equals_the_reference_model_on_recorded_captures(spark, tmp_pat
                        if p.endswith((".pcap", ".pcapng")))
     for capture in captures:
         ingest_file(capture, str(tmp_path))
-    frames = lake.read_table(str(tmp_path), "frames", schema.FRAMES)
-    got, states, tally = run_pass(spark, frames.select(INPUT_COLUMNS), 60 * 10**9, partitions=4, flush_records=5)
-    assert_same_tables(got, replay_frames(frames))
-    by_connection = _by_connection(frames.select(INPUT_COLUMNS).to_pylist())
+    frames = lake.read_table(str(tmp_path), "frames", schema.FRAMES).select(FRAME_COLUMNS)
+    connections = lake.read_table(str(tmp_path), "connections", schema.CONNECTIONS)
+    got, states, tally, _redo = run_pass(spark, frames, connections, 60 * 10**9, partitions=4, flush_records=5,
+                                  advance_every=3)
+    assert_same_tables(got, expected_outputs(frames.to_pylist(), connections.to_pylist(), 60 * 10**9))
+    by_connection = _by_connection(frames.to_pylist())
     assert tally == {k: len(v) for k, v in by_connection.items()}
     assert_checkpoints(states, by_connection, 60 * 10**9)
+
+
+def connection_table(rows: list[dict]) -> pa.Table:
+    return dicts_to_table(rows, schema.CONNECTIONS, schema.CONNECTION_TIMESTAMPS, schema.CONNECTION_DATE_FROM)
+
+
+def test_frame_times_going_back_make_the_metrics_of_that_connection_computed_again(spark, tmp_path):
+    """A capture whose clock steps back (merged captures): the streamed metric rows of the buckets
+    already out would be wrong, so that connection's channel_metrics are computed from all its
+    records after the pass; the other connections keep their streamed rows."""
+    for capture in sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))[:4]:
+        ingest_file(capture, str(tmp_path))
+    frames = lake.read_table(str(tmp_path), "frames", schema.FRAMES).select(FRAME_COLUMNS).to_pylist()
+    by_connection = _by_connection(frames)
+    stepped = max(by_connection, key=lambda k: len(by_connection[k]))
+    rows = by_connection[stepped]
+    half = len(rows) // 2
+    back = {row["seq"] for row in rows[half:]}
+    frames = [dict(row, ts_ns=row["ts_ns"] - 30 * BUCKET_NS) if row["connection_id"] == stepped and row["seq"] in back
+              else row for row in frames]
+    connections = lake.read_table(str(tmp_path), "connections", schema.CONNECTIONS)
+    got, _states, _tally, redo = run_pass(spark, pa.Table.from_pylist(frames, schema=INPUT_SCHEMA), connections,
+                                          60 * 10**9, partitions=2, advance_every=1)
+    assert redo == [stepped]
+    assert_same_tables(got, expected_outputs(frames, connections.to_pylist(), 60 * 10**9))

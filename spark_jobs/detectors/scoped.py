@@ -1,8 +1,9 @@
 """The findings a run must compute again after it analysed some connections, and which stored
 findings they replace: a scheduled run's detectors read what the run touched, not the whole lake.
 
-Most kinds are about one connection: their findings depend on its own rows only (every step is
-keyed by connection), so they are computed again from the analysed connections' rows and frames.
+Most kinds are about one connection: their findings depend on its own rows only, so the caller
+computes them again for the analysed connections (the pass, for the connections it analysed whole)
+and hands them in.
 The two kinds that follow a message across connections (messages.py) reach further:
 - requeue_loop, one finding per message: computed again for every message identity the analysed
   connections delivered, from all the deliveries of those identities;
@@ -40,20 +41,18 @@ class RescopedFindings:
     replaces: list[Match]        # the stored findings they take the place of
 
 
-def rescoped_findings(tables: Tables, analysed: DataFrame, analysed_frames: DataFrame,
+def rescoped_findings(tables: Tables, analysed: DataFrame, own_findings: DataFrame,
                       thresholds: Thresholds) -> RescopedFindings:
     """`tables`: the detectors' inputs (detectors.INPUTS) as stored after the run's timelines;
-    `analysed`: one `connection_id` column, the connections the run analysed; `analysed_frames`:
-    every frame of those connections."""
+    `analysed`: one `connection_id` column, the connections the run analysed; `own_findings`: the
+    findings of the OWN_CONNECTION kinds of those connections."""
     analysed = lookup(analysed.select("connection_id").distinct())
-    own = {name: df.join(analysed, on="connection_id", how="left_semi") for name, df in tables.items()}
-    own["frames"] = analysed_frames
-    parts = [detect(own, thresholds, kinds=OWN_CONNECTION)]
+    parts = [own_findings]
     # Whatever kind: a finding of an analysed connection is computed again below, if it still holds.
     replaces = [Match(analysed, ("connection_id",))]
 
     known = tables["deliveries"].filter(F.col("message_identity").isNotNull())
-    analysed_deliveries = own["deliveries"].filter(F.col("message_identity").isNotNull())
+    analysed_deliveries = tables["deliveries"].join(analysed, on="connection_id", how="left_semi").filter(F.col("message_identity").isNotNull())
 
     messages = lookup(analysed_deliveries.select("message_identity").distinct())
     journeys = known.join(messages, on="message_identity", how="left_semi")

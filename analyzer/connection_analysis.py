@@ -1,0 +1,104 @@
+"""One connection analysed whole, sans-IO: its frame rows in (seq order), and out, as they become
+final, everything the analysis keeps about it: the timeline records (deliveries, publishes,
+channels, violations), its channel_metrics rows, its findings and the checkpoint the next
+incremental run carries it on from. What the Spark pass runs for each connection
+(spark_jobs/connection_pass.py), so every per-connection rule lives once, here and in the modules
+it drives:
+
+    analysis = ConnectionAnalysis(connection_id, agent_id, settings, records.append, metrics.append)
+    for row in rows:                  # schema.FRAMES columns (ANALYSIS_COLUMNS at least)
+        analysis.feed(row)
+    done = analysis.finish(connection_row)   # raw findings, checkpoint
+
+A connection of millions of frames streams: records and metric rows leave as they become final;
+what stays is what the machine still holds, the checkpoint's boundary records and the detectors'
+running aggregates (analyzer/detectors: a few tens of bytes per delivery for unacked_buildup).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .detectors import FRAME_COLUMNS, ConnectionDetectors, RawFinding, wants_frame
+from .timeline import INPUT_COLUMNS
+from .timeline.carry import Checkpoint, WholeConnection
+from .timeline.metrics import ChannelMetrics, HorizonError
+from .timeline.metrics_stream import announce_opens, horizons
+
+# The frames columns one connection's analysis reads.
+ANALYSIS_COLUMNS = tuple(dict.fromkeys((*INPUT_COLUMNS, *FRAME_COLUMNS)))
+# Rows between two looks at what the machine holds (to let finished metric buckets out): reading it
+# walks every open item, so not at every row.
+ADVANCE_EVERY_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a run fixes for every connection: the metrics' bucket, the overdue timeout and the
+    detectors' thresholds (spark_jobs/thresholds.py)."""
+    bucket_seconds: int
+    overdue_ns: int
+    thresholds: object
+
+    @property
+    def bucket_ns(self) -> int:
+        return self.bucket_seconds * 1_000_000_000
+
+
+@dataclass
+class Analysed:
+    raw_findings: list[RawFinding]
+    checkpoint: Checkpoint | None          # None: the connection ended, or see `no_checkpoint`
+    no_checkpoint: str | None
+    metrics_redo: str | None               # why its channel_metrics must be computed from all its records
+
+
+class ConnectionAnalysis:
+    def __init__(self, connection_id: str, agent_id: str | None, settings: Settings,
+                 out_record: Callable, out_metrics: Callable[[list[dict]], None],
+                 advance_every: int = ADVANCE_EVERY_ROWS):
+        self.out_record, self.out_metrics, self.advance_every = out_record, out_metrics, advance_every
+        self.whole = WholeConnection(connection_id, agent_id, self._record, settings.bucket_ns, settings.overdue_ns)
+        self.metrics: ChannelMetrics | None = ChannelMetrics(settings.bucket_seconds)
+        self.detectors = ConnectionDetectors({"connection_id": connection_id}, settings.thresholds)
+        self.metrics_redo: str | None = None
+        self.rows = 0
+
+    @property
+    def connection_id(self) -> str:
+        return self.whole.timeline.id
+
+    def _record(self, record) -> None:
+        self.out_record(record)
+        self.detectors.record(record)
+        if self.metrics is not None:
+            try:
+                self.metrics.feed((record,))
+            except HorizonError as error:
+                self._give_up_metrics(error)
+
+    def feed(self, row: Mapping) -> None:
+        if wants_frame(row):
+            self.detectors.frame(row)
+        self.whole.feed(row)
+        self.rows += 1
+        if self.rows % self.advance_every == 0 and self.metrics is not None:
+            try:
+                announce_opens(self.metrics, self.whole.timeline)
+                self.out_metrics(self.metrics.advance(*horizons(self.whole.timeline)))
+            except HorizonError as error:
+                self._give_up_metrics(error)
+
+    def _give_up_metrics(self, error: HorizonError) -> None:
+        """Frame times went back past a bucket already let out: the streamed rows cannot be mended
+        here, so the caller computes this connection's metrics again from all its records."""
+        self.metrics, self.metrics_redo = None, str(error)
+
+    def finish(self, connection: Mapping | None) -> Analysed:
+        """The data ends. `connection`: its schema.CONNECTIONS row (None: not in the table)."""
+        checkpoint = self.whole.finish()
+        if self.metrics is not None:
+            self.out_metrics(self.metrics.finish())
+        self.detectors.context.connection = dict(connection or {"connection_id": self.connection_id})
+        return Analysed(self.detectors.raw_findings(), checkpoint, self.whole.no_checkpoint, self.metrics_redo)

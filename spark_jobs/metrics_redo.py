@@ -1,0 +1,56 @@
+"""channel_metrics again, from all its records, for a connection whose frame times went back: the
+pass streams metric rows out as their buckets become final, and a frame older than a bucket
+already out would change it (analyzer/timeline/metrics.py raises HorizonError rather than write a
+wrong row). Rare (merged captures, a clock stepped back), so it is a second, small grouped call
+over the records the pass wrote, only for those connections.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from analyzer import schema
+from analyzer.timeline.metrics import channel_metrics, to_table
+from analyzer.timeline.tables import RECORD_TYPES
+
+from .timeline.plans import materialised
+from .timeline.wide import RECORD, from_wide
+from .types import spark_schema
+
+# The records channel_metrics reads.
+METRIC_RECORDS = ("deliveries", "publishes", "channels")
+
+
+def pass_channel_metrics(wide: DataFrame, redo: list[str], bucket_seconds: int) -> DataFrame:
+    """The channel_metrics of the pass's (materialised) wide table: as streamed, except for the
+    connections in `redo` (connection_pass.PassSummary.metrics_redo), computed again."""
+    streamed = from_wide(wide, "channel_metrics", schema.CHANNEL_METRICS)
+    if not redo:
+        return streamed
+    return materialised(streamed.where(~F.col("connection_id").isin(*redo))
+                        .unionByName(metrics_again(wide, redo, bucket_seconds)))
+
+
+def metrics_again(wide: DataFrame, connection_ids: list[str], bucket_seconds: int) -> DataFrame:
+    """schema.CHANNEL_METRICS rows of these connections, from the pass's wide table."""
+    owner = F.coalesce(*[F.col(f"{name}__connection_id") for name in METRIC_RECORDS])
+    rows = (wide.where(F.col(RECORD).isin(*METRIC_RECORDS)).withColumn("_connection", owner)
+            .where(F.col("_connection").isin(*connection_ids)))
+
+    def one_connection(records: pa.Table) -> pa.Table:
+        return to_table(channel_metrics(_records(records), bucket_seconds))
+
+    return rows.groupBy("_connection").applyInArrow(one_connection, spark_schema(schema.CHANNEL_METRICS))
+
+
+def _records(wide: pa.Table) -> list:
+    out = []
+    for name in METRIC_RECORDS:
+        record_type = RECORD_TYPES[name]
+        mine = wide.filter(pc.equal(wide[RECORD], name))
+        columns = {slot: mine[f"{name}__{slot}"].to_pylist() for slot in record_type.__slots__}
+        out += [record_type(*values) for values in zip(*columns.values())]
+    return out
