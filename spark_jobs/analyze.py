@@ -17,11 +17,13 @@ import sys
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TextIO
 
 import pyarrow as pa
+from pyspark import inheritable_thread_target
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -31,18 +33,18 @@ from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
 from analyzer.connection_analysis import Settings
 
-from .channel_metrics import NS_PER_SECOND
 from .delta_io import Match, read_delta, read_files, replace_matching, write_delta
 from .evidence_packets import finished_findings
 from .incremental import Carried, carry_on_connections
 from .detectors import detect
-from .detectors.scoped import ACROSS_CONNECTIONS, OWN_CONNECTION, rescoped_findings
+from .detectors.scoped import ACROSS_CONNECTIONS, rescoped_findings
 from .metrics_redo import pass_channel_metrics
 from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, plan_run, thresholds_json
 from .session import delta_mode as resolve_delta_mode
 from .steps import Steps
+from .stored_findings import stored_raw_findings
 from .thresholds import Thresholds
-from .connection_pass import STATE_TABLE, connection_pass, pass_rows, pass_summary
+from .connection_pass import STATE_TABLE, PassSummary, connection_pass, pass_rows, pass_summary
 from .timeline.plans import materialised
 from .timeline.tables import TIMELINE_TABLES
 
@@ -86,10 +88,6 @@ class _Run:
     overdue_ns: int
     thresholds: Thresholds
     steps: Steps
-
-    @property
-    def bucket_ns(self) -> int:
-        return self.bucket_seconds * NS_PER_SECOND
 
     def ids(self, keys: list[str]) -> DataFrame:
         return self.spark.createDataFrame([(k,) for k in keys], "connection_id string")
@@ -150,6 +148,7 @@ class _Analysed:
     tables: dict[str, DataFrame]        # a full run's timeline tables (the findings read them), else empty
     own_findings: DataFrame | None      # the pass's findings about one connection (None: nothing analysed whole)
     carried_keys: list[str]             # connections carried on from their checkpoints
+    came_back: int | None = None        # a full run: deliveries the cross-connection kinds start from
 
 
 def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisReport) -> _Analysed:
@@ -160,16 +159,15 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     if run.plan.scope == NEW_DATA:
         with run.steps.step("carry on from checkpoints"):
             carried = carry_on_connections(run.spark, run.lake, run.plan.new_files, run.keys, run.mode,
-                                           run.bucket_ns, run.bucket_seconds, run.overdue_ns,
-                                           run.plan.frames_version)
+                                           run.bucket_seconds, run.overdue_ns, run.plan.frames_version)
             _report_carried(carried, report)
     whole_keys = run.keys if carried is None else carried.whole_keys
     outputs = {name: [] for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
-    tables, own_findings, whole_rows = {}, None, {}
+    tables, own_findings, summary = {}, None, None
     if whole_keys is None or whole_keys:
         with run.steps.step("timelines"):
             frames = all_frames if whole_keys is None else run.frames_of(whole_keys)
-            tables, own_findings, whole_rows = _analysed_whole(run, frames, whole_keys, report)
+            tables, own_findings, summary = _analysed_whole(run, frames, whole_keys, report)
         for name in outputs:
             outputs[name].append(tables[name])
     if carried is not None:
@@ -177,14 +175,19 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
             outputs[name].append(carried.tables[name])
     analysed_whole = [Match(run.ids(whole_keys), ("connection_id",))] if whole_keys else []
     with run.steps.step("write tables"):
-        _write_tables(run, outputs, analysed_whole, carried, report, whole_rows)
+        _write_tables(run, outputs, analysed_whole, carried, report, summary.rows if summary else {})
     carried_keys = sorted(set(run.keys or ()) - set(whole_keys or ())) if carried is not None else []
-    return _Analysed(tables if run.keys is None else {}, own_findings, carried_keys)
+    if run.keys is None:
+        return _Analysed(tables, own_findings, carried_keys, summary.came_back)
+    return _Analysed({}, own_findings, carried_keys)
 
 
 def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carried | None,
                   report: AnalysisReport, whole_rows: dict[str, int]) -> None:
-    for name, parts in outputs.items():
+    """Each table in its own commit, all at once: their Spark jobs are small next to their fixed
+    costs (scheduling, the commit), so on a few cores they overlap well."""
+    def write(name: str) -> None:
+        parts = outputs[name]
         rows = parts[0]
         for part in parts[1:]:
             rows = rows.unionByName(part)
@@ -197,6 +200,12 @@ def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carri
         if name != STATE_TABLE:
             report.rows[name] = whole_rows.get(name, 0) + (carried.tables[name].count() if carried is not None else 0)
 
+    # Spark's job group (Steps counts the run's jobs by it) is a thread-local property: inherited.
+    with ThreadPoolExecutor(max_workers=len(outputs)) as pool:
+        for done in [pool.submit(inheritable_thread_target(run.spark)(write), name) for name in outputs]:
+            done.result()
+    report.rows = {name: report.rows[name] for name in outputs if name in report.rows}
+
 
 def _report_carried(carried: Carried, report: AnalysisReport) -> None:
     report.frames, report.connections = carried.frames, carried.connections
@@ -207,10 +216,10 @@ def _report_carried(carried: Carried, report: AnalysisReport) -> None:
 
 
 def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None,
-                    report: AnalysisReport) -> tuple[dict[str, DataFrame], DataFrame, dict[str, int]]:
+                    report: AnalysisReport) -> tuple[dict[str, DataFrame], DataFrame, PassSummary]:
     """The per-connection tables, checkpoints and findings about one connection of these
     connections (None: all), from all their frames, in one pass of the reference state machine
-    (connection_pass.py); and the rows of each table."""
+    (connection_pass.py); and what the pass holds."""
     connections = run.connections if keys is None else run.connections.join(
         F.broadcast(run.ids(keys)), on="connection_id", how="left_semi")
     settings = Settings(run.bucket_seconds, run.overdue_ns, run.thresholds)
@@ -222,36 +231,45 @@ def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None,
         summary.rows["channel_metrics"] = tables["channel_metrics"].count()
     report.frames += summary.frames
     report.connections += summary.connections
-    return tables, finished_findings(pass_rows(wide, "raw_findings"), frames), summary.rows
+    own_findings = finished_findings(pass_rows(wide, "raw_findings"), frames, summary.rows.get("raw_findings", 0))
+    return tables, own_findings, summary
 
 
 def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFrame, thresholds: Thresholds) -> None:
     """A scoped run computes again the findings its connections can change and replaces just those;
     a full run (or new thresholds) computes them all and replaces the table. The findings about one
-    connection analysed whole come from the pass; the cross-connection kinds from the Spark
-    aggregation by message (detectors/messages.py)."""
+    connection come from the pass for the connections it analysed whole, else from the stored rows
+    (stored_findings.py); the cross-connection kinds from the Spark aggregation by message
+    (detectors/messages.py)."""
     stored = (analysed.tables if analysed is not None else {}) or {
         name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in TIMELINE_TABLES}
     inputs = {**stored, "frames": all_frames, "connections": run.connections}
-    own = analysed.own_findings if analysed is not None else None
     if run.keys and not run.plan.findings_stale:
+        own = analysed.own_findings
         if analysed.carried_keys:
-            carried_ids = run.ids(analysed.carried_keys)
-            # Until the carried connections' detectors run in Python too (issue 13), from their stored rows.
-            carried_own = detect({name: df.join(F.broadcast(carried_ids), on="connection_id", how="left_semi")
-                                  for name, df in inputs.items() if name != "frames"}
-                                 | {"frames": run.frames_of(analysed.carried_keys)}, thresholds, kinds=OWN_CONNECTION)
-            own = carried_own if own is None else own.unionByName(carried_own)
+            carried = _own_findings_from_stored(run, inputs, analysed.carried_keys, thresholds)
+            own = carried if own is None else own.unionByName(carried)
         rescoped = rescoped_findings(inputs, run.ids(run.keys), own, thresholds)
         replace_matching(materialised(rescoped.findings), run.lake, "findings", schema.FINDINGS, rescoped.replaces,
                          delta_mode=run.mode)
     else:
-        if run.keys is None and own is not None:
-            findings = own.unionByName(detect(inputs, thresholds, kinds=ACROSS_CONNECTIONS))
-        else:  # new thresholds and nothing else new: every finding from the stored rows
-            findings = detect(inputs, thresholds)
+        whole = analysed is not None and run.keys is None
+        own = analysed.own_findings if whole else _own_findings_from_stored(run, inputs, None, thresholds)
+        # A full run knows whether any delivery came back: without one the message kinds find nothing.
+        findings = own if whole and not analysed.came_back else own.unionByName(
+            detect(inputs, thresholds, kinds=ACROSS_CONNECTIONS))
         write_delta(materialised(findings), run.lake, "findings", schema.FINDINGS, mode="overwrite",
                     delta_mode=run.mode)
+
+
+def _own_findings_from_stored(run: _Run, inputs: dict[str, DataFrame], keys: list[str] | None,
+                              thresholds: Thresholds) -> DataFrame:
+    """The findings about one connection of these connections (None: all), from their stored rows."""
+    frames = inputs["frames"] if keys is None else run.frames_of(keys)
+    wanted = None if keys is None else F.broadcast(run.ids(keys))
+    raw = stored_raw_findings({name: inputs[name] for name in TIMELINE_TABLES}, frames, run.connections, wanted,
+                              thresholds)
+    return finished_findings(raw, frames)
 
 
 def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: str) -> list[str]:

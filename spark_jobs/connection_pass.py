@@ -32,6 +32,7 @@ from analyzer.timeline.carry import FORMAT, Checkpoint, dump
 from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
+from .detectors.messages import came_back
 from .timeline.tables import TIMELINE_TABLES
 from .timeline.wide import RECORD, from_wide, to_wide, wide_schema
 from .types import spark_schema
@@ -48,8 +49,8 @@ STATE_TABLE = "analysis_state"
 PASS_TABLES = {**TIMELINE_TABLES, "channel_metrics": schema.CHANNEL_METRICS, "raw_findings": RAW_FINDINGS,
                STATE_TABLE: schema.ANALYSIS_STATE, "tally": TALLY}
 WIDE = wide_schema(PASS_TABLES)
-# The pass's outputs that are tables of the lake.
-TABLE_NAMES = (*TIMELINE_TABLES, "channel_metrics", STATE_TABLE)
+# The pass's outputs counted by pass_summary: the tables of the lake, and the findings before their packets.
+TABLE_NAMES = (*TIMELINE_TABLES, "channel_metrics", "raw_findings", STATE_TABLE)
 # Records (or connections' state rows) gathered before they leave as one Arrow batch: large enough
 # that the Arrow conversion is amortised, small enough that a hot connection streams.
 FLUSH_RECORDS = 50_000
@@ -95,6 +96,7 @@ class PassSummary:
     frames: int                    # frame rows read
     connections: int
     metrics_redo: list[str]        # connections whose channel_metrics must be computed from all their records
+    came_back: int                 # deliveries the cross-connection kinds can start from (detectors/messages.py)
 
 
 def pass_summary(wide: DataFrame) -> PassSummary:
@@ -102,11 +104,13 @@ def pass_summary(wide: DataFrame) -> PassSummary:
     redo = F.when(F.col("tally__metrics_redo").isNotNull(), F.col("tally__connection_id"))
     got = {row[RECORD]: row for row in wide.groupBy(RECORD).agg(
         F.count(F.lit(1)).alias("n"), F.sum("tally__frames").alias("frames"),
-        F.collect_list(redo).alias("redo")).collect()}
+        F.collect_list(redo).alias("redo"),
+        F.count(F.when(came_back("deliveries__"), True)).alias("came_back")).collect()}
     tally = got.get("tally")
-    return PassSummary({name: row["n"] for name, row in got.items() if name in TABLE_NAMES},
+    return PassSummary({name: got[name]["n"] if name in got else 0 for name in TABLE_NAMES},
                        frames=tally["frames"] if tally else 0, connections=tally["n"] if tally else 0,
-                       metrics_redo=sorted(tally["redo"]) if tally else [])
+                       metrics_redo=sorted(tally["redo"]) if tally else [],
+                       came_back=got["deliveries"]["came_back"] if "deliveries" in got else 0)
 
 
 class _Partition:

@@ -16,16 +16,21 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from analyzer import schema
-from analyzer.detectors import RawFinding, finish
+from analyzer.detectors import MAX_EVIDENCE, RawFinding, finish
 
-from .timeline.plans import lookup
+from .timeline.plans import BROADCAST_ROWS, lookup
 from .types import spark_schema
 
 
-def finished_findings(raw: DataFrame, frames: DataFrame) -> DataFrame:
+def finished_findings(raw: DataFrame, frames: DataFrame, raw_rows: int | None = None) -> DataFrame:
     """schema.FINDINGS rows of the pass's raw findings (connection_pass.RAW_FINDINGS); `frames`:
-    schema.FRAMES rows holding at least every frame of those connections."""
-    named = lookup(raw.select("connection_id", F.explode("seqs").alias("seq")).distinct())
+    schema.FRAMES rows holding at least every frame of those connections. `raw_rows`: how many
+    raw findings there are, if known (else they are counted: one Spark job more)."""
+    named = raw.select("connection_id", F.explode("seqs").alias("seq")).distinct()
+    if raw_rows is None:
+        named = lookup(named)
+    elif raw_rows * MAX_EVIDENCE <= BROADCAST_ROWS:
+        named = F.broadcast(named)
     packets = (frames.select("connection_id", "seq", "source_packet", "source")
                .join(named, on=["connection_id", "seq"], how="left_semi"))
     return (raw.groupBy("connection_id").cogroup(packets.groupBy("connection_id"))

@@ -27,11 +27,9 @@ from pyspark.sql import functions as F
 from analyzer import schema
 from analyzer.timeline import INPUT_COLUMNS
 
-from .channel_metrics import channel_metrics
 from .delta_io import Match, read_delta, read_files
 from .connection_pass import STATE_TABLE
-from .timeline.carried import METRICS, STALE, WRITE, carried_rows, carry_on
-from .timeline.plans import materialised
+from .timeline.carried import STALE, WRITE, carried_rows, carry_on
 from .timeline.tables import TIMELINE_TABLES
 
 INCARNATION = ["connection_id", "channel", "incarnation"]
@@ -52,12 +50,12 @@ class Carried:
 
 
 def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, ...], keys: list[str], mode: str,
-                         bucket_ns: int, bucket_seconds: int, overdue_ns: int, frames_version: int) -> Carried:
+                         bucket_seconds: int, overdue_ns: int, frames_version: int) -> Carried:
     wanted = F.broadcast(spark.createDataFrame([(k,) for k in keys], "connection_id string"))
     new = read_files(spark, lake, "frames", new_files, list(INPUT_COLUMNS))
     states = read_delta(spark, lake, STATE_TABLE, schema.ANALYSIS_STATE, mode).join(wanted, on="connection_id",
                                                                                     how="left_semi")
-    wide = carry_on(new, states, bucket_ns, overdue_ns, frames_version)
+    wide = carry_on(new, states, bucket_seconds, overdue_ns, frames_version)
     fallbacks = {row["connection_id"]: row["reason"] for row in carried_rows(wide, "fallback").collect()}
     state = carried_rows(wide, "state")
     carried_ids = state.select("connection_id")
@@ -65,20 +63,10 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
             states.join(F.broadcast(carried_ids), on="connection_id", how="left_semi")
             .agg(F.coalesce(F.sum("carried_records"), F.lit(0)).alias("n")).first()["n"])
     tables = {name: carried_rows(wide, name, WRITE) for name in TIMELINE_TABLES}
-    tables["channel_metrics"] = _metrics(wide, bucket_seconds)
+    tables["channel_metrics"] = carried_rows(wide, "channel_metrics", WRITE)
     tables[STATE_TABLE] = state
     return Carried(tables, _matches(wide, carried_ids), fallbacks, frames=read[0],
                    connections=len(keys) - len(fallbacks), records=read[1])
-
-
-def _metrics(wide: DataFrame, bucket_seconds: int) -> DataFrame:
-    """channel_metrics of the touched incarnations from their boundary bucket on."""
-    inputs = {name: carried_rows(wide, name, METRICS) for name in ("deliveries", "publishes", "channels")}
-    touched = carried_rows(wide, "touched")
-    metrics = channel_metrics(inputs["deliveries"], inputs["publishes"], inputs["channels"], bucket_seconds)
-    return materialised(metrics.join(F.broadcast(touched), on=INCARNATION, how="inner")
-                        .where(F.col("bucket_start_ns") >= F.col("from_ns"))
-                        .select(*metrics.columns))
 
 
 def _matches(wide: DataFrame, carried_ids: DataFrame) -> dict[str, list[Match]]:

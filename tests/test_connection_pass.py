@@ -74,7 +74,8 @@ def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, pa
     tally = {row["connection_id"]: row["frames"] for row in pass_rows(wide, "tally").toArrow().to_pylist()}
     streamed = {name: n for name, n in summary.rows.items() if name != "channel_metrics" or not summary.metrics_redo}
     assert streamed == {name: table.num_rows for name, table in got.items()
-                        if name != "findings" and name in streamed} | {STATE_TABLE: len(states)}
+                        if name != "findings" and name in streamed} | {STATE_TABLE: len(states),
+                                                                        "raw_findings": len(got["findings"])}
     assert (summary.frames, summary.connections) == (sum(tally.values()), len(tally))
     wide.unpersist()
     return got, states, tally, summary.metrics_redo

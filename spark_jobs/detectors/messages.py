@@ -9,7 +9,7 @@ x-death count after a dead-lettering.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from spark_jobs.thresholds import Thresholds
@@ -20,6 +20,16 @@ Tables = dict[str, DataFrame]
 
 BOUNCED_BY = ("nack", "reject")
 CLOSED = ("channel_closed", "connection_closed")
+
+
+def came_back(prefix: str = "") -> Column:
+    """Deliveries of a known message the broker says it had delivered before (redelivered, or
+    dead-lettered before): every finding of these kinds has one, so a lake without any has none.
+    `prefix`: the columns' prefix in a wide table (timeline/wide.py)."""
+    def column(name: str) -> Column:
+        return F.col(prefix + name)
+    return (column("message_identity").isNotNull()
+            & ((column("redelivered") == True) | (F.coalesce(column("x_death_count"), F.lit(0)) > 0)))  # noqa: E712
 
 
 def _place(connection_id: str = "connection_id", channel: str = "channel"):

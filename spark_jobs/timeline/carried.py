@@ -3,10 +3,10 @@
 A scheduled run hands each connection's new frames, with its checkpoint (the `analysis_state`
 table), to a cogrouped Arrow function that resumes the reference state machine: Python per
 connection, not per row, and only over the new frames. Out come, as one wide table (wide.py):
-the rows to write, the rows they replace (role `stale`), the records channel_metrics needs from
-the boundary bucket on (role `metrics`), the incarnations whose metrics are recomputed from there
-(`touched`), the next checkpoint (`state`), or why the connection must be analysed whole instead
-(`fallback`).
+the rows to write, the rows they replace (role `stale`), the channel_metrics rows of the
+incarnations whose metrics are recomputed from the boundary bucket on (`touched`: they replace
+those buckets), the next checkpoint (`state`), or why the connection must be analysed whole
+instead (`fallback`).
 
 Runs that analyse connections whole (the first, `--full`, `--since`, fallbacks) get their
 checkpoints from the same pass that writes their tables (connection_pass.py).
@@ -20,6 +20,8 @@ from pyspark.sql import DataFrame
 from analyzer import schema
 from analyzer.timeline import INPUT_COLUMNS
 from analyzer.timeline.carry import FORMAT, StateError, continue_connection, load
+from analyzer.timeline.metrics import carried_channel_metrics
+from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
 from ..connection_pass import state_row, states_table
@@ -28,19 +30,20 @@ from .plans import materialised
 from .tables import TIMELINE_TABLES
 from .wide import from_wide, to_wide, wide_schema
 
-WRITE, STALE, METRICS = "write", "stale", "metrics"
+WRITE, STALE = "write", "stale"
 # A connection new to the run has no stored metrics: its incarnations' buckets are all computed here.
 FIRST_BUCKET = -(2**63)
 TOUCHED = pa.schema([("connection_id", pa.string()), ("channel", pa.int32()), ("incarnation", pa.int32()),
                      ("from_ns", pa.int64())])
 FALLBACK = pa.schema([("connection_id", pa.string()), ("reason", pa.string())])
-CARRIED_TABLES = {**TIMELINE_TABLES, "state": schema.ANALYSIS_STATE, "touched": TOUCHED, "fallback": FALLBACK}
+CARRIED_TABLES = {**TIMELINE_TABLES, "channel_metrics": schema.CHANNEL_METRICS, "state": schema.ANALYSIS_STATE,
+                  "touched": TOUCHED, "fallback": FALLBACK}
 WIDE = wide_schema(CARRIED_TABLES)
 # Rows handed to the state machine at once (the rest of the connection's new frames wait as Arrow).
 FEED_ROWS = 1 << 16
 
 
-def carry_on(new_frames: DataFrame, states: DataFrame, bucket_ns: int, overdue_ns: int,
+def carry_on(new_frames: DataFrame, states: DataFrame, bucket_seconds: int, overdue_ns: int,
              frames_version: int) -> DataFrame:
     """The wide table for every connection of `new_frames` (INPUT_COLUMNS), materialised."""
 
@@ -59,13 +62,14 @@ def carry_on(new_frames: DataFrame, states: DataFrame, bucket_ns: int, overdue_n
                 checkpoint = load(stored["checkpoint"])
             except StateError as refused:
                 return _fallback(connection_id, f"checkpoint refused: {refused}")
-        done = continue_connection(checkpoint, _rows(frames), bucket_ns, overdue_ns)
+        done = continue_connection(checkpoint, _rows(frames), bucket_seconds * 10**9, overdue_ns)
         if done.fallback:
             return _fallback(connection_id, done.fallback)
         parts = []
         for name, record_type in RECORD_TYPES.items():
-            parts += [(name, WRITE, to_table(done.rows, record_type)), (name, STALE, to_table(done.stale, record_type)),
-                      (name, METRICS, to_table(done.metrics, record_type))]
+            parts += [(name, WRITE, to_table(done.rows, record_type)), (name, STALE, to_table(done.stale, record_type))]
+        metrics = carried_channel_metrics(done.metrics, done.touched, done.boundary_ns, bucket_seconds)
+        parts.append(("channel_metrics", WRITE, metrics_table(metrics)))
         from_ns = FIRST_BUCKET if done.boundary_ns is None else done.boundary_ns
         touched = pa.Table.from_pylist([{"connection_id": connection_id, "channel": channel, "incarnation": incarnation,
                                          "from_ns": from_ns} for channel, incarnation in sorted(done.touched)],
