@@ -351,8 +351,13 @@ def run_analyze(args) -> int:
     if args.bucket_seconds < 1 or args.overdue_seconds <= 0:
         print("ackscope analyze: --bucket-seconds and --overdue-seconds must be positive", file=sys.stderr)
         return 2
-    from .lake import is_dir
+    from .lake import is_dir, is_local
 
+    if not is_local(args.lake):
+        print(f"ackscope analyze: {args.lake} is on object storage, and the Spark jobs read and write local or "
+              "mounted lakes only for now (spark_jobs/delta_io.py works with file paths in both Delta modes); "
+              "capture, ingest, summary, findings, push and report work on it: docs/deployment.md", file=sys.stderr)
+        return 2
     if not is_dir(os.path.join(args.lake, "frames")):
         print(f"ackscope analyze: no frames table in {args.lake}: run `ackscope ingest` first", file=sys.stderr)
         return 2

@@ -176,3 +176,8 @@ def test_push_and_report_read_an_analysed_lake_on_s3(bucket, tmp_path):
 def test_a_missing_lake_on_s3_is_refused_by_name(bucket, capsys):
     assert cli.main(["push", "--lake", f"{bucket}/nothing-here", "--pushgateway", "http://127.0.0.1:9"]) == 2
     assert f"no lake at {bucket}/nothing-here" in capsys.readouterr().err
+
+
+def test_analyze_refuses_an_object_store_lake_by_name_before_starting_spark(capsys):
+    assert cli.main(["analyze", "--lake", "s3a://bucket/lake"]) == 2
+    assert "s3a://bucket/lake is on object storage" in capsys.readouterr().err
