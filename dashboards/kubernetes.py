@@ -62,18 +62,13 @@ def stale_files(folder: str = OUTPUT) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dashboards.kubernetes", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m dashboards.kubernetes", description=__doc__.splitlines()[0],
+                                     epilog="The rules carry dashboards/alert_settings.py's values; for others, "
+                                            "call files(AlertSettings(...)) or patch the PrometheusRule in your overlay.")
     parser.add_argument("-o", "--output", default=OUTPUT, help="folder (default: %(default)s)")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="another threshold or for, as `python -m dashboards.rules --set`")
     args = parser.parse_args(argv)
-    try:
-        settings = AlertSettings.from_pairs(args.set)
-    except ValueError as exc:
-        print(f"dashboards.kubernetes: {exc}", file=sys.stderr)
-        return 2
     os.makedirs(args.output, exist_ok=True)
-    for name, text in files(settings).items():
+    for name, text in files().items():
         path = os.path.join(args.output, name)
         with open(path, "w", encoding="utf-8") as out:
             out.write(text)

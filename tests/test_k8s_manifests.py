@@ -158,8 +158,8 @@ def test_the_committed_prometheusrule_and_dashboards_are_generated_from_dashboar
 
 
 def test_the_stale_check_sees_a_changed_or_missing_file(tmp_path):
-    for name, text in kubernetes.files().items():
-        (tmp_path / name).write_text(text)
+    assert kubernetes.main(["-o", str(tmp_path)]) == 0
+    assert sorted(os.listdir(tmp_path)) == sorted(kubernetes.files())
     assert kubernetes.stale_files(str(tmp_path)) == []
     (tmp_path / "prometheusrule.yaml").write_text(kubernetes.files()["prometheusrule.yaml"].replace("15m", "16m"))
     (tmp_path / "grafana-dashboards.yaml").unlink()
