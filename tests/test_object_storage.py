@@ -1,11 +1,12 @@
-"""The lake on S3-compatible object storage (a local moto server): the agent's sink, `ingest`, `push`
-and `report` through delta-rs and pyarrow, configured only by the AWS_* environment variables that
+"""The lake on S3-compatible object storage (a local moto server): the agent's sink, `ingest`,
+`summary`, `findings`, `push` and `report` through delta-rs and pyarrow, configured only by the AWS_* environment variables that
 delta-rs reads. Each test compares what the object store holds with the same work on a local folder.
 (Spark's s3a path needs hadoop-aws JARs from Maven, which these machines cannot reach: documented in
 docs/deployment.md, not tested here.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -133,7 +134,7 @@ def test_agents_appending_at_once_lose_and_duplicate_nothing(bucket):
     assert [table.transaction_version(app_id_of(s.agent_id)) for s in sinks] == [4, 4, 4]
 
 
-def test_ingest_to_s3_writes_the_tables_a_local_ingest_writes(bucket, s3_env, tmp_path):
+def test_ingest_to_s3_writes_the_tables_a_local_ingest_writes(bucket, s3_env, tmp_path, capsys):
     local = str(tmp_path / "lake")
     for target in (local, f"{bucket}/lake"):
         run = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ackscope"), "ingest", SAMPLE,
@@ -145,9 +146,16 @@ def test_ingest_to_s3_writes_the_tables_a_local_ingest_writes(bucket, s3_env, tm
         assert remote.num_rows > 0
         assert sorted_rows(remote) == sorted_rows(lake.read_table(local, name, table_schema))
     assert lake.is_dir(f"{bucket}/lake/frames") and not lake.is_dir(f"{bucket}/elsewhere")
+    summaries = []
+    for target in (local, f"{bucket}/lake"):
+        assert cli.main(["summary", "--lake", target, "--json"]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary.pop("lake") == target
+        summaries.append(summary)
+    assert summaries[0] == summaries[1] and summaries[0]["rows_by_method"]["basic.publish"] == 45
 
 
-def test_push_and_report_read_an_analysed_lake_on_s3(bucket, tmp_path):
+def test_push_and_report_read_an_analysed_lake_on_s3(bucket, tmp_path, capsys):
     local = analysed_lake(str(tmp_path / "lake"))
     remote = analysed_lake(f"{bucket}/lake")
 
@@ -168,6 +176,12 @@ def test_push_and_report_read_an_analysed_lake_on_s3(bucket, tmp_path):
         assert cli.main(["push", "--lake", remote, "--pushgateway", url, "--job", "s3"]) == 0
         pushed = [s for s in pushgateway_series(url) if s["name"] == "ackscope_findings"]
     assert {s["labels"]["lake"] for s in pushed} == {remote}
+    capsys.readouterr()
+    listed = []
+    for lake_dir in (local, remote):
+        assert cli.main(["findings", "--lake", lake_dir, "--json"]) == 0
+        listed.append(capsys.readouterr().out)
+    assert listed[0] == listed[1] and "lost_confirm" in listed[0]
     out = str(tmp_path / "report.html")
     assert cli.main(["report", "--lake", remote, "-o", out]) == 0 and "lost_confirm" in open(out).read()
     assert sum(s["value"] for s in pushed) == 4
