@@ -15,6 +15,7 @@ import sys
 import pytest
 import yaml
 
+from analyzer.cli import build_parser, run_capture
 from dashboards import rules
 from dashboards.alert_settings import AlertSettings
 
@@ -82,7 +83,9 @@ def test_the_agent_shares_the_brokers_network_with_net_raw_only():
     agent = services["agent"]
     assert agent["network_mode"] == "service:rabbitmq"
     assert agent["cap_drop"] == ["ALL"] and agent["cap_add"] == ["NET_RAW"]
-    assert "--metrics-addr=0.0.0.0:9419" in agent["command"] and "--iface=eth0" in agent["command"]
+    args = build_parser().parse_args(agent["command"])  # ackscope's own parser: the flags exist
+    assert args.run is run_capture
+    assert (args.iface, args.port, args.metrics_addr, args.lake) == ("eth0", [5672], "0.0.0.0:9419", "/lake")
     assert "9419:9419" in services["rabbitmq"]["ports"]  # the agent's port lives in the broker's namespace
     assert "lake:/lake" in agent["volumes"] and "lake:/lake" in services["analysis"]["volumes"]
     for name in ("agent", "analysis"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 from functools import cache
@@ -19,6 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from analyzer.cli import build_parser, run_analyze, run_capture
 from dashboards import kubernetes, rules
 
 from .conftest import ROOT
@@ -285,3 +287,41 @@ def test_the_scheduled_spark_application_gets_the_lake_and_gateway_from_the_sett
     [binding] = find(objects, "RoleBinding")
     assert binding["subjects"][0]["name"] == account["metadata"]["name"]
     assert not find(objects, "CronJob")
+
+
+# -- the commands are ackscope's ------------------------------------------------------------------------
+
+def parsed(args: list[str]):
+    """The arguments as ackscope's own parser reads them, $(VAR) references filled in as Kubernetes would."""
+    values = {"ACKSCOPE_LAKE": "/lake", "ACKSCOPE_PUSHGATEWAY": "http://pushgateway:9091", "POD_NAME": "rabbitmq-0",
+              "POD_NAMESPACE": "default"}
+    filled = [re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], a) for a in args]
+    return build_parser().parse_args(filled)
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_the_agent_arguments_are_ackscope_captures(name):
+    for workload in (o for o in overlay(name) if o["kind"] in ("Deployment", "StatefulSet")):
+        args = parsed(agent_container(workload)["args"])
+        assert args.run is run_capture
+        assert (args.iface, args.port, args.metrics_addr, args.lake) == ("eth0", [5672], "0.0.0.0:9419", "/lake")
+        assert args.agent_id == "default.rabbitmq-0"
+
+
+def test_the_analysis_arguments_are_ackscope_analyzes():
+    [cronjob] = find(overlay("broker-sidecar"), "CronJob")
+    [container] = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    script = container["args"].index("/opt/ackscope/spark_jobs/analyze.py")
+    args = parsed(["analyze", *container["args"][script + 1:]])
+    assert args.run is run_analyze
+    assert (args.master, args.lake, args.pushgateway, args.push_job) == (
+        "local[*]", "/lake", "http://pushgateway:9091", "ackscope-analysis")
+    [application] = find(overlay("spark-operator"), "ScheduledSparkApplication")
+    args = parsed(["analyze", *application["spec"]["template"]["arguments"]])
+    assert args.run is run_analyze and args.lake == "/lake" and args.master.startswith("k8s://")
+
+
+def test_every_dashboard_configmap_fits_kubectl_apply():
+    """kubectl apply keeps the whole object in an annotation of at most 256 KiB."""
+    for board in kubernetes.dashboard_config_maps():
+        assert len(json.dumps(board)) < 256 * 1024, board["metadata"]["name"]
