@@ -15,6 +15,8 @@ import sys
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -33,9 +35,21 @@ GENERATED_NS = 1_800_000_000 * 10**9
 SAMPLE = os.path.join(ROOT, "analyzer", "samples", "lost_confirms.pcapng")
 
 
+@dataclass(frozen=True)
+class S3Server:
+    url: str
+    log: Path  # one line per request, with its status
+
+    def refused_commits(self, bucket: str) -> int:
+        """Commits to a Delta log in this bucket that the server refused because the version existed
+        (HTTP 412 to a conditional PUT of _delta_log/NNN.json)."""
+        name = bucket.removeprefix("s3a://")
+        return len(re.findall(rf'PUT /{re.escape(name)}/\S*/_delta_log/\d+\.json[^"]*"\s+412', self.log.read_text()))
+
+
 @pytest.fixture(scope="module")
 def s3_server(tmp_path_factory):
-    """moto's S3 server on a loopback port: the endpoint URL."""
+    """moto's S3 server on a loopback port."""
     moto = shutil.which("moto_server", path=os.path.dirname(sys.executable))
     assert moto, "moto_server is not installed: pip install -e '.[test]' (moto[server])"
     port = free_port()
@@ -53,7 +67,7 @@ def s3_server(tmp_path_factory):
                 if process.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"moto_server did not start: {log_path.read_text()[-2000:]}")
                 time.sleep(0.1)
-        yield url
+        yield S3Server(url, log_path)
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -62,7 +76,7 @@ def s3_server(tmp_path_factory):
 @pytest.fixture
 def s3_env(s3_server, monkeypatch):
     """The environment a pod gets from docs/deployment.md's Secret and ConfigMap."""
-    env = {"AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": "ackscope", "AWS_SECRET_ACCESS_KEY": "secret",
+    env = {"AWS_ENDPOINT_URL": s3_server.url, "AWS_ACCESS_KEY_ID": "ackscope", "AWS_SECRET_ACCESS_KEY": "secret",
            "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -107,15 +121,19 @@ def test_the_agents_sink_commits_continues_its_sequence_and_compacts_on_s3(bucke
     assert sorted_rows(lake.read_table(lake_url, "frames", schema.FRAMES)) == sorted_rows(held)
 
 
-def test_agents_appending_at_once_lose_and_duplicate_nothing(bucket):
-    """Concurrent commits to one table: delta-rs relies on S3's conditional writes (If-None-Match);
-    a commit that lost a race fails and the sink retries it at the next flush, as its thread does."""
+def test_agents_appending_at_once_lose_and_duplicate_nothing(bucket, s3_server):
+    """Concurrent commits to one table, started together: delta-rs writes each log entry with a
+    conditional PUT (If-None-Match), so of two commits of one version the server refuses the second
+    (HTTP 412) and delta-rs commits it as the next version; a commit that fails anyway is retried by
+    the sink at its next flush, as the sink's thread does."""
     lake_url = f"{bucket}/lake"
     sinks = [LakeSink(lake_url, f"pod-{k}") for k in range(3)]
+    together = threading.Barrier(len(sinks))
 
     def agent(sink: LakeSink) -> None:
         for flush in range(4):
             sink.add("frames", frames(10, sink.agent_id, first=10 * flush))
+            together.wait(timeout=60)
             for _ in range(20):
                 if sink.flush():
                     break
@@ -132,6 +150,7 @@ def test_agents_appending_at_once_lose_and_duplicate_nothing(bucket):
     assert held == sorted_rows(pa.concat_tables([frames(40, s.agent_id) for s in sinks]))
     table = DeltaTable(f"{lake_url}/frames")
     assert [table.transaction_version(app_id_of(s.agent_id)) for s in sinks] == [4, 4, 4]
+    assert s3_server.refused_commits(bucket) > 0  # the races happened, and the store settled them
 
 
 def test_ingest_to_s3_writes_the_tables_a_local_ingest_writes(bucket, s3_env, tmp_path, capsys):
