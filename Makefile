@@ -45,5 +45,13 @@ bench-incremental: $(STAMP)
 bench-capture: $(STAMP) services
 	$(PY) bench/capture.py
 
+# Every generated file from dashboards/: the Prometheus rules, the Grafana JSON, and the Kubernetes
+# PrometheusRule and dashboard ConfigMaps (deploy/k8s/base/generated). Run after changing rules or dashboards.
+.PHONY: generate
+generate: $(STAMP)
+	$(PY) -m dashboards.rules
+	$(PY) -m dashboards.grafana
+	$(PY) -m dashboards.kubernetes
+
 clean:
 	rm -rf $(VENV) $(LAKE) .pytest_cache build *.egg-info

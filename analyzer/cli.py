@@ -250,8 +250,10 @@ def _ingest_files(args, ports, fingerprints, pool, own_process: bool) -> int:
             answer_pandas_probe_without_pandas()
         from .ingest import ingest_file
 
+    from .lake import make_dir
+
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
-    os.makedirs(args.lake, exist_ok=True)
+    make_dir(args.lake)
     reports = [ingest_file(path, args.lake, agent_id=args.agent_id, broker_ports=ports,
                            max_frame=args.max_frame_size, show_progress=show_progress and not args.json,
                            workers=max(1, args.workers), pool=pool, fingerprint_of=fingerprints)
@@ -349,7 +351,14 @@ def run_analyze(args) -> int:
     if args.bucket_seconds < 1 or args.overdue_seconds <= 0:
         print("ackscope analyze: --bucket-seconds and --overdue-seconds must be positive", file=sys.stderr)
         return 2
-    if not os.path.isdir(os.path.join(args.lake, "frames")):
+    from .lake import is_dir, is_local
+
+    if not is_local(args.lake):
+        print(f"ackscope analyze: {args.lake} is on object storage, and the Spark jobs read and write local or "
+              "mounted lakes only for now (spark_jobs/delta_io.py works with file paths in both Delta modes); "
+              "capture, ingest, summary, findings, push and report work on it: docs/deployment.md", file=sys.stderr)
+        return 2
+    if not is_dir(os.path.join(args.lake, "frames")):
         print(f"ackscope analyze: no frames table in {args.lake}: run `ackscope ingest` first", file=sys.stderr)
         return 2
     spark = get_spark(args.master, "ackscope-analyze", driver_memory=args.driver_memory)
@@ -385,9 +394,10 @@ def add_push_options(parser, url_option: str, job_option: str, url_help: str, re
 
 
 def run_push(args) -> int:
+    from .lake import is_dir
     from .push import PushError, lake_label, push
 
-    if not os.path.isdir(args.lake):
+    if not is_dir(args.lake):
         print(f"ackscope push: no lake at {args.lake}", file=sys.stderr)
         return 2
     try:

@@ -5,6 +5,12 @@
 app transaction id. Re-running with the same id adds nothing: that is how ingesting a file twice
 stays idempotent, and why a crash before the commit leaves only unreferenced files behind.
 The Spark jobs commit their Parquet output through this same module when the Delta JARs are absent.
+
+A lake is a local folder or an object-store URL (`s3://bucket/prefix`, or `s3a://`, the spelling
+Spark's s3a connector wants, which delta-rs accepts too). Credentials and the endpoint come from the
+environment variables delta-rs reads (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
+AWS_ENDPOINT_URL, AWS_ALLOW_HTTP, ...); pyarrow, which reads and writes the Parquet files, reads the
+same ones (docs/deployment.md).
 """
 
 import json
@@ -15,12 +21,40 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction
 
 from .schema import PARTITION_BY
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path
+
+
+def filesystem(path: str) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's file system for a lake path and the path within it. An object store is configured
+    from the environment (AWS_* for S3), as delta-rs configures its own; `s3a://` is S3 to pyarrow."""
+    if is_local(path):
+        return pafs.LocalFileSystem(), os.path.abspath(path)
+    scheme, rest = path.split("://", 1)
+    return pafs.FileSystem.from_uri(("s3" if scheme == "s3a" else scheme) + "://" + rest)
+
+
+def is_dir(path: str) -> bool:
+    """A local folder, or an object-store prefix holding objects."""
+    if is_local(path):
+        return os.path.isdir(path)
+    fs, inner = filesystem(path)
+    return fs.get_file_info(inner).type == pafs.FileType.Directory
+
+
+def make_dir(path: str) -> None:
+    """A local lake's folder; an object store needs none (prefixes exist by their objects)."""
+    if is_local(path):
+        os.makedirs(path, exist_ok=True)
 
 
 def open_table(lake: str, name: str) -> DeltaTable | None:
@@ -44,10 +78,11 @@ def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | Non
         return None
     wanted = [f for f in schema if columns is None or f.name in columns]
     parts = []
+    fs, root = filesystem(os.path.join(lake, name))
     actions = pa.table(table.get_add_actions(flatten=True))
     for path, values in zip(actions["path"].to_pylist(),
                             zip(*(actions[f"partition.{p}"].to_pylist() for p in PARTITION_BY))):
-        part = pq.read_table(os.path.join(lake, name, unquote(path)), partitioning=None,  # the log holds URI-encoded paths
+        part = pq.read_table(f"{root}/{unquote(path)}", filesystem=fs, partitioning=None,  # the log holds URI-encoded paths
                              columns=[f.name for f in wanted if f.name not in PARTITION_BY], filters=where)
         n = part.num_rows
         by_name = dict(zip(PARTITION_BY, values))
@@ -69,6 +104,7 @@ def committed(lake: str, name: str, app_id: str) -> bool:
 class TableWriter:
     def __init__(self, lake: str, name: str, schema: pa.Schema):
         self.path = os.path.join(lake, name)
+        self.fs, self.root = filesystem(self.path)
         self.schema = schema
         self.actions: list[AddAction] = []
         self.rows = 0
@@ -83,11 +119,11 @@ class TableWriter:
             whole = table if len(dates) == 1 else table.filter(pc.equal(table["date"], date))
             part = whole.drop_columns(PARTITION_BY)
             relative = f"date={date}/part-{uuid.uuid4().hex}.zstd.parquet"
-            full = os.path.join(self.path, relative)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            pq.write_table(part, full, compression="zstd")
+            full = f"{self.root}/{relative}"
+            make_dir(os.path.dirname(full))
+            pq.write_table(part, full, compression="zstd", filesystem=self.fs)
             stats = {"numRecords": part.num_rows}
-            self.actions.append(AddAction(relative, os.path.getsize(full), {"date": date},
+            self.actions.append(AddAction(relative, self.fs.get_file_info(full).size, {"date": date},
                                           int(time.time() * 1000), True, json.dumps(stats)))
             self.rows += part.num_rows
 

@@ -43,7 +43,11 @@ def gateway(tmp_path_factory):
 
 @pytest.fixture
 def lake_dir(tmp_path):
-    lake_dir = str(tmp_path / "lake")
+    return analysed_lake(str(tmp_path / "lake"))
+
+
+def analysed_lake(lake_dir: str) -> str:
+    """Hand-built analysis tables (also written to object storage by tests/test_object_storage.py)."""
     write(lake_dir, "connections", schema.CONNECTIONS, [
         connection("c1", "orders-api"), connection("c2", "billing", vhost="prod"),
         connection("c3", None, product="pika")])

@@ -15,6 +15,7 @@ vacuum removes them after the retention period.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -162,7 +163,9 @@ class LakeSink:
                 table.optimize.compact()
                 table = lake.open_table(self.lake_dir, name)
                 table.create_checkpoint()
-                table.vacuum(retention_hours=self.retention_hours, enforce_retention_duration=False,
+                # delta-rs takes whole hours (a float raised TypeError, so vacuum never ran): round up,
+                # never removing a file sooner than asked.
+                table.vacuum(retention_hours=math.ceil(self.retention_hours), enforce_retention_duration=False,
                              dry_run=False)
                 self.compactions += 1
             except Exception as exc:

@@ -9,7 +9,6 @@ not even that): the fields are then empty and `analysed` / `ingested` say so.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -67,7 +66,7 @@ class LakeView:
 
 
 def read_lake(lake_dir: str) -> LakeView:
-    if not os.path.isdir(lake_dir):
+    if not lake.is_dir(lake_dir):
         raise LakeMissing(f"no lake at {lake_dir}: the folder does not exist")
     view = LakeView(lake_dir)
     frames = lake.open_table(lake_dir, "frames")

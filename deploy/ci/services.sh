@@ -10,6 +10,10 @@ command -v rabbitmq-server >/dev/null || need+=(rabbitmq-server)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v prometheus-pushgateway >/dev/null || need+=(prometheus-pushgateway)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
+command -v amtool  >/dev/null || need+=(prometheus-alertmanager)
+# kubectl renders deploy/k8s offline (tests/test_k8s_manifests.py). The machine image ships it; Debian
+# has no package of it, so elsewhere install it from the Kubernetes project's apt repository.
+command -v kubectl >/dev/null || echo "services: kubectl is missing: tests/test_k8s_manifests.py will fail" >&2
 command -v chromium >/dev/null || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   echo "services: installing ${need[*]}" >&2

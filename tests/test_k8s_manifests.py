@@ -1,0 +1,327 @@
+"""deploy/k8s offline: every overlay renders with `kubectl kustomize`; every object validates, core
+kinds against Kubernetes' schemas (kubernetes-validate, strict: unknown fields are errors, as in
+`kubectl apply`'s strict field validation) and the CRD objects against the vendored CRD schemas
+(tests/crd_schemas, made strict the same way); broken objects are rejected; the generated
+PrometheusRule and dashboard ConfigMaps are what dashboards/ generates; the agent sidecar has
+NET_RAW only, its probes, requests and limits, and the PodMonitor finds it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+from functools import cache
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from analyzer.cli import build_parser, run_analyze, run_capture
+from dashboards import kubernetes, rules
+
+from .conftest import ROOT
+
+K8S = os.path.join(ROOT, "deploy", "k8s")
+OVERLAYS = sorted(os.listdir(os.path.join(K8S, "overlays")))
+# Native sidecars (init containers with restartPolicy: Always) are on by default from 1.29.
+KUBERNETES_VERSIONS = ("1.29", kubernetes_validate.latest_version())
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring.coreos.com-v1.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring.coreos.com-v1.json",
+    ("sparkoperator.k8s.io/v1beta2", "ScheduledSparkApplication"):
+        "scheduledsparkapplication-sparkoperator.k8s.io-v1beta2.json",
+}
+
+
+def kubectl() -> str:
+    path = shutil.which("kubectl")
+    if path is None:
+        pytest.fail("kubectl is not installed (it renders the kustomizations offline)")
+    return path
+
+
+@cache
+def render(folder: str) -> tuple[dict, ...]:
+    run = subprocess.run([kubectl(), "kustomize", folder], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return tuple(yaml.safe_load_all(run.stdout))
+
+
+def overlay(name: str) -> tuple[dict, ...]:
+    return render(os.path.join(K8S, "overlays", name))
+
+
+def strict(schema):
+    """An OpenAPI schema from a CRD that also rejects unknown fields, as the API server does under
+    strict field validation (it prunes them otherwise): objects with declared properties get
+    additionalProperties: false unless they preserve unknown fields."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()}
+    if ("properties" in schema and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    return out
+
+
+@cache
+def crd_validator(api_version: str, kind: str) -> jsonschema.protocols.Validator:
+    with open(os.path.join(ROOT, "tests", "crd_schemas", CRD_SCHEMAS[(api_version, kind)])) as f:
+        schema = strict(json.load(f))
+    return jsonschema.Draft4Validator(schema)
+
+
+def validate(obj: dict) -> None:
+    """Raises if the object is not valid for its kind; an unknown kind is an error too."""
+    key = (obj["apiVersion"], obj["kind"])
+    if key in CRD_SCHEMAS:
+        crd_validator(*key).validate(obj)
+        return
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def find(objects, kind: str, name: str | None = None) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+
+
+def agent_container(workload: dict) -> dict:
+    spec = workload["spec"]["template"]["spec"]
+    [agent] = [c for c in spec.get("initContainers", []) if c["name"] == "ackscope-agent"]
+    return agent
+
+
+# -- rendering and validation ---------------------------------------------------------------------
+
+def test_there_are_the_overlays_the_docs_describe():
+    assert OVERLAYS == ["app-sidecar", "broker-sidecar", "object-storage", "spark-operator"]
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_every_rendered_object_validates(name):
+    objects = overlay(name)
+    assert len(objects) >= 8
+    for obj in objects:
+        try:
+            validate(obj)
+        except Exception as exc:  # noqa: BLE001 - named in the failure
+            pytest.fail(f"{name}: {obj['kind']}/{obj['metadata']['name']}: {type(exc).__name__}: {str(exc)[:800]}")
+
+
+def test_the_base_renders_and_validates_alone():
+    objects = render(os.path.join(K8S, "base"))
+    assert {o["kind"] for o in objects} == {"ServiceAccount", "ConfigMap", "PodMonitor", "PrometheusRule"}
+    for obj in objects:
+        validate(obj)
+
+
+def test_broken_objects_are_rejected():
+    """The validators validate: a misspelt field, a wrong type, a bad enum value, an unknown kind."""
+    objects = overlay("spark-operator")
+    statefulset = copy.deepcopy(find(objects, "StatefulSet")[0])
+    agent_container(statefulset)["livenessProbe"]["httpGet"]["paht"] = "/healthz"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(statefulset)
+    statefulset = copy.deepcopy(find(objects, "StatefulSet")[0])
+    statefulset["spec"]["replicas"] = "one"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(statefulset)
+
+    podmonitor = copy.deepcopy(find(objects, "PodMonitor")[0])
+    podmonitor["spec"]["podMetricsEndpoint"] = podmonitor["spec"].pop("podMetricsEndpoints")
+    with pytest.raises(jsonschema.ValidationError):
+        validate(podmonitor)
+    application = copy.deepcopy(find(objects, "ScheduledSparkApplication")[0])
+    application["spec"]["template"]["type"] = "Pyhton"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(application)
+    application = copy.deepcopy(find(objects, "ScheduledSparkApplication")[0])
+    del application["spec"]["schedule"]
+    with pytest.raises(jsonschema.ValidationError):
+        validate(application)
+    rule = copy.deepcopy(find(objects, "PrometheusRule")[0])
+    rule["spec"]["groups"][1]["rules"][0]["for"] = "fifteen minutes"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(rule)
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        validate({"apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "x"}})
+
+
+# -- the generated objects --------------------------------------------------------------------------
+
+def test_the_committed_prometheusrule_and_dashboards_are_generated_from_dashboards():
+    assert kubernetes.stale_files() == [], "stale: run `make generate` (python -m dashboards.kubernetes) and commit"
+
+
+def test_the_stale_check_sees_a_changed_or_missing_file(tmp_path):
+    assert kubernetes.main(["-o", str(tmp_path)]) == 0
+    assert sorted(os.listdir(tmp_path)) == sorted(kubernetes.files())
+    assert kubernetes.stale_files(str(tmp_path)) == []
+    (tmp_path / "prometheusrule.yaml").write_text(kubernetes.files()["prometheusrule.yaml"].replace("15m", "16m"))
+    (tmp_path / "grafana-dashboards.yaml").unlink()
+    assert kubernetes.stale_files(str(tmp_path)) == ["prometheusrule.yaml", "grafana-dashboards.yaml"]
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_every_overlay_carries_the_rules_and_the_dashboards(name):
+    objects = overlay(name)
+    [rule] = find(objects, "PrometheusRule")
+    assert rule["spec"] == rules.rules_document()
+    with open(rules.OUTPUT) as committed:
+        assert rule["spec"] == yaml.safe_load(committed)  # the same rules as the file Prometheus loads
+    boards = [o for o in find(objects, "ConfigMap") if o["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    generated = os.path.join(ROOT, "dashboards", "generated", "grafana")
+    assert sorted(k for b in boards for k in b["data"]) == sorted(os.listdir(generated))
+    for board in boards:
+        [(file_name, text)] = board["data"].items()
+        with open(os.path.join(generated, file_name), encoding="utf-8") as f:
+            assert text == f.read()
+        assert json.loads(text)["uid"]
+
+
+# -- the agent sidecar ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", OVERLAYS)  # each adds the agent to a workload
+def test_the_agent_sidecar_has_net_raw_only_probes_and_resources(name):
+    objects = overlay(name)
+    workloads = [o for o in objects if o["kind"] in ("Deployment", "StatefulSet")]
+    assert workloads
+    for workload in workloads:
+        agent = agent_container(workload)
+        assert agent["restartPolicy"] == "Always"  # a native sidecar: up before the broker, down after it
+        security = agent["securityContext"]
+        assert security["capabilities"] == {"drop": ["ALL"], "add": ["NET_RAW"]}
+        assert security["runAsNonRoot"] is True and security["runAsUser"] != 0
+        assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
+        port = {p["name"]: p["containerPort"] for p in agent["ports"]}
+        assert port == {"ackscope-agent": 9419}
+        assert "--metrics-addr=0.0.0.0:9419" in agent["args"]
+        assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "ackscope-agent"}
+        assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "ackscope-agent"}
+        assert set(agent["resources"]["requests"]) == {"cpu", "memory"}
+        assert agent["resources"]["limits"]["memory"] == "512Mi"
+        # The broker's or application's own containers are untouched.
+        assert all("NET_RAW" not in str(c.get("securityContext")) for c in workload["spec"]["template"]["spec"]["containers"])
+
+
+@pytest.mark.parametrize("name", OVERLAYS)  # each adds the agent to a workload
+def test_the_podmonitor_selects_the_agents_pods_and_names_their_job(name):
+    objects = overlay(name)
+    [monitor] = find(objects, "PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+        assert labels[monitor["spec"]["jobLabel"]] == "ackscope-agent"  # AmqpAgentDown's job
+        [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+        assert endpoint["port"] in {p["name"] for p in agent_container(workload)["ports"]}
+
+
+def settings(objects) -> dict:
+    [config] = [o for o in find(objects, "ConfigMap") if o["metadata"]["name"].startswith("ackscope-settings-")]
+    return config["data"]
+
+
+def lake_of(objects, workload: dict) -> str:
+    agent = agent_container(workload)
+    [ref] = [e["valueFrom"]["configMapKeyRef"] for e in agent["env"] if e["name"] == "ACKSCOPE_LAKE"]
+    [config] = find(objects, "ConfigMap", ref["name"])
+    assert "--lake=$(ACKSCOPE_LAKE)" in agent["args"]
+    return config["data"][ref["key"]]
+
+
+def test_the_lake_is_a_shared_volume_or_object_storage():
+    for name in ("broker-sidecar", "app-sidecar", "spark-operator"):
+        objects = overlay(name)
+        [claim] = find(objects, "PersistentVolumeClaim", "ackscope-lake")
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+        for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
+            assert lake_of(objects, workload) == "/lake"
+            mounts = {m["mountPath"]: m["name"] for m in agent_container(workload)["volumeMounts"]}
+            assert mounts["/lake"] == "ackscope-lake"
+    objects = overlay("object-storage")
+    assert not find(objects, "PersistentVolumeClaim")
+    [broker] = find(objects, "StatefulSet")
+    assert lake_of(objects, broker).startswith("s3a://")
+    sources = agent_container(broker)["envFrom"]
+    assert {"secretRef": {"name": "ackscope-s3-credentials", "optional": True}} in sources
+    assert settings(objects)["AWS_REGION"]
+
+
+def test_the_analysis_cronjob_runs_spark_submit_on_the_lake_and_pushes():
+    objects = overlay("broker-sidecar")
+    [cronjob] = find(objects, "CronJob", "ackscope-analysis")
+    assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert "command" not in container  # the image's entry point runs it
+    args = container["args"]
+    assert args[0] == "spark-submit"
+    script = args.index("/opt/ackscope/spark_jobs/analyze.py")
+    assert "--master=local[*]" in args[:script] and "--master=local[*]" in args[script:]
+    assert {"--lake=$(ACKSCOPE_LAKE)", "--pushgateway=$(ACKSCOPE_PUSHGATEWAY)"} <= set(args[script:])
+    [source] = container["envFrom"]
+    assert source["configMapRef"]["name"].startswith("ackscope-settings-")
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/lake", "/tmp"}
+    assert container["resources"]["requests"]["cpu"] == "2"
+
+
+def test_the_scheduled_spark_application_gets_the_lake_and_gateway_from_the_settings():
+    objects = overlay("spark-operator")
+    [application] = find(objects, "ScheduledSparkApplication")
+    template = application["spec"]["template"]
+    values = settings(objects)
+    assert template["arguments"][:2] == [f"--lake={values['ACKSCOPE_LAKE']}",
+                                         f"--pushgateway={values['ACKSCOPE_PUSHGATEWAY']}"]
+    assert template["mainApplicationFile"] == "local:///opt/ackscope/spark_jobs/analyze.py"
+    assert application["spec"]["concurrencyPolicy"] == "Forbid"
+    for role in ("driver", "executor"):
+        assert {"name": "ackscope-lake", "mountPath": "/lake"} in template[role]["volumeMounts"]
+    [account] = find(objects, "ServiceAccount", template["driver"]["serviceAccount"])
+    [binding] = find(objects, "RoleBinding")
+    assert binding["subjects"][0]["name"] == account["metadata"]["name"]
+    assert not find(objects, "CronJob")
+
+
+# -- the commands are ackscope's ------------------------------------------------------------------------
+
+def parsed(args: list[str]):
+    """The arguments as ackscope's own parser reads them, $(VAR) references filled in as Kubernetes would."""
+    values = {"ACKSCOPE_LAKE": "/lake", "ACKSCOPE_PUSHGATEWAY": "http://pushgateway:9091", "POD_NAME": "rabbitmq-0",
+              "POD_NAMESPACE": "default"}
+    filled = [re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], a) for a in args]
+    return build_parser().parse_args(filled)
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_the_agent_arguments_are_ackscope_captures(name):
+    for workload in (o for o in overlay(name) if o["kind"] in ("Deployment", "StatefulSet")):
+        args = parsed(agent_container(workload)["args"])
+        assert args.run is run_capture
+        assert (args.iface, args.port, args.metrics_addr, args.lake) == ("eth0", [5672], "0.0.0.0:9419", "/lake")
+        assert args.agent_id == "default.rabbitmq-0"
+
+
+def test_the_analysis_arguments_are_ackscope_analyzes():
+    [cronjob] = find(overlay("broker-sidecar"), "CronJob")
+    [container] = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    script = container["args"].index("/opt/ackscope/spark_jobs/analyze.py")
+    args = parsed(["analyze", *container["args"][script + 1:]])
+    assert args.run is run_analyze
+    assert (args.master, args.lake, args.pushgateway, args.push_job) == (
+        "local[*]", "/lake", "http://pushgateway:9091", "ackscope-analysis")
+    [application] = find(overlay("spark-operator"), "ScheduledSparkApplication")
+    args = parsed(["analyze", *application["spec"]["template"]["arguments"]])
+    assert args.run is run_analyze and args.lake == "/lake" and args.master.startswith("k8s://")
+
+
+def test_every_dashboard_configmap_fits_kubectl_apply():
+    """kubectl apply keeps the whole object in an annotation of at most 256 KiB."""
+    for board in kubernetes.dashboard_config_maps():
+        assert len(json.dumps(board)) < 256 * 1024, board["metadata"]["name"]
