@@ -36,6 +36,10 @@ _SESSION_CONF = {
     # Between Spark and pandas through Arrow batches rather than a Python object per row.
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.ui.showConsoleProgress": "false",
+    # Adaptive execution runs every shuffle and broadcast of a plan as a job of its own. The pass
+    # fixes its partitions itself and small lookups are broadcast by count (timeline/plans.py), so
+    # it has little to adapt, and a small run pays for each extra job.
+    "spark.sql.adaptive.enabled": "false",
     # Spark buffers a window partition whole and, when it spills, opens every piece at once with a
     # 1 MB read buffer, two with read-ahead. The timelines keep partitions to a block of seq
     # (timeline/blocks.py) so that a hot channel does not spill like that; one buffer per piece is
