@@ -258,7 +258,7 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
         # A full run knows whether any delivery came back: without one the message kinds find nothing.
         findings = own if whole and not analysed.came_back else own.unionByName(
             detect(inputs, thresholds, kinds=ACROSS_CONNECTIONS))
-        write_delta(materialised(findings), run.lake, "findings", schema.FINDINGS, mode="overwrite",
+        write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite",
                     delta_mode=run.mode)
 
 
