@@ -101,6 +101,15 @@ def test_analyze_command_on_the_bundled_sample(tmp_path):
     report = json.loads(run.stdout)
     assert report["findings_by_kind"] == {"lost_confirm": 2} and report["delta_mode"] == "bridge"
     assert report["rows"]["publishes"] == 45
+    # One pass, one job per table written, the findings: issue 13's bound on Spark jobs.
+    assert 1 <= report["spark_jobs"] <= 10, report["spark_jobs"]
+    steps = ["plan", "timelines", "write tables", "findings"]
+    assert sorted(report["seconds_by_step"]) == sorted(steps)
+    progress = [line for line in run.stderr.splitlines() if line.startswith("ackscope analyze: ")]
+    assert [line.split(" (")[0] for line in progress] == [f"ackscope analyze: {step}" for step in steps]
+    # Spark's own log goes to its file: nothing of it on the terminal (the JVM's one line about
+    # incubator modules is printed by the JVM itself, before any logging starts).
+    assert not [line for line in run.stderr.splitlines() if " WARN " in line or " INFO " in line], run.stderr[-2000:]
 
 
 def test_analyze_command_refuses_bad_arguments(tmp_path):
