@@ -75,8 +75,8 @@ def connection_pass(frames: DataFrame, connections: DataFrame, settings: Setting
 
 
 def headers(connections: DataFrame) -> DataFrame:
-    """One header row per connection: the row first seen (should two agents have seen it), with the
-    last time any of them saw it, as the Spark detectors had it (detectors/common.py)."""
+    """One header row per connection: the row first seen (should two agents have seen it, as
+    detectors/common.py's `connection_facts` picks it), with the last time any of them saw it."""
     first = connections.groupBy("connection_id").agg(
         F.min(F.struct("first_ts_ns", "agent_id", "connection_name", "client_addr", "client_port", "server_addr",
                        "server_port", "source")).alias("c"),
