@@ -8,7 +8,7 @@ analyzer/connection_analysis.py, one connection after the other, so a connection
 frames is never held whole: records and metric rows leave as Arrow batches as they become final.
 Out of the one pass come, as one wide table (wide.py; Spark takes one output schema per call): the
 four timeline tables, channel_metrics, the connection's findings (raw: the capture packets of their
-evidence are looked up afterwards, findings.py), each connection's checkpoint for the next
+evidence are looked up afterwards, evidence_packets.py), each connection's checkpoint for the next
 incremental run (`analysis_state`) and a tally of the frames read.
 
 Connections are independent, so the work scales out by partition; a hot connection is one task.
