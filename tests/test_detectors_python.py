@@ -9,7 +9,7 @@
 
 Also the feeding helpers test_detectors.py uses, and the random connections (tests/test_timeline.py's
 generator, with flow control and uneven clocks added) tests/test_connection_pass.py runs the pass on.
-Evidence JSON is compared parsed: Spark writes doubles as Java does (1.0E-4), Python as 0.0001.
+Evidence JSON is compared parsed.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def packets_from(frames: list[dict]):
 
 
 def findings_by_connection(frames: list[dict], connections: list[dict], thresholds) -> dict[str, list[dict]]:
-    """Each connection's frames through the timelines and the detectors, as the pass will do it:
+    """Each connection's frames through the timelines and the detectors, as the pass does it:
     one row at a time, the records each row completes handed on as they come."""
     by_connection = defaultdict(list)
     for row in sorted(frames, key=lambda row: (row["connection_id"], row["seq"])):
