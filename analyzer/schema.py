@@ -138,7 +138,7 @@ PUBLISHES = pa.schema([
 PUBLISH_TIMESTAMPS = {"ts": "ts_ns", "settle_ts": "settle_ts_ns"}
 PUBLISH_DATE_FROM = "ts_ns"
 
-# -- Findings (spark_jobs/detectors) ----------------------------------------------------------------
+# -- Findings (analyzer/detectors; across connections spark_jobs/detectors) ------------------------
 # One row per finding: a pathology on one channel incarnation (or connection, or message), with the
 # evidence to look it up in the capture. `finding_id` is a hash of what identifies it (kind, where,
 # and its first evidence), so a rerun over the same data replaces a finding rather than adding one.
@@ -196,7 +196,7 @@ FINDINGS = pa.schema([
 FINDING_TIMESTAMPS = {"first_ts": "first_ts_ns", "last_ts": "last_ts_ns"}
 FINDING_DATE_FROM = "first_ts_ns"
 
-# -- Channel metrics (spark_jobs/channel_metrics.py) -------------------------------------------------
+# -- Channel metrics (analyzer/timeline/metrics.py) --------------------------------------------------
 # One row per channel incarnation and time bucket: what a dashboard plots. Buckets are
 # [bucket_start, bucket_start + bucket_seconds), aligned to the Unix epoch; an event exactly on a
 # boundary belongs to the bucket it starts. A row exists for every bucket in which something happened

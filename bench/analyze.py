@@ -410,8 +410,8 @@ def timed_floor(lake_dir: str, master: str, driver_memory: str, runs_dir: str, t
 def print_floor(floors: dict, runs_by_master: dict[str, list[Run]], frames: int) -> dict:
     """Each elementary pass against what the per-core target allows the whole analysis."""
     print("\nSpark's elementary passes over the same frames (bench/spark_floor.py), seconds per action:")
-    header = ["master", "scan", "sort", "window", "window, warm", "write", "arrow pass", "process s", "CPU s",
-              "target allows s", "analyze s", "analyze / arrow pass"]
+    header = ["master", "scan", "sort", "write", "arrow pass", "process s", "CPU s", "target allows s", "analyze s",
+              "analyze / arrow pass"]
     rows = []
     for master, floor in floors.items():
         if not floor:
@@ -419,8 +419,7 @@ def print_floor(floors: dict, runs_by_master: dict[str, list[Run]], frames: int)
         steps = floor["seconds"]
         allowed = frames / (TARGET_FRAMES_PER_CORE * cores_of(master))
         analysed = best(runs_by_master[master])
-        rows.append([master, *(f"{steps[k]:,.1f}" for k in ("scan", "sort", "window", "window, warm", "write",
-                                                              "arrow pass")),
+        rows.append([master, *(f"{steps[k]:,.1f}" for k in ("scan", "sort", "write", "arrow pass")),
                      f"{floor['process_seconds']:,.1f}", f"{floor['cpu_seconds']:,.0f}", f"{allowed:,.1f}",
                      f"{analysed.seconds:,.1f}" if analysed.ok else "failed",
                      f"{analysed.seconds / steps['arrow pass']:.2f}x" if analysed.ok else "-"])

@@ -1,14 +1,13 @@
 """What Spark's cheapest passes over a frames table cost: the floor under `ackscope analyze`.
 
-The analysis cannot cost less than reading its input once, ordering it by channel (every running
-value is per channel, in seq order) and writing its outputs. This times those elementary passes on
-the same lake and master as bench/analyze.py, each as its own Spark action over the timeline's input
-columns (analyzer.timeline.INPUT_COLUMNS), so the analysis can be read against them:
+The analysis cannot cost less than reading its input once, ordering it by connection (each
+connection goes through the state machine in seq order) and writing its outputs. This times those
+elementary passes on the same lake and master as bench/analyze.py, each as its own Spark action
+over the timeline's input columns (analyzer.timeline.INPUT_COLUMNS), so the analysis can be read
+against them:
 
 - scan: read every input column of every frame, write nothing (Spark's `noop` sink);
 - sort: shuffle by connection, sort by (connection, channel, seq), write nothing;
-- window: one running value over (connection, channel) in blocks of seq, as timeline/blocks.py
-  computes every running value, twice (the second run with the JIT warm);
 - write: the sorted input written as Parquet (the outputs are about as many rows as the input);
 - arrow pass: the shape of the analysis' one pass (spark_jobs/connection_pass.py) with nothing in
   it: shuffle by connection, sort by (connection, seq), hand every frame to Python through Arrow as
@@ -28,10 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def passes(frames, scratch: str) -> dict:
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
-
-    from spark_jobs.timeline.blocks import seq_block
 
     def noop(df):
         df.write.format("noop").mode("overwrite").save()
@@ -39,9 +35,6 @@ def passes(frames, scratch: str) -> dict:
     def by_channel(df):
         return df.repartition("connection_id").sortWithinPartitions("connection_id", "channel", "seq")
 
-    block = Window.partitionBy("connection_id", "channel", seq_block()).orderBy("seq") \
-        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    windowed = frames.select("*", F.last("delivery_tag", ignorenulls=True).over(block).alias("last_tag"))
     def arrow_pass():
         import pyarrow as pa
 
@@ -59,8 +52,6 @@ def passes(frames, scratch: str) -> dict:
     steps = {
         "scan": lambda: noop(frames),
         "sort": lambda: noop(by_channel(frames)),
-        "window": lambda: noop(windowed),
-        "window, warm": lambda: noop(windowed),
         "write": lambda: by_channel(frames).write.mode("overwrite").parquet(os.path.join(scratch, "sorted")),
         "arrow pass": arrow_pass,
     }

@@ -2,8 +2,9 @@
 channel_metrics and findings out, as Delta tables of the same lake.
 
 The I/O shell around one pass of the reference state machine (connection_pass.py: the timeline
-tables and checkpoints) and the Spark transforms after it (channel_metrics.py, detectors/). Runs the
-same from `ackscope analyze` and from `spark-submit spark_jobs/analyze.py --lake ...` on a cluster.
+tables, channel_metrics, the findings about one connection and checkpoints) and the Spark
+aggregation of the findings across connections after it (detectors/). Runs the same from
+`ackscope analyze` and from `spark-submit spark_jobs/analyze.py --lake ...` on a cluster.
 
 A run analyses the connections with frames it has not seen (run_scope.py says which and why) and
 replaces their rows in the per-connection tables, each table in one commit; then it computes again

@@ -8,7 +8,7 @@ analyzer/connection_analysis.py, one connection after the other, so a connection
 frames is never held whole: records and metric rows leave as Arrow batches as they become final.
 Out of the one pass come, as one wide table (wide.py; Spark takes one output schema per call): the
 four timeline tables, channel_metrics, the connection's findings (raw: the capture packets of their
-evidence are looked up afterwards, findings.py), each connection's checkpoint for the next
+evidence are looked up afterwards, evidence_packets.py), each connection's checkpoint for the next
 incremental run (`analysis_state`) and a tally of the frames read.
 
 Connections are independent, so the work scales out by partition; a hot connection is one task.
@@ -75,8 +75,8 @@ def connection_pass(frames: DataFrame, connections: DataFrame, settings: Setting
 
 
 def headers(connections: DataFrame) -> DataFrame:
-    """One header row per connection: the row first seen (should two agents have seen it), with the
-    last time any of them saw it, as the Spark detectors had it (detectors/common.py)."""
+    """One header row per connection: the row first seen (should two agents have seen it, as
+    detectors/common.py's `connection_facts` picks it), with the last time any of them saw it."""
     first = connections.groupBy("connection_id").agg(
         F.min(F.struct("first_ts_ns", "agent_id", "connection_name", "client_addr", "client_port", "server_addr",
                        "server_port", "source")).alias("c"),

@@ -40,10 +40,9 @@ _SESSION_CONF = {
     # fixes its partitions itself and small lookups are broadcast by count (timeline/plans.py), so
     # it has little to adapt, and a small run pays for each extra job.
     "spark.sql.adaptive.enabled": "false",
-    # Spark buffers a window partition whole and, when it spills, opens every piece at once with a
-    # 1 MB read buffer, two with read-ahead. The timelines keep partitions to a block of seq
-    # (timeline/blocks.py) so that a hot channel does not spill like that; one buffer per piece is
-    # the guard for what still does (bench/README.md).
+    # Spark's sorts and window buffers, when they spill, open every piece at once with a 1 MB read
+    # buffer, two with read-ahead: one buffer per piece keeps a big spill (the pass sorts a hot
+    # connection in one task) within a small driver (bench/README.md).
     "spark.unsafe.sorter.spill.read.ahead.enabled": "false",
     # Checkpointed steps (timeline.materialised) are stored on disk through this serializer; Java
     # serialization of millions of rows costs more than computing them.

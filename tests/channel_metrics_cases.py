@@ -1,8 +1,7 @@
-"""channel_metrics, whatever computes it: a plain Python model of every column (a loop over the
-timeline rows, bucket by bucket, straight from schema.CHANNEL_METRICS' definitions), random
-traffic for it, and hand-built conversations with exact timings and the values they must give.
-Used by test_channel_metrics.py (the Spark job) and test_channel_metrics_python.py
-(analyzer/timeline/metrics.py)."""
+"""What channel_metrics (analyzer/timeline/metrics.py) must give: a plain Python model of every
+column (a loop over the timeline rows, bucket by bucket, straight from schema.CHANNEL_METRICS'
+definitions), random traffic for it, and hand-built conversations with exact timings and the
+values they must give. Used by test_channel_metrics_python.py."""
 
 from collections import defaultdict
 

@@ -1,9 +1,11 @@
-"""channel_metrics in plain Python (analyzer/timeline/metrics.py), against the Spark job it
-replaces: the Spark job's own table for every recorded example (the session's analysed lake),
-the Spark job on random traffic, the plain model on much more random traffic, the hand-built
-cases' exact values; streamed (rows out as they become final) equal to all at once; and an
-incremental run's patched rows equal to one run."""
+"""channel_metrics (analyzer/timeline/metrics.py): against the table the analysis stored for every
+recorded example (the session's analysed lake), the plain model of channel_metrics_cases.py on
+random traffic, the hand-built cases and two recorded captures (their exact values and the lab's
+facts); streamed (rows out as they become final) equal to all at once; and an incremental run's
+patched rows equal to one run."""
 
+import json
+import os
 from collections import defaultdict
 
 import pyarrow as pa
@@ -12,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analyzer import lake, schema
-from analyzer.timeline import CHANNELS, INPUT_COLUMNS, Timelines, replay, to_tables
+from analyzer.ingest import ingest_file
+from analyzer.timeline import CHANNELS, INPUT_COLUMNS, Timelines, replay, replay_frames, to_tables
 from analyzer.timeline import records as r
 from analyzer.timeline.carry import continue_connection, dump, load
 from analyzer.timeline.metrics import (ChannelMetrics, HorizonError, carried_channel_metrics, channel_metrics,
@@ -21,6 +24,7 @@ from analyzer.timeline.metrics_stream import announce_opens, horizons, stream_me
 
 from .channel_metrics_cases import (HAND_CHECKS, SECOND, as_table, connection, expected_metrics, hand_built_rows,
                                     in_order, timed)
+from .conftest import ROOT
 
 ORDER = [("connection_id", "ascending"), ("agent_id", "ascending"), ("channel", "ascending"),
          ("incarnation", "ascending"), ("bucket_start_ns", "ascending")]
@@ -50,7 +54,15 @@ def assert_same_rows(got: list[dict], want: list[dict]) -> None:
             assert mine[column] == theirs[column], (column, theirs)
 
 
-# -- the Spark job's table of every recorded example -----------------------------------------------------
+def checked(tables: dict[str, pa.Table], bucket_seconds: int = 10) -> list[dict]:
+    """channel_metrics of the timeline tables' records, after checking them against the model row
+    for row."""
+    got = table_rows(channel_metrics(records_of(tables), bucket_seconds))
+    assert_same_rows(got, in_order(as_table(expected_metrics(tables, bucket_seconds)).to_pylist()))
+    return got
+
+
+# -- the stored table of every recorded example ----------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def examples(analysed_examples):
@@ -67,11 +79,11 @@ def examples(analysed_examples):
     return by_connection, tables
 
 
-def spark_rows(tables) -> list[dict]:
+def stored_rows(tables) -> list[dict]:
     return tables["channel_metrics"].sort_by(ORDER).to_pylist()
 
 
-def test_every_example_streamed_through_the_machine_equals_the_spark_table(examples):
+def test_every_example_streamed_through_the_machine_equals_the_stored_table(examples):
     by_connection, tables = examples
     assert len(by_connection) > 10 and tables["channel_metrics"].num_rows > 20  # the examples are all there
     streamed, replayed = [], []
@@ -79,15 +91,15 @@ def test_every_example_streamed_through_the_machine_equals_the_spark_table(examp
         records = []
         streamed += stream_metrics(rows, bucket_seconds=10, advance_every=1, records=records)
         replayed += channel_metrics(records, bucket_seconds=10)
-    want = in_order(spark_rows(tables))
+    want = in_order(stored_rows(tables))
     assert_same_rows(table_rows(streamed), want)
     assert_same_rows(table_rows(replayed), want)
 
 
-def test_every_example_from_the_stored_timeline_tables_equals_the_spark_table(examples):
+def test_every_example_from_the_stored_timeline_tables_equals_the_stored_table(examples):
     _, tables = examples
     assert_same_rows(table_rows(channel_metrics(records_of(tables), bucket_seconds=10)),
-                     in_order(spark_rows(tables)))
+                     in_order(stored_rows(tables)))
 
 
 # -- random traffic ----------------------------------------------------------------------------------------
@@ -100,15 +112,6 @@ def random_records(data, connections):
         connection_id = f"10.0.0.1:4000{i % 2}>10.0.0.2:5672@1"
         records += replay(connection(data, connection_id, agents[i // 2 % 3], bucket_seconds))
     return records, bucket_seconds
-
-
-@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.data())
-def test_random_traffic_equals_the_spark_job(spark, data):
-    from .test_channel_metrics import spark_metrics
-    records, bucket_seconds = random_records(data, st.integers(3, 6))
-    assert_same_rows(table_rows(channel_metrics(records, bucket_seconds)),
-                     spark_metrics(spark, to_tables(records), bucket_seconds))
 
 
 # The model is quadratic (every item at every bucket end): fewer examples than the others.
@@ -221,7 +224,7 @@ def test_a_record_before_a_horizon_already_passed_is_refused():
 
 @pytest.fixture(scope="module")
 def hand_built():
-    return hand_built_rows(lambda tables: table_rows(channel_metrics(records_of(tables), bucket_seconds=10)))
+    return hand_built_rows(checked)
 
 
 @pytest.mark.parametrize("check", HAND_CHECKS.values(), ids=HAND_CHECKS.keys())
@@ -235,6 +238,47 @@ def test_bucket_seconds_must_be_whole_seconds():
             channel_metrics([], bucket_seconds=bad)
         with pytest.raises(ValueError, match="bucket_seconds"):
             carried_channel_metrics([], set(), None, bucket_seconds=bad)
+
+
+# -- recorded captures ----------------------------------------------------------------------------------
+
+def test_recorded_captures(tmp_path):
+    names, expected = {}, {}
+    for scenario in ("clean_async_confirms", "redelivery_after_close"):
+        capture = os.path.join(ROOT, "examples", scenario + ".pcapng")
+        assert not ingest_file(capture, str(tmp_path)).unreadable
+        with open(capture.replace(".pcapng", ".expected.json")) as f:
+            expected[scenario] = json.load(f)
+        names.update({port: name for name, port in expected[scenario]["facts"]["connections"].items()})
+    connections = lake.read_table(str(tmp_path), "connections", schema.CONNECTIONS).to_pylist()
+    name_of = {c["connection_id"]: names[c["client_port"]] for c in connections}
+    tables = replay_frames(lake.read_table(str(tmp_path), "frames", schema.FRAMES))
+    rows = checked(tables, bucket_seconds=1)
+
+    def of(name):
+        return [x for x in rows if name_of[x["connection_id"]] == name]
+
+    def total(name, column):
+        return sum(x[column] for x in of(name))
+
+    facts = expected["clean_async_confirms"]["facts"]
+    publisher, consumer = "lab-clean_async_confirms-publisher", "lab-clean_async_confirms-consumer"
+    assert total(publisher, "publishes") == total(publisher, "confirms") == facts["publishes"] == 80
+    assert total(consumer, "deliveries") == total(consumer, "acks") == facts["publishes"]
+    assert 1 <= max(x["unconfirmed_max"] for x in of(publisher)) <= 20   # "at most 20 awaiting confirms"
+    assert 1 <= max(x["unacked_max"] for x in of(consumer)) <= 100       # prefetch 100
+    assert {x["consumer_prefetch"] for x in of(consumer) if x["deliveries"]} == {100}
+    assert of(publisher)[-1]["unconfirmed"] == of(consumer)[-1]["unacked"] == 0
+    assert total(publisher, "lost") + total(publisher, "confirm_nacks") + total(consumer, "nacks") == 0
+
+    facts = expected["redelivery_after_close"]["facts"]
+    first, second = "lab-redelivery_after_close-first-consumer", "lab-redelivery_after_close-second-consumer"
+    assert total(first, "deliveries") == facts["delivered_first"]
+    assert total(first, "acks") == facts["acked_before_close"]
+    assert max(x["unacked_max"] for x in of(first)) == facts["delivered_first"]  # prefetch 10, all received first
+    assert of(first)[-1]["unacked"] == 0  # the close sent the 7 back
+    assert total(second, "redeliveries") == total(second, "acks") == 7
+    assert total("lab-redelivery_after_close-producer", "publishes") == 10
 
 
 # -- incremental runs ---------------------------------------------------------------------------------------

@@ -1,12 +1,15 @@
-"""The per-connection detectors in Python (analyzer.detectors) against the Spark detectors
-(spark_jobs.detectors), which they replace: the same findings, every column, on
+"""The detectors of the kinds about one connection (analyzer.detectors), directly, without Spark:
 
-- every recorded example, as the session's analysed lake (conftest `analysed_examples`) holds them;
-- the hand-built cases of tests/test_detectors.py, both sides of every threshold, without Spark;
-- random traffic (tests/test_timeline.py's generator, with flow control and uneven clocks added)
-  and the hand-built cases, through one Spark `detect` run.
+- every recorded example fed as the pass feeds it, against the findings the session's analysed
+  lake (conftest `analysed_examples`) stores;
+- the hand-built cases of tests/detector_cases.py: their evidence, records in any order, packets
+  looked up after the pass, rows of the findings schema (test_detectors.py checks every case's
+  counts of every kind, the cross-connection ones from Spark);
+- how numbers are formatted and the median picked.
 
-Evidence JSON is compared parsed: Spark writes doubles as Java does (1.0E-4), Python as 0.0001.
+Also the feeding helpers test_detectors.py uses, and the random connections (tests/test_timeline.py's
+generator, with flow control and uneven clocks added) tests/test_connection_pass.py runs the pass on.
+Evidence JSON is compared parsed.
 """
 
 from __future__ import annotations
@@ -14,9 +17,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from analyzer import lake, schema
@@ -24,14 +25,12 @@ from analyzer.detectors import KINDS, ConnectionDetectors, detect_connection, ev
 from analyzer.detectors.common import fixed
 from analyzer.detectors.publisher import lower_median_index
 from analyzer.rows import dicts_to_table
-from analyzer.timeline import INPUT_COLUMNS, Timelines, replay, to_tables
+from analyzer.timeline import INPUT_COLUMNS, Timelines
 from analyzer.timeline import records as r
 
+from .detector_cases import S, T0, hand_built_cases
 from .findings_check import LAB_THRESHOLDS as LAB
-from .test_detectors import S, T0, TABLES, UNIT_EXPECTED, hand_built_cases
 from .test_timeline import renumbered, valid_traffic
-
-ACROSS_CONNECTIONS = ("requeue_loop", "redelivery_after_close")
 
 
 def comparable(findings: list[dict]) -> dict[str, dict]:
@@ -43,34 +42,13 @@ def comparable(findings: list[dict]) -> dict[str, dict]:
     return out
 
 
-def assert_same(got: list[dict], expected: list[dict], records: list | None = None) -> None:
+def assert_same(got: list[dict], expected: list[dict]) -> None:
     got, expected = comparable(got), comparable(expected)
-    if records is not None:
-        expected = {finding_id: as_oldest_of_a_tie(f, got.get(finding_id), records) for finding_id, f in expected.items()}
     assert sorted(got) == sorted(expected), ([(g["kind"], g["summary"]) for g in got.values()],
                                               [(e["kind"], e["summary"]) for e in expected.values()])
     for finding_id, wanted in expected.items():
         differing = {k: (got[finding_id][k], v) for k, v in wanted.items() if got[finding_id][k] != v}
         assert not differing, (wanted["kind"], differing)
-
-
-def as_oldest_of_a_tie(expected: dict, got: dict | None, records: list) -> dict:
-    """Spark's max_by picks any of the deliveries tied for oldest (whichever its partial aggregates
-    met first); Python names the first delivered. `expected` with Python's pick when Spark's is a
-    delivery of the same incarnation and the same age."""
-    if got is None or expected["kind"] != "unacked_buildup":
-        return expected
-    spark, python = expected["evidence"], got["evidence"]
-    if (spark["oldest_tag"], spark["oldest_seq"]) == (python["oldest_tag"], python["oldest_seq"]):
-        return expected
-    tied = {(d.delivery_tag, d.seq) for d in records
-            if type(d) is r.Delivery and (d.connection_id, d.channel, d.incarnation) ==
-            (expected["connection_id"], expected["channel"], expected["incarnation"])
-            and float((d.settle_ts_ns if d.settle_ts_ns is not None else d.observed_until_ts_ns or 0) - d.ts_ns) / 1e9
-            == spark["oldest_age_seconds"]}
-    if {(spark["oldest_tag"], spark["oldest_seq"]), (python["oldest_tag"], python["oldest_seq"])} <= tied:
-        return dict(expected, evidence=dict(spark, oldest_tag=python["oldest_tag"], oldest_seq=python["oldest_seq"]))
-    return expected
 
 
 def packets_from(frames: list[dict]):
@@ -79,7 +57,7 @@ def packets_from(frames: list[dict]):
 
 
 def findings_by_connection(frames: list[dict], connections: list[dict], thresholds) -> dict[str, list[dict]]:
-    """Each connection's frames through the timelines and the detectors, as the pass will do it:
+    """Each connection's frames through the timelines and the detectors, as the pass does it:
     one row at a time, the records each row completes handed on as they come."""
     by_connection = defaultdict(list)
     for row in sorted(frames, key=lambda row: (row["connection_id"], row["seq"])):
@@ -102,7 +80,7 @@ def findings_by_connection(frames: list[dict], connections: list[dict], threshol
 
 # -- every recorded example, against the analysed lake ------------------------------------------------
 
-def test_every_example_gives_the_findings_the_spark_job_stored(analysed_examples):
+def test_every_example_gives_the_findings_the_analysis_stored(analysed_examples):
     lake_dir, _ = analysed_examples
     frames = lake.read_table(lake_dir, "frames", schema.FRAMES).to_pylist()
     connections = lake.read_table(lake_dir, "connections", schema.CONNECTIONS).to_pylist()
@@ -112,10 +90,9 @@ def test_every_example_gives_the_findings_the_spark_job_stored(analysed_examples
     for connection in connections:
         connection_id = connection["connection_id"]
         assert_same(mine[connection_id], [f for f in stored if f["connection_id"] == connection_id])
-    assert sorted(set(KINDS) | set(ACROSS_CONNECTIONS)) == sorted(schema.FINDING_KINDS)
 
 
-# -- the hand-built cases of tests/test_detectors.py, without Spark --------------------------------------
+# -- the hand-built cases of tests/detector_cases.py -----------------------------------------------------
 
 def as_record(record_type, row: dict):
     return record_type(**{name: row.get(name) for name in record_type.__slots__})
@@ -130,22 +107,16 @@ def case_inputs(case) -> tuple[list, list[dict], dict]:
     return records, frames, case.rows["connections"][0]
 
 
-def case_findings(case, thresholds=LAB) -> list[dict]:
+def case_findings(case, thresholds=LAB, reverse: bool = False) -> list[dict]:
+    """A hand-built case's findings (`reverse`: its records handed over in reverse)."""
     records, frames, connection = case_inputs(case)
-    return detect_connection(records, frames, connection, thresholds, packets_from(frames))
+    return detect_connection(records[::-1] if reverse else records, frames, connection, thresholds,
+                             packets_from(frames))
 
 
 @pytest.fixture(scope="module")
 def unit_findings() -> dict[str, list[dict]]:
     return {case.name.removeprefix("unit-"): case_findings(case) for case in hand_built_cases()}
-
-
-@pytest.mark.parametrize("case", list(UNIT_EXPECTED))
-def test_hand_built_case_gives_exactly_its_findings(unit_findings, case):
-    got = defaultdict(int)
-    for f in unit_findings[case]:
-        got[f["kind"]] += f["count"]
-    assert dict(got) == {k: n for k, n in UNIT_EXPECTED[case].items() if k not in ACROSS_CONNECTIONS}
 
 
 def test_findings_are_rows_of_the_findings_schema(unit_findings):
@@ -157,9 +128,7 @@ def test_findings_are_rows_of_the_findings_schema(unit_findings):
 
 def test_records_in_any_order_give_the_same_findings():
     for case in hand_built_cases():
-        records, frames, connection = case_inputs(case)
-        again = detect_connection(records[::-1], frames, connection, LAB, packets_from(frames))
-        assert again == case_findings(case), case.name
+        assert case_findings(case, reverse=True) == case_findings(case), case.name
 
 
 def test_packets_looked_up_after_the_pass_give_the_same_rows():
@@ -236,7 +205,7 @@ def test_the_median_idle_time_is_the_value_spark_gives():
     assert {n: lower_median_index(n) + 1 for n in spark_answers} == spark_answers
 
 
-# -- random traffic and the hand-built cases, against one Spark run ------------------------------------
+# -- random connections, for tests/test_connection_pass.py ----------------------------------------------
 
 FLOW = ("connection.blocked", "connection.unblocked", "channel.flow")
 
@@ -287,45 +256,3 @@ def random_connections(data, n: int) -> tuple[list[dict], list[dict]]:
                                 connection_name=f"random-{i}", first_ts_ns=rows[0]["ts_ns"],
                                 last_ts_ns=rows[-1]["ts_ns"], protocol="amqp-0-9-1"))
     return frames, connections
-
-
-def spark_findings(spark, tables: dict[str, pa.Table], thresholds) -> list[dict]:
-    from spark_jobs.detectors import detect
-
-    from .test_detectors import spark_tables
-    found = detect(spark_tables(spark, tables), thresholds, kinds=KINDS).toArrow()
-    return found.to_pylist()
-
-
-def test_random_traffic_and_the_hand_built_cases_give_the_findings_of_the_spark_detectors(spark):
-    """One Spark `detect` run (a minute here) over one example of random connections and every
-    hand-built case. Hypothesis' first example (one step per connection) is rejected before Spark."""
-    cases = hand_built_cases()
-
-    @settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck),
-              phases=[Phase.explicit, Phase.reuse, Phase.generate])
-    @given(data=st.data())
-    def one_run(data):
-        # 25 connections: with many more, Hypothesis runs out of its draw buffer again and again
-        frames, connections = random_connections(data, 25)
-        assume(len(frames) >= 600)
-        records = replay([{name: row.get(name) for name in INPUT_COLUMNS}
-                          for row in sorted(frames, key=lambda row: (row["connection_id"], row["seq"]))])
-        tables = {**to_tables(records),
-                  "frames": dicts_to_table(frames, *TABLES["frames"]),
-                  "connections": dicts_to_table(connections, *TABLES["connections"])}
-        tables = {name: pa.concat_tables([table, dicts_to_table([row for case in cases for row in case.rows[name]],
-                                                                *TABLES[name])])
-                  for name, table in tables.items()}
-        expected = spark_findings(spark, tables, LAB)
-        mine = findings_by_connection(frames, connections, LAB)
-        for connection in connections:
-            connection_id = connection["connection_id"]
-            assert_same(mine[connection_id], [f for f in expected if f["connection_id"] == connection_id], records)
-        for case in cases:
-            assert_same(case_findings(case), [f for f in expected if f["connection_name"] == case.name])
-        random_kinds = {f["kind"] for f in expected if f["connection_id"] in mine}
-        assert len(random_kinds) >= 5, sorted(random_kinds)  # the random part reached most kinds
-        assert {f["kind"] for f in expected} == set(KINDS)
-
-    one_run()

@@ -28,8 +28,9 @@ MAX_EVIDENCE = 20
 SEVERITY = {kind: severity for kind, severity in FINDING_SEVERITY.items()
             if kind not in ("requeue_loop", "redelivery_after_close")}
 
-# The evidence fields, in the order the JSON lists them (spark_jobs/detectors/common.py's EVIDENCE,
-# the fields the per-connection kinds use; the cross-connection ones are the Spark aggregation's).
+# The evidence fields of every kind, in the order the JSON lists them: the one vocabulary. The Spark
+# aggregation of the cross-connection kinds (spark_jobs/detectors/common.py's EVIDENCE) types the
+# fields it uses, in this order (tests/test_detectors.py checks it).
 EVIDENCE = (
     "seqs", "tags", "confirm_seqs", "message_identities", "message_id", "exchanges", "routing_keys",
     "ended_by", "end_seq", "close_code", "close_text", "violations", "methods", "evidence_from",

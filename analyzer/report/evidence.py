@@ -1,6 +1,6 @@
 """A finding's evidence JSON as rows of (label, HTML) for the report, every value escaped.
 
-The detectors' vocabulary (spark_jobs/detectors/common.py, EVIDENCE) is named here in words; a
+The detectors' vocabulary (analyzer/detectors/common.py, EVIDENCE) is named here in words; a
 field this module does not know is still shown, under its own name, so new evidence is never
 hidden. Lists are capped (MAX_ITEMS) and say how many the finding counts in all.
 """

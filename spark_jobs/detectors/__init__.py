@@ -1,14 +1,15 @@
-"""The detectors: per-channel timeline tables in, `findings` (schema.FINDINGS) out.
+"""The findings that follow a message across connections: timeline tables in, `findings`
+(schema.FINDINGS) out.
 
-`detect` runs one small function per finding kind (schema.FINDING_KINDS), each a pure DataFrame
-transform of the tables, and `common.finish` gives every raw finding its id, connection facts,
-capture packet numbers and timestamps. The detectors rely on the table schemas only (DELIVERIES,
-PUBLISHES, CHANNELS, VIOLATIONS, FRAMES, CONNECTIONS), whichever job built the tables: the
-reference timeline (analyzer.timeline) or the Spark timeline job.
+The kinds about one connection are decided once, in Python, beside the state machine
+(analyzer/detectors: the pass runs them per connection, stored_findings.py from stored rows). The
+two kinds here, requeue_loop and redelivery_after_close, need every delivery of a message wherever
+it went: one Spark aggregation by message identity each (messages.py), and `common.finish` gives
+every raw finding its id, connection facts, capture packet numbers and timestamps. They rely on the
+table schemas only (DELIVERIES, FRAMES, CONNECTIONS).
 
-Modules: publisher.py (confirm-side kinds), consumer.py (ack-side kinds), messages.py (kinds that
-follow one message), flow.py (flow control), common.py (the raw-finding contract and `finish`),
-scoped.py (what a run that analysed some connections computes again).
+Modules: messages.py (the two kinds), common.py (the raw-finding contract and `finish`), scoped.py
+(what a run that analysed some connections computes again).
 """
 
 from __future__ import annotations
@@ -18,46 +19,28 @@ from functools import reduce
 from pyspark.sql import DataFrame
 
 from analyzer import schema
-from analyzer.timeline import CHANNELS, VIOLATIONS
 from spark_jobs.thresholds import Thresholds
 
 from .common import SEVERITY, finish
-from .consumer import unacked_buildup, unbounded_prefetch, unknown_delivery_tag
-from .flow import flow_blocked
 from .messages import redelivery_after_close, requeue_loop
-from .publisher import (confirm_nack, lost_confirm, out_of_order_confirm, synchronous_confirms,
-                        unconfirmed_persistent_publish, unroutable_returned)
 
 # kind -> detector, in schema.FINDING_KINDS order.
 DETECTORS = {
-    "lost_confirm": lost_confirm,
-    "confirm_nack": confirm_nack,
-    "out_of_order_confirm": out_of_order_confirm,
-    "unacked_buildup": unacked_buildup,
     "requeue_loop": requeue_loop,
-    "unknown_delivery_tag": unknown_delivery_tag,
     "redelivery_after_close": redelivery_after_close,
-    "unroutable_returned": unroutable_returned,
-    "unconfirmed_persistent_publish": unconfirmed_persistent_publish,
-    "synchronous_confirms": synchronous_confirms,
-    "unbounded_prefetch": unbounded_prefetch,
-    "flow_blocked": flow_blocked,
 }
 
 # The tables `detect` reads, with the schema each must carry (extra columns are ignored).
 INPUTS = {
     "deliveries": schema.DELIVERIES,
-    "publishes": schema.PUBLISHES,
-    "channels": CHANNELS,
-    "violations": VIOLATIONS,
     "frames": schema.FRAMES,
     "connections": schema.CONNECTIONS,
 }
 
 
 def detect(tables: dict[str, DataFrame], thresholds: Thresholds | None = None, kinds=tuple(DETECTORS)) -> DataFrame:
-    """Every finding of these kinds in `tables` (keys as in INPUTS), as a DataFrame of
-    spark_schema(schema.FINDINGS)."""
+    """Every finding of these kinds in `tables` (keys as in INPUTS; others are ignored), as a
+    DataFrame of spark_schema(schema.FINDINGS)."""
     check_inputs(tables)
     thresholds = thresholds if thresholds is not None else Thresholds()
     raw = reduce(DataFrame.unionByName, [DETECTORS[kind](tables, thresholds) for kind in kinds])

@@ -24,37 +24,18 @@ MAX_EVIDENCE = 20
 
 SEVERITY = schema.FINDING_SEVERITY
 
-_EPISODE = "struct<blocked_seq:bigint,unblocked_seq:bigint,seconds:double>"
-
-# Evidence field -> Spark type. The vocabulary is shared so every kind spells the same thing the same way.
+# Evidence field -> Spark type: the fields these kinds use, in the order of the one vocabulary
+# (analyzer/detectors/common.py, EVIDENCE), so every kind spells the same thing the same way.
 EVIDENCE = {
     "seqs": "array<bigint>",                  # frame rows (connection seq) of the first items, in order
-    "tags": "array<bigint>",                  # delivery tags (consumer kinds) or confirm tags (publisher kinds)
-    "confirm_seqs": "array<bigint>",          # confirm-mode publish numbers
+    "tags": "array<bigint>",                  # delivery tags
     "message_identities": "array<string>",
-    "message_id": "string",                   # per-message kinds: the message_id property, if set
-    "exchanges": "array<string>", "routing_keys": "array<string>",
+    "message_id": "string",                   # requeue_loop: the message_id property, if set
     "ended_by": "string", "end_seq": "bigint",  # how and where the channel incarnation ended
-    "close_code": "int", "close_text": "string",
-    "violations": "array<string>",            # double_ack, unknown_tag, wrong_channel
-    "methods": "array<string>",
-    "evidence_from": "array<string>",         # capture (the frames show it) or broker (only its 406 does)
-    "delivered_on_channels": "array<int>",    # wrong_channel: where the tag was outstanding
-    "reply_code": "int", "reply_text": "string",  # the broker's close (violations) or first basic.return
-    "return_codes": "array<int>",
-    "out_of_order_by_max": "bigint",          # most earlier publishes still unconfirmed at one confirm
-    "oldest_tag": "bigint", "oldest_seq": "bigint", "oldest_age_seconds": "double",
-    "stall_seconds": "double", "prefetch_limit": "int", "peak_unacked": "bigint",
-    "confirm_mode_publishes": "bigint", "lockstep_publishes": "bigint",
-    "median_idle_seconds": "double", "publishes_per_second": "double",
     "deliveries": "bigint", "bounces": "bigint", "x_death_max": "bigint",
     "channels": "array<string>",              # connection_id#channel of every place a message went
     "redelivered_on": "array<string>",        # connection_name (else connection_id) of the redeliveries
     "redelivered_on_channels": "array<string>",
-    "queues": "array<string>",
-    "reason": "string",                       # connection.blocked reason
-    "episodes": f"array<{_EPISODE}>",         # blocked/paused -> unblocked/resumed
-    "still_blocked": "boolean",               # the data ended before the unblock
 }
 
 RAW_COLUMNS = ("kind", "severity", "connection_id", "agent_id", "channel", "incarnation", "first_ts_ns",
@@ -104,31 +85,6 @@ def firsts(*columns: str | Column, rank: str = "_rank") -> Column:
     """Aggregate: the first MAX_EVIDENCE rows' `columns` as a sorted array of structs (sorted by
     the first column, which should be the order `ranked` used). collect_list skips the nulls."""
     return F.sort_array(F.collect_list(F.when(F.col(rank) <= MAX_EVIDENCE, F.struct(*columns))))
-
-
-def seconds(ns: Column) -> Column:
-    return ns.cast("double") / F.lit(1e9)
-
-
-def channel_ends(channels: DataFrame) -> DataFrame:
-    """Per incarnation: how it ended, and the last instant it was in view (its end, or the
-    connection's last row when the data ended first)."""
-    return channels.select(
-        *INCARNATION, "open_seq", "open_ts_ns", "ended_by", "end_seq", "close_code", "close_text", "peak_unacked",
-        F.coalesce("end_ts_ns", "observed_until_ts_ns", "open_ts_ns").alias("in_view_until_ns"))
-
-
-def incarnation_of(frames: DataFrame, channels: DataFrame) -> DataFrame:
-    """`frames` rows with the channel incarnation they belong to: the latest one of their
-    connection and channel opened at or before the row (a reopened channel number starts a
-    new incarnation at its open; frames between a close and the next open still belong to the
-    closed one). Rows before any known incarnation get none."""
-    lives = channels.select("connection_id", "channel", "incarnation", F.col("open_seq").alias("_open_seq"))
-    joined = frames.join(lives, on=["connection_id", "channel"], how="left")
-    joined = joined.filter(F.col("_open_seq").isNull() | (F.col("_open_seq") <= F.col("seq")))
-    latest = Window.partitionBy("connection_id", "seq").orderBy(F.col("_open_seq").desc_nulls_last())
-    return (joined.withColumn("_latest", F.row_number().over(latest))
-            .filter(F.col("_latest") == 1).drop("_latest", "_open_seq"))
 
 
 def finish(raw: DataFrame, frames: DataFrame, connections: DataFrame) -> DataFrame:

@@ -1,9 +1,9 @@
 """The findings a run must compute again after it analysed some connections, and which stored
 findings they replace: a scheduled run's detectors read what the run touched, not the whole lake.
 
-Most kinds are about one connection: their findings depend on its own rows only, so the caller
-computes them again for the analysed connections (the pass, for the connections it analysed whole)
-and hands them in.
+Most kinds are about one connection (analyzer/detectors): their findings depend on its own rows
+only, so the caller computes them again for the analysed connections (the pass for the connections
+it analysed whole, stored_findings.py for those it carried on) and hands them in.
 The two kinds that follow a message across connections (messages.py) reach further:
 - requeue_loop, one finding per message: computed again for every message identity the analysed
   connections delivered, from all the deliveries of those identities;
@@ -29,8 +29,7 @@ from . import DETECTORS, detect
 from .common import INCARNATION
 from .messages import CLOSED
 
-ACROSS_CONNECTIONS = ("requeue_loop", "redelivery_after_close")
-OWN_CONNECTION = tuple(kind for kind in DETECTORS if kind not in ACROSS_CONNECTIONS)
+ACROSS_CONNECTIONS = tuple(DETECTORS)
 
 Tables = dict[str, DataFrame]
 
@@ -45,7 +44,7 @@ def rescoped_findings(tables: Tables, analysed: DataFrame, own_findings: DataFra
                       thresholds: Thresholds) -> RescopedFindings:
     """`tables`: the detectors' inputs (detectors.INPUTS) as stored after the run's timelines;
     `analysed`: one `connection_id` column, the connections the run analysed; `own_findings`: the
-    findings of the OWN_CONNECTION kinds of those connections."""
+    findings about one connection (analyzer.detectors.KINDS) of those connections."""
     analysed = lookup(analysed.select("connection_id").distinct())
     parts = [own_findings]
     # Whatever kind: a finding of an analysed connection is computed again below, if it still holds.
