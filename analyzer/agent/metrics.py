@@ -9,9 +9,14 @@ import time
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from ..metric_names import BY_NAME, COUNTER, GAUGE, HISTOGRAM
+from ..metric_names import BY_NAME, COUNTER, FLUSH_FAILED, GAUGE, HISTOGRAM
 from .live_state import CONFIRM_LATENCY, ACK_LATENCY, PROBLEM_COUNTERS
 from .live_state import Histogram
+from .sink import TABLES
+
+# Label values whose counters exist at 0 from the start: increase() cannot count a series' first
+# sample, so a flush-failure counter born at 1 would hide the first failure from AmqpAgentFlushFailing.
+ALWAYS_COUNTED = {"flushes": ("ok", FLUSH_FAILED), "rows_dropped": tuple(TABLES)}
 
 
 def family(name: str):
@@ -79,7 +84,8 @@ class AgentCollector(Collector):
                           ("ackscope_agent_flushes_total", "flushes"),
                           ("ackscope_agent_rows_dropped_total", "rows_dropped")):
             fam = family(name)
-            for label, n in sorted(h[key].items()):
+            values = {label: 0 for label in ALWAYS_COUNTED.get(key, ())} | h[key]
+            for label, n in sorted(values.items()):
                 fam.add_metric([label], n)
             yield fam
         buckets, total = h["flush_histogram"]
