@@ -131,6 +131,21 @@ def methods_of_ports(lake_dir: str, client_ports: set[int]) -> Counter:
     return counts
 
 
+TLS_CLIENT_HELLO = bytes.fromhex("16030100a5010000a10303") + os.urandom(32) + b"\x00" * 20
+
+
+def send_and_close(payload: bytes) -> None:
+    """Bytes to the broker's port from a client of no protocol the agent decodes, until the broker hangs up."""
+    with socket.create_connection(("127.0.0.1", 5672), timeout=10) as s:
+        s.sendall(payload)
+        s.settimeout(2)
+        try:
+            while s.recv(65536):
+                pass
+        except (socket.timeout, ConnectionResetError):
+            pass
+
+
 def env_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -5,7 +5,6 @@ capturing, the metric catalog and the series cap."""
 from __future__ import annotations
 
 import os
-import socket
 import struct
 import time
 from collections import Counter
@@ -14,29 +13,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from analyzer import lake, metric_names, schema
 from analyzer.ingest import ingest_file
-from tests.agent_support import AgentProcess, publish_confirmed, rows_of, wait_for
-
-TLS_CLIENT_HELLO = bytes.fromhex("16030100a5010000a10303") + os.urandom(32) + b"\x00" * 20
-
-
-def _send_and_close(payload: bytes) -> None:
-    with socket.create_connection(("127.0.0.1", 5672), timeout=10) as s:
-        s.sendall(payload)
-        s.settimeout(2)
-        try:
-            while s.recv(65536):
-                pass
-        except (socket.timeout, ConnectionResetError):
-            pass
-
+from tests.agent_support import TLS_CLIENT_HELLO, AgentProcess, publish_confirmed, rows_of, send_and_close, wait_for
 
 def test_garbage_a_2gib_frame_claim_amqp_1_0_and_tls_are_counted_and_skipped(tmp_path):
     lake_dir = str(tmp_path / "lake")
     with AgentProcess(lake_dir, agent_id="bad-input", flush_interval=0.3) as agent:
-        _send_and_close(b"AMQP\x00\x01\x00\x00")                      # AMQP 1.0
-        _send_and_close(TLS_CLIENT_HELLO)                              # TLS on the plain port
-        _send_and_close(b"\x00\xff\x13garbage" * 100)                  # not a protocol at all
-        _send_and_close(b"AMQP\x00\x00\x09\x01" + struct.pack("!BHI", 1, 0, 0x80000000) + b"\x00" * 64)  # 2 GiB claim
+        send_and_close(b"AMQP\x00\x01\x00\x00")                      # AMQP 1.0
+        send_and_close(TLS_CLIENT_HELLO)                              # TLS on the plain port
+        send_and_close(b"\x00\xff\x13garbage" * 100)                  # not a protocol at all
+        send_and_close(b"AMQP\x00\x00\x09\x01" + struct.pack("!BHI", 1, 0, 0x80000000) + b"\x00" * 64)  # 2 GiB claim
         publish_confirmed("agent-test-after-garbage", 10)  # decoding goes on for everyone else
         assert wait_for(lambda: agent.value("ackscope_agent_unsupported_flows_total", protocol="tls") == 1)
         assert agent.value("ackscope_agent_unsupported_flows_total", protocol="amqp-1.0") == 1
