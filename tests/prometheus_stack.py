@@ -188,3 +188,20 @@ def reload_prometheus(url: str) -> None:
     request = urllib.request.Request(url + "/-/reload", method="POST")
     with urllib.request.urlopen(request, timeout=10) as reply:
         assert reply.status == 200
+
+
+def settle(condition, what: str, timeout: float, during=None):
+    """Poll `condition` every half second until it is true and return it; fail the test with `what`
+    after `timeout`. `during()`, if given, runs between polls instead of sleeping (a client that must
+    go on serving its connection)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} after {timeout}s")
+        if during is not None:
+            during()
+        else:
+            time.sleep(0.5)

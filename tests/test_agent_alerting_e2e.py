@@ -23,8 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
-
 from dashboards import rules
 from dashboards.alert_settings import AlertSettings
 from dashboards.grafana import panel_queries
@@ -35,7 +33,8 @@ from tests.lab.lab import Lab, connection_name
 from tests.lab.runner import exclusive_lab
 from tests.lab.scenarios import SCENARIOS
 
-from .prometheus_stack import Webhook, alertmanager, prometheus, query, reload_prometheus, write_prometheus_config
+from .prometheus_stack import (Webhook, alertmanager, prometheus, query, reload_prometheus, settle,
+                               write_prometheus_config)
 
 NEW_SERIES_WINDOW = 10
 SETTINGS = AlertSettings.from_pairs(
@@ -48,19 +47,8 @@ STUCK = "agent-e2e-stuck-consumer"
 TIMEOUT = 45
 
 
-def wait_for(condition, what: str, timeout: float = TIMEOUT, every: float = 0.5, during=None):
-    """Poll `condition` until true; `during()` runs between polls (a client serving its heartbeats)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} after {timeout}s")
-        if during is not None:
-            during()
-        else:
-            time.sleep(every)
+def wait_for(condition, what: str, timeout: float = TIMEOUT, during=None):
+    return settle(condition, what, timeout, during)
 
 
 def received(webhook: Webhook, alertname: str, **labels) -> list[dict]:

@@ -133,3 +133,21 @@ def test_full_size_loopback_segments_are_captured_whole(tmp_path):
                              ["method", "body_size", "content_complete", "message_id"]).to_pylist()
     big = [f for f in frames if f["method"] == "basic.publish" and (f["message_id"] or "").startswith("big-")]
     assert [(f["body_size"], f["content_complete"]) for f in big] == [(300_000, True)] * 5
+
+
+def test_the_pcapng_output_rotates_inside_one_batch_of_packets(tmp_path):
+    """How packets fall into read batches depends on the load: one batch of many packets must still
+    rotate at the size, every file a readable capture no larger than the size and one packet."""
+    from analyzer.agent.pcap_out import RotatingPcapng
+    from analyzer.packets import LINKTYPE_ETHERNET
+    ethernet_ipv4 = bytes(12) + b"\x08\x00"
+    packets = [(10**18 + n, ethernet_ipv4 + bytes([n % 256]) * 500) for n in range(40)]
+    output = RotatingPcapng(str(tmp_path), LINKTYPE_ETHERNET, "lo", rotate_bytes=4000, keep=3)
+    output.write(packets)
+    output.close()
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in output.files)
+    assert len(output.files) == 3 and output.files[-1].endswith(f"{output._serial:05d}.pcapng")
+    assert output._serial >= 5  # 40 packets of 548 bytes in files of 4,000: rotated every 7 packets
+    for path in output.files:
+        assert os.path.getsize(path) <= 4000 + 32 + 516
+        assert not ingest_file(path, str(tmp_path / "check")).unreadable

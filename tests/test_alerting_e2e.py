@@ -29,7 +29,7 @@ from dashboards import rules
 from dashboards.alert_settings import AlertSettings
 
 from .findings_check import LAB_THRESHOLDS
-from .prometheus_stack import Webhook, alertmanager, free_port, get_json, prometheus, pushgateway, query
+from .prometheus_stack import Webhook, alertmanager, free_port, get_json, prometheus, pushgateway, query, settle
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 # The lab's captures last seconds: its "too old" is a second, and nothing waits for a `for`.
@@ -93,14 +93,7 @@ def clean_applications() -> set[str]:
 
 
 def wait_for(condition, what: str, timeout: float = SETTLE_SECONDS):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} after {timeout}s")
-        time.sleep(0.5)
+    return settle(condition, what, timeout)
 
 
 def test_every_pathology_in_the_examples_reaches_alertmanager(stack):
