@@ -67,7 +67,7 @@ class LakeSink:
         self.last_flush_ts: float | None = None
         self.last_error: str | None = None
         self.failing = 0                       # flushes failed in a row (0: the last one succeeded)
-        self._failure_kinds: list = []
+        self._failure_kinds: set = set()
         self.compactions = 0
 
     def _next_sequence(self, name: str) -> int | None:
@@ -105,20 +105,21 @@ class LakeSink:
     def flush(self, metadata: dict | None = None) -> bool:
         """One commit per table with rows. True when every table's rows are committed."""
         started = time.perf_counter()
-        errors, kinds = [], []
+        errors, kinds = [], set()
         for t in self.tables.values():
             try:
                 self._flush_table(t, metadata or {})
             except Exception as exc:
                 t.uncertain = True
                 errors.append(f"{t.name}: {type(exc).__name__}: {exc}")
-                kinds.append((t.name, type(exc).__name__))
+                kinds.add(type(exc).__name__)
         elapsed = time.perf_counter() - started
         error = "; ".join(errors) or None
         with self.lock:
             self.flushes[FLUSH_FAILED if error else "ok"] += 1
             self.flush_durations.observe(elapsed)
-            # Messages name files that differ from try to try: a new cause is a new table or type.
+            # Messages name files that differ from try to try, and a table joins the failure when it
+            # has rows: a new cause is a new type of error.
             if error and kinds != self._failure_kinds:
                 log.warning("flush to %s failed (rows kept up to --max-buffered-rows, retried every flush): %s", self.lake_dir, error)
             elif not error and self.failing:
