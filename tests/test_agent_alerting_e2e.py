@@ -7,6 +7,7 @@ Alertmanager sends what fires to a webhook this test serves.
   memory alarm holds its publishes). Their very first lost confirms raise AmqpLostConfirms, whether
   Prometheus scraped their counters at 0 first (increase()) or only once counted (a new series).
 - A consumer that holds its deliveries unacked raises AmqpUnackedBuildup and AmqpOldestUnackedTooOld.
+- The lab's clean_async_confirms scenario fires nothing of warning or worse.
 - Every query of the agent-health dashboard returns data; every other panel query that reads the
   agent's metrics is accepted by Prometheus.
 - The agent stopped: AmqpAgentDown (its target down); its target gone: AmqpAgentDown (absent).
@@ -126,7 +127,9 @@ def test_a_running_agent_feeds_prometheus_alertmanager_and_the_agent_dashboard(t
             print(f"{application}: {lost[application]:g} lost; first scraped at "
                   f"{first_scraped(prometheus_url, 'ackscope_lost_confirms_total', application):g}")
 
+        drive_lab_scenario("clean_async_confirms")
         check_agent_panel_queries(prometheus_url)
+        check_clean_traffic_is_quiet(prometheus_url, webhook, connection_name("clean_async_confirms", ""))
         agent.stop()
         down = wait_for(lambda: received(webhook, "AmqpAgentDown", instance=target), "no AmqpAgentDown for the agent")
         assert down[0]["labels"]["job"] == JOB
@@ -159,3 +162,20 @@ def check_agent_panel_queries(prometheus_url: str) -> None:
     for uid, title, promql in panel_queries():
         if uid != AGENT_DASHBOARD:
             query(prometheus_url, promql)
+
+
+def check_clean_traffic_is_quiet(prometheus_url: str, webhook: Webhook, prefix: str) -> None:
+    """The clean scenario's applications, whose series Prometheus has (so the rules saw them), fire
+    nothing of warning or worse."""
+    selector = f'{{application=~"{prefix}.*"}}'
+    counted = f"count by (application) (ackscope_lost_confirms_total{selector})"
+    wait_for(lambda: len(query(prometheus_url, counted)) == 2,
+             "the clean scenario's two applications have no counters in Prometheus")
+    confirmed = query(prometheus_url, f"sum(ackscope_publish_confirm_seconds_count{selector})")
+    assert confirmed and float(confirmed[0]["value"][1]) >= 80  # its publishes were seen and confirmed
+    time.sleep(3)  # a few more evaluations and notifications
+    loud = query(prometheus_url, f'ALERTS{{severity=~"warning|critical", application=~"{prefix}.*"}}')
+    assert not loud, loud
+    sent = [a["labels"] for a in webhook.received() if a["labels"].get("application", "").startswith(prefix)
+            and a["labels"]["severity"] != "info"]
+    assert not sent, sent
