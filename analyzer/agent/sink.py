@@ -121,7 +121,8 @@ class LakeSink:
             # Messages name files that differ from try to try, and a table joins the failure when it
             # has rows: a new cause is a new type of error.
             if error and kinds != self._failure_kinds:
-                log.warning("flush to %s failed (rows kept up to --max-buffered-rows, retried every flush): %s", self.lake_dir, error)
+                log.warning("flush to %s failed (rows kept up to --max-buffered-rows, retried every flush): %s",
+                            self.lake_dir, error)
             elif not error and self.failing:
                 log.warning("flush to %s succeeded again after %d failed flushes", self.lake_dir, self.failing)
             self.failing = self.failing + 1 if error else 0
