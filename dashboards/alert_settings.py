@@ -40,6 +40,10 @@ class AlertSettings:
     unbounded_prefetch_for_seconds: int = 900
     # AmqpFlowBlocked (live): the broker holding publishers blocked (memory or disk alarm) this long.
     flow_blocked_for_seconds: int = 300
+    # A live problem counter whose series Prometheus first sees already above 0 (a connection that
+    # opened and lost between two scrapes) holds its alert this long. It also needs Prometheus to
+    # have scraped that agent this long ago: a new Prometheus or target must not page for old counts.
+    new_series_window_seconds: int = 3600
     # Counted facts (a lost confirm is lost): they alert at once.
     lost_confirms_for_seconds: int = 0
     broker_nacks_for_seconds: int = 0

@@ -50,6 +50,7 @@ class Signal:
     quiet: tuple                # Series on the other side of the threshold: it never holds
     labels: dict                # the labels the alert then carries (besides alertname and severity)
     kind: str | None = None     # the finding kind it reads, if it reads the pushed findings
+    starts_at: int = 0          # seconds into the firing input when it starts to hold (before: nothing)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,24 @@ def counter_increase(metric: str, window: str) -> Signal:
     selector = _selector(metric, {**TEST_AGENT, **TEST_WHERE})
     return Signal(f"sum by ({WHERE}) (increase({metric}[{window}])) > 0",
                   (Series(selector, f"0+1x{TEST_STEPS}"),), (Series(selector, _constant(0)),), dict(TEST_WHERE))
+
+
+def counter_born(metric: str, window_seconds: int) -> Signal:
+    """An agent counter of an application whose series appeared within the window already above 0.
+    The agent zeroes an application's counters at its connection.open, but a connection that opens
+    and loses between two scrapes is first scraped counted, and increase() cannot count a series'
+    first sample. Only where Prometheus scraped that agent a window ago: a new Prometheus or a new
+    target sees every counter for the first time, and must not take old counts for new ones (an agent
+    that restarted is still that target: its counters are new, and so is what they count)."""
+    window = duration(window_seconds)
+    selector = _selector(metric, {**TEST_AGENT, **TEST_WHERE})
+    up = Series(_selector("up", TEST_AGENT), _constant(1))
+    born = window_seconds // 60 + 1  # the input's minute when the series appears: up is a window old
+    return Signal(f"sum by ({WHERE}) (({metric} unless {metric} offset {window}) "
+                  f"and on (job, instance) up offset {window}) > 0",
+                  (up, Series(selector, f"_x{born} 3+0x{TEST_STEPS - born}")),
+                  (up, Series(selector, _constant(3))),  # already counted when Prometheus first saw the agent
+                  dict(TEST_WHERE), starts_at=born * 60)
 
 
 def recorded_above(record: str, counter: str, per_second: float) -> Signal:
@@ -186,13 +205,16 @@ def alerts(s: AlertSettings) -> list[Alert]:
                               f"0+1x{TEST_STEPS}"),),
                       (Series(_selector("ackscope_lost_confirms_total", {**TEST_AGENT, **TEST_WHERE}),
                               _constant(0)),), dict(TEST_WHERE)),
+               counter_born("ackscope_lost_confirms_total", s.new_series_window_seconds),
                finding("lost_confirm", "ackscope_finding_items"))),
         Alert("AmqpBrokerNacks", "warning", "broker_nacks_for_seconds",
               "The broker nacked published messages.",
               _where("The broker refused responsibility for publishes (basic.nack): queue length limits with "
                      "reject-publish, or an internal error") + "." + _confirm("confirm_nack"),
               "amqpbrokernacks",
-              (counter_increase("ackscope_confirm_nacks_total", "15m"), finding("confirm_nack", "ackscope_finding_items"))),
+              (counter_increase("ackscope_confirm_nacks_total", "15m"),
+               counter_born("ackscope_confirm_nacks_total", s.new_series_window_seconds),
+               finding("confirm_nack", "ackscope_finding_items"))),
         Alert("AmqpUnackedBuildup", "warning", "unacked_buildup_for_seconds",
               "Deliveries are piling up unacknowledged.",
               _where(f"More than {s.unacked_deliveries} manual-ack deliveries unacked at once, or a consumer "
@@ -221,7 +243,9 @@ def alerts(s: AlertSettings) -> list[Alert]:
                      "channel (406 PRECONDITION_FAILED) and requeues its unacked deliveries") + "."
               + _confirm("unknown_delivery_tag"),
               "amqpunknowndeliverytags",
-              (counter_increase("ackscope_unknown_delivery_tags_total", "15m"), finding("unknown_delivery_tag"))),
+              (counter_increase("ackscope_unknown_delivery_tags_total", "15m"),
+               counter_born("ackscope_unknown_delivery_tags_total", s.new_series_window_seconds),
+               finding("unknown_delivery_tag"))),
         Alert("AmqpRedeliveryAfterClose", "warning", "redelivery_after_close_for_seconds",
               "Deliveries unacked at a channel close were delivered again.",
               _where("A consumer closed its channel or connection with work in hand; the messages were redelivered, "
@@ -248,7 +272,9 @@ def alerts(s: AlertSettings) -> list[Alert]:
               _where("Normal with persistent and transient messages mixed; a problem only for a publisher that "
                      "matches confirms by position instead of by tag") + "." + _confirm("out_of_order_confirm"),
               "amqpoutoforderconfirms",
-              (counter_increase("ackscope_out_of_order_confirms_total", "1h"), finding("out_of_order_confirm"))),
+              (counter_increase("ackscope_out_of_order_confirms_total", "1h"),
+               counter_born("ackscope_out_of_order_confirms_total", s.new_series_window_seconds),
+               finding("out_of_order_confirm"))),
         Alert("AmqpAgentKernelDrops", "warning", "agent_kernel_drops_for_seconds",
               "The kernel dropped packets before the ackscope agent read them.",
               "Agent {{ $labels.instance }} (job {{ $labels.job }}) lost packets to kernel drops: its gauges and "

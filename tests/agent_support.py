@@ -31,10 +31,10 @@ class AgentProcess:
     `stop()` sends SIGTERM and returns the --json report."""
 
     def __init__(self, lake_dir: str, *, agent_id: str = "test", iface: str = "lo", flush_interval: float = 1.0,
-                 extra: tuple = ()):
+                 extra: tuple = (), run_as: tuple = ()):
         self.lake_dir, self.agent_id = lake_dir, agent_id
         self.port = free_port()
-        self.command = [sys.executable, "-m", "analyzer.cli", "capture", "--iface", iface, "--port", "5672",
+        self.command = [*run_as, sys.executable, "-m", "analyzer.cli", "capture", "--iface", iface, "--port", "5672",
                         "--lake", lake_dir, "--metrics-addr", f"127.0.0.1:{self.port}", "--agent-id", agent_id,
                         "--flush-interval", str(flush_interval), "--json", *extra]
         self.process: subprocess.Popen | None = None
@@ -59,11 +59,10 @@ class AgentProcess:
             return reply.read().decode()
 
     def status(self, path: str) -> int:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as reply:
-                return reply.status
-        except urllib.error.HTTPError as error:
-            return error.code
+        return probe(self.port, path)[0]
+
+    def answer(self, path: str) -> tuple[int, str]:
+        return probe(self.port, path)
 
     def samples(self) -> list:
         """Every sample of /metrics: (name, labels, value)."""
@@ -96,6 +95,15 @@ class AgentProcess:
             self.process.wait()
 
 
+def probe(port: int, path: str) -> tuple[int, str]:
+    """(HTTP status, body) of GET path, whatever the status."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
 def wait_for(predicate, timeout: float = 30.0, every: float = 0.2):
     deadline = time.monotonic() + timeout
     while True:
@@ -121,6 +129,21 @@ def methods_of_ports(lake_dir: str, client_ports: set[int]) -> Counter:
         if port in client_ports:
             counts[method] += 1
     return counts
+
+
+TLS_CLIENT_HELLO = bytes.fromhex("16030100a5010000a10303") + os.urandom(32) + b"\x00" * 20
+
+
+def send_and_close(payload: bytes) -> None:
+    """Bytes to the broker's port from a client of no protocol the agent decodes, until the broker hangs up."""
+    with socket.create_connection(("127.0.0.1", 5672), timeout=10) as s:
+        s.sendall(payload)
+        s.settimeout(2)
+        try:
+            while s.recv(65536):
+                pass
+        except (socket.timeout, ConnectionResetError):
+            pass
 
 
 def env_root() -> str:
@@ -158,3 +181,64 @@ def rows_of(lake_dir: str, connection_name: str, agent_id: str | None = None) ->
     if frames is None:
         return []
     return [r for r in frames.to_pylist() if (r["connection_id"], r["agent_id"]) in keys]
+
+
+NOBODY, NOGROUP = "nobody", "nogroup"
+CAP_NET_RAW = 13
+
+
+def run_as_nobody(workdir: str, caps: tuple[str, ...] = ("net_raw",)) -> tuple[str, ...]:
+    """A command prefix that runs what follows as user nobody with exactly `caps` (setpriv: inheritable
+    and ambient, so they survive the exec; the bounding set cut to them too).
+
+    The interpreter must be reachable by nobody. Where it lives under a folder only root may enter
+    (this machine's venv points into /root/.pyenv, /root being mode 700), the command runs in a mount
+    namespace of its own in which that folder is an empty tmpfs with only the interpreter's tree bound
+    back in: nothing else of it is visible, and the host's mounts are untouched."""
+    caps_list = ",".join(["-all"] + [f"+{c}" for c in caps])
+    setpriv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOGROUP}", "--clear-groups", "--no-new-privs",
+               f"--inh-caps={caps_list}", f"--ambient-caps={caps_list}", f"--bounding-set={caps_list}"]
+    closed = _closed_ancestor(os.path.realpath(sys.executable))
+    if closed is None:
+        return tuple(setpriv)
+    folder, child = closed
+    stash = os.path.join(workdir, "interpreter")
+    os.makedirs(stash, exist_ok=True)
+    script = os.path.join(workdir, "as-nobody.sh")
+    with open(script, "w") as out:
+        out.write("set -e\n"
+                  f'mount --bind "{child}" "{stash}"\n'
+                  f'mount -t tmpfs -o mode=755,size=1m tmpfs "{folder}"\n'
+                  f'mkdir "{child}"\n'
+                  f'mount --bind "{stash}" "{child}"\n'
+                  'exec "$@"\n')
+    return ("unshare", "--mount", "--propagation", "private", "sh", script, *setpriv)
+
+
+def _closed_ancestor(path: str) -> tuple[str, str] | None:
+    """(the first folder above `path` that others may not enter, its child on the way to `path`)."""
+    parts = path.split(os.sep)
+    for depth in range(2, len(parts)):
+        folder = os.sep.join(parts[:depth]) or os.sep
+        if not os.stat(folder).st_mode & 0o001:
+            return folder, os.sep.join(parts[:depth + 1])
+    return None
+
+
+def folder_for_nobody(parent: str, name: str, owner: str = NOBODY) -> str:
+    """A folder nobody can reach (pytest's own tmp folders are root's, mode 700), owned by `owner`."""
+    import pwd
+    import tempfile
+    base = tempfile.mkdtemp(prefix="ackscope-nobody-", dir=parent)
+    os.chmod(base, 0o755)
+    folder = os.path.join(base, name)
+    os.mkdir(folder, 0o755)
+    entry = pwd.getpwnam(owner)
+    os.chown(folder, entry.pw_uid, entry.pw_gid)
+    return folder
+
+
+def process_credentials(pid: int) -> dict[str, str]:
+    """Uid, Gid, CapPrm, CapEff, CapAmb, ... of a running process, from /proc."""
+    with open(f"/proc/{pid}/status") as status:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in status if ":\t" in line)

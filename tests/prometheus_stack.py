@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import yaml
 
 BINARIES = {"pushgateway": "prometheus-pushgateway", "prometheus": "prometheus",
             "alertmanager": "prometheus-alertmanager", "promtool": "promtool"}
@@ -103,3 +108,100 @@ def query(prometheus_url: str, promql: str) -> list[dict]:
         raise AssertionError(f"{promql!r}: {exc.read().decode(errors='replace')}") from None
     assert answer["status"] == "success", answer
     return answer["data"]["result"]
+
+
+@dataclass
+class Webhook:
+    """Alertmanager's webhook receiver: every alert it was sent, as Alertmanager's JSON has them."""
+    alerts: list = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def received(self) -> list[dict]:
+        with self.lock:
+            return list(self.alerts)
+
+
+def serve_webhook(webhook: Webhook) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with webhook.lock:
+                webhook.alerts.extend(body["alerts"])
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):  # quiet
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@contextlib.contextmanager
+def alertmanager(tmp_dir: str, webhook: Webhook):
+    """A real Alertmanager sending every alert, one group each, at once to `webhook` (served here).
+    Yields (its URL, its port)."""
+    server = serve_webhook(webhook)
+    port = free_port()
+    with open(os.path.join(tmp_dir, "alertmanager.yml"), "w") as out:
+        yaml.safe_dump({
+            "route": {"receiver": "test", "group_by": ["..."], "group_wait": "1s", "group_interval": "1s",
+                      "repeat_interval": "1h"},
+            "receivers": [{"name": "test", "webhook_configs": [
+                {"url": f"http://127.0.0.1:{server.server_address[1]}/", "send_resolved": False}]}]}, out)
+    try:
+        with running("alertmanager", [f"--config.file={tmp_dir}/alertmanager.yml",
+                                      f"--storage.path={tmp_dir}/alertmanager",
+                                      f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                     "/-/ready", port, f"{tmp_dir}/alertmanager.log") as url:
+            yield url, port
+    finally:
+        server.shutdown()
+
+
+def write_prometheus_config(tmp_dir: str, rules_file: str, alertmanager_port: int, scrape_configs: list[dict]) -> str:
+    """prometheus.yml with 1 s scrapes and evaluations (writing it again and POSTing /-/reload changes
+    a running Prometheus)."""
+    path = os.path.join(tmp_dir, "prometheus.yml")
+    with open(path, "w") as out:
+        yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [rules_file],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]}]},
+            "scrape_configs": scrape_configs}, out)
+    return path
+
+
+@contextlib.contextmanager
+def prometheus(tmp_dir: str, rules_file: str, alertmanager_port: int, scrape_configs: list[dict]):
+    """A real Prometheus over `scrape_configs`, with the rules, sending to the Alertmanager. Yields its URL."""
+    config = write_prometheus_config(tmp_dir, rules_file, alertmanager_port, scrape_configs)
+    port = free_port()
+    with running("prometheus", [f"--config.file={config}", f"--storage.tsdb.path={tmp_dir}/tsdb",
+                                f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
+                 "/-/ready", port, f"{tmp_dir}/prometheus.log") as url:
+        yield url
+
+
+def reload_prometheus(url: str) -> None:
+    request = urllib.request.Request(url + "/-/reload", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        assert reply.status == 200
+
+
+def settle(condition, what: str, timeout: float, during=None):
+    """Poll `condition` every half second until it is true and return it; fail the test with `what`
+    after `timeout`. `during()`, if given, runs between polls instead of sleeping (a client that must
+    go on serving its connection)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} after {timeout}s")
+        if during is not None:
+            during()
+        else:
+            time.sleep(0.5)

@@ -5,7 +5,6 @@ capturing, the metric catalog and the series cap."""
 from __future__ import annotations
 
 import os
-import socket
 import struct
 import time
 from collections import Counter
@@ -14,29 +13,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from analyzer import lake, metric_names, schema
 from analyzer.ingest import ingest_file
-from tests.agent_support import AgentProcess, publish_confirmed, rows_of, wait_for
-
-TLS_CLIENT_HELLO = bytes.fromhex("16030100a5010000a10303") + os.urandom(32) + b"\x00" * 20
-
-
-def _send_and_close(payload: bytes) -> None:
-    with socket.create_connection(("127.0.0.1", 5672), timeout=10) as s:
-        s.sendall(payload)
-        s.settimeout(2)
-        try:
-            while s.recv(65536):
-                pass
-        except (socket.timeout, ConnectionResetError):
-            pass
-
+from tests.agent_support import TLS_CLIENT_HELLO, AgentProcess, publish_confirmed, rows_of, send_and_close, wait_for
 
 def test_garbage_a_2gib_frame_claim_amqp_1_0_and_tls_are_counted_and_skipped(tmp_path):
     lake_dir = str(tmp_path / "lake")
     with AgentProcess(lake_dir, agent_id="bad-input", flush_interval=0.3) as agent:
-        _send_and_close(b"AMQP\x00\x01\x00\x00")                      # AMQP 1.0
-        _send_and_close(TLS_CLIENT_HELLO)                              # TLS on the plain port
-        _send_and_close(b"\x00\xff\x13garbage" * 100)                  # not a protocol at all
-        _send_and_close(b"AMQP\x00\x00\x09\x01" + struct.pack("!BHI", 1, 0, 0x80000000) + b"\x00" * 64)  # 2 GiB claim
+        send_and_close(b"AMQP\x00\x01\x00\x00")                      # AMQP 1.0
+        send_and_close(TLS_CLIENT_HELLO)                              # TLS on the plain port
+        send_and_close(b"\x00\xff\x13garbage" * 100)                  # not a protocol at all
+        send_and_close(b"AMQP\x00\x00\x09\x01" + struct.pack("!BHI", 1, 0, 0x80000000) + b"\x00" * 64)  # 2 GiB claim
         publish_confirmed("agent-test-after-garbage", 10)  # decoding goes on for everyone else
         assert wait_for(lambda: agent.value("ackscope_agent_unsupported_flows_total", protocol="tls") == 1)
         assert agent.value("ackscope_agent_unsupported_flows_total", protocol="amqp-1.0") == 1
@@ -148,3 +133,21 @@ def test_full_size_loopback_segments_are_captured_whole(tmp_path):
                              ["method", "body_size", "content_complete", "message_id"]).to_pylist()
     big = [f for f in frames if f["method"] == "basic.publish" and (f["message_id"] or "").startswith("big-")]
     assert [(f["body_size"], f["content_complete"]) for f in big] == [(300_000, True)] * 5
+
+
+def test_the_pcapng_output_rotates_inside_one_batch_of_packets(tmp_path):
+    """How packets fall into read batches depends on the load: one batch of many packets must still
+    rotate at the size, every file a readable capture no larger than the size and one packet."""
+    from analyzer.agent.pcap_out import RotatingPcapng
+    from analyzer.packets import LINKTYPE_ETHERNET
+    ethernet_ipv4 = bytes(12) + b"\x08\x00"
+    packets = [(10**18 + n, ethernet_ipv4 + bytes([n % 256]) * 500) for n in range(40)]
+    output = RotatingPcapng(str(tmp_path), LINKTYPE_ETHERNET, "lo", rotate_bytes=4000, keep=3)
+    output.write(packets)
+    output.close()
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in output.files)
+    assert len(output.files) == 3 and output.files[-1].endswith(f"{output._serial:05d}.pcapng")
+    assert output._serial >= 5  # 40 packets of 548 bytes in files of 4,000: rotated every 7 packets
+    for path in output.files:
+        assert os.path.getsize(path) <= 4000 + 32 + 516
+        assert not ingest_file(path, str(tmp_path / "check")).unreadable

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pamqp import commands
 
 from analyzer.agent.decoder import LiveDecoder
-from analyzer.agent.live_state import LiveState
+from analyzer.agent.live_state import PROBLEM_COUNTERS, LiveState
 from analyzer.labels import ApplicationCap
 from analyzer.packets import LINKTYPE_ETHERNET
 from analyzer.timeline.live import open_connections
@@ -41,8 +41,8 @@ class Live:
         return {ch.channel: ch for conn in open_connections(self.state.timelines) for ch in conn.channels}
 
 
-def _confirming_consumer(conv: Conversation) -> list:
-    return conv.open() + conv.script(handshake(name="ordering") + [
+def _confirming_consumer(conv: Conversation, name: str = "ordering") -> list:
+    return conv.open() + conv.script(handshake(name=name) + [
         (0, method(commands.Confirm.Select())), (1, method(commands.Confirm.SelectOk())),
         (0, method(commands.Channel.Open(), 2)), (1, method(commands.Channel.OpenOk(), 2)),
         (0, method(commands.Basic.Consume(queue="q", consumer_tag="c"), 2)),
@@ -79,7 +79,7 @@ def test_a_lost_packet_becomes_a_gap_and_no_lost_confirm():
     live.tick(end_all=True)
     live.state.end_of_data()
     assert live.decoder.gaps() == 1
-    assert not live.state.counters["ackscope_lost_confirms_total"]  # unknown, not lost
+    assert set(live.state.counters["ackscope_lost_confirms_total"].values()) == {0}  # unknown, not lost
 
 
 def test_ended_and_idle_connections_leave_memory():
@@ -96,3 +96,39 @@ def test_ended_and_idle_connections_leave_memory():
     live.tick()
     assert live.decoder.flows.connections == [] and live.decoder.flows.flows == {}
     assert live.state.timelines.connections == {} and live.decoder.rows.connections == []
+
+
+def test_an_applications_problem_counters_exist_at_zero_from_its_connection_open():
+    """increase() needs a sample before the first loss: a counter born at 3 would never alert."""
+    live, conv = Live(), Conversation()
+    live.feed(_confirming_consumer(conv, "first-loss"))
+    live.tick()
+    counters = live.state.counters
+    assert {name: dict(values) for name, values in counters.items()} == \
+        {name: {("/", "first-loss"): 0} for name in PROBLEM_COUNTERS}
+    live.feed(conv.send(0, b"".join(content(commands.Basic.Publish(exchange="", routing_key="q"), b"m%d" % n)
+                                    for n in range(3))))
+    live.feed([conv.ack(0), conv.rst(0)])  # the publisher dies with its three publishes unconfirmed
+    live.tick()
+    assert counters["ackscope_lost_confirms_total"] == {("/", "first-loss"): 3}
+
+
+def test_the_cap_admits_applications_in_the_order_their_connections_opened():
+    """Both connections open within one batch, and the later one's id sorts first (its address):
+    the cap still keeps the one whose connection.open came first, however the ticks fall."""
+    for ticks_between in (False, True):
+        live = Live()
+        live.state = LiveState(ApplicationCap(1))
+        early = Conversation(client=(bytes([10, 0, 0, 9]), 50001))
+        late = Conversation(client=(bytes([10, 0, 0, 1]), 40001))
+        live.feed(_confirming_consumer(early, "opened-first"))
+        if ticks_between:
+            live.tick()
+        live.feed(_confirming_consumer(late, "opened-second"))
+        _, rows, _ = live.tick()
+        if not ticks_between:
+            assert [r["connection_id"] for r in rows][0].startswith("10.0.0.1:")  # late's rows come first
+        assert live.state.cap.admitted == {"opened-first"}
+        assert dict(live.state.counters["ackscope_lost_confirms_total"]) == \
+            {("/", "opened-first"): 0, ("/", "other"): 0}
+        assert live.state.folded_series() == {name: 1 for name in PROBLEM_COUNTERS}

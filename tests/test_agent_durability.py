@@ -137,3 +137,28 @@ def test_several_agents_append_to_one_new_lake_at_once(tmp_path):
     frames = lake_frames(lake_dir, ["connection_id", "agent_id", "seq"])
     keys = list(zip(*(frames[c].to_pylist() for c in ("connection_id", "agent_id", "seq"))))
     assert len(keys) == len(set(keys))
+
+
+def test_a_lake_unreadable_at_start_is_read_before_the_first_commit_not_guessed(tmp_path):
+    """A restart while the lake cannot be read (a corrupt or unreachable log) must not start the
+    sequence at 1: a later retry would take the lake's older commits for this flush's and drop it."""
+    lake_dir = str(tmp_path / "lake")
+    first = LakeSink(lake_dir, "restart")
+    for batch in ("a", "b"):
+        first.add("connections", _rows(2, batch))
+        assert first.flush()
+    log_file = os.path.join(lake_dir, "connections", "_delta_log", "00000000000000000001.json")
+    intact = open(log_file).read()
+    with open(log_file, "w") as out:
+        out.write("not a delta log entry\n")
+    restarted = LakeSink(lake_dir, "restart")
+    assert restarted.tables["connections"].sequence is None  # unknown, not 1
+    restarted.add("connections", _rows(3, "c"))
+    assert not restarted.flush()
+    assert restarted.tables["connections"].rows() == 3  # kept for the next flush
+    with open(log_file, "w") as out:
+        out.write(intact)
+    assert restarted.flush()
+    assert lake.open_table(lake_dir, "connections").transaction_version(app_id_of("restart")) == 3
+    ids = lake.read_table(lake_dir, "connections", schema.CONNECTIONS)["connection_id"].to_pylist()
+    assert sorted(ids) == ["a0", "a1", "b0", "b1", "c0", "c1", "c2"]

@@ -7,7 +7,8 @@ Checks: the alert of every pathology the examples' expected.json files name fire
 scenario's application (connection_name lab-<scenario>-...), with a description naming where; the
 clean scenarios' applications fire nothing of warning or worse; the recording rules over the pushed
 analysis return data; and every dashboard panel query (dashboards.grafana.panel_queries) parses and,
-unless it reads only the live agent's metrics (no agent runs here), returns data.
+unless it reads only the live agent's metrics (no agent runs here: test_agent_alerting_e2e.py runs
+one), returns data.
 
 Intervals are a second and every `for` is 0 here (its both sides are promtool's job, test_rules.py),
 so the whole chain settles in seconds.
@@ -18,20 +19,17 @@ from __future__ import annotations
 import glob
 import json
 import os
-import threading
 import time
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 
 import pytest
-import yaml
 
 from analyzer import cli, metric_names
 from dashboards import rules
 from dashboards.alert_settings import AlertSettings
 
 from .findings_check import LAB_THRESHOLDS
-from .prometheus_stack import free_port, get_json, pushgateway, query, running
+from .prometheus_stack import Webhook, alertmanager, free_port, get_json, prometheus, pushgateway, query, settle
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 # The lab's captures last seconds: its "too old" is a second, and nothing waits for a `for`.
@@ -40,34 +38,6 @@ LAB_SETTINGS = AlertSettings.from_pairs(
     + [f"oldest_unacked_seconds={LAB_THRESHOLDS.unacked_age_seconds}"])
 AGENT_JOB = LAB_SETTINGS.agent_job
 SETTLE_SECONDS = 90
-
-
-@dataclass
-class Webhook:
-    """Alertmanager's webhook receiver: every alert it was sent, as (labels, annotations)."""
-    alerts: list = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def received(self) -> list[dict]:
-        with self.lock:
-            return list(self.alerts)
-
-
-def serve_webhook(webhook: Webhook) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with webhook.lock:
-                webhook.alerts.extend(body["alerts"])
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):  # quiet
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 @dataclass
@@ -86,38 +56,18 @@ def stack(analysed_examples, tmp_path_factory):
     with open(rules_file, "w") as out:
         out.write(rules.rules_yaml(LAB_SETTINGS))
     webhook = Webhook()
-    server = serve_webhook(webhook)
-    am_port, prom_port, closed_port = free_port(), free_port(), free_port()
-    with open(os.path.join(tmp, "alertmanager.yml"), "w") as out:
-        yaml.safe_dump({
-            "route": {"receiver": "test", "group_by": ["..."], "group_wait": "1s", "group_interval": "1s",
-                      "repeat_interval": "1h"},
-            "receivers": [{"name": "test", "webhook_configs": [
-                {"url": f"http://127.0.0.1:{server.server_address[1]}/", "send_resolved": False}]}]}, out)
-    try:
-        with pushgateway(tmp) as gateway, running(
-                "alertmanager", [f"--config.file={tmp}/alertmanager.yml", f"--storage.path={tmp}/alertmanager",
-                                 f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
-                "/-/ready", am_port, f"{tmp}/alertmanager.log") as alertmanager:
-            with open(os.path.join(tmp, "prometheus.yml"), "w") as out:
-                yaml.safe_dump({
-                    "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                    "rule_files": [rules_file],
-                    "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-                    "scrape_configs": [
-                        # honor_labels: the pushed job and lake labels are the group's, not the scrape's.
-                        {"job_name": "pushgateway", "honor_labels": True,
-                         "static_configs": [{"targets": [gateway.removeprefix("http://")]}]},
-                        # An agent target nobody listens on: AmqpAgentDown must say so.
-                        {"job_name": AGENT_JOB, "static_configs": [{"targets": [f"127.0.0.1:{closed_port}"]}]},
-                    ]}, out)
-            with running("prometheus", [f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/tsdb",
-                                        f"--web.listen-address=127.0.0.1:{prom_port}"],
-                         "/-/ready", prom_port, f"{tmp}/prometheus.log") as prometheus:
-                assert cli.main(["push", "--lake", lake_dir, "--pushgateway", gateway]) == 0
-                yield Stack(prometheus, alertmanager, gateway, webhook)
-    finally:
-        server.shutdown()
+    closed_port = free_port()
+    with pushgateway(tmp) as gateway, alertmanager(tmp, webhook) as (alertmanager_url, alertmanager_port):
+        scrape_configs = [
+            # honor_labels: the pushed job and lake labels are the group's, not the scrape's.
+            {"job_name": "pushgateway", "honor_labels": True,
+             "static_configs": [{"targets": [gateway.removeprefix("http://")]}]},
+            # An agent target nobody listens on: AmqpAgentDown must say so.
+            {"job_name": AGENT_JOB, "static_configs": [{"targets": [f"127.0.0.1:{closed_port}"]}]},
+        ]
+        with prometheus(tmp, rules_file, alertmanager_port, scrape_configs) as prometheus_url:
+            assert cli.main(["push", "--lake", lake_dir, "--pushgateway", gateway]) == 0
+            yield Stack(prometheus_url, alertmanager_url, gateway, webhook)
 
 
 def expectations() -> list[dict]:
@@ -143,14 +93,7 @@ def clean_applications() -> set[str]:
 
 
 def wait_for(condition, what: str, timeout: float = SETTLE_SECONDS):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} after {timeout}s")
-        time.sleep(0.5)
+    return settle(condition, what, timeout)
 
 
 def test_every_pathology_in_the_examples_reaches_alertmanager(stack):

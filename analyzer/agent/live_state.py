@@ -5,6 +5,13 @@ Everything carries bounded labels only (labels.py): vhost and application, from 
 own facts (connection.start-ok's connection_name or product, the client address, connection.open's
 vhost). Callers hold `lock` around `feed` and around reading for a scrape: the decode loop and the
 HTTP server run on different threads.
+
+An application's problem counters exist at 0 from its connection.open on (`_admit`): Prometheus'
+increase() and rate() cannot count a series' first sample, so a counter born at 30 lost confirms
+would never raise the counter-based alerts (they also catch a series born non-zero, for a
+connection that opens and loses between two scrapes: dashboards/rules.py). Admission to the
+application cap happens there too, in the order of the connection.open frames, so which
+applications keep their own label is decided by the traffic, never by when a tick or scrape ran.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ CONFIRM_LATENCY, ACK_LATENCY = "ackscope_publish_confirm_seconds", "ackscope_del
 # The catalog's buckets, shared with the analysis's histograms so panels can put them side by side.
 CONFIRM_BUCKETS = ACK_BUCKETS = LATENCY_BUCKETS_SECONDS
 SETTLED = frozenset((r.ACK, r.NACK, r.REJECT))
+CONNECTION_OPEN = "connection.open"
 MAX_LABEL_CACHE = 100_000
 
 
@@ -79,6 +87,7 @@ class LiveState:
 
     def feed(self, rows: list[dict], ended_ids: list[str], facts: dict[str, dict]) -> None:
         self.facts.update(facts)
+        self._admit(rows)
         feed, records = self.timelines.feed, []
         for row in rows:
             try:
@@ -92,6 +101,18 @@ class LiveState:
             self._count(record)
         for connection_id in ended_ids:
             self.facts.pop(connection_id, None)
+
+    def _admit(self, rows: list[dict]) -> None:
+        """Zero the problem counters of the connections opened in these rows, in the order of their
+        connection.open frames (capture time; the rows come sorted by connection id, whose order
+        says nothing). The cap admits their applications in that order, before any record or gauge
+        of this batch can ask for a label. A connection whose opening was not captured (mid-stream)
+        gets its labels at its first record, as it has no application name to admit anyway."""
+        opened = sorted((row["ts_ns"], row["connection_id"]) for row in rows if row["method"] == CONNECTION_OPEN)
+        for _, connection_id in opened:
+            where = self.where(connection_id)
+            for name in PROBLEM_COUNTERS:
+                self.counters[name][self._folded(where, name)] += 0
 
     def end_of_data(self) -> None:
         for record in self.timelines.end_of_data():

@@ -9,9 +9,16 @@ import time
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from ..metric_names import BY_NAME, COUNTER, GAUGE, HISTOGRAM
+from ..metric_names import AGENT, BY_NAME, COUNTER, FLUSH_FAILED, GAUGE, HISTOGRAM, METRICS
 from .live_state import CONFIRM_LATENCY, ACK_LATENCY, PROBLEM_COUNTERS
 from .live_state import Histogram
+from .sink import TABLES
+
+# Label values whose counters exist at 0 from the start: increase() cannot count a series' first
+# sample, so a flush-failure counter born at 1 would hide the first failure from AmqpAgentFlushFailing.
+ALWAYS_COUNTED = {"flushes": ("ok", FLUSH_FAILED), "rows_dropped": tuple(TABLES)}
+# ackscope_series_folded_total{metric}: every metric the application cap can fold, likewise.
+FOLDABLE = tuple(m.name for m in METRICS if m.source == AGENT and "application" in m.labels)
 
 
 def family(name: str):
@@ -60,7 +67,7 @@ class AgentCollector(Collector):
                 _histogram(fam, list(key), histogram)
             yield fam
         fam = family("ackscope_series_folded_total")
-        for metric, n in sorted(folded.items()):
+        for metric, n in sorted(({name: 0 for name in FOLDABLE} | folded).items()):
             fam.add_metric([metric], n)
         yield fam
         yield from self._health(health)
@@ -79,7 +86,8 @@ class AgentCollector(Collector):
                           ("ackscope_agent_flushes_total", "flushes"),
                           ("ackscope_agent_rows_dropped_total", "rows_dropped")):
             fam = family(name)
-            for label, n in sorted(h[key].items()):
+            values = {label: 0 for label in ALWAYS_COUNTED.get(key, ())} | h[key]
+            for label, n in sorted(values.items()):
                 fam.add_metric([label], n)
             yield fam
         buckets, total = h["flush_histogram"]

@@ -39,21 +39,29 @@ class RotatingPcapng:
         self._serial = 0
 
     def write(self, packets: list[tuple[int, bytes]]) -> None:
-        if not packets:
-            return
-        if self._file is None or self._size >= self.rotate_bytes:
-            self._rotate()
-        out = []
+        """Rotation is checked before every packet, not every batch: a batch is up to 4096 packets of
+        up to 256 KiB, which would let one file pass the rotate size by far (and how packets fall into
+        batches depends on the load, not on the traffic)."""
+        out, size = [], self._size
         for ts_ns, data in packets:
+            if self._file is None or size >= self.rotate_bytes:
+                self._flush(out, size)
+                out = []
+                self._rotate()
+                size = self._size
             n = len(data)
             pad = -n % 4
             total = 32 + n + pad
             out.append(struct.pack("<IIIIIII", 6, total, 0, ts_ns >> 32, ts_ns & 0xFFFFFFFF, n, n))
             out.append(data)
             out.append(b"\x00" * pad + struct.pack("<I", total))
-        chunk = b"".join(out)
-        self._file.write(chunk)
-        self._size += len(chunk)
+            size += total
+        self._flush(out, size)
+
+    def _flush(self, out: list[bytes], size: int) -> None:
+        if out:
+            self._file.write(b"".join(out))
+            self._size = size
 
     def _rotate(self) -> None:
         self.close()

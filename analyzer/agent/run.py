@@ -31,6 +31,8 @@ from .sink import DEFAULT_MAX_BUFFERED_ROWS, DEFAULT_RETENTION_HOURS, LakeSink
 TICK_S = 0.25           # rows reach the state machine (and the gauges) at least this often
 STATS_EVERY_S = 1.0     # kernel drop counters are read this often
 TRIM_EVERY_S = 2.0      # freed heap returned to the system this often (see release_freed_memory)
+STALLED_AFTER_S = 5.0   # /readyz: the capture loop turns at least every TICK_S; this long means stuck
+FAILING_FLUSHES = 3     # /readyz: this many failed flushes in a row is a failing sink, not a blip
 log = logging.getLogger("ackscope.agent")
 
 
@@ -119,11 +121,13 @@ class Agent:
 
     def ready(self) -> tuple[bool, str]:
         now = time.monotonic()
-        if now - self.last_loop > 5.0:
+        if now - self.last_loop > STALLED_AFTER_S:
             return False, f"capture loop stalled for {now - self.last_loop:.0f}s"
         grace = 3 * self.config.flush_interval_s + 30.0
         with self.sink.lock:
-            last_flush, error = self.sink.last_flush_ts, self.sink.last_error
+            last_flush, error, failing = self.sink.last_flush_ts, self.sink.last_error, self.sink.failing
+        if failing >= FAILING_FLUSHES:
+            return False, f"the last {failing} flushes to the lake failed: {error}"
         if last_flush is None:
             if now - self.started > grace:
                 return False, f"no successful flush yet: {error or 'none attempted'}"

@@ -9,7 +9,8 @@ retried flush adds nothing twice.
 A failing sink (disk full, permission denied, the store unreachable) never stops the capture:
 rows stay buffered up to `max_buffered_rows`, the oldest are dropped beyond that (counted per
 table), and the next flush tries again. Parquet files of a failed commit are never referenced;
-vacuum removes them after the retention period.
+vacuum removes them after the retention period. A failure is logged when it starts or its cause
+changes, and the recovery once: a lake down for a day is not a log line per flush.
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ def app_id_of(agent_id: str) -> str:
 
 
 class _Table:
-    def __init__(self, name: str, table_schema: pa.Schema, sequence: int):
+    def __init__(self, name: str, table_schema: pa.Schema, sequence: int | None):
         self.name, self.schema = name, table_schema
-        self.sequence = sequence        # the version of this table's next commit for this agent
+        # The version of this table's next commit for this agent; None while the lake could not be
+        # read (at start): it is learnt before the first commit, never guessed.
+        self.sequence = sequence
         self.buffered: list[pa.Table] = []
         self.inflight: list[pa.Table] = []  # the rows of a commit that failed (it may have landed)
         self.uncertain = False
@@ -58,20 +61,21 @@ class LakeSink:
         self.max_buffered_rows = max_buffered_rows
         self.retention_hours = retention_hours
         self.lock = threading.Lock()
-        self.tables = {name: _Table(name, s, self._last_sequence(name) + 1) for name, s in TABLES.items()}
+        self.tables = {name: _Table(name, s, self._next_sequence(name)) for name, s in TABLES.items()}
         self.rows_dropped: Counter = Counter()
         self.flushes: Counter = Counter()      # outcome -> flushes
         self.flush_durations = Histogram(FLUSH_BUCKETS)
         self.last_flush_ts: float | None = None
         self.last_error: str | None = None
+        self.failing = 0                       # flushes failed in a row (0: the last one succeeded)
+        self._failure_kinds: set = set()
         self.compactions = 0
 
-    def _last_sequence(self, name: str) -> int:
+    def _next_sequence(self, name: str) -> int | None:
         try:
-            table = lake.open_table(self.lake_dir, name)
-            return (table.transaction_version(self.app_id) or 0) if table is not None else 0
-        except Exception:  # an unreadable lake at start: begin at 1 and let the flushes report it
-            return 0
+            return self._last_sequence_or_raise(name) + 1
+        except Exception:  # an unreadable lake at start: the flushes report it and learn the sequence
+            return None
 
     # -- rows in (decode loop's thread) ------------------------------------------------------------
 
@@ -102,25 +106,35 @@ class LakeSink:
     def flush(self, metadata: dict | None = None) -> bool:
         """One commit per table with rows. True when every table's rows are committed."""
         started = time.perf_counter()
-        ok = True
+        errors, kinds = [], set()
         for t in self.tables.values():
             try:
                 self._flush_table(t, metadata or {})
             except Exception as exc:
-                ok = False
                 t.uncertain = True
-                self.last_error = f"{t.name}: {type(exc).__name__}: {exc}"
-                log.warning("flush of %s failed (rows kept, retried next flush): %s", t.name, self.last_error)
+                errors.append(f"{t.name}: {type(exc).__name__}: {exc}")
+                kinds.add(type(exc).__name__)
         elapsed = time.perf_counter() - started
+        error = "; ".join(errors) or None
         with self.lock:
-            self.flushes["ok" if ok else FLUSH_FAILED] += 1
+            self.flushes[FLUSH_FAILED if error else "ok"] += 1
             self.flush_durations.observe(elapsed)
-            if ok:
+            # Messages name files that differ from try to try, and a table joins the failure when it
+            # has rows: a new cause is a new type of error.
+            if error and kinds != self._failure_kinds:
+                log.warning("flush to %s failed (rows kept up to --max-buffered-rows, retried every flush): %s",
+                            self.lake_dir, error)
+            elif not error and self.failing:
+                log.warning("flush to %s succeeded again after %d failed flushes", self.lake_dir, self.failing)
+            self.failing = self.failing + 1 if error else 0
+            self.last_error, self._failure_kinds = error, kinds
+            if not error:
                 self.last_flush_ts = time.time()
-                self.last_error = None
-        return ok
+        return not error
 
     def _flush_table(self, t: _Table, metadata: dict) -> None:
+        if t.sequence is None:
+            t.sequence = self._last_sequence_or_raise(t.name) + 1
         if t.uncertain:
             committed = self._last_sequence_or_raise(t.name)
             with self.lock:
