@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, seconds, r in rows:
         print(f"{name:<38} {r['scope']:<9} {r['connections']:>11,} {r['carried_connections']:>8,} "
               f"{r['frames']:>12,} {seconds:>8.1f}")
+    for name, _seconds, r in rows:
+        steps = ", ".join(f"{step} {s:.1f}" for step, s in r["seconds_by_step"].items())
+        print(f"  {name}: {r['spark_jobs']} Spark jobs; seconds by step: {steps}")
     print(f"\nincremental run: {report['carried_records']:,} records carried in checkpoints; {report['reason']}")
     print(f"\nincremental / full: {incremental / full:.2f} of the time; tables identical after both: "
           f"{'yes' if same else 'NO (MISMATCH)'}")

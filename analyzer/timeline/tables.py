@@ -8,11 +8,12 @@ timeline job's output is compared with.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from operator import attrgetter
 
 import pyarrow as pa
 
 from .. import schema
-from ..rows import dicts_to_table
+from ..rows import objects_to_table
 from . import records as r
 from .connection import replay
 
@@ -78,11 +79,8 @@ TABLES = {
 def to_table(records: Iterable, record_type) -> pa.Table:
     """The records of one type as an Arrow table of its schema, sorted by its key."""
     table_schema, timestamps, date_from, key = TABLES[record_type]
-    chosen = sorted((x for x in records if type(x) is record_type),
-                    key=lambda x: tuple(getattr(x, k) for k in key))
-    names = record_type.__slots__
-    rows = [{name: getattr(x, name) for name in names} for x in chosen]
-    return dicts_to_table(rows, table_schema, timestamps, date_from)
+    chosen = sorted((x for x in records if type(x) is record_type), key=attrgetter(*key))
+    return objects_to_table(chosen, getattr, table_schema, timestamps, date_from)
 
 
 # table name -> the record type of its rows
