@@ -19,6 +19,7 @@ import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from functools import reduce
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TextIO
@@ -149,6 +150,7 @@ class _Analysed:
     tables: dict[str, DataFrame]        # a full run's timeline tables (the findings read them), else empty
     own_findings: DataFrame | None      # the pass's findings about one connection (None: nothing analysed whole)
     carried_keys: list[str]             # connections carried on from their checkpoints
+    carried_deliveries: DataFrame | None = None   # the delivery rows the carried connections wrote
     came_back: int | None = None        # a full run: deliveries the cross-connection kinds start from
 
 
@@ -179,8 +181,9 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
         _write_tables(run, outputs, analysed_whole, carried, report, summary.rows if summary else {})
     carried_keys = sorted(set(run.keys or ()) - set(whole_keys or ())) if carried is not None else []
     if run.keys is None:
-        return _Analysed(tables, own_findings, carried_keys, summary.came_back)
-    return _Analysed({}, own_findings, carried_keys)
+        return _Analysed(tables, own_findings, carried_keys, came_back=summary.came_back)
+    return _Analysed({}, own_findings, carried_keys,
+                     carried_deliveries=carried.tables["deliveries"] if carried is not None else None)
 
 
 def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carried | None,
@@ -250,7 +253,13 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
         if analysed.carried_keys:
             carried = _own_findings_from_stored(run, inputs, analysed.carried_keys, thresholds)
             own = carried if own is None else own.unionByName(carried)
-        rescoped = rescoped_findings(inputs, run.ids(run.keys), own, thresholds)
+        whole_keys = sorted(set(run.keys) - set(analysed.carried_keys))
+        changed = [inputs["deliveries"].join(F.broadcast(run.ids(whole_keys)), on="connection_id", how="left_semi")
+                   ] if whole_keys else []
+        if analysed.carried_deliveries is not None:
+            changed.append(analysed.carried_deliveries)
+        changed = reduce(DataFrame.unionByName, changed) if changed else inputs["deliveries"].limit(0)
+        rescoped = rescoped_findings(inputs, run.ids(run.keys), changed, own, thresholds)
         replace_matching(materialised(rescoped.findings), run.lake, "findings", schema.FINDINGS, rescoped.replaces,
                          delta_mode=run.mode)
     else:

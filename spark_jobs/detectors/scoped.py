@@ -4,12 +4,13 @@ findings they replace: a scheduled run's detectors read what the run touched, no
 Most kinds are about one connection (analyzer/detectors): their findings depend on its own rows
 only, so the caller computes them again for the analysed connections (the pass for the connections
 it analysed whole, stored_findings.py for those it carried on) and hands them in.
-The two kinds that follow a message across connections (messages.py) reach further:
-- requeue_loop, one finding per message: computed again for every message identity the analysed
-  connections delivered, from all the deliveries of those identities;
+The two kinds that follow a message across connections (messages.py) depend on the deliveries of
+its messages, wherever they are: only the delivery rows the run wrote (`changed`) can change them.
+- requeue_loop, one finding per message: computed again for every message identity of a changed
+  delivery, from all the deliveries of those identities;
 - redelivery_after_close, one finding per closed channel incarnation: computed again for the
-  incarnations that were analysed, and for those elsewhere whose unacked messages came back
-  (redelivered) on an analysed connection, from their deliveries and every delivery of the same
+  incarnations with a changed closed delivery, and for those elsewhere whose unacked messages came
+  back (redelivered) in a changed delivery, from their deliveries and every delivery of the same
   messages.
 Every other stored finding stays as it was.
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from analyzer.detectors import KINDS
 from spark_jobs.delta_io import Match
 from spark_jobs.thresholds import Thresholds
 from spark_jobs.timeline.plans import lookup
@@ -40,18 +42,21 @@ class RescopedFindings:
     replaces: list[Match]        # the stored findings they take the place of
 
 
-def rescoped_findings(tables: Tables, analysed: DataFrame, own_findings: DataFrame,
+def rescoped_findings(tables: Tables, analysed: DataFrame, changed: DataFrame, own_findings: DataFrame,
                       thresholds: Thresholds) -> RescopedFindings:
     """`tables`: the detectors' inputs (detectors.INPUTS) as stored after the run's timelines;
-    `analysed`: one `connection_id` column, the connections the run analysed; `own_findings`: the
-    findings about one connection (analyzer.detectors.KINDS) of those connections."""
+    `analysed`: one `connection_id` column, the connections the run analysed; `changed`: the
+    delivery rows the run wrote (every row of a connection analysed whole; a carried connection's
+    new and rewritten rows: the rows they replace have the same keys and messages);
+    `own_findings`: the findings about one connection (analyzer.detectors.KINDS) of the analysed
+    connections."""
     analysed = lookup(analysed.select("connection_id").distinct())
     parts = [own_findings]
-    # Whatever kind: a finding of an analysed connection is computed again below, if it still holds.
-    replaces = [Match(analysed, ("connection_id",))]
+    own_kinds = analysed.sparkSession.createDataFrame([(kind,) for kind in KINDS], "kind string")
+    replaces = [Match(analysed.crossJoin(own_kinds), ("connection_id", "kind"))]
 
     known = tables["deliveries"].filter(F.col("message_identity").isNotNull())
-    analysed_deliveries = tables["deliveries"].join(analysed, on="connection_id", how="left_semi").filter(F.col("message_identity").isNotNull())
+    analysed_deliveries = changed.filter(F.col("message_identity").isNotNull())
 
     messages = lookup(analysed_deliveries.select("message_identity").distinct())
     journeys = known.join(messages, on="message_identity", how="left_semi")
@@ -60,8 +65,9 @@ def rescoped_findings(tables: Tables, analysed: DataFrame, own_findings: DataFra
 
     came_back = analysed_deliveries.filter(F.col("redelivered") == True).select("message_identity")  # noqa: E712
     closed = known.filter(F.col("outcome").isin(*CLOSED) & F.col("settle_ts_ns").isNotNull())
-    places = lookup(closed.join(analysed, on="connection_id", how="left_semi")
-                    .unionByName(closed.join(came_back, on="message_identity", how="left_semi"))
+    changed_closed = analysed_deliveries.filter(F.col("outcome").isin(*CLOSED) & F.col("settle_ts_ns").isNotNull())
+    places = lookup(changed_closed.select(*INCARNATION)
+                    .unionByName(closed.join(came_back, on="message_identity", how="left_semi").select(*INCARNATION))
                     .select(*INCARNATION).distinct())
     closed_there = closed.join(places, on=INCARNATION, how="left_semi").select("message_identity").distinct()
     involved = known.join(closed_there, on="message_identity", how="left_semi")
