@@ -151,10 +151,8 @@ class _Partition:
     def _finish(self, analysis: ConnectionAnalysis) -> None:
         header, self.header = self.header, None
         done = analysis.finish(header)
-        connection_json = json.dumps(header if header is not None else {"connection_id": analysis.connection_id})
-        for raw in done.raw_findings:
-            self.rows["raw_findings"].append({"connection_id": analysis.connection_id, "connection": connection_json,
-                                              "finding": json.dumps(asdict(raw)), "seqs": evidence_seqs([raw])})
+        self.rows["raw_findings"] += raw_finding_rows(
+            header if header is not None else {"connection_id": analysis.connection_id}, done.raw_findings)
         timeline = analysis.whole.timeline
         self.rows["tally"].append({"connection_id": timeline.id, "frames": analysis.rows,
                                    "metrics_redo": done.metrics_redo})
@@ -174,6 +172,13 @@ class _Partition:
         for gathered in (self.records, self.metrics, *self.rows.values()):
             gathered.clear()
         yield from wide.to_batches()
+
+
+def raw_finding_rows(connection: dict, raw_findings: list) -> list[dict]:
+    """RAW_FINDINGS rows of one connection's raw findings; `connection`: its schema.CONNECTIONS row."""
+    connection_json = json.dumps(connection)
+    return [{"connection_id": connection["connection_id"], "connection": connection_json,
+             "finding": json.dumps(asdict(raw)), "seqs": evidence_seqs([raw])} for raw in raw_findings]
 
 
 def state_row(checkpoint: Checkpoint, frames_version: int | None) -> dict:

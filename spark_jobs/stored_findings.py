@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import asdict
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from analyzer.detectors import FRAME_COLUMNS, FRAME_METHODS, ConnectionDetectors, evidence_seqs
+from analyzer.detectors import FRAME_COLUMNS, FRAME_METHODS, ConnectionDetectors
 from analyzer.timeline.tables import RECORD_TYPES
 
-from .connection_pass import HEADER, RAW_FINDINGS, headers
+from .connection_pass import HEADER, RAW_FINDINGS, headers, raw_finding_rows
 from .types import spark_schema
 from .timeline.wide import RECORD
 
@@ -112,10 +111,7 @@ class _Partition:
             return
         connection = json.loads(self.header) if self.header is not None else {"connection_id": self.connection_id}
         self.detectors.context.connection = connection
-        connection_json = json.dumps(connection)
-        for raw in self.detectors.raw_findings():
-            self.out.append({"connection_id": self.connection_id, "connection": connection_json,
-                             "finding": json.dumps(asdict(raw)), "seqs": evidence_seqs([raw])})
+        self.out += raw_finding_rows(connection, self.detectors.raw_findings())
         self.detectors, self.header = None, None
 
     def _flush(self) -> Iterator[pa.RecordBatch]:
