@@ -103,23 +103,55 @@ def write_delta(df: DataFrame, lake: str, name: str, schema: pa.Schema, app_id: 
 
 @dataclass(frozen=True)
 class FileChanges:
-    """How a table's files differ between two versions: absolute paths, added and removed."""
-    added: tuple[str, ...]
-    removed: tuple[str, ...]
+    """What happened to a table's data between two versions, as absolute file paths."""
+    added: tuple[str, ...]      # files of new rows, still in the table
+    removed: tuple[str, ...]    # files whose rows were deleted or changed, or new rows' files rewritten since
 
 
 def changes_between(lake: str, name: str, old_version: int, new_version: int) -> FileChanges:
-    """The files `new_version` has that `old_version` had not, and the other way round.
+    """The files of rows added after `old_version` (up to `new_version`), and the files whose rows
+    changed or whose new rows cannot be read alone any more.
 
-    An append-only table (what the agent writes) only ever adds; a compaction or a delete
-    removes files too, and then what was in them cannot be told from the new files alone."""
+    Read from the commits in between: a compaction (delta-rs `optimize`, as the agent runs it)
+    rewrites files without changing their rows (`dataChange: false`), so it neither adds new rows
+    nor loses any, unless it swallowed a file of rows added since `old_version`: those rows now sit
+    in a file with older ones. Where a commit is no longer in the log (cleaned up), the two
+    snapshots are compared instead, and every rewritten file counts as removed."""
     location = os.path.abspath(os.path.join(lake, name))
-    snapshots = []
-    for version in (old_version, new_version):
-        table = DeltaTable(location, version=version)
-        snapshots.append(set(_snapshot_files(table, location)))
-    old, new = snapshots
-    return FileChanges(added=tuple(sorted(new - old)), removed=tuple(sorted(old - new)))
+    commits = _commits(location, old_version + 1, new_version)
+    if commits is None:
+        snapshots = [set(_snapshot_files(DeltaTable(location, version=v), location)) for v in (old_version, new_version)]
+        old, new = snapshots
+        return FileChanges(added=tuple(sorted(new - old)), removed=tuple(sorted(old - new)))
+    added: set[str] = set()
+    removed: set[str] = set()
+    for actions in commits:
+        for action in actions:
+            if "add" in action and action["add"].get("dataChange", True):
+                added.add(_log_path(location, action["add"]["path"]))
+            elif "remove" in action:
+                path = _log_path(location, action["remove"]["path"])
+                if path in added or action["remove"].get("dataChange", True):
+                    removed.add(path)
+    return FileChanges(added=tuple(sorted(added - removed)), removed=tuple(sorted(removed)))
+
+
+def _commits(location: str, first: int, last: int) -> list[list[dict]] | None:
+    """The actions of each commit from `first` to `last`, or None if one is gone from the log."""
+    commits = []
+    for version in range(first, last + 1):
+        path = os.path.join(location, "_delta_log", f"{version:020d}.json")
+        try:
+            with open(path, encoding="utf-8") as commit:
+                commits.append([json.loads(line) for line in commit if line.strip()])
+        except FileNotFoundError:
+            return None
+    return commits
+
+
+def _log_path(root: str, path: str) -> str:
+    # Paths in the log are URIs relative to the table: `%` in a file name is written `%25`.
+    return os.path.normpath(os.path.join(root, unquote(path)))
 
 
 def read_files(spark: SparkSession, lake: str, name: str, files: tuple[str, ...], columns: list[str]) -> DataFrame:
@@ -138,6 +170,7 @@ class Match:
     keys: DataFrame
     on: tuple[str, ...]
     at_least: tuple[str, str] | None = None
+    rows: int | None = None             # at most how many key rows, if known (else they are counted)
 
 
 def replace_rows(df: DataFrame, lake: str, name: str, schema: pa.Schema, key: str, keys: list[str],
@@ -208,7 +241,7 @@ def _marked(current: DataFrame, matches: list[Match]) -> DataFrame:
         hit, since = f"_hit_{i}", f"_from_{i}"
         keys = (match.keys.groupBy(*match.on).agg(F.min(match.at_least[1]).alias(since)) if match.at_least
                 else match.keys.select(*match.on).distinct()).withColumn(hit, F.lit(True))
-        current = current.join(lookup(keys), on=list(match.on), how="left")
+        current = current.join(lookup(keys, match.rows), on=list(match.on), how="left")
         reached = F.col(hit).isNotNull()
         if match.at_least:
             reached = reached & (F.col(match.at_least[0]) >= F.col(since))
@@ -290,8 +323,7 @@ def _snapshot_files(table: DeltaTable, root: str) -> dict[str, dict]:
     actions = pa.table(table.get_add_actions(flatten=True))
     files = {}
     for action in actions.select(["path"] + [f"partition.{c}" for c in partition_columns]).to_pylist():
-        # Paths in the log are URIs: `%` in a file name is written `%25`.
-        files[os.path.normpath(os.path.join(root, unquote(action["path"])))] = {
+        files[_log_path(root, action["path"])] = {
             column: action[f"partition.{column}"] for column in partition_columns}
     return files
 

@@ -9,9 +9,10 @@ result never depends on how the data was split into runs, and a run with nothing
 nothing.
 
 Scopes:
-- full: every connection in `frames`, and the output tables replaced whole. The first run; a
-  `frames` table rewritten since the last run (compaction or a delete: its old files are gone,
-  so what changed is not known); settings that shape the stored rows changed; or `--full`.
+- full: every connection in `frames`, and the output tables replaced whole. The first run; rows
+  of `frames` deleted since the last run, or rows it had not read compacted into files with older
+  ones (what changed is not known; a compaction of rows already analysed, as the agent runs them,
+  changes nothing); settings that shape the stored rows changed; or `--full`.
 - new_data: the connections with frames in files added since the last full or new_data run.
 - days (`--since` / `--until`): the connections with frames on those UTC days, again. A window
   for re-analysing, not a limit on the frames: each connection is analysed whole.
@@ -69,8 +70,9 @@ def plan_run(lake: str, since: str | None, until: str | None, full: bool, bucket
         return RunScope(FULL, f"the frames table is at version {version}, older than the last run's {baseline}", version)
     changes = changes_between(lake, "frames", baseline, version)
     if changes.removed:
-        return RunScope(FULL, f"{len(changes.removed)} frames file(s) removed since version {baseline} "
-                              f"(compaction or delete): what changed cannot be told", version)
+        return RunScope(FULL, f"{len(changes.removed)} frames file(s) deleted or rewritten since version {baseline} "
+                              f"(a delete, or new rows compacted with older ones before a run read them): "
+                              f"what changed cannot be told", version)
     return RunScope(NEW_DATA, f"{len(changes.added)} frames file(s) added since version {baseline}", version,
                     baseline_version=baseline, new_files=changes.added,
                     findings_stale=last["thresholds"] != thresholds_json(thresholds))

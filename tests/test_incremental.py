@@ -199,10 +199,24 @@ def test_scope_planner(tmp_path, traffic):
     assert _plan(lake_dir).baseline_version == 1
     _log(lake_dir, 2)
     assert _plan(lake_dir).new_files == ()
-    # Compaction rewrites the files: what is new can no longer be told.
-    DeltaTable(os.path.join(lake_dir, "frames")).optimize.compact()
+    # A compaction (the agent runs them) rewrites files, not rows: nothing new to analyse.
+    frames_table = os.path.join(lake_dir, "frames")
+    assert DeltaTable(frames_table).optimize.compact()["numFilesRemoved"] >= 2
     plan = _plan(lake_dir)
-    assert plan.scope == FULL and "removed" in plan.reason
+    assert (plan.scope, plan.new_files, plan.frames_version) == (NEW_DATA, (), 3)
+    # New rows compacted with older ones before a run read them cannot be read alone.
+    _append(lake_dir, "frames", traffic[0].slice(300, 50), schema.FRAMES, "three")
+    _append(lake_dir, "frames", traffic[0].slice(350, 50), schema.FRAMES, "four")
+    assert len(_plan(lake_dir).new_files) >= 2
+    DeltaTable(frames_table).optimize.compact()
+    plan = _plan(lake_dir)
+    assert plan.scope == FULL and "rewritten" in plan.reason, plan.reason
+    # A delete changes rows.
+    _log(lake_dir, DeltaTable(frames_table).version())
+    assert _plan(lake_dir).scope == NEW_DATA
+    DeltaTable(frames_table).delete("seq < 5")
+    plan = _plan(lake_dir)
+    assert plan.scope == FULL and "deleted" in plan.reason, plan.reason
 
 
 # --- carried runs: only the new frames are read -------------------------------------------------------
@@ -213,7 +227,8 @@ MANY_APPENDS = 10
 @pytest.fixture(scope="module")
 def appended_many(spark, traffic, tmp_path_factory):
     """The same traffic in MANY_APPENDS pieces cut at random times (channels, open deliveries and
-    publishes, and channel_metrics buckets cut by every run), analysed after each append."""
+    publishes, and channel_metrics buckets cut by every run), analysed after each append; the
+    frames table compacted after every third run, as the agent compacts it."""
     frames, connections = traffic
     lake_dir = str(tmp_path_factory.mktemp("appended_many"))
     cuts = sorted(np.random.default_rng(7).uniform(0, 1, MANY_APPENDS - 1))
@@ -224,6 +239,8 @@ def appended_many(spark, traffic, tmp_path_factory):
             _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
         if piece.num_rows:
             reports.append((analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS), piece))
+            if len(reports) % 3 == 0:
+                DeltaTable(os.path.join(lake_dir, "frames")).optimize.compact()
     return lake_dir, reports
 
 
