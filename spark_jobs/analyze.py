@@ -202,7 +202,7 @@ def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carri
             matches = analysed_whole + (carried.matches[name] if carried is not None else [])
             replace_matching(rows, run.lake, name, table_schema, matches, delta_mode=run.mode)
         if name != STATE_TABLE:
-            report.rows[name] = whole_rows.get(name, 0) + (carried.tables[name].count() if carried is not None else 0)
+            report.rows[name] = whole_rows.get(name, 0) + (carried.rows[name] if carried is not None else 0)
 
     # Spark's job group (Steps counts the run's jobs by it) is a thread-local property: inherited.
     with ThreadPoolExecutor(max_workers=len(outputs)) as pool:
@@ -259,7 +259,7 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
         if analysed.carried_deliveries is not None:
             changed.append(analysed.carried_deliveries)
         changed = reduce(DataFrame.unionByName, changed) if changed else inputs["deliveries"].limit(0)
-        rescoped = rescoped_findings(inputs, run.ids(run.keys), changed, own, thresholds)
+        rescoped = rescoped_findings(inputs, run.ids(run.keys), changed, own, thresholds, analysed_rows=len(run.keys))
         replace_matching(materialised(rescoped.findings), run.lake, "findings", schema.FINDINGS, rescoped.replaces,
                          delta_mode=run.mode)
     else:

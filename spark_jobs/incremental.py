@@ -30,6 +30,7 @@ from analyzer.timeline import INPUT_COLUMNS
 from .delta_io import Match, read_delta, read_files
 from .connection_pass import STATE_TABLE
 from .timeline.carried import STALE, WRITE, carried_rows, carry_on
+from .timeline.wide import RECORD, ROLE
 from .timeline.tables import TIMELINE_TABLES
 
 INCARNATION = ["connection_id", "channel", "incarnation"]
@@ -38,6 +39,7 @@ INCARNATION = ["connection_id", "channel", "incarnation"]
 @dataclass
 class Carried:
     tables: dict[str, DataFrame]          # rows to write, per table (analysis_state included)
+    rows: dict[str, int]                  # how many, per table
     matches: dict[str, list[Match]]       # the stored rows they replace
     fallbacks: dict[str, str]             # connection -> why it must be analysed whole
     frames: int                           # new frame rows read for the carried connections
@@ -57,6 +59,8 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
                                                                                     how="left_semi")
     wide = carry_on(new, states, bucket_seconds, overdue_ns, frames_version)
     fallbacks = {row["connection_id"]: row["reason"] for row in carried_rows(wide, "fallback").collect()}
+    counts = {(row[RECORD], row[ROLE]): row["n"]
+              for row in wide.groupBy(RECORD, ROLE).agg(F.count(F.lit(1)).alias("n")).collect()}
     state = carried_rows(wide, "state")
     carried_ids = state.select("connection_id")
     read = (new.join(F.broadcast(carried_ids), on="connection_id", how="left_semi").count(),
@@ -65,20 +69,30 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
     tables = {name: carried_rows(wide, name, WRITE) for name in TIMELINE_TABLES}
     tables["channel_metrics"] = carried_rows(wide, "channel_metrics", WRITE)
     tables[STATE_TABLE] = state
-    return Carried(tables, _matches(wide, carried_ids), fallbacks, frames=read[0],
+    rows = {name: counts.get((name, WRITE), 0) for name in tables}
+    rows[STATE_TABLE] = counts.get(("state", None), 0)
+    return Carried(tables, rows, _matches(wide, carried_ids, counts), fallbacks, frames=read[0],
                    connections=len(keys) - len(fallbacks), records=read[1])
 
 
-def _matches(wide: DataFrame, carried_ids: DataFrame) -> dict[str, list[Match]]:
+def _matches(wide: DataFrame, carried_ids: DataFrame, counts: dict) -> dict[str, list[Match]]:
+    """The stored rows each table's new rows replace; the key sets' sizes are known from `counts`
+    (rows of the wide table by record and role), so none is counted again."""
+    def written_or_stale(name: str) -> int:
+        return counts.get((name, WRITE), 0) + counts.get((name, STALE), 0)
+
     items = ["connection_id", "seq"]
     incarnations = _written_or_stale(wide, "channels", INCARNATION)
     return {
-        "deliveries": [Match(_written_or_stale(wide, "deliveries", items), tuple(items))],
-        "publishes": [Match(_written_or_stale(wide, "publishes", items), tuple(items))],
-        "channels": [Match(incarnations, tuple(INCARNATION))],
-        "violations": [Match(incarnations, tuple(INCARNATION))],
-        "channel_metrics": [Match(carried_rows(wide, "touched"), tuple(INCARNATION), ("bucket_start_ns", "from_ns"))],
-        STATE_TABLE: [Match(carried_ids, ("connection_id",))],
+        "deliveries": [Match(_written_or_stale(wide, "deliveries", items), tuple(items),
+                             rows=written_or_stale("deliveries"))],
+        "publishes": [Match(_written_or_stale(wide, "publishes", items), tuple(items),
+                            rows=written_or_stale("publishes"))],
+        "channels": [Match(incarnations, tuple(INCARNATION), rows=written_or_stale("channels"))],
+        "violations": [Match(incarnations, tuple(INCARNATION), rows=written_or_stale("channels"))],
+        "channel_metrics": [Match(carried_rows(wide, "touched"), tuple(INCARNATION), ("bucket_start_ns", "from_ns"),
+                                  rows=counts.get(("touched", None), 0))],
+        STATE_TABLE: [Match(carried_ids, ("connection_id",), rows=counts.get(("state", None), 0))],
     }
 
 

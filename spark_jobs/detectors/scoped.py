@@ -25,10 +25,10 @@ from pyspark.sql import functions as F
 from analyzer.detectors import KINDS
 from spark_jobs.delta_io import Match
 from spark_jobs.thresholds import Thresholds
-from spark_jobs.timeline.plans import lookup
+from spark_jobs.timeline.plans import lookup, materialised
 
-from . import DETECTORS, detect
-from .common import INCARNATION
+from . import DETECTORS
+from .common import INCARNATION, finish
 from .messages import CLOSED
 
 ACROSS_CONNECTIONS = tuple(DETECTORS)
@@ -43,40 +43,54 @@ class RescopedFindings:
 
 
 def rescoped_findings(tables: Tables, analysed: DataFrame, changed: DataFrame, own_findings: DataFrame,
-                      thresholds: Thresholds) -> RescopedFindings:
+                      thresholds: Thresholds, analysed_rows: int | None = None) -> RescopedFindings:
     """`tables`: the detectors' inputs (detectors.INPUTS) as stored after the run's timelines;
     `analysed`: one `connection_id` column, the connections the run analysed; `changed`: the
     delivery rows the run wrote (every row of a connection analysed whole; a carried connection's
     new and rewritten rows: the rows they replace have the same keys and messages);
     `own_findings`: the findings about one connection (analyzer.detectors.KINDS) of the analysed
-    connections."""
-    analysed = lookup(analysed.select("connection_id").distinct())
+    connections. `analysed_rows`: how many connections `analysed` names, if known."""
+    analysed = lookup(analysed.select("connection_id").distinct(), analysed_rows)
     parts = [own_findings]
     own_kinds = analysed.sparkSession.createDataFrame([(kind,) for kind in KINDS], "kind string")
-    replaces = [Match(analysed.crossJoin(own_kinds), ("connection_id", "kind"))]
+    replaces = [Match(analysed.crossJoin(own_kinds), ("connection_id", "kind"),
+                      rows=None if analysed_rows is None else analysed_rows * len(KINDS))]
 
     known = tables["deliveries"].filter(F.col("message_identity").isNotNull())
     analysed_deliveries = changed.filter(F.col("message_identity").isNotNull())
 
-    messages = lookup(analysed_deliveries.select("message_identity").distinct())
+    messages, messages_rows = _counted(analysed_deliveries.select("message_identity").distinct())
     journeys = known.join(messages, on="message_identity", how="left_semi")
-    parts.append(detect({**tables, "deliveries": journeys}, thresholds, kinds=["requeue_loop"]))
-    replaces.append(Match(messages.withColumn("kind", F.lit("requeue_loop")), ("kind", "message_identity")))
+    loops = DETECTORS["requeue_loop"]({**tables, "deliveries": journeys}, thresholds)
+    replaces.append(Match(messages.withColumn("kind", F.lit("requeue_loop")), ("kind", "message_identity"),
+                          rows=messages_rows))
 
     came_back = analysed_deliveries.filter(F.col("redelivered") == True).select("message_identity")  # noqa: E712
     closed = known.filter(F.col("outcome").isin(*CLOSED) & F.col("settle_ts_ns").isNotNull())
     changed_closed = analysed_deliveries.filter(F.col("outcome").isin(*CLOSED) & F.col("settle_ts_ns").isNotNull())
-    places = lookup(changed_closed.select(*INCARNATION)
-                    .unionByName(closed.join(came_back, on="message_identity", how="left_semi").select(*INCARNATION))
-                    .select(*INCARNATION).distinct())
+    places, places_rows = _counted(
+        changed_closed.select(*INCARNATION)
+        .unionByName(closed.join(came_back, on="message_identity", how="left_semi").select(*INCARNATION))
+        .select(*INCARNATION).distinct())
     closed_there = closed.join(places, on=INCARNATION, how="left_semi").select("message_identity").distinct()
     involved = known.join(closed_there, on="message_identity", how="left_semi")
     # Incarnations outside `places` may share a message with them: their findings would be partial.
-    found = detect({**tables, "deliveries": involved}, thresholds, kinds=["redelivery_after_close"])
-    parts.append(found.join(places, on=INCARNATION, how="left_semi"))
-    replaces.append(Match(places.withColumn("kind", F.lit("redelivery_after_close")), ("kind", *INCARNATION)))
+    found = DETECTORS["redelivery_after_close"]({**tables, "deliveries": involved}, thresholds)
+    # Both kinds finished together: one look-up of their evidence packets in `frames`.
+    parts.append(finish(loops.unionByName(found.join(places, on=INCARNATION, how="left_semi")),
+                        tables["frames"], tables["connections"]))
+    replaces.append(Match(places.withColumn("kind", F.lit("redelivery_after_close")), ("kind", *INCARNATION),
+                          rows=places_rows))
 
     findings = parts[0]
     for part in parts[1:]:
         findings = findings.unionByName(part)
     return RescopedFindings(findings, replaces)
+
+
+def _counted(keys: DataFrame) -> tuple[DataFrame, int]:
+    """`keys` materialised, marked for broadcast if small, and how many rows it has (counted once,
+    for the look-up here and for the replacement's)."""
+    keys = materialised(keys)
+    rows = keys.count()
+    return lookup(keys, rows), rows

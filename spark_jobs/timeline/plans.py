@@ -23,8 +23,12 @@ def materialised(df: DataFrame) -> DataFrame:
     return df.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
 
 
-def lookup(df: DataFrame) -> DataFrame:
-    """`df` materialised, and marked for broadcast if it is small. A cut plan has no size estimate,
-    so without the mark Spark would shuffle and sort the big side of every join with it."""
-    df = materialised(df)
-    return F.broadcast(df) if df.count() <= BROADCAST_ROWS else df
+def lookup(df: DataFrame, rows: int | None = None) -> DataFrame:
+    """`df` marked for broadcast if it is small. A cut plan has no size estimate, so without the
+    mark Spark would shuffle and sort the big side of every join with it. `rows`: at most how many
+    rows `df` has, where the caller knows (then nothing is computed here); else `df` is
+    materialised and counted (two Spark jobs)."""
+    if rows is None:
+        df = materialised(df)
+        rows = df.count()
+    return F.broadcast(df) if rows <= BROADCAST_ROWS else df
