@@ -38,8 +38,6 @@ EVIDENCE = {
     "redelivered_on_channels": "array<string>",
 }
 
-RAW_COLUMNS = ("kind", "severity", "connection_id", "agent_id", "channel", "incarnation", "first_ts_ns",
-               "last_ts_ns", "count", "value", "threshold", "message_identity", "summary", "evidence")
 INCARNATION = ["connection_id", "channel", "incarnation"]
 
 
