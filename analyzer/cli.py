@@ -83,8 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "timeline and write the Delta tables LAKE/deliveries, publishes, channels, violations, "
                     "channel_metrics and findings. Incremental: a run analyses only the connections with "
                     "frames added since the last run and replaces their rows (each table in one commit); "
-                    "the findings those connections can change are recomputed. The first run, --full, or a frames "
-                    "table compacted since the last run analyse everything. Runs are logged in "
+                    "the findings those connections can change are recomputed. The first run, --full, or frames "
+                    "deleted (or compacted before a run read them) since the last run analyse everything. "
+                    "Runs are logged in "
                     "LAKE/analysis_runs. The same job runs on a cluster with --master, or through "
                     "spark-submit spark_jobs/analyze.py with these options.",
         epilog="Exit status: 0 done; 2 bad arguments; 5 the analysis failed.")

@@ -70,7 +70,7 @@ def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memor
     cores = _local_cores(master)
     if cores is not None:
         # 200 shuffle partitions of a few KB each dominate small local runs; two per core keep
-        # every core busy, and adaptive execution coalesces further.
+        # every core busy.
         conf.set("spark.sql.shuffle.partitions", str(2 * cores))
         # Local runs are batch jobs and tests, often several at once: no UI, no fight over port 4040.
         conf.set("spark.ui.enabled", "false")
