@@ -95,10 +95,11 @@ class ConnectionAnalysis:
         here, so the caller computes this connection's metrics again from all its records."""
         self.metrics, self.metrics_redo = None, str(error)
 
-    def finish(self, connection: Mapping | None) -> Analysed:
-        """The data ends. `connection`: its schema.CONNECTIONS row (None: not in the table)."""
+    def finish(self, connection: Mapping) -> Analysed:
+        """The data ends. `connection`: its schema.CONNECTIONS row (just its connection_id when the
+        table lacks it)."""
         checkpoint = self.whole.finish()
         if self.metrics is not None:
             self.out_metrics(self.metrics.finish())
-        self.detectors.context.connection = dict(connection or {"connection_id": self.connection_id})
+        self.detectors.context.connection = dict(connection)
         return Analysed(self.detectors.raw_findings(), checkpoint, self.whole.no_checkpoint, self.metrics_redo)

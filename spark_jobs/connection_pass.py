@@ -150,9 +150,9 @@ class _Partition:
 
     def _finish(self, analysis: ConnectionAnalysis) -> None:
         header, self.header = self.header, None
-        done = analysis.finish(header)
-        self.rows["raw_findings"] += raw_finding_rows(
-            header if header is not None else {"connection_id": analysis.connection_id}, done.raw_findings)
+        connection = header if header is not None else {"connection_id": analysis.connection_id}
+        done = analysis.finish(connection)
+        self.rows["raw_findings"] += raw_finding_rows(connection, done.raw_findings)
         timeline = analysis.whole.timeline
         self.rows["tally"].append({"connection_id": timeline.id, "frames": analysis.rows,
                                    "metrics_redo": done.metrics_redo})

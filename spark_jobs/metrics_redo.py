@@ -8,7 +8,6 @@ over the records the pass wrote, only for those connections.
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -17,7 +16,7 @@ from analyzer.timeline.metrics import channel_metrics, to_table
 from analyzer.timeline.tables import RECORD_TYPES
 
 from .timeline.plans import materialised
-from .timeline.wide import RECORD, from_wide
+from .timeline.wide import RECORD, from_wide, prefixed, records_from_wide
 from .types import spark_schema
 
 # The records channel_metrics reads.
@@ -36,7 +35,7 @@ def pass_channel_metrics(wide: DataFrame, redo: list[str], bucket_seconds: int) 
 
 def metrics_again(wide: DataFrame, connection_ids: list[str], bucket_seconds: int) -> DataFrame:
     """schema.CHANNEL_METRICS rows of these connections, from the pass's wide table."""
-    owner = F.coalesce(*[F.col(f"{name}__connection_id") for name in METRIC_RECORDS])
+    owner = F.coalesce(*[F.col(prefixed(name, "connection_id")) for name in METRIC_RECORDS])
     rows = (wide.where(F.col(RECORD).isin(*METRIC_RECORDS)).withColumn("_connection", owner)
             .where(F.col("_connection").isin(*connection_ids)))
 
@@ -47,10 +46,4 @@ def metrics_again(wide: DataFrame, connection_ids: list[str], bucket_seconds: in
 
 
 def _records(wide: pa.Table) -> list:
-    out = []
-    for name in METRIC_RECORDS:
-        record_type = RECORD_TYPES[name]
-        mine = wide.filter(pc.equal(wide[RECORD], name))
-        columns = {slot: mine[f"{name}__{slot}"].to_pylist() for slot in record_type.__slots__}
-        out += [record_type(*values) for values in zip(*columns.values())]
-    return out
+    return [x for name in METRIC_RECORDS for x in records_from_wide(wide, name, RECORD_TYPES[name])]

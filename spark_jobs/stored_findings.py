@@ -24,7 +24,7 @@ from analyzer.timeline.tables import RECORD_TYPES
 
 from .connection_pass import HEADER, RAW_FINDINGS, headers, raw_finding_rows
 from .types import spark_schema
-from .timeline.wide import RECORD
+from .timeline.wide import RECORD, prefixed, records_from_wide
 
 FRAMES, CONNECTION = "frames", "connection"
 # A frame's place among its connection's rows (null for the others: they sort first).
@@ -43,11 +43,11 @@ def stored_raw_findings(tables: dict[str, DataFrame], frames: DataFrame, connect
 
     parts = [narrowed(tables[name]).select(
         "connection_id", F.lit(name).alias(RECORD), F.lit(None).cast("bigint").alias(ORDER),
-        *[F.col(slot).alias(f"{name}__{slot}") for slot in record_type.__slots__])
+        *[F.col(slot).alias(prefixed(name, slot)) for slot in record_type.__slots__])
         for name, record_type in RECORD_TYPES.items()]
     parts.append(narrowed(frames.where(F.col("method").isin(*FRAME_METHODS)))
                  .select("connection_id", F.lit(FRAMES).alias(RECORD), F.col("seq").alias(ORDER),
-                         *[F.col(c).alias(f"{FRAMES}__{c}") for c in FRAME_COLUMNS]))
+                         *[F.col(c).alias(prefixed(FRAMES, c)) for c in FRAME_COLUMNS]))
     parts.append(headers(narrowed(connections))
                  .select("connection_id", F.lit(CONNECTION).alias(RECORD), F.lit(None).cast("bigint").alias(ORDER),
                          HEADER))
@@ -92,14 +92,11 @@ class _Partition:
             self.detectors = ConnectionDetectors({"connection_id": connection_id}, self.thresholds)
         kinds = rows.column(RECORD)
         for name, record_type in RECORD_TYPES.items():
-            mine = rows.filter(pc.equal(kinds, name))
-            if mine.num_rows:
-                columns = [mine.column(f"{name}__{slot}").to_pylist() for slot in record_type.__slots__]
-                for values in zip(*columns):
-                    self.detectors.record(record_type(*values))
+            for record in records_from_wide(rows, name, record_type):
+                self.detectors.record(record)
         frames = rows.filter(pc.equal(kinds, FRAMES))
         if frames.num_rows:
-            columns = {c: frames.column(f"{FRAMES}__{c}").to_pylist() for c in FRAME_COLUMNS}
+            columns = {c: frames.column(prefixed(FRAMES, c)).to_pylist() for c in FRAME_COLUMNS}
             for values in zip(*columns.values()):
                 self.detectors.frame(dict(zip(FRAME_COLUMNS, values)))
         header = rows.filter(pc.equal(kinds, CONNECTION))

@@ -5,19 +5,20 @@ caller is to do with it); each table's columns carry its name as a prefix."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 RECORD, ROLE = "record", "role"
 
 
-def _prefixed(table: str, column: str) -> str:
+def prefixed(table: str, column: str) -> str:
     return f"{table}__{column}"
 
 
 def wide_schema(tables: dict[str, pa.Schema]) -> pa.Schema:
     return pa.schema([(RECORD, pa.string()), (ROLE, pa.string())] + [
-        pa.field(_prefixed(name, field.name), field.type) for name, table_schema in tables.items()
+        pa.field(prefixed(name, field.name), field.type) for name, table_schema in tables.items()
         for field in table_schema])
 
 
@@ -40,4 +41,14 @@ def from_wide(wide: DataFrame, name: str, table_schema: pa.Schema, role: str | N
     rows = wide.where(F.col(RECORD) == name)
     if role is not None:
         rows = rows.where(F.col(ROLE) == role)
-    return rows.select(*[F.col(_prefixed(name, field.name)).alias(field.name) for field in table_schema])
+    return rows.select(*[F.col(prefixed(name, field.name)).alias(field.name) for field in table_schema])
+
+
+def records_from_wide(rows: pa.Table | pa.RecordBatch, name: str, record_type) -> list:
+    """The rows of table `name` among `rows` (a wide table's Arrow rows, in Python), back as the
+    frozen records whose fields are that table's columns (analyzer/timeline/records.py)."""
+    mine = rows.filter(pc.equal(rows.column(RECORD), name))
+    if not mine.num_rows:
+        return []
+    columns = [mine.column(prefixed(name, slot)).to_pylist() for slot in record_type.__slots__]
+    return [record_type(*values) for values in zip(*columns)]
