@@ -35,7 +35,7 @@ from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
 from analyzer.connection_analysis import Settings
 
-from .delta_io import Match, read_delta, read_files, replace_matching, write_delta
+from .delta_io import connections_match, read_delta, read_files, replace_matching, write_delta
 from .evidence_packets import finished_findings
 from .incremental import Carried, carry_on_connections
 from .detectors import detect
@@ -47,7 +47,7 @@ from .steps import Steps
 from .stored_findings import stored_raw_findings
 from .thresholds import Thresholds
 from .connection_pass import STATE_TABLE, PassSummary, connection_pass, pass_rows, pass_summary
-from .timeline.plans import materialised
+from .timeline.plans import materialised, of_connections
 from .timeline.tables import TIMELINE_TABLES
 
 OUTPUT_TABLES = {**TIMELINE_TABLES, "channel_metrics": schema.CHANNEL_METRICS, "findings": schema.FINDINGS}
@@ -91,21 +91,17 @@ class _Run:
     thresholds: Thresholds
     steps: Steps
 
-    def ids(self, keys: list[str]) -> DataFrame:
-        return self.spark.createDataFrame([(k,) for k in keys], "connection_id string")
-
     def frames_of(self, keys: list[str]) -> DataFrame:
         """Every frame of these connections: from the first day any of them was seen (the
         connections table says), else from the start."""
-        wanted = F.broadcast(self.ids(keys))
-        seen = (self.connections.join(wanted, on="connection_id", how="inner")
+        seen = (of_connections(self.connections, keys)
                 .agg(F.countDistinct("connection_id").alias("known"), F.min("first_ts_ns").alias("first_ns")).first())
         first_day = None
         if seen["known"] == len(keys) and seen["first_ns"] is not None:
             first_day = datetime.fromtimestamp(seen["first_ns"] // 10**9, timezone.utc).date().isoformat()
         frames = read_delta(self.spark, self.lake, "frames", schema.FRAMES, self.mode, since=first_day,
                             version=self.plan.frames_version)
-        return frames.join(wanted, on="connection_id", how="left_semi")
+        return of_connections(frames, keys)
 
 
 def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str | None = None,
@@ -176,7 +172,7 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     if carried is not None:
         for name in outputs:
             outputs[name].append(carried.tables[name])
-    analysed_whole = [Match(run.ids(whole_keys), ("connection_id",))] if whole_keys else []
+    analysed_whole = [connections_match(run.spark, whole_keys)] if whole_keys else []
     with run.steps.step("write tables"):
         _write_tables(run, outputs, analysed_whole, carried, report, summary.rows if summary else {})
     carried_keys = sorted(set(run.keys or ()) - set(whole_keys or ())) if carried is not None else []
@@ -224,8 +220,7 @@ def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None,
     """The per-connection tables, checkpoints and findings about one connection of these
     connections (None: all), from all their frames, in one pass of the reference state machine
     (connection_pass.py); and what the pass holds."""
-    connections = run.connections if keys is None else run.connections.join(
-        F.broadcast(run.ids(keys)), on="connection_id", how="left_semi")
+    connections = run.connections if keys is None else of_connections(run.connections, keys)
     settings = Settings(run.bucket_seconds, run.overdue_ns, run.thresholds)
     wide = materialised(connection_pass(frames, connections, settings, run.plan.frames_version))
     summary = pass_summary(wide)
@@ -254,12 +249,11 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
             carried = _own_findings_from_stored(run, inputs, analysed.carried_keys, thresholds)
             own = carried if own is None else own.unionByName(carried)
         whole_keys = sorted(set(run.keys) - set(analysed.carried_keys))
-        changed = [inputs["deliveries"].join(F.broadcast(run.ids(whole_keys)), on="connection_id", how="left_semi")
-                   ] if whole_keys else []
+        changed = [of_connections(inputs["deliveries"], whole_keys)] if whole_keys else []
         if analysed.carried_deliveries is not None:
             changed.append(analysed.carried_deliveries)
         changed = reduce(DataFrame.unionByName, changed) if changed else inputs["deliveries"].limit(0)
-        rescoped = rescoped_findings(inputs, run.ids(run.keys), changed, own, thresholds, analysed_rows=len(run.keys))
+        rescoped = rescoped_findings(inputs, run.keys, changed, own, thresholds)
         replace_matching(materialised(rescoped.findings), run.lake, "findings", schema.FINDINGS, rescoped.replaces,
                          delta_mode=run.mode)
     else:
@@ -276,8 +270,7 @@ def _own_findings_from_stored(run: _Run, inputs: dict[str, DataFrame], keys: lis
                               thresholds: Thresholds) -> DataFrame:
     """The findings about one connection of these connections (None: all), from their stored rows."""
     frames = inputs["frames"] if keys is None else run.frames_of(keys)
-    wanted = None if keys is None else F.broadcast(run.ids(keys))
-    raw = stored_raw_findings({name: inputs[name] for name in TIMELINE_TABLES}, frames, run.connections, wanted,
+    raw = stored_raw_findings({name: inputs[name] for name in TIMELINE_TABLES}, frames, run.connections, keys,
                               thresholds)
     return finished_findings(raw, frames)
 

@@ -16,6 +16,8 @@ import uuid
 import time
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
+from functools import reduce
+from math import prod
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -23,7 +25,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -31,7 +33,7 @@ from analyzer.lake import committed, open_table
 from analyzer.schema import PARTITION_BY
 
 from . import session
-from .timeline.plans import lookup
+from .timeline.plans import IN_LIST_CONNECTIONS, lookup
 from .types import spark_schema
 
 # Where Spark writes before the commit; a leading underscore hides it from Delta and Spark readers.
@@ -173,6 +175,23 @@ class Match:
     rows: int | None = None             # at most how many key rows, if known (else they are counted)
 
 
+@dataclass(frozen=True)
+class Listed:
+    """Rows whose every column named holds one of its listed values: a literal IN filter, so no
+    join and no broadcast job (plans.IN_LIST_CONNECTIONS)."""
+    values: dict[str, tuple]
+
+
+def connections_match(spark: SparkSession, keys: list[str], **also: tuple) -> Match | Listed:
+    """The rows of these connections (and, per column of `also`, one of its values)."""
+    if len(keys) <= IN_LIST_CONNECTIONS:
+        return Listed({"connection_id": tuple(keys), **also})
+    ids = spark.createDataFrame([(k,) for k in keys], "connection_id string")
+    for column, values in also.items():
+        ids = ids.crossJoin(spark.createDataFrame([(v,) for v in values], [column]))
+    return Match(ids, ("connection_id", *also), rows=len(keys) * prod(len(v) for v in also.values()))
+
+
 def replace_rows(df: DataFrame, lake: str, name: str, schema: pa.Schema, key: str, keys: list[str],
                  partition_by: list[str] = PARTITION_BY, delta_mode: str = "auto") -> int | None:
     """Replace every row whose `key` is one of `keys` with the rows of `df`, in one commit (see
@@ -190,7 +209,7 @@ def replace_rows(df: DataFrame, lake: str, name: str, schema: pa.Schema, key: st
     return replace_matching(df, lake, name, schema, [Match(wanted, (key,))], partition_by, route)
 
 
-def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, matches: list[Match],
+def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, matches: list[Match | Listed],
                      partition_by: list[str] = PARTITION_BY, delta_mode: str = "auto") -> int | None:
     """Delete the rows any of `matches` names and append the rows of `df`, in one commit.
 
@@ -233,11 +252,14 @@ def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, mat
     return open_table(lake, name).version()
 
 
-def _marked(current: DataFrame, matches: list[Match]) -> DataFrame:
+def _marked(current: DataFrame, matches: list[Match | Listed]) -> DataFrame:
     """`current` with `_doomed`: does any match name the row. Key sets are small next to the table
     (broadcast where they are: plans.lookup) and made distinct, so a left join never repeats a row."""
     doomed = F.lit(False)
     for i, match in enumerate(matches):
+        if isinstance(match, Listed):
+            doomed = doomed | reduce(Column.__and__, [F.col(c).isin(list(v)) for c, v in match.values.items()])
+            continue
         hit, since = f"_hit_{i}", f"_from_{i}"
         keys = (match.keys.groupBy(*match.on).agg(F.min(match.at_least[1]).alias(since)) if match.at_least
                 else match.keys.select(*match.on).distinct()).withColumn(hit, F.lit(True))

@@ -19,6 +19,7 @@ whole-connection path.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
@@ -27,10 +28,11 @@ from pyspark.sql import functions as F
 from analyzer import schema
 from analyzer.timeline import INPUT_COLUMNS
 
-from .delta_io import Match, read_delta, read_files
+from .delta_io import Listed, Match, connections_match, read_delta, read_files
 from .connection_pass import STATE_TABLE
 from .timeline.carried import STALE, WRITE, carried_rows, carry_on
-from .timeline.wide import RECORD, ROLE
+from .timeline.plans import of_connections
+from .timeline.wide import RECORD, ROLE, prefixed
 from .timeline.tables import TIMELINE_TABLES
 
 INCARNATION = ["connection_id", "channel", "incarnation"]
@@ -40,7 +42,7 @@ INCARNATION = ["connection_id", "channel", "incarnation"]
 class Carried:
     tables: dict[str, DataFrame]          # rows to write, per table (analysis_state included)
     rows: dict[str, int]                  # how many, per table
-    matches: dict[str, list[Match]]       # the stored rows they replace
+    matches: dict[str, list[Match | Listed]]   # the stored rows they replace
     fallbacks: dict[str, str]             # connection -> why it must be analysed whole
     frames: int                           # new frame rows read for the carried connections
     connections: int                      # connections carried
@@ -53,29 +55,31 @@ class Carried:
 
 def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, ...], keys: list[str], mode: str,
                          bucket_seconds: int, overdue_ns: int, frames_version: int) -> Carried:
-    wanted = F.broadcast(spark.createDataFrame([(k,) for k in keys], "connection_id string"))
     new = read_files(spark, lake, "frames", new_files, list(INPUT_COLUMNS))
-    states = read_delta(spark, lake, STATE_TABLE, schema.ANALYSIS_STATE, mode).join(wanted, on="connection_id",
-                                                                                    how="left_semi")
+    states = of_connections(read_delta(spark, lake, STATE_TABLE, schema.ANALYSIS_STATE, mode), keys)
     wide = carry_on(new, states, bucket_seconds, overdue_ns, frames_version)
-    fallbacks = {row["connection_id"]: row["reason"] for row in carried_rows(wide, "fallback").collect()}
-    counts = {(row[RECORD], row[ROLE]): row["n"]
-              for row in wide.groupBy(RECORD, ROLE).agg(F.count(F.lit(1)).alias("n")).collect()}
+    # One look at the wide table: its rows by record and role, and the fallbacks (few) with them.
+    fallback = [prefixed("fallback", column) for column in ("connection_id", "reason")]
+    counts, fallbacks = Counter(), {}
+    for row in wide.groupBy(RECORD, ROLE, *fallback).agg(F.count(F.lit(1)).alias("n")).collect():
+        counts[(row[RECORD], row[ROLE])] += row["n"]
+        if row[RECORD] == "fallback":
+            fallbacks[row[fallback[0]]] = row[fallback[1]]
     state = carried_rows(wide, "state")
-    carried_ids = state.select("connection_id")
-    read = (new.join(F.broadcast(carried_ids), on="connection_id", how="left_semi").count(),
-            states.join(F.broadcast(carried_ids), on="connection_id", how="left_semi")
+    carried_keys = [k for k in keys if k not in fallbacks]
+    read = (of_connections(new, carried_keys).count(),
+            of_connections(states, carried_keys)
             .agg(F.coalesce(F.sum("carried_records"), F.lit(0)).alias("n")).first()["n"])
     tables = {name: carried_rows(wide, name, WRITE) for name in TIMELINE_TABLES}
     tables["channel_metrics"] = carried_rows(wide, "channel_metrics", WRITE)
     tables[STATE_TABLE] = state
     rows = {name: counts.get((name, WRITE), 0) for name in tables}
     rows[STATE_TABLE] = counts.get(("state", None), 0)
-    return Carried(tables, rows, _matches(wide, carried_ids, counts), fallbacks, frames=read[0],
+    return Carried(tables, rows, _matches(wide, carried_keys, counts), fallbacks, frames=read[0],
                    connections=len(keys) - len(fallbacks), records=read[1])
 
 
-def _matches(wide: DataFrame, carried_ids: DataFrame, counts: dict) -> dict[str, list[Match]]:
+def _matches(wide: DataFrame, carried_keys: list[str], counts: dict) -> dict[str, list[Match | Listed]]:
     """The stored rows each table's new rows replace; the key sets' sizes are known from `counts`
     (rows of the wide table by record and role), so none is counted again."""
     def written_or_stale(name: str) -> int:
@@ -92,7 +96,7 @@ def _matches(wide: DataFrame, carried_ids: DataFrame, counts: dict) -> dict[str,
         "violations": [Match(incarnations, tuple(INCARNATION), rows=written_or_stale("channels"))],
         "channel_metrics": [Match(carried_rows(wide, "touched"), tuple(INCARNATION), ("bucket_start_ns", "from_ns"),
                                   rows=counts.get(("touched", None), 0))],
-        STATE_TABLE: [Match(carried_ids, ("connection_id",), rows=counts.get(("state", None), 0))],
+        STATE_TABLE: [connections_match(wide.sparkSession, carried_keys)],
     }
 
 

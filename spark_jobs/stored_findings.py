@@ -24,6 +24,7 @@ from analyzer.timeline.tables import RECORD_TYPES
 
 from .connection_pass import HEADER, RAW_FINDINGS, headers, raw_finding_rows
 from .types import spark_schema
+from .timeline.plans import of_connections
 from .timeline.wide import RECORD, prefixed, records_from_wide
 
 FRAMES, CONNECTION = "frames", "connection"
@@ -32,14 +33,14 @@ ORDER = "_frame_seq"
 
 
 def stored_raw_findings(tables: dict[str, DataFrame], frames: DataFrame, connections: DataFrame,
-                        wanted: DataFrame | None, thresholds, partitions: int | None = None) -> DataFrame:
-    """RAW_FINDINGS of the connections `wanted` names (a `connection_id` column; None: all) from
+                        keys: list[str] | None, thresholds, partitions: int | None = None) -> DataFrame:
+    """RAW_FINDINGS of the connections `keys` names (None: all) from
     `tables` (the four timeline tables), `frames` and `connections` as stored."""
     spark = frames.sparkSession
     partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
 
     def narrowed(df: DataFrame) -> DataFrame:
-        return df if wanted is None else df.join(wanted, on="connection_id", how="left_semi")
+        return df if keys is None else of_connections(df, keys)
 
     parts = [narrowed(tables[name]).select(
         "connection_id", F.lit(name).alias(RECORD), F.lit(None).cast("bigint").alias(ORDER),

@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from analyzer.detectors import KINDS
-from spark_jobs.delta_io import Match
+from spark_jobs.delta_io import Listed, Match, connections_match
 from spark_jobs.thresholds import Thresholds
 from spark_jobs.timeline.plans import lookup, materialised
 
@@ -39,22 +39,19 @@ Tables = dict[str, DataFrame]
 @dataclass
 class RescopedFindings:
     findings: DataFrame          # rows of schema.FINDINGS computed again
-    replaces: list[Match]        # the stored findings they take the place of
+    replaces: list[Match | Listed]   # the stored findings they take the place of
 
 
-def rescoped_findings(tables: Tables, analysed: DataFrame, changed: DataFrame, own_findings: DataFrame,
-                      thresholds: Thresholds, analysed_rows: int | None = None) -> RescopedFindings:
+def rescoped_findings(tables: Tables, analysed: list[str], changed: DataFrame, own_findings: DataFrame,
+                      thresholds: Thresholds) -> RescopedFindings:
     """`tables`: the detectors' inputs (detectors.INPUTS) as stored after the run's timelines;
-    `analysed`: one `connection_id` column, the connections the run analysed; `changed`: the
+    `analysed`: the connections the run analysed; `changed`: the
     delivery rows the run wrote (every row of a connection analysed whole; a carried connection's
     new and rewritten rows: the rows they replace have the same keys and messages);
     `own_findings`: the findings about one connection (analyzer.detectors.KINDS) of the analysed
-    connections. `analysed_rows`: how many connections `analysed` names, if known."""
-    analysed = lookup(analysed.select("connection_id").distinct(), analysed_rows)
+    connections."""
     parts = [own_findings]
-    own_kinds = analysed.sparkSession.createDataFrame([(kind,) for kind in KINDS], "kind string")
-    replaces = [Match(analysed.crossJoin(own_kinds), ("connection_id", "kind"),
-                      rows=None if analysed_rows is None else analysed_rows * len(KINDS))]
+    replaces = [connections_match(changed.sparkSession, analysed, kind=KINDS)]
 
     known = tables["deliveries"].filter(F.col("message_identity").isNotNull())
     analysed_deliveries = changed.filter(F.col("message_identity").isNotNull())

@@ -11,6 +11,10 @@ from pyspark.sql import functions as F
 # per message makes millions of incarnations) it is joined by shuffling, which is slower but
 # bounded in memory.
 BROADCAST_ROWS = 200_000
+# Up to this many connections, "the rows of these connections" is a literal IN filter: no join and
+# so no broadcast, which without adaptive execution is a Spark job of its own each time a query
+# runs it; and Parquet skips row groups by it. Above it, a broadcast semi-join.
+IN_LIST_CONNECTIONS = 10_000
 
 
 def materialised(df: DataFrame) -> DataFrame:
@@ -32,3 +36,11 @@ def lookup(df: DataFrame, rows: int | None = None) -> DataFrame:
         df = materialised(df)
         rows = df.count()
     return F.broadcast(df) if rows <= BROADCAST_ROWS else df
+
+
+def of_connections(df: DataFrame, keys: list[str]) -> DataFrame:
+    """The rows of `df` whose `connection_id` is one of `keys`."""
+    if len(keys) <= IN_LIST_CONNECTIONS:
+        return df.where(F.col("connection_id").isin(keys))
+    ids = df.sparkSession.createDataFrame([(k,) for k in keys], "connection_id string")
+    return df.join(F.broadcast(ids), on="connection_id", how="left_semi")
