@@ -174,8 +174,8 @@ def test_the_hadoop_s3a_settings_come_from_the_environment_delta_rs_reads(spark)
     assert hadoop.get("fs.s3a.endpoint") is None
 
 
-def test_analyze_on_s3_without_hadoop_aws_fails_at_once_naming_what_is_missing(bucket, s3_env, monkeypatch, tmp_path,  # noqa: F811
-                                                                             spark):
+def test_analyze_on_s3_without_hadoop_aws_fails_at_once_naming_what_is_missing(
+        bucket, s3_env, monkeypatch, tmp_path, spark):  # noqa: F811
     """Real Spark (no hadoop-aws here), a real frames table in a moto bucket: exit 2 with one line,
     no stack trace, no step run; no credential in stdout, stderr or Spark's log."""
     secret, key = "SeCrEt-" + uuid.uuid4().hex, "AKID" + uuid.uuid4().hex[:16].upper()
