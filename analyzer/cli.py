@@ -88,8 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "Runs are logged in "
                     "LAKE/analysis_runs. The same job runs on a cluster with --master, or through "
                     "spark-submit spark_jobs/analyze.py with these options.",
-        epilog="Exit status: 0 done; 2 bad arguments; 5 the analysis failed.")
-    analyze.add_argument("--lake", required=True, metavar="DIR", help="folder holding the Delta tables")
+        epilog="Exit status: 0 done; 2 bad arguments, no frames table, or an S3 lake and no s3a connector in "
+               "Spark; 5 the analysis failed.")
+    analyze.add_argument("--lake", required=True, metavar="LAKE",
+                         help="folder, or S3 URL (s3a://bucket/prefix; AWS_* variables and the hadoop-aws JARs, "
+                              "docs/deployment.md), holding the Delta tables")
     analyze.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
     analyze.add_argument("--driver-memory", default=None, metavar="SIZE",
                          help="Spark driver memory when this command starts the driver, e.g. 2g")
@@ -330,7 +333,7 @@ def sample_captures() -> list[str]:
 
 def run_analyze(args) -> int:
     from spark_jobs.analyze import analyze, render_report
-    from spark_jobs.session import get_spark, spark_log_path
+    from spark_jobs.session import ObjectStoreUnavailable, get_spark, spark_log_path
     from spark_jobs.thresholds import Thresholds
 
     from .findings import read_findings, render_findings
@@ -352,13 +355,8 @@ def run_analyze(args) -> int:
     if args.bucket_seconds < 1 or args.overdue_seconds <= 0:
         print("ackscope analyze: --bucket-seconds and --overdue-seconds must be positive", file=sys.stderr)
         return 2
-    from .lake import is_dir, is_local
+    from .lake import is_dir
 
-    if not is_local(args.lake):
-        print(f"ackscope analyze: {args.lake} is on object storage, and the Spark jobs read and write local or "
-              "mounted lakes only for now (spark_jobs/delta_io.py works with file paths in both Delta modes); "
-              "capture, ingest, summary, findings, push and report work on it: docs/deployment.md", file=sys.stderr)
-        return 2
     if not is_dir(os.path.join(args.lake, "frames")):
         print(f"ackscope analyze: no frames table in {args.lake}: run `ackscope ingest` first", file=sys.stderr)
         return 2
@@ -367,6 +365,9 @@ def run_analyze(args) -> int:
         report = analyze(spark, args.lake, since=args.since, until=args.until, delta_mode=args.delta_mode,
                          thresholds=thresholds, bucket_seconds=args.bucket_seconds,
                          overdue_ns=int(args.overdue_seconds * 1e9), full=args.full, progress=sys.stderr)
+    except ObjectStoreUnavailable as exc:  # a configuration error, found before the run starts
+        print(f"ackscope analyze: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:  # noqa: BLE001 - the job's own failure, reported once, with its cause
         print(f"ackscope analyze: the analysis of {args.lake} failed: {exc}\n"
               f"  Spark's log: {spark_log_path()}", file=sys.stderr)

@@ -30,8 +30,15 @@ from deltalake.transaction import AddAction
 from .schema import PARTITION_BY
 
 
+S3_SCHEMES = ("s3", "s3a")
+
+
 def is_local(path: str) -> bool:
     return "://" not in path
+
+
+def is_s3(path: str) -> bool:
+    return path.split("://", 1)[0] in S3_SCHEMES and "://" in path
 
 
 def filesystem(path: str) -> tuple[pafs.FileSystem, str]:
@@ -39,8 +46,8 @@ def filesystem(path: str) -> tuple[pafs.FileSystem, str]:
     from the environment (AWS_* for S3), as delta-rs configures its own; `s3a://` is S3 to pyarrow."""
     if is_local(path):
         return pafs.LocalFileSystem(), os.path.abspath(path)
-    scheme, rest = path.split("://", 1)
-    return pafs.FileSystem.from_uri(("s3" if scheme == "s3a" else scheme) + "://" + rest)
+    rest = path.split("://", 1)[1]
+    return pafs.FileSystem.from_uri(("s3://" + rest) if is_s3(path) else path)
 
 
 def is_dir(path: str) -> bool:
@@ -52,9 +59,15 @@ def is_dir(path: str) -> bool:
 
 
 def make_dir(path: str) -> None:
-    """A local lake's folder; an object store needs none (prefixes exist by their objects)."""
-    if is_local(path):
-        os.makedirs(path, exist_ok=True)
+    """A local folder (a path or a file:// URI), made with its parents; an object store needs none
+    (prefixes exist by their objects, and a made "folder" would be an empty object)."""
+    make_dir_in(*filesystem(path))
+
+
+def make_dir_in(fs: pafs.FileSystem, inner: str) -> None:
+    """`make_dir` for a path within a file system `filesystem()` gave."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(inner, recursive=True)
 
 
 def open_table(lake: str, name: str) -> DeltaTable | None:
@@ -120,7 +133,7 @@ class TableWriter:
             part = whole.drop_columns(PARTITION_BY)
             relative = f"date={date}/part-{uuid.uuid4().hex}.zstd.parquet"
             full = f"{self.root}/{relative}"
-            make_dir(os.path.dirname(full))
+            make_dir_in(self.fs, os.path.dirname(full))
             pq.write_table(part, full, compression="zstd", filesystem=self.fs)
             stats = {"numRecords": part.num_rows}
             self.actions.append(AddAction(relative, self.fs.get_file_info(full).size, {"date": date},
@@ -140,7 +153,7 @@ class TableWriter:
     def commit(self, app_id: str, metadata: dict | None = None, version: int = 1) -> int:
         """Add every file written so far in one commit tagged with the app transaction (app_id,
         version); returns the table version."""
-        table = _open_or_create(self.path, self.schema)
+        table = open_or_create(self.path, self.schema)
         table.create_write_transaction(
             self.actions, mode="append", schema=self.schema, partition_by=PARTITION_BY,
             commit_properties=CommitProperties(
@@ -152,17 +165,17 @@ class TableWriter:
 CREATE_RACE_WAIT_S = 10.0
 
 
-def _open_or_create(path: str, schema: pa.Schema) -> DeltaTable:
-    """The table, created if there is none. Several writers (agents on one lake) may create it at
-    once: Delta's log lets exactly one version 0 land, and the others, failing, open that one; the
-    loser may look before the winner's log entry is visible, so it looks again for a while."""
+def open_or_create(path: str, schema: pa.Schema, partition_by: list[str] = PARTITION_BY) -> DeltaTable:
+    """The table, created if there is none. Several writers (agents on one lake, Spark jobs) may
+    create it at once: Delta's log lets exactly one version 0 land, and the others, failing, open
+    that one; the loser may look before the winner's log entry is visible, so it looks again for a while."""
     deadline = time.monotonic() + CREATE_RACE_WAIT_S
     while True:
         table = open_table(os.path.dirname(path), os.path.basename(path))
         if table is not None:
             return table
         try:
-            return DeltaTable.create(path, schema, mode="ignore", partition_by=PARTITION_BY)
+            return DeltaTable.create(path, schema, mode="ignore", partition_by=partition_by)
         except Exception:  # another writer created it first: use theirs, once it can be read
             if time.monotonic() > deadline:
                 raise

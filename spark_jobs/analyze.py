@@ -42,7 +42,7 @@ from .detectors import detect
 from .detectors.scoped import ACROSS_CONNECTIONS, rescoped_findings
 from .metrics_redo import pass_channel_metrics
 from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, plan_run, thresholds_json
-from .session import delta_mode as resolve_delta_mode
+from .session import delta_mode as resolve_delta_mode, use_lake
 from .steps import Steps
 from .stored_findings import stored_raw_findings
 from .thresholds import Thresholds
@@ -113,6 +113,7 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
     rows; then the findings they can change (all of them on a full run or new thresholds).
     `progress`: where one line per step goes (the command line: stderr)."""
     started, started_ts = time.monotonic(), datetime.now(timezone.utc)
+    use_lake(spark, lake)  # a lake Spark cannot reach fails here, before any step
     steps = Steps(spark, progress)
     thresholds = thresholds if thresholds is not None else Thresholds()
     with steps.step("plan"):

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from analyzer import schema
 from analyzer.lake import open_table, read_table
 
-from .delta_io import changes_between
+from .table_files import changes_between
 from .thresholds import Thresholds
 
 RUNS_TABLE = "analysis_runs"

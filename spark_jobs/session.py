@@ -4,6 +4,9 @@
 (Databricks, EMR, `--packages io.delta:...` with Maven access, or JARs baked into the image).
 `bridge`: delta-rs resolves snapshots and commits, Spark only reads and writes Parquet; works
 anywhere, including air-gapped sites and the build machines (see DESIGN.md, "Delta Lake on both sides").
+
+A lake on S3 is read and written by Spark through Hadoop's s3a connector (the hadoop-aws JAR and the
+AWS SDK bundle), configured from the AWS_* variables delta-rs reads (`use_lake`).
 """
 
 import os
@@ -13,10 +16,13 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
+import pyspark
 from py4j.protocol import Py4JJavaError
 from pyspark import SparkConf
 from pyspark.core.context import SparkContext
 from pyspark.sql import SparkSession
+
+from analyzer.lake import is_s3
 
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
@@ -62,6 +68,78 @@ def spark_log_path() -> str:
 
 class NativeDeltaUnavailable(RuntimeError):
     """`--delta-mode native` was asked for, but this Spark cannot run delta-spark."""
+
+
+class ObjectStoreUnavailable(RuntimeError):
+    """The lake is on S3, but this Spark has no s3a connector to reach it."""
+
+
+S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+# hadoop-aws 3.4 and later call the AWS SDK v2; 3.3 the v1 SDK.
+AWS_SDK_V2_CLIENT = "software.amazon.awssdk.services.s3.S3Client"
+AWS_SDK_V1_CLIENT = "com.amazonaws.services.s3.AmazonS3"
+
+
+def use_lake(spark: SparkSession, lake: str) -> None:
+    """Make the session able to read and write `lake`: on S3, check that the s3a connector is on
+    Spark's classpath (before any work, so a missing JAR is one clear error, not a failure halfway)
+    and give Hadoop's configuration the settings delta-rs takes from the environment. They go into
+    the running context's Hadoop configuration, which every later read and write ships to its tasks,
+    and not into SparkConf, which Spark's UI and event log list."""
+    if not is_s3(lake):
+        return
+    problem = _s3a_problem(spark)
+    if problem is not None:
+        raise ObjectStoreUnavailable(f"{lake} is on S3, and {problem}")
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in s3a_settings(os.environ).items():
+        hadoop.set(key, value)
+
+
+def s3a_settings(environ) -> dict[str, str]:
+    """Hadoop's s3a settings that reach the store delta-rs reaches with these AWS_* variables.
+
+    delta-rs (object_store) sends path-style requests unless AWS_VIRTUAL_HOSTED_STYLE_REQUEST is
+    true; s3a's default is the other way round, so it is always said. Without keys in the
+    environment, s3a's own provider chain (instance roles, IRSA web identity, profiles) is left alone."""
+    def flag(name: str) -> bool:
+        return environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+    settings = {"fs.s3a.path.style.access": str(not flag("AWS_VIRTUAL_HOSTED_STYLE_REQUEST")).lower()}
+    endpoint = environ.get("AWS_ENDPOINT_URL") or environ.get("AWS_ENDPOINT")
+    if endpoint:
+        settings["fs.s3a.endpoint"] = endpoint
+        # delta-rs refuses http:// without AWS_ALLOW_HTTP; s3a picks TLS by this switch.
+        settings["fs.s3a.connection.ssl.enabled"] = str(not endpoint.lower().startswith("http://")).lower()
+    region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
+    if region:
+        settings["fs.s3a.endpoint.region"] = region
+    key, secret = environ.get("AWS_ACCESS_KEY_ID"), environ.get("AWS_SECRET_ACCESS_KEY")
+    token = environ.get("AWS_SESSION_TOKEN") or environ.get("AWS_TOKEN")
+    if key and secret:
+        settings["fs.s3a.access.key"], settings["fs.s3a.secret.key"] = key, secret
+        settings["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+        if token:
+            settings["fs.s3a.session.token"] = token
+            settings["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+    return settings
+
+
+def hadoop_version(spark: SparkSession) -> str:
+    return spark.sparkContext._jvm.org.apache.hadoop.util.VersionInfo.getVersion()
+
+
+def _s3a_problem(spark: SparkSession) -> str | None:
+    jvm, hadoop = spark.sparkContext._jvm, hadoop_version(spark)
+    major_minor = tuple(int(part) for part in re.findall(r"\d+", hadoop)[:2])
+    sdk = AWS_SDK_V2_CLIENT if major_minor >= (3, 4) else AWS_SDK_V1_CLIENT
+    missing = [name for name in (S3A_FILESYSTEM, sdk) if not _class_loadable(jvm, name)]
+    if not missing:
+        return None
+    jars = os.path.join(os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__), "jars")
+    return (f"Spark cannot reach it: the hadoop-aws JAR and the AWS SDK bundle it needs are not on its classpath "
+            f"({', '.join(missing)} cannot be loaded). Add them for this Spark's Hadoop {hadoop}: spark-submit "
+            f"--packages org.apache.hadoop:hadoop-aws:{hadoop} (Maven brings the SDK bundle), or both JARs in {jars}")
 
 
 def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memory: str | None = None) -> SparkSession:

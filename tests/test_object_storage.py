@@ -1,8 +1,7 @@
 """The lake on S3-compatible object storage (a local moto server): the agent's sink, `ingest`,
 `summary`, `findings`, `push` and `report` through delta-rs and pyarrow, configured only by the AWS_* environment variables that
 delta-rs reads. Each test compares what the object store holds with the same work on a local folder.
-(Spark's s3a path needs hadoop-aws JARs from Maven, which these machines cannot reach: documented in
-docs/deployment.md, not tested here.)"""
+`analyze` on S3: tests/test_analyze_object_storage.py, which reuses these fixtures."""
 
 from __future__ import annotations
 
@@ -210,7 +209,3 @@ def test_a_missing_lake_on_s3_is_refused_by_name(bucket, capsys):
     assert cli.main(["push", "--lake", f"{bucket}/nothing-here", "--pushgateway", "http://127.0.0.1:9"]) == 2
     assert f"no lake at {bucket}/nothing-here" in capsys.readouterr().err
 
-
-def test_analyze_refuses_an_object_store_lake_by_name_before_starting_spark(capsys):
-    assert cli.main(["analyze", "--lake", "s3a://bucket/lake"]) == 2
-    assert "s3a://bucket/lake is on object storage" in capsys.readouterr().err

@@ -21,8 +21,9 @@ from pyspark.sql import types as T
 
 from analyzer import lake, schema
 from analyzer.ingest import ingest_file
-from spark_jobs.delta_io import STAGING_DIR, read_delta, write_delta
+from spark_jobs.delta_io import read_delta, write_delta
 from spark_jobs.session import NativeDeltaUnavailable, delta_mode
+from spark_jobs.table_files import STAGING_DIR
 from spark_jobs.types import spark_schema
 
 from .conftest import ROOT

@@ -1,0 +1,249 @@
+"""The driver's side of the delta-rs bridge, without Spark: which files a table's snapshot holds
+(named as Spark reads them), what changed between two versions, and which files a Spark write left
+to commit.
+
+A lake is a folder, a file:// URI or an S3 URL (analyzer/lake.py). Every look at the store goes
+through delta-rs or analyzer.lake's pyarrow file system, never `os` on a lake path, so the local
+tests run the code an S3 lake runs. Spark gets the same locations with the scheme its Hadoop file
+systems want (`spark_location`).
+
+A Spark write goes to a private staging folder inside the table, and its files are then moved to the
+table's partition folders (`date=.../part-....parquet`, where delta-spark puts them too) before
+one commit adds them. Not written in place: Spark's committer clears the `_temporary` folder under
+its output path when a job ends, whoever else writes there, so concurrent writers of one table
+need output folders of their own; and Spark's partition discovery refuses files under a write's own
+folder beside files directly in `date=` folders (CONFLICTING_DIRECTORY_STRUCTURES). On local and
+mounted file systems the move is a rename; on S3 it is a server-side copy and a delete per file
+(docs/deployment.md). Until the commit no log entry names the files; a crash between the move and
+the commit leaves unreferenced files in the partition folders, which VACUUM removes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import uuid
+from dataclasses import dataclass
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.transaction import AddAction
+
+from analyzer.lake import filesystem, is_local, is_s3, make_dir_in, open_or_create
+
+# Where Spark writes before the commit; a leading underscore hides it from Delta and Spark readers.
+STAGING_DIR = "_ackscope_staging"
+# analyzer.lake.TableWriter commits app ids at version 1 too: an app id has landed or it has not.
+TRANSACTION_VERSION = 1
+# How Spark (like Hive) names the directory of a null partition value.
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+# Reader features that leave a Parquet file meaning what it says. Anything else (deletion vectors
+# hiding rows, column mapping renaming columns, ...) needs delta-spark to read correctly.
+BRIDGE_READER_FEATURES = {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck"}
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+
+
+def spark_location(path: str) -> str:
+    """A lake path as Spark's Hadoop file systems take it: a local folder made absolute; S3 as
+    `s3a://` (Hadoop's `s3://` is not the s3a connector); any other URI as it is."""
+    if is_local(path):
+        return os.path.abspath(path)
+    if is_s3(path):
+        return "s3a://" + path.split("://", 1)[1]
+    return path
+
+
+@dataclass(frozen=True)
+class TableFile:
+    partition_values: dict
+    size: int
+
+
+def snapshot_files(table: DeltaTable) -> dict[str, TableFile]:
+    """Each data file of the table's loaded snapshot, by its path relative to the table as the store
+    names it (the log URI-encodes paths: `%` in a file name is written `%25`)."""
+    partition_columns = table.metadata().partition_columns
+    actions = pa.table(table.get_add_actions(flatten=True))
+    files = {}
+    for action in actions.select(["path", "size_bytes"] + [f"partition.{c}" for c in partition_columns]).to_pylist():
+        files[unquote(action["path"])] = TableFile(
+            {column: action[f"partition.{column}"] for column in partition_columns}, action["size_bytes"])
+    return files
+
+
+def relative_in_table(file_uri: str, base: str) -> str:
+    """A file as Spark names it (`_metadata.file_path`, a URI) back to its path relative to the table
+    at `base` (a `spark_location`)."""
+    return posixpath.relpath(unquote(urlparse(file_uri).path), urlparse(base).path)
+
+
+# --- read -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SparkRead:
+    """What the bridge hands Spark for a snapshot: the table's location (`basePath`: Spark takes
+    partition values from the `column=value/` folders below it) and exactly the files to read."""
+    base: str
+    files: tuple[str, ...]
+
+
+def files_to_read(table: DeltaTable, location: str, since: str | None, until: str | None) -> SparkRead:
+    """The snapshot's files on the `date` partitions from `since` to `until` (inclusive, None: open).
+
+    Spark takes partition values from folder names, as a constant per file at no cost per row. Both
+    delta-rs and delta-spark lay files out that way, but the log is the truth: a file whose folders
+    would give Spark anything else stops the read."""
+    check_bridge_can_read(table, location)
+    base = spark_location(location)
+    files = []
+    for relative, file in snapshot_files(table).items():
+        if _day_selected(file.partition_values.get("date"), since, until):
+            _check_partition_folders(relative, file.partition_values)
+            files.append(f"{base}/{relative}")
+    return SparkRead(base, tuple(files))
+
+
+def check_bridge_can_read(table: DeltaTable, location: str) -> None:
+    protocol = table.protocol()
+    if protocol.min_reader_version == 1:
+        return
+    # Reader version 2 is column mapping; 3 lists its features.
+    features = set(protocol.reader_features or []) if protocol.min_reader_version >= 3 else {"columnMapping"}
+    if not features <= BRIDGE_READER_FEATURES:
+        raise RuntimeError(f"{location}: the table uses {sorted(features - BRIDGE_READER_FEATURES)}, which the "
+                           f"bridge cannot apply to its Parquet files; read it with --delta-mode native")
+
+
+def _day_selected(day: str | None, since: str | None, until: str | None) -> bool:
+    if since is None and until is None:
+        return True
+    return day is not None and (since is None or day >= since) and (until is None or day <= until)
+
+
+def folder_partition_values(relative: str) -> dict[str, str | None]:
+    """Partition values as Spark reads them from the `column=value/` folders of a file's path.
+
+    Spark escapes a few ASCII characters in folder names (`:` as `%3A`) and unescapes every `%XX`
+    as one character; it never decodes UTF-8 sequences, so neither does this."""
+    values = {}
+    for folder in relative.split("/")[:-1]:
+        column, _, value = folder.partition("=")
+        values[column] = None if value == NULL_PARTITION else _ESCAPE.sub(lambda m: chr(int(m[1], 16)), value)
+    return values
+
+
+def _check_partition_folders(relative: str, logged: dict) -> None:
+    logged_as_text = {column: None if value is None else str(value) for column, value in logged.items()}
+    from_folders = folder_partition_values(relative)
+    if from_folders != logged_as_text:
+        raise RuntimeError(f"{relative}: the Delta log gives partition values {logged_as_text}, its folders "
+                           f"{from_folders}; the bridge cannot read this table, --delta-mode native can")
+
+
+# --- changes between versions ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FileChanges:
+    """What happened to a table's data between two versions, as files Spark can read (`spark_location`)."""
+    added: tuple[str, ...]      # files of new rows, still in the table
+    removed: tuple[str, ...]    # files whose rows were deleted or changed, or new rows' files rewritten since
+
+
+def changes_between(lake: str, name: str, old_version: int, new_version: int) -> FileChanges:
+    """The files of rows added after `old_version` (up to `new_version`), and the files whose rows
+    changed or whose new rows cannot be read alone any more.
+
+    Read from the commits in between: a compaction (delta-rs `optimize`, as the agent runs it)
+    rewrites files without changing their rows (`dataChange: false`), so it neither adds new rows
+    nor loses any, unless it swallowed a file of rows added since `old_version`: those rows now sit
+    in a file with older ones. Where a commit is no longer in the log (cleaned up), the two
+    snapshots are compared instead, and every rewritten file counts as removed."""
+    location = os.path.join(lake, name)
+    base = spark_location(location)
+    commits = _commits(location, old_version + 1, new_version)
+    if commits is None:
+        old, new = (set(snapshot_files(DeltaTable(location, version=v))) for v in (old_version, new_version))
+        added, removed = new - old, old - new
+    else:
+        added, removed = set(), set()
+        for actions in commits:
+            for action in actions:
+                if "add" in action and action["add"].get("dataChange", True):
+                    added.add(unquote(action["add"]["path"]))
+                elif "remove" in action:
+                    path = unquote(action["remove"]["path"])
+                    if path in added or action["remove"].get("dataChange", True):
+                        removed.add(path)
+        added -= removed
+    return FileChanges(added=tuple(sorted(f"{base}/{p}" for p in added)),
+                       removed=tuple(sorted(f"{base}/{p}" for p in removed)))
+
+
+def _commits(location: str, first: int, last: int) -> list[list[dict]] | None:
+    """The actions of each commit from `first` to `last`, or None if one is gone from the log."""
+    fs, root = filesystem(location)
+    commits = []
+    for version in range(first, last + 1):
+        try:
+            with fs.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as commit:
+                text = commit.read().decode("utf-8")
+        except FileNotFoundError:
+            return None
+        commits.append([json.loads(line) for line in text.splitlines() if line.strip()])
+    return commits
+
+
+# --- write ----------------------------------------------------------------------------------------
+
+def new_staging_folder() -> str:
+    """A folder for one Spark write, relative to the table."""
+    return f"{STAGING_DIR}/{uuid.uuid4().hex}"
+
+
+def place_written_files(location: str, staging: str, partition_by: list[str]) -> list[AddAction]:
+    """Move the data files Spark wrote under `staging` to the same partition folders of the table at
+    `location`; their add actions (size from the store's listing, row count from each file's footer).
+    Spark's `_SUCCESS` and `.crc` files and an uncleared `_temporary` are not data: they stay behind."""
+    fs, root = filesystem(location)
+    listed = fs.get_file_info(pafs.FileSelector(f"{root}/{staging}", recursive=True, allow_not_found=True))
+    actions = []
+    for info in sorted((i for i in listed if i.type == pafs.FileType.File), key=lambda i: i.path):
+        relative = posixpath.relpath(info.path, f"{root}/{staging}")
+        if any(part.startswith(("_", ".")) for part in relative.split("/")):
+            continue
+        values = folder_partition_values(relative)
+        if list(values) != list(partition_by) or relative.count("/") != len(partition_by):
+            raise RuntimeError(f"Spark wrote {relative}, not under folders for partitions {partition_by}")
+        target = f"{root}/{relative}"
+        make_dir_in(fs, posixpath.dirname(target))
+        fs.move(info.path, target)
+        stats = {"numRecords": pq.read_metadata(target, filesystem=fs).num_rows}
+        # delta-rs URI-encodes the path as it writes the log: give it the plain one.
+        actions.append(AddAction(relative, info.size, values, int(info.mtime.timestamp() * 1000), True,
+                                 json.dumps(stats)))
+    return actions
+
+
+def delete_staging(location: str, staging: str) -> None:
+    """A write's staging folder, once its files are placed (or the write failed)."""
+    fs, root = filesystem(location)
+    try:
+        fs.delete_dir(f"{root}/{staging}")
+    except FileNotFoundError:
+        pass
+
+
+def commit(location: str, schema: pa.Schema, actions: list, partition_by: list[str], app_id: str | None = None,
+           mode: str = "append") -> None:
+    """Add (with `mode="overwrite"`: replace the snapshot with) these files in one commit, creating
+    the table if there is none; tagged with the app transaction `app_id` (version 1, as
+    analyzer.lake.TableWriter and delta-spark's `txnAppId` writes are here)."""
+    table = open_or_create(location, schema, partition_by)
+    transactions = [Transaction(app_id, TRANSACTION_VERSION)] if app_id is not None else None
+    table.create_write_transaction(actions, mode=mode, schema=schema, partition_by=partition_by,
+                                   commit_properties=CommitProperties(app_transactions=transactions))
