@@ -253,3 +253,46 @@ def test_the_bridge_refuses_tables_whose_files_need_delta_spark(spark, tmp_path)
                       configuration={"delta.enableDeletionVectors": "true"})
     with pytest.raises(RuntimeError, match="deletionVectors.*--delta-mode native"):
         read_delta(spark, str(tmp_path), "frames", schema.FRAMES)
+
+
+def test_listed_connections_filter_and_replace_as_the_join_does(spark, agent_lake, tmp_path, monkeypatch):
+    """Rows of a few connections are picked, and replaced, by a literal IN filter (no broadcast job);
+    past plans.IN_LIST_CONNECTIONS by a broadcast semi-join. Both must pick the same rows."""
+    from spark_jobs import delta_io
+    from spark_jobs.delta_io import Listed, Match, connections_match, replace_matching
+    from spark_jobs.timeline import plans
+
+    frames = read_delta(spark, agent_lake, "frames", schema.FRAMES)
+    ids = sorted(r["connection_id"] for r in frames.select("connection_id").distinct().collect())
+    assert len(ids) >= 4
+    picked = ids[::2] + ["no-such-connection"]
+
+    def rows_of(keys):
+        return in_order(pa.Table.from_pylist([r.asDict() for r in plans.of_connections(frames, keys).collect()]))
+
+    listed = rows_of(picked)
+    monkeypatch.setattr(plans, "IN_LIST_CONNECTIONS", 0)
+    joined = rows_of(picked)
+    assert listed.num_rows > 0 and listed.equals(joined)
+    assert set(listed["connection_id"].to_pylist()) == set(picked[:-1])
+    monkeypatch.undo()
+
+    kinds = ("basic.deliver", "basic.ack")
+    assert isinstance(connections_match(spark, picked, method=kinds), Listed)
+    monkeypatch.setattr(delta_io, "IN_LIST_CONNECTIONS", 0)
+    as_join = connections_match(spark, picked, method=kinds)
+    monkeypatch.undo()
+    assert isinstance(as_join, Match) and as_join.rows == len(picked) * len(kinds)
+
+    results = []
+    for i, match in enumerate([connections_match(spark, picked, method=kinds), as_join]):
+        lake_dir = str(tmp_path / f"lake{i}")
+        write_delta(frames, lake_dir, "frames", schema.FRAMES)
+        replace_matching(frames.limit(0), lake_dir, "frames", schema.FRAMES, [match])
+        results.append(in_order(agent_read(lake_dir, "frames")))
+    everything = agent_read(agent_lake, "frames")
+    doomed = pc.and_(pc.is_in(everything["connection_id"], pa.array(picked)),
+                     pc.is_in(everything["method"], pa.array(kinds)))
+    assert 0 < pc.sum(doomed).as_py() < everything.num_rows
+    assert results[0].equals(results[1])
+    assert results[0].equals(in_order(everything.filter(pc.invert(doomed))))

@@ -43,4 +43,4 @@ def of_connections(df: DataFrame, keys: list[str]) -> DataFrame:
     if len(keys) <= IN_LIST_CONNECTIONS:
         return df.where(F.col("connection_id").isin(keys))
     ids = df.sparkSession.createDataFrame([(k,) for k in keys], "connection_id string")
-    return df.join(F.broadcast(ids), on="connection_id", how="left_semi")
+    return df.join(F.broadcast(ids), on="connection_id", how="left_semi").select(*df.columns)
