@@ -293,6 +293,30 @@ def test_the_docs_build_the_s3a_image_the_object_storage_overlay_runs():
     assert "--build-arg SPARK_PACKAGES=org.apache.hadoop:hadoop-aws:" in build
 
 
+def test_the_spark_operator_overlay_on_s3_as_the_docs_give_it(tmp_path):
+    """docs/deployment.md's spark-operator overlay with the lake on S3 (no overlay of its own in the
+    repository): rendered beside a copy of deploy/k8s, it validates, and the application analyses the
+    agents' s3a:// lake with their settings and Secret, in the s3a-capable image, with no volume."""
+    with open(os.path.join(ROOT, "docs", "deployment.md")) as f:
+        [text] = re.findall(r"```yaml\n(# deploy/k8s/overlays/spark-operator/kustomization.yaml.*?)```", f.read(), re.S)
+    shutil.copytree(K8S, tmp_path / "k8s")
+    (tmp_path / "k8s" / "overlays" / "spark-operator" / "kustomization.yaml").write_text(text)
+    objects = render(str(tmp_path / "k8s" / "overlays" / "spark-operator"))
+    for obj in objects:
+        validate(obj)
+    [broker] = find(objects, "StatefulSet")
+    agents_lake = lake_of(objects, broker)
+    [application] = find(objects, "ScheduledSparkApplication")
+    template = application["spec"]["template"]
+    args = parsed(["analyze", *template["arguments"]])
+    assert args.lake == agents_lake and agents_lake.startswith("s3a://")
+    assert template["image"] == f"ackscope-analysis:{S3A_IMAGE_TAG}"
+    for role in ("driver", "executor"):
+        assert template[role]["envFrom"] == agent_container(broker)["envFrom"]
+        assert "volumeMounts" not in template[role]
+    assert "volumes" not in template and not find(objects, "PersistentVolumeClaim")
+
+
 def test_the_analysis_cronjob_runs_spark_submit_on_the_lake_and_pushes():
     objects = overlay("broker-sidecar")
     [cronjob] = find(objects, "CronJob", "ackscope-analysis")
