@@ -1,12 +1,16 @@
 """deploy/docker, as far as it can be checked without Docker (these machines cannot build images):
 the agent image's requirements are pyproject.toml's pins and cover what the agent imports; every
 file the Dockerfiles copy exists; both images end as a non-root user and the agent's only
-capability is NET_RAW; the analysis image's entry point starts Spark-on-Kubernetes drivers and
-executors as Spark's own images do, and passes anything else through."""
+capability is NET_RAW; the analysis image's SPARK_PACKAGES build step and every hadoop-aws version
+deploy/, the docs and the README name agree with the Hadoop pyspark ships; the analysis image's entry
+point starts Spark-on-Kubernetes drivers and executors as Spark's own images do, and passes anything
+else through."""
 
 from __future__ import annotations
 
+import glob
 import importlib.metadata
+import importlib.util
 import os
 import re
 import subprocess
@@ -157,3 +161,64 @@ def test_the_entry_point_starts_an_executor_with_its_options_in_order(tmp_path):
 def test_the_entry_point_passes_other_commands_through(tmp_path):
     assert entrypoint(tmp_path, "spark-submit", "--version") == ["spark-submit", "--version"]
     assert entrypoint(tmp_path, "echo", "plain") == ["plain"]
+
+
+# -- Spark packages at build time (hadoop-aws for S3, delta-spark) ----------------------------------
+
+def pyspark_hadoop_version() -> str:
+    """The Hadoop pyspark ships, from its jars (as Spark's VersionInfo reports it, without a JVM)."""
+    jars = os.path.join(os.path.dirname(importlib.util.find_spec("pyspark").origin), "jars")
+    [api] = glob.glob(os.path.join(jars, "hadoop-client-api-*.jar"))
+    return os.path.basename(api).removeprefix("hadoop-client-api-").removesuffix(".jar")
+
+
+def test_every_hadoop_aws_named_is_pysparks_hadoop():
+    """hadoop-aws must be the version of the Hadoop Spark runs; the Dockerfile, the manifests, the docs
+    and the README name it, and all must say pyspark's."""
+    hadoop = pyspark_hadoop_version()
+    files = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "deployment.md"),
+             *glob.glob(os.path.join(ROOT, "deploy", "**", "*"), recursive=True)]
+    named = {}
+    for path in files:
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for version in re.findall(r"hadoop-aws[:-](\d[\w.-]*?)(?:\.jar)?(?=[\s,`)\]'\"]|$)", f.read()):
+                    named.setdefault(version, set()).add(os.path.relpath(path, ROOT))
+    assert set(named) == {hadoop}, named
+    assert {"deploy/docker/analysis.Dockerfile", "docs/deployment.md", "README.md"} <= named[hadoop]
+
+
+def package_step(tmp_path, **build_args: str) -> tuple[str, list[str]]:
+    """Runs the analysis Dockerfile's Spark-packages step with these build args and a stand-in
+    python: what it asked Spark to resolve (or None) and the JARs it copied into Spark's jars."""
+    steps = instructions("analysis.Dockerfile")
+    args = {a.split("=", 1)[0]: "" for op, a in steps if op == "ARG"}
+    [script] = [a for op, a in steps if op == "RUN" and "spark.jars.packages" in a]
+    ivy, jars = tmp_path / "ivy", tmp_path / "jars"
+    jars.mkdir(parents=True)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python").write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        if [ "$1" = -c ]; then echo {jars}; exit 0; fi
+        cat > {tmp_path}/resolved.py
+        mkdir -p {ivy}/jars && touch {ivy}/jars/resolved.jar
+        """))
+    (fake / "python").chmod(0o755)
+    run = subprocess.run(["sh", "-c", script.replace("/tmp/ivy", str(ivy))], capture_output=True, text=True,
+                         env={"PATH": f"{fake}:/usr/bin:/bin", **args, **build_args}, timeout=60)
+    assert run.returncode == 0, run.stderr
+    resolved = tmp_path / "resolved.py"
+    asked = re.search(r'"spark.jars.packages", "([^"]*)"', resolved.read_text()).group(1) if resolved.exists() else None
+    assert not ivy.exists()
+    return asked, sorted(os.listdir(jars))
+
+
+def test_the_spark_packages_build_arg_fetches_what_it_names(tmp_path):
+    both = f"org.apache.hadoop:hadoop-aws:{pyspark_hadoop_version()},io.delta:delta-spark_2.13:4.4.1"
+    assert package_step(tmp_path / "none") == (None, [])
+    assert package_step(tmp_path / "both", SPARK_PACKAGES=both) == (both, ["resolved.jar"])
+    # DELTA_PACKAGES, its former name, still works alone; SPARK_PACKAGES wins when both are given.
+    assert package_step(tmp_path / "old", DELTA_PACKAGES="io.delta:delta-spark_2.13:4.4.1")[0] == \
+        "io.delta:delta-spark_2.13:4.4.1"
+    assert package_step(tmp_path / "new", DELTA_PACKAGES="a:b:1", SPARK_PACKAGES="c:d:2")[0] == "c:d:2"

@@ -29,6 +29,8 @@ K8S = os.path.join(ROOT, "deploy", "k8s")
 OVERLAYS = sorted(os.listdir(os.path.join(K8S, "overlays")))
 # Native sidecars (init containers with restartPolicy: Always) are on by default from 1.29.
 KUBERNETES_VERSIONS = ("1.29", kubernetes_validate.latest_version())
+# The analysis image built with hadoop-aws, which the object-storage overlay runs.
+S3A_IMAGE_TAG = "0.1.0-s3a"
 CRD_SCHEMAS = {
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring.coreos.com-v1.json",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring.coreos.com-v1.json",
@@ -254,6 +256,67 @@ def test_the_lake_is_a_shared_volume_or_object_storage():
     assert settings(objects)["AWS_REGION"]
 
 
+def test_the_object_storage_analysis_cronjob_analyses_the_agents_s3_lake():
+    """The object-storage overlay schedules the analysis on the lake its agents write: the CronJob's
+    --lake is the agents' s3a:// lake, its S3 settings and credentials come from the same ConfigMap and
+    Secret (no credential in any manifest), it runs the s3a-capable image, and mounts no lake."""
+    objects = overlay("object-storage")
+    [broker] = find(objects, "StatefulSet")
+    agents_lake = lake_of(objects, broker)
+    [cronjob] = find(objects, "CronJob", "ackscope-analysis")
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["envFrom"] == agent_container(broker)["envFrom"]
+    assert {"secretRef": {"name": "ackscope-s3-credentials", "optional": True}} in container["envFrom"]
+    [settings_ref] = [s["configMapRef"]["name"] for s in container["envFrom"] if "configMapRef" in s]
+    [config] = find(objects, "ConfigMap", settings_ref)
+    assert config["data"]["AWS_REGION"] and "env" not in container
+    script = container["args"].index("/opt/ackscope/spark_jobs/analyze.py")
+    args = parsed(["analyze", *container["args"][script + 1:]], **config["data"])
+    assert args.run is run_analyze
+    assert args.lake == agents_lake and agents_lake.startswith("s3a://")
+    assert args.pushgateway == config["data"]["ACKSCOPE_PUSHGATEWAY"]
+    assert container["image"] == f"ackscope-analysis:{S3A_IMAGE_TAG}"
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/tmp"]
+    assert [v for v in pod["volumes"] if set(v) - {"name", "emptyDir"}] == []
+    assert not find(objects, "PersistentVolumeClaim")
+    # No credential in plain manifests: no AWS key in a ConfigMap or in an env value.
+    rendered = yaml.safe_dump_all(objects)
+    assert not re.search(r"AWS_(SECRET_ACCESS_KEY|ACCESS_KEY_ID|SESSION_TOKEN)", rendered)
+
+
+def test_the_docs_build_the_s3a_image_the_object_storage_overlay_runs():
+    """docs/deployment.md builds the tag the overlay names, with hadoop-aws in SPARK_PACKAGES."""
+    with open(os.path.join(ROOT, "docs", "deployment.md")) as f:
+        docs = f.read()
+    [build] = [b for b in re.findall(r"docker build (?:\\\n|[^\n])*", docs) if f"analysis:{S3A_IMAGE_TAG}" in b]
+    assert "--build-arg SPARK_PACKAGES=org.apache.hadoop:hadoop-aws:" in build
+
+
+def test_the_spark_operator_overlay_on_s3_as_the_docs_give_it(tmp_path):
+    """docs/deployment.md's spark-operator overlay with the lake on S3 (no overlay of its own in the
+    repository): rendered beside a copy of deploy/k8s, it validates, and the application analyses the
+    agents' s3a:// lake with their settings and Secret, in the s3a-capable image, with no volume."""
+    with open(os.path.join(ROOT, "docs", "deployment.md")) as f:
+        [text] = re.findall(r"```yaml\n(# deploy/k8s/overlays/spark-operator/kustomization.yaml.*?)```", f.read(), re.S)
+    shutil.copytree(K8S, tmp_path / "k8s")
+    (tmp_path / "k8s" / "overlays" / "spark-operator" / "kustomization.yaml").write_text(text)
+    objects = render(str(tmp_path / "k8s" / "overlays" / "spark-operator"))
+    for obj in objects:
+        validate(obj)
+    [broker] = find(objects, "StatefulSet")
+    agents_lake = lake_of(objects, broker)
+    [application] = find(objects, "ScheduledSparkApplication")
+    template = application["spec"]["template"]
+    args = parsed(["analyze", *template["arguments"]])
+    assert args.lake == agents_lake and agents_lake.startswith("s3a://")
+    assert template["image"] == f"ackscope-analysis:{S3A_IMAGE_TAG}"
+    for role in ("driver", "executor"):
+        assert template[role]["envFrom"] == agent_container(broker)["envFrom"]
+        assert "volumeMounts" not in template[role]
+    assert "volumes" not in template and not find(objects, "PersistentVolumeClaim")
+
+
 def test_the_analysis_cronjob_runs_spark_submit_on_the_lake_and_pushes():
     objects = overlay("broker-sidecar")
     [cronjob] = find(objects, "CronJob", "ackscope-analysis")
@@ -291,10 +354,11 @@ def test_the_scheduled_spark_application_gets_the_lake_and_gateway_from_the_sett
 
 # -- the commands are ackscope's ------------------------------------------------------------------------
 
-def parsed(args: list[str]):
-    """The arguments as ackscope's own parser reads them, $(VAR) references filled in as Kubernetes would."""
+def parsed(args: list[str], **values: str):
+    """The arguments as ackscope's own parser reads them, $(VAR) references filled in as Kubernetes would
+    (from `values`, else these)."""
     values = {"ACKSCOPE_LAKE": "/lake", "ACKSCOPE_PUSHGATEWAY": "http://pushgateway:9091", "POD_NAME": "rabbitmq-0",
-              "POD_NAMESPACE": "default"}
+              "POD_NAMESPACE": "default", **values}
     filled = [re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], a) for a in args]
     return build_parser().parse_args(filled)
 

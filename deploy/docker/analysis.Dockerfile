@@ -4,8 +4,8 @@
 # Build from the repository root (not buildable on the project's build machines, which have no
 # Docker; reviewed, not built, there):
 #   docker build -f deploy/docker/analysis.Dockerfile -t ackscope-analysis:0.1.0 .
-# With Maven access, native delta-spark instead of the delta-rs bridge: see docs/deployment.md
-# (DELTA_PACKAGES below fetches the JARs at build time).
+# With Maven access, SPARK_PACKAGES below adds Spark packages at build time: hadoop-aws for a lake on
+# S3, delta-spark for the native Delta path (docs/deployment.md).
 FROM python:3.11-slim-bookworm
 RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
         gcc libc6-dev tini \
@@ -21,11 +21,17 @@ RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir . \
     && apt-get purge -y gcc libc6-dev && apt-get autoremove -y
 ENV PATH=/opt/venv/bin:$PATH PYSPARK_PYTHON=/opt/venv/bin/python PYSPARK_DRIVER_PYTHON=/opt/venv/bin/python
-# Optional, needs Maven Central: e.g. --build-arg DELTA_PACKAGES=io.delta:delta-spark_2.13:4.4.1
-# copies delta-spark and its dependencies into Spark's jars, and the jobs take the native path.
+# Optional, needs Maven Central: Maven coordinates, comma-separated, resolved with their dependencies
+# as spark-submit --packages does and copied into Spark's jars, so every run has them. For a lake on
+# S3, Hadoop's s3a connector of the Hadoop pyspark ships (its jars/hadoop-client-api-*.jar):
+#   --build-arg SPARK_PACKAGES=org.apache.hadoop:hadoop-aws:3.5.0   (it brings the AWS SDK bundle)
+# for native delta-spark: io.delta:delta-spark_2.13:4.4.1; for both, the two joined by a comma.
+# DELTA_PACKAGES is its former name, still read when SPARK_PACKAGES is not given.
+ARG SPARK_PACKAGES=""
 ARG DELTA_PACKAGES=""
-RUN if [ -n "$DELTA_PACKAGES" ]; then \
-        echo 'from pyspark.sql import SparkSession; SparkSession.builder.config("spark.jars.packages", "'"$DELTA_PACKAGES"'").config("spark.jars.ivy", "/tmp/ivy").getOrCreate().stop()' | python \
+RUN packages="${SPARK_PACKAGES:-$DELTA_PACKAGES}"; \
+    if [ -n "$packages" ]; then \
+        echo 'from pyspark.sql import SparkSession; SparkSession.builder.config("spark.jars.packages", "'"$packages"'").config("spark.jars.ivy", "/tmp/ivy").getOrCreate().stop()' | python \
         && cp /tmp/ivy/jars/*.jar "$(python -c 'import pyspark, os; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')" \
         && rm -rf /tmp/ivy; \
     fi
