@@ -11,7 +11,10 @@ their new frames are read. What they write, and which stored rows that replaces:
   bucket of the connection's last frame analysed before), recomputed from the records the
   checkpoint kept for them plus the run's own. The buckets before are final: carry.py sends a
   connection whose new frames would change one to the whole-connection path.
-- analysis_state: the connection's checkpoint.
+- analysis_state: the connection's checkpoint (its timeline and its detectors' state).
+
+Their findings about one connection come out of the same pass (`raw_findings`), from the
+detectors resumed from the checkpoint: nothing of the connection's history is read again.
 
 Connections that cannot be carried exactly (`fallbacks`, with the reason) are left to the caller's
 whole-connection path.
@@ -25,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analyzer import schema
-from analyzer.timeline import INPUT_COLUMNS
+from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
 
 from .delta_io import Match, read_delta, read_files
 from .connection_pass import STATE_TABLE
@@ -45,6 +48,8 @@ class Carried:
     frames: int                           # new frame rows read for the carried connections
     connections: int                      # connections carried
     records: int                          # records their checkpoints held
+    raw_findings: DataFrame               # their findings about one connection (connection_pass.RAW_FINDINGS)
+    raw_rows: int                         # how many
 
     @property
     def whole_keys(self) -> list[str]:
@@ -52,12 +57,13 @@ class Carried:
 
 
 def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, ...], keys: list[str], mode: str,
-                         bucket_seconds: int, overdue_ns: int, frames_version: int) -> Carried:
+                         connections: DataFrame, settings: Settings, frames_version: int) -> Carried:
     wanted = F.broadcast(spark.createDataFrame([(k,) for k in keys], "connection_id string"))
-    new = read_files(spark, lake, "frames", new_files, list(INPUT_COLUMNS))
+    new = read_files(spark, lake, "frames", new_files, list(ANALYSIS_COLUMNS))
     states = read_delta(spark, lake, STATE_TABLE, schema.ANALYSIS_STATE, mode).join(wanted, on="connection_id",
                                                                                     how="left_semi")
-    wide = carry_on(new, states, bucket_seconds, overdue_ns, frames_version)
+    wide = carry_on(new, states, connections.join(wanted, on="connection_id", how="left_semi"), settings,
+                    frames_version)
     fallbacks = {row["connection_id"]: row["reason"] for row in carried_rows(wide, "fallback").collect()}
     counts = {(row[RECORD], row[ROLE]): row["n"]
               for row in wide.groupBy(RECORD, ROLE).agg(F.count(F.lit(1)).alias("n")).collect()}
@@ -72,7 +78,8 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
     rows = {name: counts.get((name, WRITE), 0) for name in tables}
     rows[STATE_TABLE] = counts.get(("state", None), 0)
     return Carried(tables, rows, _matches(wide, carried_ids, counts), fallbacks, frames=read[0],
-                   connections=len(keys) - len(fallbacks), records=read[1])
+                   connections=len(keys) - len(fallbacks), records=read[1],
+                   raw_findings=carried_rows(wide, "raw_findings"), raw_rows=counts.get(("raw_findings", None), 0))
 
 
 def _matches(wide: DataFrame, carried_ids: DataFrame, counts: dict) -> dict[str, list[Match]]:
