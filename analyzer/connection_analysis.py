@@ -10,21 +10,25 @@ it drives:
         analysis.feed(row)
     done = analysis.finish(connection_row)   # raw findings, checkpoint
 
+and an incremental run carries a connection on from that checkpoint, its timeline and its
+detectors (`carry_on_connection`), reading only its new frames.
+
 A connection of millions of frames streams: records and metric rows leave as they become final;
 what stays is what the machine still holds, the checkpoint's boundary records and the detectors'
-running aggregates (analyzer/detectors: a few tens of bytes per delivery for unacked_buildup).
+running state (analyzer/detectors: folded as the machine's horizon moves on).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from .detectors import FRAME_COLUMNS, ConnectionDetectors, RawFinding, wants_frame
+from .detectors.state import from_state, to_state
 from .timeline import INPUT_COLUMNS
-from .timeline.carry import Checkpoint, WholeConnection
+from .timeline.carry import Checkpoint, Continued, StateError, WholeConnection, continue_connection
 from .timeline.metrics import ChannelMetrics, HorizonError
-from .timeline.metrics_stream import announce_opens, horizons
+from .timeline.metrics_stream import announce_opens, horizons, item_horizons
 
 # The frames columns one connection's analysis reads.
 ANALYSIS_COLUMNS = tuple(dict.fromkeys((*INPUT_COLUMNS, *FRAME_COLUMNS)))
@@ -83,6 +87,8 @@ class ConnectionAnalysis:
             self.detectors.frame(row)
         self.whole.feed(row)
         self.rows += 1
+        if self.rows % self.advance_every == 0:
+            self.detectors.fold(*item_horizons(self.whole.timeline))
         if self.rows % self.advance_every == 0 and self.metrics is not None:
             try:
                 announce_opens(self.metrics, self.whole.timeline)
@@ -98,8 +104,66 @@ class ConnectionAnalysis:
     def finish(self, connection: Mapping) -> Analysed:
         """The data ends. `connection`: its schema.CONNECTIONS row (just its connection_id when the
         table lacks it)."""
-        checkpoint = self.whole.finish()
+        taken = []
+        checkpoint = self.whole.finish(
+            before_open=lambda: taken.append(detectors_state(self.detectors, self.whole.timeline)))
+        if checkpoint is not None:
+            checkpoint.detectors = taken[0]
         if self.metrics is not None:
             self.out_metrics(self.metrics.finish())
-        self.detectors.context.connection = dict(connection)
-        return Analysed(self.detectors.raw_findings(), checkpoint, self.whole.no_checkpoint, self.metrics_redo)
+        return Analysed(findings_of(self.detectors, connection), checkpoint, self.whole.no_checkpoint,
+                        self.metrics_redo)
+
+
+@dataclass
+class CarriedOn:
+    """One connection carried on from its checkpoint (carry.Continued) and its raw findings (None
+    when it falls back: `continued.fallback` says why)."""
+    continued: Continued
+    raw_findings: list[RawFinding] | None
+
+
+def carry_on_connection(checkpoint: Checkpoint | None, rows: Iterable[Mapping], settings: Settings,
+                        connection: Mapping) -> CarriedOn:
+    """A connection's new frame rows (seq order, ANALYSIS_COLUMNS) fed on from `checkpoint` (None:
+    its first rows), the timeline and the detectors both: what an incremental run does for it in
+    place of ConnectionAnalysis. A checkpoint without the detectors' state (or with state this code
+    refuses, or of other thresholds) falls back: the connection is analysed whole."""
+    if checkpoint is None:
+        detectors = ConnectionDetectors({"connection_id": connection["connection_id"]}, settings.thresholds)
+    elif checkpoint.detectors is None:
+        return CarriedOn(Continued(fallback="its checkpoint holds no detectors' state"), None)
+    else:
+        try:
+            detectors = from_state(checkpoint.detectors, {"connection_id": connection["connection_id"]},
+                                   settings.thresholds)
+        except StateError as refused:
+            return CarriedOn(Continued(fallback=f"detectors' state refused: {refused}"), None)
+    done = continue_connection(checkpoint, _frames_to(detectors, rows), settings.bucket_ns, settings.overdue_ns)
+    if done.fallback:
+        return CarriedOn(done, None)
+    for record in done.final:
+        detectors.record(record)
+    done.checkpoint.detectors = detectors_state(detectors, done.checkpoint.timeline)
+    for record in done.checkpoint.provisional:
+        detectors.record(record)
+    return CarriedOn(done, findings_of(detectors, connection))
+
+
+def _frames_to(detectors: ConnectionDetectors, rows: Iterable[Mapping]) -> Iterator[Mapping]:
+    for row in rows:
+        if wants_frame(row):
+            detectors.frame(row)
+        yield row
+
+
+def detectors_state(detectors: ConnectionDetectors, timeline) -> dict:
+    """The checkpoint's detectors' state: taken once the final records are in and before the open
+    ones (which the next run feeds again, changed or not), folded as far as the machine allows."""
+    detectors.fold(*item_horizons(timeline))
+    return to_state(detectors)
+
+
+def findings_of(detectors: ConnectionDetectors, connection: Mapping) -> list[RawFinding]:
+    detectors.context.connection = dict(connection)
+    return detectors.raw_findings()

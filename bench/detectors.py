@@ -5,8 +5,9 @@ they hold, on the largest connection and on every one.
 Each connection is streamed through `analyzer.timeline.Timelines` in Arrow batches, as the Spark
 pass will do, and every record handed to the detectors as it comes out; frames go to the
 detectors when `wants_frame` picks them. Memory: tracemalloc's peak over the pass with the
-detectors minus the peak of the same pass without them (the machine's own state), and the bytes
-the detectors' arrays hold at the end.
+detectors minus the peak of the same pass without them (the machine's own state), and the bytes of
+the detectors' state as a checkpoint stores it (analyzer/detectors/state.py), taken before the
+data ends: the detectors fold what the machine's horizon allows after every batch, as the pass does.
 
     .venv/bin/python bench/detectors.py [--frames 1200000] [--hot-deliveries 450000] [--seed 1]
 """
@@ -14,6 +15,7 @@ the detectors' arrays hold at the end.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -23,7 +25,9 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(BENCH_DIR))
 
 from analyzer.detectors import ConnectionDetectors, wants_frame  # noqa: E402
+from analyzer.detectors.state import to_state  # noqa: E402
 from analyzer.timeline import Timelines  # noqa: E402
+from analyzer.timeline.metrics_stream import item_horizons  # noqa: E402
 from bench.frames_generator import Params, generate  # noqa: E402
 from spark_jobs.thresholds import Thresholds  # noqa: E402
 
@@ -31,21 +35,15 @@ BATCH = 50_000
 
 
 def held_bytes(detectors: ConnectionDetectors) -> int:
-    """Bytes in the arrays the holding kinds keep (unacked_buildup's events, synchronous_confirms'
-    publishes)."""
-    total = 0
-    for buildup in detectors.buildup.channels.values():
-        total += sum(a.itemsize * len(a) for a in (buildup.seqs, buildup.ts, buildup.settle_keys, buildup.settle_ts,
-                                                   buildup.scope_ids))
-    for lockstep in detectors.synchronous.channels.values():
-        total += sum(a.itemsize * len(a) for a in (lockstep.seqs, lockstep.ts, lockstep.settles, lockstep.flags))
-    return total
+    """Bytes of the detectors' state as the checkpoint stores it (JSON)."""
+    return len(json.dumps(to_state(detectors), separators=(",", ":")))
 
 
 def run(tables, connection_row, with_detectors: bool, thresholds: Thresholds):
     timelines = Timelines()
     detectors = ConnectionDetectors(connection_row, thresholds) if with_detectors else None
     records = frames = 0
+    held = 0
     for table in tables:
         for batch in table.to_batches(max_chunksize=BATCH):
             for row in batch.to_pylist():
@@ -57,6 +55,11 @@ def run(tables, connection_row, with_detectors: bool, thresholds: Thresholds):
                     for record in out:
                         detectors.record(record)
                 records += len(out)
+            if detectors is not None and timelines.connections:
+                (timeline,) = timelines.connections.values()
+                detectors.fold(*item_horizons(timeline))
+    if detectors is not None:
+        held = held_bytes(detectors)
     out = timelines.end_of_data()
     records += len(out)
     findings = []
@@ -64,7 +67,7 @@ def run(tables, connection_row, with_detectors: bool, thresholds: Thresholds):
         for record in out:
             detectors.record(record)
         findings = detectors.findings(lambda seqs: [None] * len(seqs))
-    return frames, records, detectors, findings
+    return frames, records, held, findings
 
 
 def measure(tables, row, thresholds, traced: bool) -> dict:
@@ -73,7 +76,7 @@ def measure(tables, row, thresholds, traced: bool) -> dict:
         if traced:
             tracemalloc.start()
         started = time.process_time()
-        frames, records, detectors, findings = run(tables, row, with_detectors, thresholds)
+        frames, records, held, findings = run(tables, row, with_detectors, thresholds)
         cpu = time.process_time() - started
         key = "with" if with_detectors else "without"
         result[f"cpu_{key}"] = cpu
@@ -81,7 +84,7 @@ def measure(tables, row, thresholds, traced: bool) -> dict:
             result[f"peak_{key}"] = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
         if with_detectors:
-            result.update(frames=frames, records=records, held=held_bytes(detectors),
+            result.update(frames=frames, records=records, held=held,
                           findings=sorted(f["kind"] for f in findings))
     return result
 
@@ -109,7 +112,7 @@ def main(argv=None) -> int:
     traced = measure(tables, row, thresholds, traced=True)
     print(f"  memory (tracemalloc peak): machine alone {traced['peak_without'] / 1e6:.1f} MB, with the detectors "
           f"{traced['peak_with'] / 1e6:.1f} MB (+{(traced['peak_with'] - traced['peak_without']) / 1e6:.1f} MB); "
-          f"the detectors' arrays {traced['held'] / 1e6:.1f} MB")
+          f"the detectors' state {traced['held'] / 1e6:.3f} MB")
     most_held, cpu_without, cpu_with, total_frames = (0, ""), 0.0, 0.0, 0
     for n, tables, row in connections[1:]:
         m = measure(tables, row, thresholds, traced=False)

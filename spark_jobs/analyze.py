@@ -91,6 +91,10 @@ class _Run:
     thresholds: Thresholds
     steps: Steps
 
+    @property
+    def settings(self) -> Settings:
+        return Settings(self.bucket_seconds, self.overdue_ns, self.thresholds)
+
     def frames_of(self, keys: list[str]) -> DataFrame:
         """Every frame of these connections: from the first day any of them was seen (the
         connections table says), else from the start."""
@@ -148,6 +152,8 @@ class _Analysed:
     own_findings: DataFrame | None      # the pass's findings about one connection (None: nothing analysed whole)
     carried_keys: list[str]             # connections carried on from their checkpoints
     carried_deliveries: DataFrame | None = None   # the delivery rows the carried connections wrote
+    carried_findings: DataFrame | None = None     # their raw findings about one connection (RAW_FINDINGS)
+    carried_findings_rows: int = 0
     came_back: int | None = None        # a full run: deliveries the cross-connection kinds start from
 
 
@@ -159,7 +165,7 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     if run.plan.scope == NEW_DATA:
         with run.steps.step("carry on from checkpoints"):
             carried = carry_on_connections(run.spark, run.lake, run.plan.new_files, run.keys, run.mode,
-                                           run.bucket_seconds, run.overdue_ns, run.plan.frames_version)
+                                           run.connections, run.settings, run.plan.frames_version)
             _report_carried(carried, report)
     whole_keys = run.keys if carried is None else carried.whole_keys
     outputs = {name: [] for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
@@ -179,8 +185,10 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     carried_keys = sorted(set(run.keys or ()) - set(whole_keys or ())) if carried is not None else []
     if run.keys is None:
         return _Analysed(tables, own_findings, carried_keys, came_back=summary.came_back)
-    return _Analysed({}, own_findings, carried_keys,
-                     carried_deliveries=carried.tables["deliveries"] if carried is not None else None)
+    if carried is None or not carried_keys:
+        return _Analysed({}, own_findings, carried_keys)
+    return _Analysed({}, own_findings, carried_keys, carried_deliveries=carried.tables["deliveries"],
+                     carried_findings=carried.raw_findings, carried_findings_rows=carried.raw_rows)
 
 
 def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carried | None,
@@ -222,8 +230,7 @@ def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None,
     connections (None: all), from all their frames, in one pass of the reference state machine
     (connection_pass.py); and what the pass holds."""
     connections = run.connections if keys is None else of_connections(run.connections, keys)
-    settings = Settings(run.bucket_seconds, run.overdue_ns, run.thresholds)
-    wide = materialised(connection_pass(frames, connections, settings, run.plan.frames_version))
+    wide = materialised(connection_pass(frames, connections, run.settings, run.plan.frames_version))
     summary = pass_summary(wide)
     tables = {name: pass_rows(wide, name) for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
     tables["channel_metrics"] = pass_channel_metrics(wide, summary.metrics_redo, run.bucket_seconds)
@@ -238,16 +245,18 @@ def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None,
 def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFrame, thresholds: Thresholds) -> None:
     """A scoped run computes again the findings its connections can change and replaces just those;
     a full run (or new thresholds) computes them all and replaces the table. The findings about one
-    connection come from the pass for the connections it analysed whole, else from the stored rows
-    (stored_findings.py); the cross-connection kinds from the Spark aggregation by message
+    connection come from the pass for the connections it analysed whole, from the carried pass for
+    those carried on from their checkpoints, and from the stored rows (stored_findings.py) when the
+    thresholds changed; the cross-connection kinds from the Spark aggregation by message
     (detectors/messages.py)."""
     stored = (analysed.tables if analysed is not None else {}) or {
         name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in TIMELINE_TABLES}
     inputs = {**stored, "frames": all_frames, "connections": run.connections}
     if run.keys and not run.plan.findings_stale:
         own = analysed.own_findings
-        if analysed.carried_keys:
-            carried = _own_findings_from_stored(run, inputs, analysed.carried_keys, thresholds)
+        if analysed.carried_findings is not None:
+            carried = finished_findings(analysed.carried_findings, run.frames_of(analysed.carried_keys),
+                                        analysed.carried_findings_rows)
             own = carried if own is None else own.unionByName(carried)
         whole_keys = sorted(set(run.keys) - set(analysed.carried_keys))
         changed = [of_connections(inputs["deliveries"], whole_keys)] if whole_keys else []
@@ -259,7 +268,7 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
                          delta_mode=run.mode)
     else:
         whole = analysed is not None and run.keys is None
-        own = analysed.own_findings if whole else _own_findings_from_stored(run, inputs, None, thresholds)
+        own = analysed.own_findings if whole else _own_findings_from_stored(run, inputs, thresholds)
         # A full run knows whether any delivery came back: without one the message kinds find nothing.
         findings = own if whole and not analysed.came_back else own.unionByName(
             detect(inputs, thresholds, kinds=ACROSS_CONNECTIONS))
@@ -267,13 +276,11 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
                     delta_mode=run.mode)
 
 
-def _own_findings_from_stored(run: _Run, inputs: dict[str, DataFrame], keys: list[str] | None,
-                              thresholds: Thresholds) -> DataFrame:
-    """The findings about one connection of these connections (None: all), from their stored rows."""
-    frames = inputs["frames"] if keys is None else run.frames_of(keys)
-    raw = stored_raw_findings({name: inputs[name] for name in TIMELINE_TABLES}, frames, run.connections, keys,
-                              thresholds)
-    return finished_findings(raw, frames)
+def _own_findings_from_stored(run: _Run, inputs: dict[str, DataFrame], thresholds: Thresholds) -> DataFrame:
+    """The findings about one connection of every connection, from their stored rows (new thresholds)."""
+    raw = stored_raw_findings({name: inputs[name] for name in TIMELINE_TABLES}, inputs["frames"], run.connections,
+                              None, thresholds)
+    return finished_findings(raw, inputs["frames"])
 
 
 def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: str) -> list[str]:

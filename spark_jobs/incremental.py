@@ -11,7 +11,10 @@ their new frames are read. What they write, and which stored rows that replaces:
   bucket of the connection's last frame analysed before), recomputed from the records the
   checkpoint kept for them plus the run's own. The buckets before are final: carry.py sends a
   connection whose new frames would change one to the whole-connection path.
-- analysis_state: the connection's checkpoint.
+- analysis_state: the connection's checkpoint (its timeline and its detectors' state).
+
+Their findings about one connection come out of the same pass (`raw_findings`), from the
+detectors resumed from the checkpoint: nothing of the connection's history is read again.
 
 Connections that cannot be carried exactly (`fallbacks`, with the reason) are left to the caller's
 whole-connection path.
@@ -26,7 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analyzer import schema
-from analyzer.timeline import INPUT_COLUMNS
+from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
 
 from .delta_io import Listed, Match, connections_match, read_delta, read_files
 from .connection_pass import STATE_TABLE
@@ -47,6 +50,8 @@ class Carried:
     frames: int                           # new frame rows read for the carried connections
     connections: int                      # connections carried
     records: int                          # records their checkpoints held
+    raw_findings: DataFrame               # their findings about one connection (connection_pass.RAW_FINDINGS)
+    raw_rows: int                         # how many
 
     @property
     def whole_keys(self) -> list[str]:
@@ -54,10 +59,10 @@ class Carried:
 
 
 def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, ...], keys: list[str], mode: str,
-                         bucket_seconds: int, overdue_ns: int, frames_version: int) -> Carried:
-    new = read_files(spark, lake, "frames", new_files, list(INPUT_COLUMNS))
+                         connections: DataFrame, settings: Settings, frames_version: int) -> Carried:
+    new = read_files(spark, lake, "frames", new_files, list(ANALYSIS_COLUMNS))
     states = of_connections(read_delta(spark, lake, STATE_TABLE, schema.ANALYSIS_STATE, mode), keys)
-    wide = carry_on(new, states, bucket_seconds, overdue_ns, frames_version)
+    wide = carry_on(new, states, of_connections(connections, keys), settings, frames_version)
     # One look at the wide table: its rows by record and role, and the fallbacks (few) with them.
     fallback = [prefixed("fallback", column) for column in ("connection_id", "reason")]
     counts, fallbacks = Counter(), {}
@@ -76,7 +81,8 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
     rows = {name: counts.get((name, WRITE), 0) for name in tables}
     rows[STATE_TABLE] = counts.get(("state", None), 0)
     return Carried(tables, rows, _matches(wide, carried_keys, counts), fallbacks, frames=read[0],
-                   connections=len(keys) - len(fallbacks), records=read[1])
+                   connections=len(keys) - len(fallbacks), records=read[1],
+                   raw_findings=carried_rows(wide, "raw_findings"), raw_rows=counts.get(("raw_findings", None), 0))
 
 
 def _matches(wide: DataFrame, carried_keys: list[str], counts: dict) -> dict[str, list[Match | Listed]]:

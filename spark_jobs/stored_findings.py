@@ -1,8 +1,8 @@
-"""The findings about one connection from its stored rows: for connections a run carried on from
-their checkpoints (the pass saw only their new frames) and for new thresholds with nothing new to
-analyse. The same detectors as the pass (analyzer/detectors), fed what they read: the
-connection's records as the timeline tables hold them, the few frame rows some kinds read
-(detectors.FRAME_METHODS) and its connection row.
+"""The findings about one connection from its stored rows: for new thresholds (the detectors'
+state in the checkpoints was built under the old ones; connections carried on from their
+checkpoints get their findings from the carried pass itself). The same detectors as the pass
+(analyzer/detectors), fed what they read: the connection's records as the timeline tables hold
+them, the few frame rows some kinds read (detectors.FRAME_METHODS) and its connection row.
 
 The tables travel as one wide table (wide.py), shuffled by connection; within a connection the
 frames are sorted by seq (the detectors read them in order; records in any order). Out come raw

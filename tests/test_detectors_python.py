@@ -107,6 +107,17 @@ def case_inputs(case) -> tuple[list, list[dict], dict]:
     return records, frames, case.rows["connections"][0]
 
 
+def fed_case(case) -> tuple[ConnectionDetectors, list[dict], dict]:
+    """A hand-built case's detectors fed its frames and records; its frames and connection row."""
+    records, frames, connection = case_inputs(case)
+    detectors = ConnectionDetectors(connection, LAB)
+    for row in frames:
+        detectors.frame(row)
+    for record in records:
+        detectors.record(record)
+    return detectors, frames, connection
+
+
 def case_findings(case, thresholds=LAB, reverse: bool = False) -> list[dict]:
     """A hand-built case's findings (`reverse`: its records handed over in reverse)."""
     records, frames, connection = case_inputs(case)
@@ -135,12 +146,7 @@ def test_packets_looked_up_after_the_pass_give_the_same_rows():
     """The pass sees each frame once; the evidence seqs are known at the connection's end. Looking
     up only `evidence_seqs` afterwards gives the rows `findings` gives with every frame at hand."""
     for case in hand_built_cases():
-        records, frames, connection = case_inputs(case)
-        detectors = ConnectionDetectors(connection, LAB)
-        for row in frames:
-            detectors.frame(row)
-        for record in records:
-            detectors.record(record)
+        detectors, frames, connection = fed_case(case)
         raw = detectors.raw_findings()
         wanted = set(evidence_seqs(raw))
         kept = packets_from([row for row in frames if row["seq"] in wanted])

@@ -6,6 +6,7 @@ Real Spark, real Delta tables (the bridge), generated and recorded traffic."""
 
 import glob
 import importlib.util
+import json
 import os
 import sys
 from datetime import datetime, timezone
@@ -349,3 +350,35 @@ def _kinds(lake_dir: str) -> dict[str, set]:
     for row in found:
         kinds.setdefault(row["kind"], set()).add(row["connection_id"])
     return kinds
+
+
+def test_an_old_checkpoint_or_refused_detectors_state_is_analysed_whole(spark, whole, traffic, tmp_path):
+    """A checkpoint of the format before the detectors' state, and one whose detectors' state is of
+    another version, are not carried: those connections are analysed whole, and the tables still
+    end as one run's."""
+    from spark_jobs.connection_pass import STATE_TABLE
+
+    frames, connections = traffic
+    lake_dir = str(tmp_path / "lake")
+    *first, last = _pieces(frames)
+    _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
+    for number, piece in enumerate(first):
+        _append(lake_dir, "frames", piece, schema.FRAMES, f"piece-{number}")
+        analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    ids = set(last["connection_id"].to_pylist())
+    states = [row for row in lake.read_table(lake_dir, STATE_TABLE, schema.ANALYSIS_STATE).to_pylist()
+              if row["checkpoint"] is not None and row["connection_id"] in ids]
+    old, forged = sorted(states, key=lambda row: row["connection_id"])[:2]
+    DeltaTable(os.path.join(lake_dir, STATE_TABLE)).delete(
+        f"connection_id in ('{old['connection_id']}', '{forged['connection_id']}')")
+    doc = json.loads(forged["checkpoint"])
+    doc["detectors"] = dict(doc["detectors"], version=doc["detectors"]["version"] + 1)
+    tampered = [dict(old, format="ackscope.timeline.state/1"), dict(forged, checkpoint=json.dumps(doc).encode())]
+    _append(lake_dir, STATE_TABLE, pa.Table.from_pylist(tampered, schema=schema.ANALYSIS_STATE), schema.ANALYSIS_STATE,
+            "tampered")
+    _append(lake_dir, "frames", last, schema.FRAMES, "last")
+    report = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    assert report.scope == NEW_DATA
+    assert f"{old['connection_id']}: checkpoint format ackscope.timeline.state/1" in report.reason, report.reason
+    assert f"{forged['connection_id']}: detectors' state refused" in report.reason, report.reason
+    assert _tables(lake_dir) == whole

@@ -16,12 +16,14 @@ Modules: publisher.py (confirm-side kinds and unroutable_returned), consumer.py 
 and unbounded_prefetch), flow.py (flow control), context.py (what is known at the connection's
 end, frames placed in incarnations), common.py (the raw finding, evidence, `finish`).
 
-Memory: every kind keeps running aggregates (counts, spans, the first MAX_EVIDENCE items) except
-unacked_buildup (36 bytes per manual-ack delivery, for its profile over time), synchronous_confirms
-(25 bytes per confirm-mode publish, for the idle times) and the frame-based kinds (one tuple per
-basic.return, manual basic.consume and flow-control frame): records come out when final, not in row
-order, and the incarnations frames belong to are known once their ChannelFacts are in. README
-"Findings" defines the kinds.
+Memory: every kind keeps running aggregates (counts, spans, the first MAX_EVIDENCE items).
+unacked_buildup (its profile over time, profile.py) and synchronous_confirms (the idle times,
+quantiles.py) read their records in seq order while records come out when final, so each keeps the
+records' events beyond the horizon the caller last gave (`fold`) until they can be folded in: few,
+unless one delivery or publish stays open for long. The frame-based kinds keep one tuple per
+basic.return, manual basic.consume and flow-control frame, and the context one ChannelFacts per
+ended incarnation: the incarnations frames belong to are known once their ChannelFacts are in.
+README "Findings" defines the kinds.
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ class ConnectionDetectors:
         self.synchronous, self.returned = SynchronousConfirms(), UnroutableReturned()
         self.buildup, self.unbounded = UnackedBuildup(thresholds), UnboundedPrefetch()
         self.violations, self.flow = UnknownDeliveryTag(), FlowBlocked()
+        self.rewired()
+
+    def rewired(self) -> None:
+        """After the detectors were set anew (state.py resumes them)."""
         self._by_publish = (self.lost, self.nacked, self.out_of_order, self.persistent, self.synchronous)
 
     def record(self, record) -> None:
@@ -93,7 +99,17 @@ class ConnectionDetectors:
             if detector.wants(row):
                 detector.frame(row)
 
+    def fold(self, delivery_horizon: int | None, publish_horizon: int | None) -> None:
+        """No delivery (publish) record still to come has a seq below `delivery_horizon`
+        (`publish_horizon`; None: no more records): the kinds that keep events in seq order
+        (unacked_buildup, synchronous_confirms) fold what is complete into running state.
+        timeline/metrics_stream.py's `item_horizons` reads both off the state machine."""
+        self.buildup.fold(delivery_horizon)
+        self.synchronous.fold(publish_horizon)
+
     def raw_findings(self) -> list[RawFinding]:
+        """The findings, from everything fed so far. It folds what was pending: the end of this
+        object's life (take its state, detectors/state.py, before)."""
         raw = []
         for detector in (self.lost, self.nacked, self.out_of_order, self.buildup, self.violations, self.returned,
                          self.persistent, self.synchronous, self.unbounded, self.flow):

@@ -9,77 +9,37 @@ long they stayed unacked cannot be known.
 
 from __future__ import annotations
 
-from array import array
-
-import numpy as np
-
 from ..timeline import records as r
 from .common import (Incarnation, RawFinding, Tally, column, fixed, least, most, nulls_first, seconds,
                      text)
 from .context import Context, FramesByIncarnation
+from .profile import Profile
 
 # Outcomes that end a delivery's unacked time, and those only the client's own frames give.
 SETTLED = frozenset((r.ACK, r.NACK, r.REJECT, r.RECOVERED, r.CHANNEL_CLOSED, r.CONNECTION_CLOSED))
 SETTLED_BY_CLIENT = frozenset((r.ACK, r.NACK, r.REJECT))
 
 
-class _Scope:
-    """Where unacked deliveries are counted against a prefetch limit: the channel (every manual
-    delivery; its limit the global basic.qos) or one consumer with a per-consumer limit."""
-    __slots__ = ("limit", "end_ns")
-
-    def __init__(self):
-        self.limit: int | None = None
-        self.end_ns: int | None = None
-
-    def add(self, d: r.Delivery, limit: int | None) -> None:
-        self.limit = most(self.limit, limit)
-        self.end_ns = most(self.end_ns, d.observed_until_ts_ns)
-
-    def profile(self, keys: np.ndarray, times: np.ndarray) -> tuple[int, int | None]:
-        """(most unacked at once, longest time at the limit with no ack or None) over this scope's
-        events (order keys, times). Each event row lasts until the next, the last until the end of
-        the data; rows tied in order count together; a row is at the limit when unacked >= limit
-        > 0; a run of such rows began at the row after the last one that was not."""
-        order = np.lexsort((times, keys))
-        keys, times = keys[order], times[order]
-        running = np.cumsum(1 - 2 * (keys & 1))
-        unacked = running[np.searchsorted(keys, keys, side="right") - 1]
-        peak = int(unacked.max())
-        if self.limit is None or self.limit <= 0:
-            return peak, None
-        full = unacked >= self.limit
-        if not full.any():
-            return peak, None
-        n = len(keys)
-        positions = np.arange(n)
-        # the last row before each that was not full; the run began at the row after it
-        last_not_full = np.maximum.accumulate(np.where(full, -1, positions))
-        before = np.concatenate(([-1], last_not_full[:-1]))
-        since = np.where(before >= 0, times[np.minimum(before + 1, n - 1)], times[0])
-        following = np.concatenate((times[1:], [self.end_ns if self.end_ns is not None else times[-1]]))
-        stall = following - since
-        return peak, int(stall[full].max())
-
-
-_NO_SETTLE = -1
+def _scope_add(scope: Profile, d: r.Delivery, limit: int | None) -> None:
+    scope.limit = most(scope.limit, limit)
+    scope.end_ns = most(scope.end_ns, d.observed_until_ts_ns)
+    scope.add(d.seq * 2, d.ts_ns)
+    if d.outcome in SETTLED:
+        # A settlement shown on its delivery's own row comes after it (odd key).
+        scope.add((d.settle_seq if d.settle_seq is not None else d.seq) * 2 + 1, d.settle_ts_ns)
 
 
 class _Buildup:
-    """One incarnation's manual-ack deliveries: the oldest, those past each threshold, the scopes.
-    For the profile over time it holds (seq, ts, settle row, settle ts, consumer scope) of each,
-    36 bytes a delivery: the profile needs the deliveries in row order, and they come out when
-    settled, not in row order."""
-    __slots__ = ("agent_id", "oldest_ns", "oldest", "by_age", "by_stall", "channel_scope", "consumer_scopes",
-                 "seqs", "ts", "settle_keys", "settle_ts", "scope_ids")
+    """One incarnation's manual-ack deliveries: the oldest, those past each threshold, and the
+    profile (profile.py) of each scope they count in: the channel (every manual delivery; its
+    limit the global basic.qos) and each consumer with a per-consumer limit."""
+    __slots__ = ("agent_id", "oldest_ns", "oldest", "by_age", "by_stall", "channel_scope", "consumer_scopes")
 
     def __init__(self):
         self.agent_id, self.oldest_ns, self.oldest = None, None, None
         self.by_age, self.by_stall = Tally(), Tally()
-        self.channel_scope = _Scope()
-        self.consumer_scopes: dict[str, tuple[int, _Scope]] = {}  # name -> (scope id from 1, scope)
-        self.seqs, self.ts, self.settle_keys, self.settle_ts = array("q"), array("q"), array("q"), array("q")
-        self.scope_ids = array("i")
+        self.channel_scope = Profile()
+        self.consumer_scopes: dict[str, Profile] = {}  # "consumer TAG" -> its profile
 
     def add(self, d: r.Delivery, until_ns: int, age_limit_ns: int, stall_limit_ns: int) -> None:
         age = until_ns - d.ts_ns
@@ -92,38 +52,22 @@ class _Buildup:
         if age >= stall_limit_ns:
             self.by_stall.add(None, d.ts_ns, until_ns, d.seq, item)
         delivered = d.method == "basic.deliver"
-        self.channel_scope.add(d, d.channel_prefetch if delivered else None)
-        scope_id = 0
+        _scope_add(self.channel_scope, d, d.channel_prefetch if delivered else None)
         # basic.get ignores prefetch: only basic.deliver rows belong to a consumer's scope.
         if delivered and d.consumer_prefetch is not None and d.consumer_prefetch > 0:
             name = "consumer " + (d.consumer_tag or "")
-            found = self.consumer_scopes.get(name)
-            if found is None:
-                found = self.consumer_scopes[name] = (len(self.consumer_scopes) + 1, _Scope())
-            scope_id = found[0]
-            found[1].add(d, d.consumer_prefetch)
-        self.seqs.append(d.seq)
-        self.ts.append(d.ts_ns)
-        settled = d.outcome in SETTLED
-        # A settlement shown on its delivery's own row comes after it (key parity, in `events`).
-        self.settle_keys.append((d.settle_seq if d.settle_seq is not None else d.seq) if settled else _NO_SETTLE)
-        self.settle_ts.append(d.settle_ts_ns if settled else 0)
-        self.scope_ids.append(scope_id)
+            scope = self.consumer_scopes.get(name)
+            if scope is None:
+                scope = self.consumer_scopes[name] = Profile()
+            _scope_add(scope, d, d.consumer_prefetch)
 
-    def profiles(self):
-        """(scope name, scope, (peak, stall)) of the channel and of each consumer scope."""
-        seqs, ts = np.frombuffer(self.seqs, dtype=np.int64), np.frombuffer(self.ts, dtype=np.int64)
-        settle_keys = np.frombuffer(self.settle_keys, dtype=np.int64)
-        settle_ts = np.frombuffer(self.settle_ts, dtype=np.int64)
-        scope_ids = np.frombuffer(self.scope_ids, dtype=np.int32)
-        scopes = [("channel", None, self.channel_scope)]
-        scopes += [(name, scope_id, scope) for name, (scope_id, scope) in self.consumer_scopes.items()]
-        for name, scope_id, scope in scopes:
-            mine = slice(None) if scope_id is None else scope_ids == scope_id
-            settled = settle_keys[mine] != _NO_SETTLE
-            keys = np.concatenate((seqs[mine] * 2, settle_keys[mine][settled] * 2 + 1))
-            times = np.concatenate((ts[mine], settle_ts[mine][settled]))
-            yield name, scope, scope.profile(keys, times)
+    def scopes(self):
+        yield "channel", self.channel_scope
+        yield from self.consumer_scopes.items()
+
+    def fold(self, horizon: int | None) -> None:
+        for _, scope in self.scopes():
+            scope.fold(horizon)
 
 
 class UnackedBuildup:
@@ -167,11 +111,26 @@ class UnackedBuildup:
             buildup = self.channels[(d.channel, d.incarnation)] = _Buildup()
         buildup.add(d, until, self.age_limit_ns, self.stall_limit_ns)
 
+    def fold(self, delivery_horizon: int | None) -> None:
+        """No delivery record to come has a seq below `delivery_horizon` (None: none is to come):
+        fold each incarnation's profile events up to there, or up to its first delivery still
+        waiting to be proven manual."""
+        waiting: dict[Incarnation, int] = {}
+        for (channel, incarnation, _), held in self.waiting.items():
+            first = min(d.seq for d in held)
+            waiting[(channel, incarnation)] = min(first, waiting.get((channel, incarnation), first))
+        for where, b in self.channels.items():
+            seqs = [s for s in (delivery_horizon, waiting.get(where)) if s is not None]
+            if seqs or delivery_horizon is None:
+                b.fold(2 * min(seqs) if seqs else None)
+
     def findings(self, context: Context) -> list[RawFinding]:
         out = []
         for (channel, incarnation), b in self.channels.items():
             computed_peak, stall_ns, stall_limit = None, None, None
-            for name, scope, (peak, stall) in b.profiles():
+            b.fold(None)
+            for name, scope in b.scopes():
+                peak, stall = scope.result()
                 if name == "channel":
                     computed_peak = peak
                 if stall is not None and (stall_ns is None or stall > stall_ns):

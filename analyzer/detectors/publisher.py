@@ -4,18 +4,17 @@ and unroutable_returned (from basic.return frames).
 
 The timeline has already decided each publish's mode and outcome, and marks `unknown` whatever a
 mid-stream start or a capture gap hides, so a test of an explicit outcome or mode never turns the
-unknown into a finding. All but synchronous_confirms keep running aggregates only.
+unknown into a finding. All keep running aggregates only; synchronous_confirms its idle times as a histogram.
 """
 
 from __future__ import annotations
 
-from array import array
-
-import numpy as np
+from bisect import bisect_left
 
 from ..timeline import records as r
 from .common import (MAX_EVIDENCE, Firsts, Incarnation, RawFinding, Tally, column, fixed, least, most, seconds,
                      text)
+from . import quantiles
 from .context import Context, FramesByIncarnation
 
 
@@ -143,20 +142,21 @@ class UnconfirmedPersistentPublish(_PerIncarnation):
         return out
 
 
-_NULL = np.iinfo(np.int64).min  # a settle time not known (open, unknown)
-
-
 class _Lockstep:
-    """One incarnation's confirm-mode publishes whose pending count is known. Besides running
-    aggregates it holds (seq, ts_ns, settle_ts_ns, lockstep) of each, 25 bytes a publish: a
-    lockstep publish's idle time is measured from the latest confirm of the publishes before it in
-    seq order, and records arrive in settlement order, not seq order."""
-    __slots__ = ("agent_id", "n", "lockstep", "first_ns", "last_ns", "items", "seqs", "ts", "settles", "flags")
+    """One incarnation's confirm-mode publishes whose pending count is known: running aggregates,
+    and the idle times of the lockstep ones in a histogram (quantiles.py). A lockstep publish's
+    idle time runs from the latest confirm of the publishes before it in seq order, and records
+    arrive in settlement order, not seq order: (seq, ts_ns, settle_ts_ns, lockstep) of each waits
+    in `pending` until every publish below it is in (`fold`)."""
+    __slots__ = ("agent_id", "n", "lockstep", "first_ns", "last_ns", "items", "pending", "latest_confirm_ns",
+                 "idle_ns")
 
     def __init__(self):
         self.agent_id, self.n, self.lockstep, self.first_ns, self.last_ns = None, 0, 0, None, None
         self.items = Firsts()
-        self.seqs, self.ts, self.settles, self.flags = array("q"), array("q"), array("q"), array("b")
+        self.pending: list = []
+        self.latest_confirm_ns: int | None = None   # of the publishes folded so far
+        self.idle_ns: dict[int, int] = {}           # quantiles.py histogram
 
     def add(self, p: r.Publish) -> None:
         lockstep = p.pending_before == 0
@@ -168,24 +168,24 @@ class _Lockstep:
         if lockstep:
             self.items.add(p.seq, {"seq": p.seq, "confirm_seq": p.confirm_seq,
                                    "message_identity": p.message_identity})
-        self.seqs.append(p.seq)
-        self.ts.append(p.ts_ns)
-        self.settles.append(_NULL if p.settle_ts_ns is None else p.settle_ts_ns)
-        self.flags.append(lockstep)
+        self.pending.append((p.seq, p.ts_ns, p.settle_ts_ns, lockstep))
 
-    def median_idle_ns(self) -> int | None:
-        """The lower median of the times from the latest earlier confirm to each lockstep publish."""
-        seqs = np.frombuffer(self.seqs, dtype=np.int64)
-        order = np.argsort(seqs, kind="stable")
-        settles = np.frombuffer(self.settles, dtype=np.int64)[order]
-        earlier = np.empty_like(settles)
-        earlier[0] = _NULL
-        np.maximum.accumulate(settles[:-1], out=earlier[1:])
-        lockstep = np.frombuffer(self.flags, dtype=np.int8)[order].astype(bool) & (earlier != _NULL)
-        idle = np.sort(np.frombuffer(self.ts, dtype=np.int64)[order][lockstep] - earlier[lockstep])
-        if idle.size == 0:
-            return None
-        return int(idle[lower_median_index(idle.size)])
+    def fold(self, horizon: int | None) -> None:
+        """Fold the publishes of seq below `horizon` (None: all): no publish below it is still to come."""
+        self.pending.sort()
+        cut = len(self.pending) if horizon is None else bisect_left(self.pending, (horizon,))
+        for _, ts_ns, settle_ns, lockstep in self.pending[:cut]:
+            if lockstep and self.latest_confirm_ns is not None:
+                quantiles.add(self.idle_ns, ts_ns - self.latest_confirm_ns)
+            self.latest_confirm_ns = most(self.latest_confirm_ns, settle_ns)
+        del self.pending[:cut]
+
+    def median_idle_ns(self) -> float | None:
+        """The lower median of the times from the latest earlier confirm to each lockstep publish,
+        within quantiles.RELATIVE_ERROR; every publish folded first."""
+        self.fold(None)
+        n = sum(self.idle_ns.values())
+        return quantiles.ranked(self.idle_ns, lower_median_index(n)) if n else None
 
 
 def lower_median_index(n: int) -> int:
@@ -208,6 +208,10 @@ class SynchronousConfirms:
             if lockstep is None:
                 lockstep = self.channels[(p.channel, p.incarnation)] = _Lockstep()
             lockstep.add(p)
+
+    def fold(self, publish_horizon: int | None) -> None:
+        for lockstep in self.channels.values():
+            lockstep.fold(publish_horizon)
 
     def findings(self, context: Context) -> list[RawFinding]:
         t = context.thresholds

@@ -20,12 +20,13 @@ in a bucket before the boundary; `continue_connection` checks both and otherwise
 
 A checkpoint is stored as data (state.py: JSON of plain values, read back into fresh state objects
 only, versioned): a checkpoint of another version, damaged or forged, is refused with the reason
-and its connection analysed whole.
+and its connection analysed whole. Beside the timeline it carries the detectors' state
+(analyzer/detectors/state.py, its own document: the timeline does not read it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from . import records as r
@@ -43,6 +44,9 @@ class Checkpoint:
     provisional: tuple = ()                 # records the last run wrote for what was open
     boundary: tuple = ()                    # Delivery/Publish records channel_metrics needs from boundary_ns on
     boundary_ns: int = 0
+    # The detectors' state after the final records (analyzer/detectors/state.py's document; None:
+    # not kept). Carried here untouched: the timeline does not read it.
+    detectors: dict | None = None
 
     @property
     def last_seq(self) -> int | None:
@@ -63,6 +67,11 @@ class Continued:
     boundary_ns: int | None = None                  # None: a connection new to this run (nothing stored to patch)
     checkpoint: Checkpoint | None = None
     fallback: str | None = None
+
+    @property
+    def final(self) -> list:
+        """The records of `rows` no later run changes (the rest are the checkpoint's provisional ones)."""
+        return self.rows[:len(self.rows) - len(self.checkpoint.provisional)]
 
 
 def bucket_start(ts_ns: int, bucket_ns: int) -> int:
@@ -156,7 +165,8 @@ class WholeConnection:
             self.pruned_to = bucket_start(self.timeline.last_ts_ns, self.bucket_ns)
             self.kept = _boundary_records(self.kept, self.pruned_to)
 
-    def finish(self) -> Checkpoint | None:
+    def finish(self, before_open: Callable[[], None] | None = None) -> Checkpoint | None:
+        """`before_open`: called once every final record is out, before the open ones (if any)."""
         state = self.timeline
         if state.closed is not None or state.transport_end is not None:
             state.end()  # its records are final: nothing to carry
@@ -164,6 +174,8 @@ class WholeConnection:
             return None
         state = _detached(state)
         provisional = _ended_copy(state)
+        if before_open is not None:
+            before_open()
         for record in provisional:
             self.out(record)
         boundary_ns = bucket_start(state.last_ts_ns, self.bucket_ns)
@@ -256,6 +268,7 @@ def _boundary_records(records: list, boundary_ns: int) -> list:
 # -- the state as bytes ---------------------------------------------------------------------------------
 
 _CHECKPOINT_KEYS = ("timeline", "provisional", "boundary", "boundary_ns")
+_DETECTORS = "detectors"  # a document of its own (see Checkpoint.detectors), stored beside the state
 
 
 def _detached(timeline: ConnectionTimeline) -> ConnectionTimeline:
@@ -273,12 +286,19 @@ def _ended_copy(timeline: ConnectionTimeline) -> list:
 
 
 def dump(checkpoint: Checkpoint) -> bytes:
-    return state.dumps({key: getattr(checkpoint, key) for key in _CHECKPOINT_KEYS})
+    doc = state.to_doc({key: getattr(checkpoint, key) for key in _CHECKPOINT_KEYS})
+    doc[_DETECTORS] = checkpoint.detectors
+    return state.to_bytes(doc)
 
 
 def load(data: bytes) -> Checkpoint:
-    """The checkpoint `dump` wrote; StateError (with the reason) for anything else."""
-    parts = state.loads(data, _CHECKPOINT_KEYS)
+    """The checkpoint `dump` wrote; StateError (with the reason) for anything else. Its detectors'
+    document is checked only for being one (analyzer/detectors/state.py reads it)."""
+    doc = state.from_bytes(data)
+    detectors = doc.pop(_DETECTORS, None) if isinstance(doc, dict) else None
+    if detectors is not None and not isinstance(detectors, dict):
+        raise StateError("checkpoint detectors is not a document")
+    parts = state.from_doc(doc, _CHECKPOINT_KEYS)
     records = (r.Delivery, r.Publish, r.ChannelFacts, r.Violation)
     if not isinstance(parts["timeline"], ConnectionTimeline):
         raise StateError("checkpoint timeline is not a connection's state")
@@ -287,4 +307,4 @@ def load(data: bytes) -> Checkpoint:
             raise StateError(f"checkpoint {key} is not a tuple of records")
     if type(parts["boundary_ns"]) is not int:
         raise StateError("checkpoint boundary_ns is not an integer")
-    return Checkpoint(**parts)
+    return Checkpoint(**parts, detectors=detectors)

@@ -68,6 +68,30 @@ def horizons(timeline: ConnectionTimeline) -> tuple[int | None, dict[tuple[int, 
     return last, held
 
 
+def item_horizons(timeline: ConnectionTimeline) -> tuple[int | None, int | None]:
+    """(delivery seq, publish seq): no Delivery (Publish) record the timeline emits from now on has
+    a seq below it. An item's record carries the seq of its own frame, and the machine holds every
+    item it saw and has not emitted; the items still unseen come after the last frame. None: no
+    frame yet."""
+    if timeline.last_seq is None:
+        return None, None
+    deliveries = publishes = timeline.last_seq + 1
+    for life in _lives(timeline):
+        for d in life.outstanding.values():
+            deliveries = min(deliveries, d.row["seq"])
+        for d, *_ in life.tx_settled:
+            deliveries = min(deliveries, d.row["seq"])
+        for held in (life.pending.values(), life.tx_publishes, life.discarded, life.awaiting_return.values()):
+            for p in held:
+                publishes = min(publishes, p.row["seq"])
+        for record in life.held:
+            if isinstance(record, r.Delivery):
+                deliveries = min(deliveries, record.seq)
+            elif isinstance(record, r.Publish):
+                publishes = min(publishes, record.seq)
+    return deliveries, publishes
+
+
 def announce_opens(metrics: ChannelMetrics, timeline: ConnectionTimeline) -> None:
     for life in _lives(timeline):
         metrics.opened(timeline.id, timeline.agent_id, life.channel, life.incarnation,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from . import records as r
 from .channel import ChannelLife
@@ -34,7 +35,7 @@ from .consumer import _Delivery, _EarlyAck
 from .publisher import _Publish
 
 FORMAT_NAME = "ackscope.timeline.state"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the checkpoint carries the detectors' state
 FORMAT = f"{FORMAT_NAME}/{STATE_VERSION}"  # the analysis_state table's `format` column
 
 # Every field of every state object. `emit` (where records go) is the caller's, never stored.
@@ -58,47 +59,80 @@ FIELDS = {
     _EarlyAck: _EarlyAck.__slots__,
 }
 NOT_STORED = {ConnectionTimeline: ("emit",)}
-CLASSES = {cls.__name__: cls for cls in FIELDS}
 RECORDS = {cls.__name__: cls for cls in (r.Delivery, r.Publish, r.ChannelFacts, r.Violation)}
 _PLAIN = (type(None), bool, int, float, str)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What one kind of state document may hold: its format name and version, its state classes
+    with their stored fields, and the fields left out (the caller sets them again)."""
+    name: str
+    version: int
+    fields: dict
+    not_stored: dict
+
+    @property
+    def classes(self) -> dict:
+        return {cls.__name__: cls for cls in self.fields}
+
+
+TIMELINE = Vocabulary(FORMAT_NAME, STATE_VERSION, FIELDS, NOT_STORED)
+CLASSES = TIMELINE.classes
 
 
 class StateError(ValueError):
     """A checkpoint this code cannot read: damaged, forged, or of another version (not the caller's bug)."""
 
 
-def dumps(top: dict) -> bytes:
-    """`top`: a dict of str -> value (the state objects, records, containers) as checkpoint bytes."""
-    writer = _Writer()
+def to_doc(top: dict, vocabulary: Vocabulary = TIMELINE) -> dict:
+    """`top`: a dict of str -> value (the state objects, records, containers) as a JSON-ready document."""
+    writer = _Writer(vocabulary)
     body = {key: writer.value(value) for key, value in top.items()}
-    return json.dumps({"format": FORMAT_NAME, "version": STATE_VERSION, "objects": writer.objects, **body},
-                      separators=(",", ":"), allow_nan=False).encode()
+    return {"format": vocabulary.name, "version": vocabulary.version, "objects": writer.objects, **body}
 
 
-def loads(data: bytes, keys: Iterable[str]) -> dict:
-    """The dict `dumps` was given, for exactly these keys, with fresh objects; StateError if it cannot be."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError, TypeError) as exc:
-        raise StateError(f"not a checkpoint: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-        raise StateError("not a checkpoint of the timeline state")
-    if doc.get("version") != STATE_VERSION:
-        raise StateError(f"checkpoint version {doc.get('version')!r}; this code reads version {STATE_VERSION}")
+def from_doc(doc, keys: Iterable[str], vocabulary: Vocabulary = TIMELINE) -> dict:
+    """The dict `to_doc` was given, for exactly these keys, with fresh objects; StateError if it cannot be."""
+    if not isinstance(doc, dict) or doc.get("format") != vocabulary.name:
+        raise StateError(f"not a checkpoint of {vocabulary.name}")
+    if doc.get("version") != vocabulary.version:
+        raise StateError(f"{vocabulary.name} version {doc.get('version')!r}; this code reads version "
+                         f"{vocabulary.version}")
     keys = tuple(keys)
     extra = set(doc) - set(keys) - {"format", "version", "objects"}
     if extra or any(key not in doc for key in keys):
         raise StateError(f"checkpoint fields {sorted(set(doc) - {'format', 'version', 'objects'})}, "
                          f"expected {sorted(keys)}")
     try:
-        reader = _Reader(doc["objects"])
+        reader = _Reader(doc["objects"], vocabulary)
         return {key: reader.value(doc[key]) for key in keys}
     except RecursionError:
         raise StateError("checkpoint nested too deeply") from None
 
 
+def dumps(top: dict, vocabulary: Vocabulary = TIMELINE) -> bytes:
+    return to_bytes(to_doc(top, vocabulary))
+
+
+def to_bytes(doc: dict) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+
+
+def from_bytes(data: bytes):
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError, TypeError) as exc:
+        raise StateError(f"not a checkpoint: {exc}") from None
+
+
+def loads(data: bytes, keys: Iterable[str], vocabulary: Vocabulary = TIMELINE) -> dict:
+    return from_doc(from_bytes(data), keys, vocabulary)
+
+
 class _Writer:
-    def __init__(self):
+    def __init__(self, vocabulary: Vocabulary):
+        self.fields, self.not_stored = vocabulary.fields, vocabulary.not_stored
         self.objects: list = []
         self.ids: dict[int, int] = {}
 
@@ -118,7 +152,7 @@ class _Writer:
             return ["S", [self.value(x) for x in sorted(v, key=repr)]]
         if kind.__name__ in RECORDS and RECORDS[kind.__name__] is kind:
             return ["R", kind.__name__, [self.value(getattr(v, f)) for f in kind.__slots__]]
-        if kind in FIELDS:
+        if kind in self.fields:
             return ["O", self._object(v)]
         raise TypeError(f"a checkpoint cannot hold a {kind.__name__}")
 
@@ -127,11 +161,13 @@ class _Writer:
         if known is not None:
             return known
         kind = type(obj)
-        fields = FIELDS[kind]
-        present = tuple(getattr(kind, "__slots__", ())) or tuple(k for k in vars(obj) if k not in NOT_STORED.get(kind, ()))
+        fields = self.fields[kind]
+        skipped = self.not_stored.get(kind, ())
+        present = tuple(f for f in getattr(kind, "__slots__", ()) if f not in skipped) or tuple(
+            k for k in vars(obj) if k not in skipped)
         if set(present) != set(fields):
-            raise TypeError(f"{kind.__name__} has fields {sorted(set(present) ^ set(fields))} that state.FIELDS "
-                            f"does not list (or lists and it lacks): update FIELDS and STATE_VERSION")
+            raise TypeError(f"{kind.__name__} has fields {sorted(set(present) ^ set(fields))} that its FIELDS "
+                            f"table does not list (or lists and it lacks): update FIELDS and the version")
         number = self.ids[id(obj)] = len(self.objects)
         entry = [kind.__name__, None]
         self.objects.append(entry)  # before its fields: they may refer back to it
@@ -140,23 +176,24 @@ class _Writer:
 
 
 class _Reader:
-    def __init__(self, objects):
+    def __init__(self, objects, vocabulary: Vocabulary):
         if not isinstance(objects, list):
             raise StateError("checkpoint objects must be a list")
+        classes, known = vocabulary.classes, vocabulary.fields
         self.raw = objects
         self.built: list = []
         for n, entry in enumerate(objects):  # every object first, empty, so references resolve in any order
-            if not (isinstance(entry, list) and len(entry) == 2 and entry[0] in CLASSES and isinstance(entry[1], dict)):
+            if not (isinstance(entry, list) and len(entry) == 2 and entry[0] in classes and isinstance(entry[1], dict)):
                 raise StateError(f"checkpoint object {n} is not [state class, fields]")
-            cls = CLASSES[entry[0]]
-            if set(entry[1]) != set(FIELDS[cls]):
+            cls = classes[entry[0]]
+            if set(entry[1]) != set(known[cls]):
                 raise StateError(f"checkpoint object {n} ({entry[0]}) has fields {sorted(entry[1])}, "
-                                 f"expected {sorted(FIELDS[cls])}")
+                                 f"expected {sorted(known[cls])}")
             self.built.append(cls.__new__(cls))
         for obj, (_, fields) in zip(self.built, objects):
             for name, value in fields.items():
                 setattr(obj, name, self.value(value))
-            for name in NOT_STORED.get(type(obj), ()):
+            for name in vocabulary.not_stored.get(type(obj), ()):
                 setattr(obj, name, None)
 
     def value(self, v):

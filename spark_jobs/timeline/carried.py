@@ -1,11 +1,13 @@
 """Connections carried from run to run on Spark (the rules: analyzer/timeline/carry.py).
 
 A scheduled run hands each connection's new frames, with its checkpoint (the `analysis_state`
-table), to a cogrouped Arrow function that resumes the reference state machine: Python per
+table) and its connections row, to a cogrouped Arrow function that resumes the reference state
+machine and the detectors (analyzer/connection_analysis.py's `carry_on_connection`): Python per
 connection, not per row, and only over the new frames. Out come, as one wide table (wide.py):
 the rows to write, the rows they replace (role `stale`), the channel_metrics rows of the
 incarnations whose metrics are recomputed from the boundary bucket on (`touched`: they replace
-those buckets), the next checkpoint (`state`), or why the connection must be analysed whole
+those buckets), the connection's findings before their evidence packets (`raw_findings`, as the
+pass gives them), the next checkpoint (`state`), or why the connection must be analysed whole
 instead (`fallback`).
 
 Runs that analyse connections whole (the first, `--full`, `--since`, fallbacks) get their
@@ -14,17 +16,20 @@ checkpoints from the same pass that writes their tables (connection_pass.py).
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from analyzer import schema
-from analyzer.timeline import INPUT_COLUMNS
-from analyzer.timeline.carry import FORMAT, StateError, continue_connection, load
+from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings, carry_on_connection
+from analyzer.timeline.carry import FORMAT, StateError, load
 from analyzer.timeline.metrics import carried_channel_metrics
 from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
-from ..connection_pass import state_row, states_table
+from ..connection_pass import HEADER, RAW_FINDINGS, headers, raw_finding_rows, state_row, states_table
 from ..types import spark_schema
 from .plans import materialised
 from .tables import TIMELINE_TABLES
@@ -37,23 +42,29 @@ TOUCHED = pa.schema([("connection_id", pa.string()), ("channel", pa.int32()), ("
                      ("from_ns", pa.int64())])
 FALLBACK = pa.schema([("connection_id", pa.string()), ("reason", pa.string())])
 CARRIED_TABLES = {**TIMELINE_TABLES, "channel_metrics": schema.CHANNEL_METRICS, "state": schema.ANALYSIS_STATE,
-                  "touched": TOUCHED, "fallback": FALLBACK}
+                  "touched": TOUCHED, "fallback": FALLBACK, "raw_findings": RAW_FINDINGS}
+# The right side's column saying the connection has an analysis_state row (it may have only a header).
+STORED = "_stored"
 WIDE = wide_schema(CARRIED_TABLES)
 # Rows handed to the state machine at once (the rest of the connection's new frames wait as Arrow).
 FEED_ROWS = 1 << 16
 
 
-def carry_on(new_frames: DataFrame, states: DataFrame, bucket_seconds: int, overdue_ns: int,
+def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, settings: Settings,
              frames_version: int) -> DataFrame:
-    """The wide table for every connection of `new_frames` (INPUT_COLUMNS), materialised."""
+    """The wide table for every connection of `new_frames` (ANALYSIS_COLUMNS), materialised.
+    `states`: their analysis_state rows; `connections`: their schema.CONNECTIONS rows (for the
+    findings, as the pass reads them: connection_pass.headers)."""
+    bucket_seconds = settings.bucket_seconds
 
     def one_connection(frames: pa.Table, state: pa.Table) -> pa.Table:
         if frames.num_rows == 0:
             return WIDE.empty_table()
         connection_id = frames["connection_id"][0].as_py()
+        stored = state.to_pylist()[0] if state.num_rows else {}
+        connection = json.loads(stored[HEADER]) if stored.get(HEADER) else {"connection_id": connection_id}
         checkpoint = None
-        if state.num_rows:
-            stored = state.to_pylist()[0]
+        if stored.get(STORED):
             if stored["checkpoint"] is None:
                 return _fallback(connection_id, "analysed whole when it had ended (closed or FIN/RST): no checkpoint")
             if stored["format"] != FORMAT:
@@ -62,7 +73,8 @@ def carry_on(new_frames: DataFrame, states: DataFrame, bucket_seconds: int, over
                 checkpoint = load(stored["checkpoint"])
             except StateError as refused:
                 return _fallback(connection_id, f"checkpoint refused: {refused}")
-        done = continue_connection(checkpoint, _rows(frames), bucket_seconds * 10**9, overdue_ns)
+        carried = carry_on_connection(checkpoint, _rows(frames), settings, connection)
+        done = carried.continued
         if done.fallback:
             return _fallback(connection_id, done.fallback)
         parts = []
@@ -74,11 +86,15 @@ def carry_on(new_frames: DataFrame, states: DataFrame, bucket_seconds: int, over
         touched = pa.Table.from_pylist([{"connection_id": connection_id, "channel": channel, "incarnation": incarnation,
                                          "from_ns": from_ns} for channel, incarnation in sorted(done.touched)],
                                        schema=TOUCHED)
-        parts += [("touched", None, touched), ("state", None, states_table([state_row(done.checkpoint, frames_version)]))]
+        parts += [("touched", None, touched), ("state", None, states_table([state_row(done.checkpoint, frames_version)])),
+                  ("raw_findings", None, pa.Table.from_pylist(raw_finding_rows(connection, carried.raw_findings),
+                                                              schema=RAW_FINDINGS))]
         return to_wide(WIDE, parts)
 
-    wide = (new_frames.select(*INPUT_COLUMNS).groupBy("connection_id")
-            .cogroup(states.groupBy("connection_id"))
+    stored = states.select("*", F.lit(True).alias(STORED)).join(
+        headers(connections).select("connection_id", HEADER), on="connection_id", how="full")
+    wide = (new_frames.select(*ANALYSIS_COLUMNS).groupBy("connection_id")
+            .cogroup(stored.groupBy("connection_id"))
             .applyInArrow(one_connection, spark_schema(WIDE)))
     return materialised(wide)
 
@@ -89,7 +105,7 @@ def carried_rows(wide: DataFrame, name: str, role: str | None = None) -> DataFra
 
 def _rows(frames: pa.Table):
     """The connection's rows in seq order, as dicts a batch at a time."""
-    ordered = frames.select(list(INPUT_COLUMNS)).sort_by("seq")
+    ordered = frames.select(list(ANALYSIS_COLUMNS)).sort_by("seq")
     for batch in ordered.to_batches(max_chunksize=FEED_ROWS):
         yield from batch.to_pylist()
 

@@ -1,0 +1,133 @@
+"""The detectors' bounded forms against oracles written here from their definitions:
+
+- unacked_buildup's profile (analyzer/detectors/profile.py), folded in pieces at any horizon the
+  caller may give, against the most unacked at once and the longest stall at the limit computed
+  row by row over all the events at once;
+- synchronous_confirms' median idle time (analyzer/detectors/quantiles.py) within its stated
+  relative error of the exact lower median;
+- every kind, folded at the state machine's horizon after every row, against the same detectors
+  folded only at the end (a fold too early would take in an event before one still to come).
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analyzer.detectors import ConnectionDetectors, wants_frame
+from analyzer.detectors import quantiles
+from analyzer.detectors.profile import Profile
+from analyzer.detectors.publisher import lower_median_index
+from analyzer.timeline import INPUT_COLUMNS
+from analyzer.timeline.connection import ConnectionTimeline
+from analyzer.timeline.metrics_stream import item_horizons
+
+from .findings_check import LAB_THRESHOLDS as LAB
+from .test_detectors_python import random_connections
+
+
+def profile_oracle(events: list[tuple[int, int]], limit: int | None, end_ns: int | None):
+    """(peak, stall) from the definition: rows in (key, time) order, tied keys counted together,
+    each row lasting until the next (the last until the end), a run of rows at the limit timed
+    from its first row."""
+    rows = sorted(events)
+    after, running = [], 0
+    for key, _ in rows:
+        running += 1 if key % 2 == 0 else -1
+        after.append(running)
+    unacked = []
+    for i, (key, _) in enumerate(rows):
+        j = i
+        while j + 1 < len(rows) and rows[j + 1][0] == key:
+            j += 1
+        unacked.append(after[j])
+    peak = max(unacked)
+    if limit is None or limit <= 0:
+        return peak, None
+    stall = None
+    for i in range(len(rows)):
+        if unacked[i] < limit:
+            continue
+        first = i
+        while first > 0 and unacked[first - 1] >= limit:
+            first -= 1
+        following = rows[i + 1][1] if i + 1 < len(rows) else end_ns if end_ns is not None else rows[-1][1]
+        stall = max(stall, following - rows[first][1]) if stall is not None else following - rows[first][1]
+    return peak, stall
+
+
+@st.composite
+def deliveries(draw):
+    """(seq, ts, settle (seq, ts) or None, prefetch) of a scope's deliveries, seqs distinct;
+    settlements at or after their delivery, some shared (a multiple ack), times not always rising."""
+    n = draw(st.integers(1, 40))
+    seqs = sorted(draw(st.sets(st.integers(1, 200), min_size=n, max_size=n)))
+    out = []
+    for seq in seqs:
+        ts = seq * 10 + draw(st.integers(-15, 5))
+        settle = None
+        if draw(st.booleans()):
+            settle_seq = seq + draw(st.sampled_from([0, 1, 2, 5, 30, 100]))
+            settle = (settle_seq, settle_seq * 10 + draw(st.integers(-3, 3)))
+        out.append((seq, ts, settle, draw(st.sampled_from([None, 0, 1, 2, 3, 5]))))
+    return out
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(items=deliveries(), data=st.data())
+def test_the_folded_profile_is_the_profile_of_all_events(items, data):
+    order = data.draw(st.permutations(items), label="emitted in")
+    end_ns = data.draw(st.sampled_from([None, 5_000]))
+    profile, events, limit = Profile(), [], None
+    for at, (seq, ts, settle, prefetch) in enumerate(order):
+        for_profile = [(seq * 2, ts)] + ([(settle[0] * 2 + 1, settle[1])] if settle else [])
+        events += for_profile
+        limit = prefetch if limit is None else max(limit, prefetch) if prefetch is not None else limit
+        profile.limit = limit
+        for key, time in for_profile:
+            profile.add(key, time)
+        if data.draw(st.booleans(), label="fold here"):
+            unseen = [s for s, *_ in order[at + 1:]]
+            horizon = 2 * min(unseen) if unseen else None
+            if horizon is not None and data.draw(st.booleans(), label="lower"):
+                horizon = data.draw(st.integers(0, horizon), label="horizon")
+            profile.fold(horizon)
+    profile.end_ns = end_ns
+    profile.fold(None)
+    assert profile.result() == profile_oracle(events, limit, end_ns)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(st.integers(-10**6, 10**13), min_size=1, max_size=200))
+def test_the_median_is_within_its_relative_error(values):
+    histogram = {}
+    for value in values:
+        quantiles.add(histogram, value)
+    exact = sorted(values)[lower_median_index(len(values))]
+    answer = quantiles.ranked(histogram, lower_median_index(len(values)))
+    assert math.isclose(answer, exact, rel_tol=quantiles.RELATIVE_ERROR * 1.0001, abs_tol=1)
+
+
+def findings_folded(rows: list[dict], connection: dict, every_row: bool) -> list:
+    detectors = ConnectionDetectors(connection, LAB)
+    timeline = ConnectionTimeline(connection["connection_id"], "test", detectors.record)
+    for row in rows:
+        if wants_frame(row):
+            detectors.frame(row)
+        timeline.feed({name: row.get(name) for name in INPUT_COLUMNS})
+        if every_row:
+            detectors.fold(*item_horizons(timeline))
+    timeline.end()
+    detectors.context.connection = connection
+    return detectors.raw_findings()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_folding_at_the_machines_horizon_after_every_row_changes_no_finding(data):
+    frames, connections = random_connections(data, 3)
+    for connection in connections:
+        rows = [row for row in frames if row["connection_id"] == connection["connection_id"]]
+        assert findings_folded(rows, connection, True) == findings_folded(rows, connection, False)
