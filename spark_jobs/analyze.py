@@ -279,7 +279,7 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
 def _own_findings_from_stored(run: _Run, inputs: dict[str, DataFrame], thresholds: Thresholds) -> DataFrame:
     """The findings about one connection of every connection, from their stored rows (new thresholds)."""
     raw = stored_raw_findings({name: inputs[name] for name in TIMELINE_TABLES}, inputs["frames"], run.connections,
-                              None, thresholds)
+                              thresholds)
     return finished_findings(raw, inputs["frames"])
 
 

@@ -24,7 +24,6 @@ from analyzer.timeline.tables import RECORD_TYPES
 
 from .connection_pass import HEADER, RAW_FINDINGS, headers, raw_finding_rows
 from .types import spark_schema
-from .timeline.plans import of_connections
 from .timeline.wide import RECORD, prefixed, records_from_wide
 
 FRAMES, CONNECTION = "frames", "connection"
@@ -33,23 +32,20 @@ ORDER = "_frame_seq"
 
 
 def stored_raw_findings(tables: dict[str, DataFrame], frames: DataFrame, connections: DataFrame,
-                        keys: list[str] | None, thresholds, partitions: int | None = None) -> DataFrame:
-    """RAW_FINDINGS of the connections `keys` names (None: all) from
-    `tables` (the four timeline tables), `frames` and `connections` as stored."""
+                        thresholds, partitions: int | None = None) -> DataFrame:
+    """RAW_FINDINGS of every connection from `tables` (the four timeline tables), `frames` and
+    `connections` as stored."""
     spark = frames.sparkSession
     partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
 
-    def narrowed(df: DataFrame) -> DataFrame:
-        return df if keys is None else of_connections(df, keys)
-
-    parts = [narrowed(tables[name]).select(
+    parts = [tables[name].select(
         "connection_id", F.lit(name).alias(RECORD), F.lit(None).cast("bigint").alias(ORDER),
         *[F.col(slot).alias(prefixed(name, slot)) for slot in record_type.__slots__])
         for name, record_type in RECORD_TYPES.items()]
-    parts.append(narrowed(frames.where(F.col("method").isin(*FRAME_METHODS)))
+    parts.append(frames.where(F.col("method").isin(*FRAME_METHODS))
                  .select("connection_id", F.lit(FRAMES).alias(RECORD), F.col("seq").alias(ORDER),
                          *[F.col(c).alias(prefixed(FRAMES, c)) for c in FRAME_COLUMNS]))
-    parts.append(headers(narrowed(connections))
+    parts.append(headers(connections)
                  .select("connection_id", F.lit(CONNECTION).alias(RECORD), F.lit(None).cast("bigint").alias(ORDER),
                          HEADER))
     rows = parts[0]
