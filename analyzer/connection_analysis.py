@@ -61,8 +61,11 @@ class Analysed:
 class ConnectionAnalysis:
     def __init__(self, connection_id: str, agent_id: str | None, settings: Settings,
                  out_record: Callable, out_metrics: Callable[[list[dict]], None],
-                 advance_every: int = ADVANCE_EVERY_ROWS):
+                 advance_every: int = ADVANCE_EVERY_ROWS, out_open_record: Callable | None = None):
+        """`out_open_record`: where the records of what is still open when the data ends go (the
+        checkpoint's provisional ones: the next run replaces them); by default `out_record`."""
         self.out_record, self.out_metrics, self.advance_every = out_record, out_metrics, advance_every
+        self.out_open_record = out_open_record or out_record
         self.whole = WholeConnection(connection_id, agent_id, self._record, settings.bucket_ns, settings.overdue_ns)
         self.metrics: ChannelMetrics | None = ChannelMetrics(settings.bucket_seconds)
         self.detectors = ConnectionDetectors({"connection_id": connection_id}, settings.thresholds)
@@ -105,8 +108,12 @@ class ConnectionAnalysis:
         """The data ends. `connection`: its schema.CONNECTIONS row (just its connection_id when the
         table lacks it)."""
         taken = []
-        checkpoint = self.whole.finish(
-            before_open=lambda: taken.append(detectors_state(self.detectors, self.whole.timeline)))
+
+        def before_open() -> None:
+            taken.append(detectors_state(self.detectors, self.whole.timeline))
+            self.out_record = self.out_open_record
+
+        checkpoint = self.whole.finish(before_open=before_open)
         if checkpoint is not None:
             checkpoint.detectors = taken[0]
         if self.metrics is not None:
@@ -142,10 +149,13 @@ def carry_on_connection(checkpoint: Checkpoint | None, rows: Iterable[Mapping], 
     done = continue_connection(checkpoint, _frames_to(detectors, rows), settings.bucket_ns, settings.overdue_ns)
     if done.fallback:
         return CarriedOn(done, None)
+    if done.ended:
+        done.checkpoint = None  # its records are final, as a whole analysis has them; new frames: analysed whole
     for record in done.final:
         detectors.record(record)
-    done.checkpoint.detectors = detectors_state(detectors, done.checkpoint.timeline)
-    for record in done.checkpoint.provisional:
+    if done.checkpoint is not None:
+        done.checkpoint.detectors = detectors_state(detectors, done.timeline)
+    for record in done.open:
         detectors.record(record)
     return CarriedOn(done, findings_of(detectors, connection))
 

@@ -254,7 +254,7 @@ CHANNEL_METRIC_DATE_FROM = "bucket_start_ns"
 # frames version of the last run that covered everything (scope "full" or "new_data").
 ANALYSIS_RUNS = pa.schema([
     ("date", _str),                   # UTC day of started_ts
-    ("run_id", _str),
+    ("run_id", _str),                 # every Delta commit of the run carries it as `userMetadata`
     ("started_ts", _ts), ("finished_ts", _ts),
     ("scope", _str),                  # full, new_data or days (--since/--until: those days' connections again)
     ("reason", _str),                 # why this scope (first run, frames compacted, settings changed, ...)

@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analyzer import schema
-from analyzer.lake import TableWriter, read_table
+from analyzer.lake import TableWriter, open_table, read_table
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
 from analyzer.connection_analysis import Settings
@@ -41,16 +41,17 @@ from .incremental import Carried, carry_on_connections
 from .detectors import detect
 from .detectors.scoped import ACROSS_CONNECTIONS, rescoped_findings
 from .metrics_redo import pass_channel_metrics
-from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, plan_run, thresholds_json
-from .session import delta_mode as resolve_delta_mode, use_lake
+from .provisional import last_written_by_finished_run
+from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, finished_runs, plan_run, thresholds_json
+from .session import commits_tagged, delta_mode as resolve_delta_mode, use_lake
 from .steps import Steps
 from .stored_findings import stored_raw_findings
 from .thresholds import Thresholds
 from .connection_pass import STATE_TABLE, PassSummary, connection_pass, pass_rows, pass_summary
 from .timeline.plans import materialised, of_connections
-from .timeline.tables import TIMELINE_TABLES
+from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 
-OUTPUT_TABLES = {**TIMELINE_TABLES, "channel_metrics": schema.CHANNEL_METRICS, "findings": schema.FINDINGS}
+OUTPUT_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "findings": schema.FINDINGS}
 # Kept per connection: a run replaces the rows of the connections it analysed.
 PER_CONNECTION_TABLES = [*TIMELINE_TABLES, "channel_metrics"]
 
@@ -118,12 +119,20 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
     `progress`: where one line per step goes (the command line: stderr)."""
     started, started_ts = time.monotonic(), datetime.now(timezone.utc)
     use_lake(spark, lake)  # a lake Spark cannot reach fails here, before any step
+    run_id = uuid.uuid4().hex
+    with commits_tagged(spark, run_id):  # every commit of the run names it (provisional.py)
+        return _run(spark, lake, run_id, started, started_ts, since, until, delta_mode,
+                    thresholds if thresholds is not None else Thresholds(), bucket_seconds, overdue_ns, full, progress)
+
+
+def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts: datetime, since: str | None,
+         until: str | None, delta_mode: str, thresholds: Thresholds, bucket_seconds: int, overdue_ns: int,
+         full: bool, progress: TextIO | None) -> AnalysisReport:
     steps = Steps(spark, progress)
-    thresholds = thresholds if thresholds is not None else Thresholds()
     with steps.step("plan"):
         mode = resolve_delta_mode(spark, delta_mode)
         plan = plan_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds,
-                        [*OUTPUT_TABLES, STATE_TABLE])
+                        [*OUTPUT_TABLES, STATE_TABLE], flagged_tables=tuple(PER_CONNECTION_TABLES))
         all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
         connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)
         keys = None if plan.scope == FULL else _connections_in_scope(spark, lake, plan, mode)
@@ -134,14 +143,14 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
         report.reason += "; nothing to analyse"
         _count_findings(lake, report)
         if plan.new_files or plan.scope != NEW_DATA:
-            _log_run(lake, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
+            _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
         return _finished(report, started, steps)
 
     own_findings = _per_connection_tables(run, all_frames, report) if keys != [] else None
     with steps.step("findings"):
         _refresh_findings(run, own_findings, all_frames, thresholds)
         report.rows["findings"] = _count_findings(lake, report)
-    _log_run(lake, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
+    _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
     return _finished(report, started, steps)
 
 
@@ -205,15 +214,27 @@ def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carri
             write_delta(rows, run.lake, name, table_schema, mode="overwrite", delta_mode=run.mode)
         else:
             matches = analysed_whole + (carried.matches[name] if carried is not None else [])
-            replace_matching(rows, run.lake, name, table_schema, matches, delta_mode=run.mode)
+            replace_matching(rows, run.lake, name, table_schema, matches, delta_mode=run.mode,
+                             provisional_only=name in narrowed)
         if name != STATE_TABLE:
             report.rows[name] = whole_rows.get(name, 0) + (carried.rows[name] if carried is not None else 0)
 
+    narrowed = _provisional_only(run, analysed_whole)
     # Spark's job group (Steps counts the run's jobs by it) is a thread-local property: inherited.
     with ThreadPoolExecutor(max_workers=len(outputs)) as pool:
         for done in [pool.submit(inheritable_thread_target(run.spark)(write), name) for name in outputs]:
             done.result()
     report.rows = {name: report.rows[name] for name in outputs if name in report.rows}
+
+
+def _provisional_only(run: _Run, analysed_whole: list) -> set[str]:
+    """The tables where the rows this run replaces can only be provisional ones (provisional.py):
+    every connection is carried on from its checkpoint, and no commit since a finished run's."""
+    if run.plan.scope != NEW_DATA or analysed_whole:
+        return set()
+    finished = finished_runs(run.lake)
+    return {name for name in PER_CONNECTION_TABLES
+            if last_written_by_finished_run(open_table(run.lake, name), finished)}
 
 
 def _report_carried(carried: Carried, report: AnalysisReport) -> None:
@@ -294,10 +315,10 @@ def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: 
     return sorted(r["connection_id"] for r in ids.where(F.col("connection_id").isNotNull()).distinct().collect())
 
 
-def _log_run(lake: str, plan: RunScope, report: AnalysisReport, started_ts: datetime, bucket_seconds: int,
-             overdue_ns: int, thresholds: Thresholds) -> None:
+def _log_run(lake: str, run_id: str, plan: RunScope, report: AnalysisReport, started_ts: datetime,
+             bucket_seconds: int, overdue_ns: int, thresholds: Thresholds) -> None:
     finished_ts = datetime.now(timezone.utc)
-    row = {"date": started_ts.date().isoformat(), "run_id": uuid.uuid4().hex, "started_ts": started_ts,
+    row = {"date": started_ts.date().isoformat(), "run_id": run_id, "started_ts": started_ts,
            "finished_ts": finished_ts, "scope": plan.scope, "reason": report.reason, "since": plan.since,
            "until": plan.until, "frames_version": plan.frames_version, "baseline_version": plan.baseline_version,
            "connections": report.connections, "frames": report.frames, "bucket_seconds": bucket_seconds,

@@ -33,7 +33,8 @@ from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
 from .detectors.messages import came_back
-from .timeline.tables import TIMELINE_TABLES
+from .provisional import flagged, metric_flags, open_buckets
+from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 from .timeline.wide import RECORD, from_wide, to_wide, wide_schema
 from .types import spark_schema
 
@@ -46,7 +47,7 @@ TALLY = pa.schema([("connection_id", pa.string()), ("frames", pa.int64()), ("met
 RAW_FINDINGS = pa.schema([("connection_id", pa.string()), ("connection", pa.string()), ("finding", pa.string()),
                           ("seqs", pa.list_(pa.int64()))])
 STATE_TABLE = "analysis_state"
-PASS_TABLES = {**TIMELINE_TABLES, "channel_metrics": schema.CHANNEL_METRICS, "raw_findings": RAW_FINDINGS,
+PASS_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "raw_findings": RAW_FINDINGS,
                STATE_TABLE: schema.ANALYSIS_STATE, "tally": TALLY}
 WIDE = wide_schema(PASS_TABLES)
 # The pass's outputs counted by pass_summary: the tables of the lake, and the findings before their packets.
@@ -121,7 +122,9 @@ class _Partition:
         self.flush_records, self.advance_every = flush_records, advance_every
         # Emptied in place by each flush, never replaced: a connection's machine keeps appending to them.
         self.records: list = []
+        self.open_records: list = []    # the checkpoints' provisional records (provisional.py)
         self.metrics: list[dict] = []
+        self.open_buckets: dict[str, tuple] = {}   # connection -> provisional.open_buckets, till the flush
         self.rows: dict[str, list[dict]] = {"raw_findings": [], STATE_TABLE: [], "tally": []}
         self.header: dict | None = None
 
@@ -140,9 +143,11 @@ class _Partition:
                     if self.header is not None and self.header["connection_id"] != connection_id:
                         self.header = None
                     current = ConnectionAnalysis(connection_id, row["agent_id"], self.settings,
-                                                 self.records.append, self.metrics.extend, self.advance_every)
+                                                 self.records.append, self.metrics.extend, self.advance_every,
+                                                 self.open_records.append)
                 current.feed(row)
-            if len(self.records) + len(self.metrics) + len(self.rows[STATE_TABLE]) >= self.flush_records:
+            if len(self.records) + len(self.open_records) + len(self.metrics) + len(self.rows[STATE_TABLE]) \
+                    >= self.flush_records:
                 yield from self._flush()
         if current is not None:
             self._finish(current)
@@ -156,20 +161,23 @@ class _Partition:
         timeline = analysis.whole.timeline
         self.rows["tally"].append({"connection_id": timeline.id, "frames": analysis.rows,
                                    "metrics_redo": done.metrics_redo})
-        self.rows[STATE_TABLE].append(state_row(done.checkpoint, self.frames_version) if done.checkpoint is not None else {
-            "connection_id": timeline.id, "frames_version": self.frames_version, "last_seq": timeline.last_seq,
-            "last_ts_ns": timeline.last_ts_ns, "carried_records": 0})
+        if done.checkpoint is not None:
+            self.open_buckets[timeline.id] = open_buckets(done.checkpoint)
+        self.rows[STATE_TABLE].append(state_row(done.checkpoint, timeline, self.frames_version))
 
     def _flush(self) -> Iterator[pa.RecordBatch]:
-        if not (self.records or self.metrics or any(self.rows.values())):
+        if not (self.records or self.open_records or self.metrics or any(self.rows.values())):
             return
-        parts = [(name, None, to_table(self.records, record_type)) for name, record_type in RECORD_TYPES.items()]
-        parts += [("channel_metrics", None, metrics_table(self.metrics)),
+        parts = [(name, None, pa.concat_tables([flagged(to_table(self.records, record_type), False),
+                                                flagged(to_table(self.open_records, record_type), True)]))
+                 for name, record_type in RECORD_TYPES.items()]
+        parts += [("channel_metrics", None, flagged(metrics_table(self.metrics),
+                                                    metric_flags(self.metrics, self.open_buckets))),
                   ("raw_findings", None, pa.Table.from_pylist(self.rows["raw_findings"], schema=RAW_FINDINGS)),
                   (STATE_TABLE, None, states_table(self.rows[STATE_TABLE])),
                   ("tally", None, pa.Table.from_pylist(self.rows["tally"], schema=TALLY))]
         wide = to_wide(WIDE, parts)
-        for gathered in (self.records, self.metrics, *self.rows.values()):
+        for gathered in (self.records, self.open_records, self.metrics, self.open_buckets, *self.rows.values()):
             gathered.clear()
         yield from wide.to_batches()
 
@@ -181,11 +189,15 @@ def raw_finding_rows(connection: dict, raw_findings: list) -> list[dict]:
              "finding": json.dumps(asdict(raw)), "seqs": evidence_seqs([raw])} for raw in raw_findings]
 
 
-def state_row(checkpoint: Checkpoint, frames_version: int | None) -> dict:
-    """The analysis_state row of a connection the next run carries on from this checkpoint."""
-    timeline = checkpoint.timeline
-    return {"connection_id": timeline.id, "frames_version": frames_version, "last_seq": timeline.last_seq,
-            "last_ts_ns": timeline.last_ts_ns, "boundary_ns": checkpoint.boundary_ns,
+def state_row(checkpoint: Checkpoint | None, timeline, frames_version: int | None) -> dict:
+    """The analysis_state row of a connection after its last frame (`timeline`: its state): the
+    checkpoint the next run carries it on from, or none (it ended: new frames of it are analysed
+    whole)."""
+    row = {"connection_id": timeline.id, "frames_version": frames_version, "last_seq": timeline.last_seq,
+           "last_ts_ns": timeline.last_ts_ns, "carried_records": 0}
+    if checkpoint is None:
+        return row
+    return {**row, "boundary_ns": checkpoint.boundary_ns,
             "carried_records": len(checkpoint.provisional) + len(checkpoint.boundary),
             "format": FORMAT, "checkpoint": dump(checkpoint)}
 

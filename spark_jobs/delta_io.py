@@ -27,12 +27,15 @@ from analyzer.lake import committed, open_table
 from analyzer.schema import PARTITION_BY
 
 from . import session
-from .table_files import (TRANSACTION_VERSION, commit, delete_staging, files_to_read, new_staging_folder,
-                          place_written_files, relative_in_table, snapshot_files, spark_location)
+from .provisional import PROVISIONAL, files_with_provisional_rows
+from .table_files import (TRANSACTION_VERSION, commit, commit_properties, delete_staging, files_to_read,
+                          new_staging_folder, place_written_files, relative_in_table, snapshot_files, spark_location)
 from .timeline.plans import IN_LIST_CONNECTIONS, lookup
 from .types import spark_schema
 
 SAVE_MODES = ("append", "overwrite")
+# The column a write of provisional and final rows is split by (a Spark partition, not a Delta one).
+SPLIT_BY_PROVISIONAL = "provisional_rows"
 
 
 def read_delta(spark: SparkSession, lake: str, name: str, schema: pa.Schema | None = None, mode: str = "auto",
@@ -143,13 +146,16 @@ def replace_rows(df: DataFrame, lake: str, name: str, schema: pa.Schema, key: st
 
 
 def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, matches: list[Match | Listed],
-                     partition_by: list[str] = PARTITION_BY, delta_mode: str = "auto") -> int | None:
+                     partition_by: list[str] = PARTITION_BY, delta_mode: str = "auto",
+                     provisional_only: bool = False) -> int | None:
     """Delete the rows any of `matches` names and append the rows of `df`, in one commit.
 
     Copy-on-write, as Delta's MERGE does it: only the files holding such rows are rewritten
     (their other rows copied), the rest of the table is untouched. Done the bridge's way (Spark
     writes Parquet, delta-rs commits) on both paths: delta-spark reads the result like any commit.
-    Returns the new table version, or None when there was nothing to do."""
+    `provisional_only`: the caller knows every such row is a provisional one (provisional.py), so
+    only the files that may hold those are searched. Returns the new table version, or None when
+    there was nothing to do."""
     route = session.delta_mode(df.sparkSession, delta_mode)
     data = _schema_contract(df, spark_schema(schema))
     location = os.path.join(lake, name)
@@ -159,9 +165,11 @@ def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, mat
     spark = df.sparkSession
     struct = spark_schema(schema)
     logged = snapshot_files(table)
+    searched = files_with_provisional_rows(table) if provisional_only else None
     touched, kept = [], spark.createDataFrame([], struct)
-    if logged and matches:
-        current = _read_bridge(spark, table, location, struct, None, None).withColumn("_file", F.col("_metadata.file_path"))
+    if logged and matches and searched != set():
+        current = (_read_bridge(spark, table, location, struct, None, None, searched)
+                   .withColumn("_file", F.col("_metadata.file_path")))
         marked = _marked(current, matches)
         # Spark names files by URI; the Delta log by path relative to the table.
         touched = sorted(r["_file"] for r in marked.where(F.col("_doomed")).select("_file").distinct().collect())
@@ -175,7 +183,8 @@ def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, mat
     removes = [RemoveAction(path, True, now, logged[path].size, logged[path].partition_values)
                for path in (relative_in_table(uri, base) for uri in touched)]
     # A concurrent writer removing one of these files makes this commit fail rather than lose its rows.
-    table.create_write_transaction([*removes, *adds], mode="append", schema=schema, partition_by=partition_by)
+    table.create_write_transaction([*removes, *adds], mode="append", schema=schema, partition_by=partition_by,
+                                   commit_properties=commit_properties(session.commit_tag(spark)))
     return open_table(lake, name).version()
 
 
@@ -233,9 +242,10 @@ def _utc_day(value: date | str | None) -> str | None:
 # --- bridge ---------------------------------------------------------------------------------------
 
 def _read_bridge(spark: SparkSession, table: DeltaTable, location: str, struct: T.StructType,
-                 since: str | None, until: str | None) -> DataFrame:
-    """Spark reads exactly the snapshot's files (table_files.files_to_read checks their folders)."""
-    snapshot = files_to_read(table, location, since, until)
+                 since: str | None, until: str | None, only: set[str] | None = None) -> DataFrame:
+    """Spark reads exactly the snapshot's files (table_files.files_to_read checks their folders);
+    `only`: just these of them."""
+    snapshot = files_to_read(table, location, since, until, only)
     if not snapshot.files:
         return spark.createDataFrame([], struct)
     return spark.read.schema(struct).option("basePath", snapshot.base).parquet(*snapshot.files)
@@ -247,17 +257,22 @@ def _write_bridge(data: DataFrame, path: str, schema: pa.Schema, app_id: str | N
 
     Until the commit, nothing in the log names them, so no reader sees a partial write."""
     # "overwrite" removes every file of the snapshot in this same commit.
-    commit(path, schema, _write_parquet(data, path, partition_by), partition_by, app_id, mode)
+    commit(path, schema, _write_parquet(data, path, partition_by), partition_by, app_id, mode,
+           tag=session.commit_tag(data.sparkSession))
 
 
 def _write_parquet(data: DataFrame, location: str, partition_by: list[str]) -> list[AddAction]:
     """Spark writes `data` to a staging folder of the table at `location`; the files, placed in the
-    table's partition folders, as add actions."""
+    table's partition folders, as add actions. Provisional rows (provisional.py) go to files of
+    their own: Spark splits the write by the flag as by a partition, one folder level below."""
     staging = new_staging_folder()
+    split = SPLIT_BY_PROVISIONAL if PROVISIONAL in data.columns else None
+    if split:
+        data = data.withColumn(split, F.col(PROVISIONAL))
     try:
-        (data.write.partitionBy(*partition_by).option("compression", "zstd")
+        (data.write.partitionBy(*partition_by, *([split] if split else [])).option("compression", "zstd")
          .parquet(f"{spark_location(location)}/{staging}"))
-        return place_written_files(location, staging, partition_by)
+        return place_written_files(location, staging, partition_by, split, stats_of=(PROVISIONAL,) if split else ())
     finally:
         delete_staging(location, staging)
 
@@ -266,6 +281,9 @@ def _write_parquet(data: DataFrame, location: str, partition_by: list[str]) -> l
 
 def _write_native(data: DataFrame, path: str, app_id: str | None, mode: str, partition_by: list[str]) -> None:
     writer = data.write.format("delta").mode(mode).partitionBy(*partition_by)
+    if mode == "overwrite":
+        # Replacing a table written by an older ackscope (without `provisional`) replaces its schema too.
+        writer = writer.option("overwriteSchema", "true")
     if app_id is not None:
         # delta-spark skips a write whose app id the table already has at this version.
         writer = writer.option("txnAppId", app_id).option("txnVersion", TRANSACTION_VERSION)

@@ -8,14 +8,17 @@ over the records the pass wrote, only for those connections.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from analyzer import schema
 from analyzer.timeline.metrics import channel_metrics, to_table
 from analyzer.timeline.tables import RECORD_TYPES
 
+from .connection_pass import STATE_TABLE
+from .provisional import PROVISIONAL, flagged, metric_flags
 from .timeline.plans import materialised
+from .timeline.tables import CHANNEL_METRICS
 from .timeline.wide import RECORD, from_wide, prefixed, records_from_wide
 from .types import spark_schema
 
@@ -26,7 +29,7 @@ METRIC_RECORDS = ("deliveries", "publishes", "channels")
 def pass_channel_metrics(wide: DataFrame, redo: list[str], bucket_seconds: int) -> DataFrame:
     """The channel_metrics of the pass's (materialised) wide table: as streamed, except for the
     connections in `redo` (connection_pass.PassSummary.metrics_redo), computed again."""
-    streamed = from_wide(wide, "channel_metrics", schema.CHANNEL_METRICS)
+    streamed = from_wide(wide, "channel_metrics", CHANNEL_METRICS)
     if not redo:
         return streamed
     return materialised(streamed.where(~F.col("connection_id").isin(*redo))
@@ -34,16 +37,32 @@ def pass_channel_metrics(wide: DataFrame, redo: list[str], bucket_seconds: int) 
 
 
 def metrics_again(wide: DataFrame, connection_ids: list[str], bucket_seconds: int) -> DataFrame:
-    """schema.CHANNEL_METRICS rows of these connections, from the pass's wide table."""
-    owner = F.coalesce(*[F.col(prefixed(name, "connection_id")) for name in METRIC_RECORDS])
-    rows = (wide.where(F.col(RECORD).isin(*METRIC_RECORDS)).withColumn("_connection", owner)
+    """Stored channel_metrics rows of these connections, from the pass's wide table (its records,
+    and its checkpoint for which rows are provisional)."""
+    owner = F.coalesce(*[F.col(prefixed(name, "connection_id")) for name in (*METRIC_RECORDS, STATE_TABLE)])
+    rows = (wide.where(F.col(RECORD).isin(*METRIC_RECORDS, STATE_TABLE)).withColumn("_connection", owner)
             .where(F.col("_connection").isin(*connection_ids)))
 
     def one_connection(records: pa.Table) -> pa.Table:
-        return to_table(channel_metrics(_records(records), bucket_seconds))
+        metrics = channel_metrics(_records(records), bucket_seconds)
+        return flagged(to_table(metrics), metric_flags(metrics, _open_buckets(records)))
 
-    return rows.groupBy("_connection").applyInArrow(one_connection, spark_schema(schema.CHANNEL_METRICS))
+    return rows.groupBy("_connection").applyInArrow(one_connection, spark_schema(CHANNEL_METRICS))
 
 
 def _records(wide: pa.Table) -> list:
     return [x for name in METRIC_RECORDS for x in records_from_wide(wide, name, RECORD_TYPES[name])]
+
+
+def _open_buckets(wide: pa.Table) -> dict[str, tuple]:
+    """provisional.open_buckets of the connection, from its rows of the wide table: its checkpoint's
+    boundary bucket and the incarnations whose facts are provisional (still open)."""
+    state = wide.filter(pc.equal(wide.column(RECORD), STATE_TABLE)).to_pylist()
+    if not state or state[0][prefixed(STATE_TABLE, "checkpoint")] is None:
+        return {}
+    channels = wide.filter(pc.and_(pc.equal(wide.column(RECORD), "channels"),
+                                   pc.equal(wide.column(prefixed("channels", PROVISIONAL)), True)))
+    live = frozenset(zip(channels.column(prefixed("channels", "channel")).to_pylist(),
+                         channels.column(prefixed("channels", "incarnation")).to_pylist()))
+    row = state[0]
+    return {row[prefixed(STATE_TABLE, "connection_id")]: (row[prefixed(STATE_TABLE, "boundary_ns")], live)}

@@ -23,9 +23,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+import pyarrow as pa
+
 from analyzer import schema
 from analyzer.lake import open_table, read_table
 
+from .provisional import PROVISIONAL
 from .table_files import changes_between
 from .thresholds import Thresholds
 
@@ -47,7 +50,10 @@ class RunScope:
 
 
 def plan_run(lake: str, since: str | None, until: str | None, full: bool, bucket_seconds: int,
-             overdue_ns: int, thresholds: Thresholds, output_tables: list[str]) -> RunScope:
+             overdue_ns: int, thresholds: Thresholds, output_tables: list[str],
+             flagged_tables: tuple[str, ...] = ()) -> RunScope:
+    """`flagged_tables`: the output tables with the `provisional` column (provisional.py): one
+    written before it existed is replaced whole."""
     frames = open_table(lake, "frames")
     if frames is None:
         raise FileNotFoundError(f"no frames table in {lake}")
@@ -62,6 +68,11 @@ def plan_run(lake: str, since: str | None, until: str | None, full: bool, bucket
     missing = [name for name in output_tables if open_table(lake, name) is None]
     if missing:
         return RunScope(FULL, f"output table(s) {', '.join(missing)} missing", version)
+    older = [name for name in flagged_tables
+             if PROVISIONAL not in pa.schema(open_table(lake, name).schema().to_arrow()).names]
+    if older:
+        return RunScope(FULL, f"output table(s) {', '.join(older)} written by an older ackscope "
+                              f"(no {PROVISIONAL} column)", version)
     if (last["bucket_seconds"], last["overdue_ns"]) != (bucket_seconds, overdue_ns):
         return RunScope(FULL, f"--bucket-seconds/--overdue-seconds differ from the last run's "
                               f"({last['bucket_seconds']} s, {last['overdue_ns'] / 1e9:g} s)", version)
@@ -84,6 +95,12 @@ def last_complete_run(lake: str) -> dict | None:
         return None
     complete = [r for r in runs.to_pylist() if r["scope"] in COMPLETE_SCOPES]
     return max(complete, key=lambda r: (r["frames_version"], r["finished_ts"]), default=None)
+
+
+def finished_runs(lake: str) -> set[str]:
+    """The ids of the runs that finished (logged), whatever their scope."""
+    runs = read_table(lake, RUNS_TABLE, schema.ANALYSIS_RUNS, columns=["run_id"])
+    return set(runs["run_id"].to_pylist()) if runs is not None else set()
 
 
 def thresholds_json(thresholds: Thresholds) -> str:

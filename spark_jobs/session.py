@@ -13,6 +13,8 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
 
@@ -140,6 +142,24 @@ def _s3a_problem(spark: SparkSession) -> str | None:
     return (f"Spark cannot reach it: the hadoop-aws JAR and the AWS SDK bundle it needs are not on its classpath "
             f"({', '.join(missing)} cannot be loaded). Add them for this Spark's Hadoop {hadoop}: spark-submit "
             f"--packages org.apache.hadoop:hadoop-aws:{hadoop} (Maven brings the SDK bundle), or both JARs in {jars}")
+
+
+# delta-spark writes this session setting into each commit's `userMetadata`; the bridge does too.
+COMMIT_TAG_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+@contextmanager
+def commits_tagged(spark: SparkSession, tag: str) -> Iterator[None]:
+    """Every Delta commit the session makes meanwhile carries `tag` (provisional.py: the run id)."""
+    spark.conf.set(COMMIT_TAG_CONF, tag)
+    try:
+        yield
+    finally:
+        spark.conf.unset(COMMIT_TAG_CONF)
+
+
+def commit_tag(spark: SparkSession) -> str | None:
+    return spark.conf.get(COMMIT_TAG_CONF, None)
 
 
 def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memory: str | None = None) -> SparkSession:

@@ -92,8 +92,10 @@ class SparkRead:
     files: tuple[str, ...]
 
 
-def files_to_read(table: DeltaTable, location: str, since: str | None, until: str | None) -> SparkRead:
-    """The snapshot's files on the `date` partitions from `since` to `until` (inclusive, None: open).
+def files_to_read(table: DeltaTable, location: str, since: str | None, until: str | None,
+                  only: set[str] | None = None) -> SparkRead:
+    """The snapshot's files on the `date` partitions from `since` to `until` (inclusive, None: open);
+    `only`: just these of them (paths relative to the table, as snapshot_files names them).
 
     Spark takes partition values from folder names, as a constant per file at no cost per row. Both
     delta-rs and delta-spark lay files out that way, but the log is the truth: a file whose folders
@@ -102,7 +104,7 @@ def files_to_read(table: DeltaTable, location: str, since: str | None, until: st
     base = spark_location(location)
     files = []
     for relative, file in snapshot_files(table).items():
-        if _day_selected(file.partition_values.get("date"), since, until):
+        if (only is None or relative in only) and _day_selected(file.partition_values.get("date"), since, until):
             _check_partition_folders(relative, file.partition_values)
             files.append(f"{base}/{relative}")
     return SparkRead(base, tuple(files))
@@ -205,28 +207,57 @@ def new_staging_folder() -> str:
     return f"{STAGING_DIR}/{uuid.uuid4().hex}"
 
 
-def place_written_files(location: str, staging: str, partition_by: list[str]) -> list[AddAction]:
+def place_written_files(location: str, staging: str, partition_by: list[str], split_by: str | None = None,
+                        stats_of: tuple[str, ...] = ()) -> list[AddAction]:
     """Move the data files Spark wrote under `staging` to the same partition folders of the table at
-    `location`; their add actions (size from the store's listing, row count from each file's footer).
-    Spark's `_SUCCESS` and `.crc` files and an uncleared `_temporary` are not data: they stay behind."""
+    `location`; their add actions (size from the store's listing, row count and the min, max and
+    null count of the `stats_of` columns from each file's footer). `split_by`: one more folder level
+    Spark wrote below the partitions (a write split by a column that is not a partition of the
+    table), dropped, its value kept in the file's name. Spark's `_SUCCESS` and `.crc` files and an
+    uncleared `_temporary` are not data: they stay behind."""
     fs, root = filesystem(location)
     listed = fs.get_file_info(pafs.FileSelector(f"{root}/{staging}", recursive=True, allow_not_found=True))
+    levels = [*partition_by, *([split_by] if split_by else [])]
     actions = []
     for info in sorted((i for i in listed if i.type == pafs.FileType.File), key=lambda i: i.path):
-        relative = posixpath.relpath(info.path, f"{root}/{staging}")
-        if any(part.startswith(("_", ".")) for part in relative.split("/")):
+        written = posixpath.relpath(info.path, f"{root}/{staging}")
+        if any(part.startswith(("_", ".")) for part in written.split("/")):
             continue
-        values = folder_partition_values(relative)
-        if list(values) != list(partition_by) or relative.count("/") != len(partition_by):
-            raise RuntimeError(f"Spark wrote {relative}, not under folders for partitions {partition_by}")
+        values = folder_partition_values(written)
+        if list(values) != levels or written.count("/") != len(levels):
+            raise RuntimeError(f"Spark wrote {written}, not under folders for {levels}")
+        folders, name = written.split("/")[:len(partition_by)], posixpath.basename(written)
+        if split_by:
+            # Spark numbers each folder's files from c000 again: the split value keeps the names apart.
+            name = f"{split_by}-{values.pop(split_by)}-{name}"
+        relative = "/".join([*folders, name])
         target = f"{root}/{relative}"
         make_dir_in(fs, posixpath.dirname(target))
         fs.move(info.path, target)
-        stats = {"numRecords": pq.read_metadata(target, filesystem=fs).num_rows}
         # delta-rs URI-encodes the path as it writes the log: give it the plain one.
         actions.append(AddAction(relative, info.size, values, int(info.mtime.timestamp() * 1000), True,
-                                 json.dumps(stats)))
+                                 json.dumps(_file_stats(pq.read_metadata(target, filesystem=fs), stats_of))))
     return actions
+
+
+def _file_stats(footer: pq.FileMetaData, columns: tuple[str, ...]) -> dict:
+    """Delta's per-file statistics of these columns, from the Parquet row groups' own; a column
+    some row group keeps no statistics for is left out (readers then assume nothing of it)."""
+    stats = {"numRecords": footer.num_rows}
+    names = [footer.schema.column(i).name for i in range(footer.num_columns)]
+    for column in columns:
+        if column not in names:
+            continue
+        index = names.index(column)
+        groups = [footer.row_group(g).column(index).statistics for g in range(footer.num_row_groups)]
+        if not groups or any(g is None or not g.has_min_max for g in groups):
+            if groups and all(g is not None and g.null_count == g.num_values for g in groups):
+                stats.setdefault("nullCount", {})[column] = footer.num_rows
+            continue
+        stats.setdefault("minValues", {})[column] = min(g.min for g in groups)
+        stats.setdefault("maxValues", {})[column] = max(g.max for g in groups)
+        stats.setdefault("nullCount", {})[column] = sum(g.null_count for g in groups)
+    return stats
 
 
 def delete_staging(location: str, staging: str) -> None:
@@ -239,11 +270,18 @@ def delete_staging(location: str, staging: str) -> None:
 
 
 def commit(location: str, schema: pa.Schema, actions: list, partition_by: list[str], app_id: str | None = None,
-           mode: str = "append") -> None:
+           mode: str = "append", tag: str | None = None) -> None:
     """Add (with `mode="overwrite"`: replace the snapshot with) these files in one commit, creating
     the table if there is none; tagged with the app transaction `app_id` (version 1, as
-    analyzer.lake.TableWriter and delta-spark's `txnAppId` writes are here)."""
+    analyzer.lake.TableWriter and delta-spark's `txnAppId` writes are here) and `tag` (commit_properties)."""
     table = open_or_create(location, schema, partition_by)
     transactions = [Transaction(app_id, TRANSACTION_VERSION)] if app_id is not None else None
     table.create_write_transaction(actions, mode=mode, schema=schema, partition_by=partition_by,
-                                   commit_properties=CommitProperties(app_transactions=transactions))
+                                   commit_properties=commit_properties(tag, transactions))
+
+
+def commit_properties(tag: str | None, transactions: list | None = None) -> CommitProperties:
+    """A commit's properties: its app transactions, and `tag` as its `userMetadata` (where
+    delta-spark keeps its session's spark.databricks.delta.commitInfo.userMetadata)."""
+    return CommitProperties(custom_metadata={"userMetadata": tag} if tag is not None else None,
+                            app_transactions=transactions)

@@ -21,12 +21,14 @@ from analyzer.detectors import detect_connection
 from analyzer.ingest import ingest_file
 from analyzer.rows import dicts_to_table
 from analyzer.timeline import INPUT_COLUMNS, replay, to_tables
+from analyzer.timeline.tables import RECORD_TYPES
 from analyzer.timeline.carry import continue_connection, load
 from analyzer.timeline.metrics import channel_metrics
 from analyzer.timeline.metrics import to_table as metrics_table
 from spark_jobs.connection_pass import STATE_TABLE, connection_pass, pass_rows, pass_summary
 from spark_jobs.evidence_packets import finished_findings
 from spark_jobs.metrics_redo import pass_channel_metrics
+from spark_jobs.provisional import PROVISIONAL
 from spark_jobs.timeline.tables import TIMELINE_TABLES
 
 from .conftest import ROOT
@@ -99,8 +101,11 @@ def expected_outputs(frames: list[dict], connections: list[dict], overdue_ns: in
     return expected
 
 
-def assert_same_tables(got: dict, expected: dict):
+def assert_same_tables(got: dict, expected: dict, states: dict):
+    """The pass's tables are the reference's, plus `provisional` (assert_provisional)."""
     assert_same(got["findings"], expected["findings"])
+    assert_provisional(got, states)
+    got = {name: got[name].drop_columns([PROVISIONAL]) for name in [*TIMELINE_TABLES, "channel_metrics"]}
     for name in [*TIMELINE_TABLES, "channel_metrics"]:
         assert got[name].schema == expected[name].schema, name
         if not got[name].equals(expected[name]):
@@ -108,6 +113,31 @@ def assert_same_tables(got: dict, expected: dict):
             assert len(rows) == len(want), (name, len(rows), len(want))
             for row, wanted in zip(rows, want):
                 assert row == wanted, (name, {k: (row[k], wanted[k]) for k in row if row[k] != wanted[k]})
+
+
+def assert_provisional(got: dict, states: dict):
+    """Flagged provisional: exactly the rows of the checkpoint's provisional records (what was open
+    when the data ended), and the channel_metrics buckets of the incarnations still open from the
+    checkpoint's boundary bucket on; nothing of a connection without a checkpoint."""
+    table_of = {record_type: name for name, record_type in RECORD_TYPES.items()}
+    open_keys, live, boundary = {name: set() for name in TIMELINE_TABLES}, set(), {}
+    for connection_id, state in states.items():
+        if state["checkpoint"] is None:
+            continue
+        checkpoint = load(state["checkpoint"])
+        boundary[connection_id] = checkpoint.boundary_ns
+        for record in checkpoint.provisional:
+            name = table_of[type(record)]
+            open_keys[name].add((connection_id, *(getattr(record, k) for k in KEYS[name][1:])))
+            if name == "channels":
+                live.add((connection_id, record.channel, record.incarnation))
+    for name in TIMELINE_TABLES:
+        flagged = {tuple(row[k] for k in KEYS[name]) for row in got[name].to_pylist() if row[PROVISIONAL]}
+        assert flagged == open_keys[name], name
+        assert None not in got[name].column(PROVISIONAL).to_pylist(), name
+    for row in got["channel_metrics"].to_pylist():
+        where = (row["connection_id"], row["channel"], row["incarnation"])
+        assert row[PROVISIONAL] == (where in live and row["bucket_start_ns"] >= boundary[row["connection_id"]]), row
 
 
 def assert_checkpoints(states: dict, by_connection: dict, overdue_ns: int):
@@ -150,7 +180,7 @@ def test_the_pass_equals_the_reference_model_on_random_traffic(spark, small_batc
                                   partitions=data.draw(st.sampled_from([1, 3, 8]), label="partitions"),
                                   flush_records=data.draw(st.sampled_from([1, 3, 50_000]), label="flush"),
                                   advance_every=data.draw(st.sampled_from([1, 7, 4096]), label="advance"))
-    assert_same_tables(got, expected_outputs(frames, connections, OVERDUE_NS))
+    assert_same_tables(got, expected_outputs(frames, connections, OVERDUE_NS), states)
     by_connection = _by_connection(frames)
     assert tally == {k: len(v) for k, v in by_connection.items()}
     assert_checkpoints(states, by_connection, OVERDUE_NS)
@@ -167,7 +197,7 @@ def test_the_pass_equals_the_reference_model_on_recorded_captures(spark, tmp_pat
     connections = lake.read_table(str(tmp_path), "connections", schema.CONNECTIONS)
     got, states, tally, _redo = run_pass(spark, frames, connections, 60 * 10**9, partitions=4, flush_records=5,
                                   advance_every=3)
-    assert_same_tables(got, expected_outputs(frames.to_pylist(), connections.to_pylist(), 60 * 10**9))
+    assert_same_tables(got, expected_outputs(frames.to_pylist(), connections.to_pylist(), 60 * 10**9), states)
     by_connection = _by_connection(frames.to_pylist())
     assert tally == {k: len(v) for k, v in by_connection.items()}
     assert_checkpoints(states, by_connection, 60 * 10**9)
@@ -192,7 +222,7 @@ def test_frame_times_going_back_make_the_metrics_of_that_connection_computed_aga
     frames = [dict(row, ts_ns=row["ts_ns"] - 30 * BUCKET_NS) if row["connection_id"] == stepped and row["seq"] in back
               else row for row in frames]
     connections = lake.read_table(str(tmp_path), "connections", schema.CONNECTIONS)
-    got, _states, _tally, redo = run_pass(spark, pa.Table.from_pylist(frames, schema=INPUT_SCHEMA), connections,
-                                          60 * 10**9, partitions=2, advance_every=1)
+    got, states, _tally, redo = run_pass(spark, pa.Table.from_pylist(frames, schema=INPUT_SCHEMA), connections,
+                                         60 * 10**9, partitions=2, advance_every=1)
     assert redo == [stepped]
-    assert_same_tables(got, expected_outputs(frames, connections.to_pylist(), 60 * 10**9))
+    assert_same_tables(got, expected_outputs(frames, connections.to_pylist(), 60 * 10**9), states)

@@ -68,16 +68,18 @@ def analysed_whole(rows: list[dict], connection: dict, advance_every: int = 4096
 def carried_in_pieces(rows: list[dict], connection: dict, cuts: list[int]) -> tuple[list, list[str]]:
     """The raw findings of the last of the runs, one per piece, each resuming the checkpoint the one
     before stored (a run that falls back analyses the connection from its start, as Spark does)."""
-    checkpoint, fallbacks, raw = None, [], None
+    checkpoint, fallbacks, raw, ended = None, [], None, False
     for start, stop in zip([0, *cuts], [*cuts, len(rows)]):
         if start == stop:
             continue
-        carried = carry_on_connection(checkpoint, rows[start:stop], SETTINGS, connection)
-        if carried.continued.fallback:
-            fallbacks.append(carried.continued.fallback)
+        # A connection that ended keeps no checkpoint: frames after its end are analysed with all before.
+        carried = carry_on_connection(checkpoint, rows[start:stop], SETTINGS, connection) if not ended else None
+        if carried is None or carried.continued.fallback:
+            fallbacks.append(carried.continued.fallback if carried is not None else "ended")
             carried = carry_on_connection(None, rows[:stop], SETTINGS, connection)
         raw = carried.raw_findings
-        checkpoint = load(dump(carried.continued.checkpoint))
+        ended = carried.continued.checkpoint is None
+        checkpoint = None if ended else load(dump(carried.continued.checkpoint))
     return raw, fallbacks
 
 

@@ -19,8 +19,9 @@ from deltalake import DeltaTable
 
 from analyzer import lake, schema
 from analyzer.ingest import ingest_file
-from spark_jobs.analyze import OUTPUT_TABLES, analyze
-from spark_jobs.run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, plan_run
+from spark_jobs.analyze import OUTPUT_TABLES, PER_CONNECTION_TABLES, analyze
+from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
+from spark_jobs.run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, finished_runs, plan_run
 from spark_jobs.thresholds import Thresholds
 
 from .conftest import ROOT
@@ -191,6 +192,9 @@ def test_scope_planner(tmp_path, traffic):
     assert _plan(lake_dir, since="2026-03-15").scope == DAYS
     assert _plan(lake_dir, bucket_seconds=60).scope == FULL
     assert _plan(lake_dir, output_tables=["deliveries", "findings"]).reason == "output table(s) findings missing"
+    # Stored by an ackscope before the provisional column (provisional.py): replaced whole, once.
+    plan = _plan(lake_dir, flagged_tables=("deliveries",))
+    assert plan.scope == FULL and "deliveries written by an older ackscope" in plan.reason, plan.reason
     _append(lake_dir, "frames", traffic[0].slice(200, 100), schema.FRAMES, "two")
     plan = _plan(lake_dir)
     assert plan.scope == NEW_DATA and plan.baseline_version == 1 and plan.frames_version == 2
@@ -271,6 +275,35 @@ def test_runs_carry_open_channels_and_read_only_new_frames(whole, appended_many,
     assert [r["frames"] for r in runs[1:]] == [report.frames for report, _ in later]
 
 
+def test_each_commit_names_its_run_and_provisional_rows_stay_in_files_of_their_own(appended_many):
+    """provisional.py: every commit of the per-connection tables carries the id of a run that
+    finished, so the next carried run may search only the files of provisional rows; no file holds
+    both kinds; and what the runs removed were such files only."""
+    lake_dir, _ = appended_many
+    finished = finished_runs(lake_dir)
+    for name in PER_CONNECTION_TABLES:
+        table = DeltaTable(os.path.join(lake_dir, name))
+        assert last_written_by_finished_run(table, finished), name
+        files = {}
+        for log in sorted(glob.glob(os.path.join(lake_dir, name, "_delta_log", "*.json"))):
+            actions = [json.loads(line) for line in open(log) if line.strip()]
+            info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+            adds = [a["add"] for a in actions if "add" in a]
+            if adds:
+                assert info.get("userMetadata") in finished, (name, log, info)
+            for add in adds:
+                stats = json.loads(add["stats"])
+                files[add["path"]] = (stats["minValues"][PROVISIONAL], stats["maxValues"][PROVISIONAL])
+            for remove in (a["remove"] for a in actions if "remove" in a):
+                assert files[remove["path"]] == (True, True), (name, log, remove["path"])
+        live = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+        assert all(f["min.provisional"] == f["max.provisional"] for f in live), name
+        assert {f["max.provisional"] for f in live} == set(table.to_pyarrow_table(columns=[PROVISIONAL])[PROVISIONAL]
+                                                           .to_pylist()), name
+    assert any(row[PROVISIONAL] for row in lake.read_table(lake_dir, "deliveries", OUTPUT_TABLES["deliveries"])
+               .to_pylist())
+
+
 def test_a_rerun_over_the_same_new_frames_changes_nothing(spark, whole, appended_many):
     """A run cut short before its log entry is done again from the same baseline: the connections
     then continue from checkpoints already past those frames, so they are analysed whole again."""
@@ -278,6 +311,9 @@ def test_a_rerun_over_the_same_new_frames_changes_nothing(spark, whole, appended
     runs = lake.read_table(lake_dir, RUNS_TABLE, schema.ANALYSIS_RUNS)
     last = max(runs.to_pylist(), key=lambda r: r["frames_version"])
     DeltaTable(os.path.join(lake_dir, RUNS_TABLE)).delete(f"run_id = '{last['run_id']}'")
+    # Its commits are a cut-short run's now: this run searches those tables whole.
+    assert not all(last_written_by_finished_run(DeltaTable(os.path.join(lake_dir, name)), finished_runs(lake_dir))
+                   for name in PER_CONNECTION_TABLES)
     report = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
     assert report.scope == NEW_DATA and report.carried_connections == 0 < report.connections
     assert "not after the last analysed seq" in report.reason

@@ -296,3 +296,47 @@ def test_listed_connections_filter_and_replace_as_the_join_does(spark, agent_lak
     assert 0 < pc.sum(doomed).as_py() < everything.num_rows
     assert results[0].equals(results[1])
     assert results[0].equals(in_order(everything.filter(pc.invert(doomed))))
+
+
+def test_provisional_rows_are_written_apart_and_only_their_files_searched(spark, tmp_path):
+    """provisional.py: a write puts provisional rows in files of their own, whose Delta statistics
+    say so; a replace told that only provisional rows can match searches just those files (a final
+    row that matches is left alone: the caller's promise decides), and otherwise every file."""
+    from spark_jobs.delta_io import Match, replace_matching
+    from spark_jobs.provisional import PROVISIONAL, files_with_provisional_rows, stored_schema
+    from spark_jobs.session import commits_tagged
+
+    # Wider than the 32 columns Delta keeps statistics of, as deliveries is.
+    padding = [(f"pad_{i}", pa.int32()) for i in range(40)]
+    table_schema = stored_schema(pa.schema([("date", pa.string()), ("connection_id", pa.string()),
+                                            ("seq", pa.int64()), *padding]))
+    rows = [{"date": day, "connection_id": "c", "seq": seq, PROVISIONAL: seq % 3 == 0}
+            for day in ("2026-11-24", "2026-11-25") for seq in range(1, 31)]
+    data = spark.createDataFrame(pa.Table.from_pylist(rows, schema=table_schema)).repartition(3)
+    results = {}
+    for provisional_only in (True, False):
+        lake_dir = str(tmp_path / f"lake-{provisional_only}")
+        with commits_tagged(spark, "run-1"):
+            write_delta(data, lake_dir, "t", table_schema)
+        table = DeltaTable(os.path.join(lake_dir, "t"))
+        assert table.history(1)[0]["userMetadata"] == "run-1"
+        stats = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+        assert {(s["min.provisional"], s["max.provisional"]) for s in stats} == {(False, False), (True, True)}
+        for file in stats:  # the statistics are the file's own
+            flags = pq.read_table(os.path.join(lake_dir, "t", file["path"]), columns=[PROVISIONAL])[PROVISIONAL]
+            assert set(flags.to_pylist()) == {file["max.provisional"]}
+        assert files_with_provisional_rows(table) == {s["path"] for s in stats if s["max.provisional"]}
+        # Replace seq 3 (provisional) and seq 4 (final) of the first day with one new row.
+        keys = spark.createDataFrame([("c", 3), ("c", 4)], "connection_id string, seq long")
+        new = spark.createDataFrame(pa.Table.from_pylist([{"date": "2026-11-24", "connection_id": "c", "seq": 3,
+                                                           PROVISIONAL: False}], schema=table_schema))
+        with commits_tagged(spark, "run-2"):
+            replace_matching(new, lake_dir, "t", table_schema, [Match(keys, ("connection_id", "seq"))],
+                             provisional_only=provisional_only)
+        table = DeltaTable(os.path.join(lake_dir, "t"))
+        assert table.history(1)[0]["userMetadata"] == "run-2"
+        got = table.to_pyarrow_table()
+        results[provisional_only] = sorted((r["date"], r["seq"], r[PROVISIONAL]) for r in got.to_pylist()
+                                           if r["date"] == "2026-11-24" and r["seq"] in (3, 4))
+    assert results[True] == [("2026-11-24", 3, False), ("2026-11-24", 4, False)]
+    assert results[False] == [("2026-11-24", 3, False)]

@@ -65,13 +65,25 @@ class Continued:
     metrics: list = field(default_factory=list)     # Delivery/Publish/ChannelFacts channel_metrics reads
     touched: set = field(default_factory=set)       # (channel, incarnation) whose metrics from boundary_ns are replaced
     boundary_ns: int | None = None                  # None: a connection new to this run (nothing stored to patch)
-    checkpoint: Checkpoint | None = None
+    checkpoint: Checkpoint | None = None            # None: the fallback, or dropped by the caller (`ended`)
     fallback: str | None = None
+    timeline: ConnectionTimeline | None = None      # the state after the new frames (the checkpoint's, if kept)
+
+    @property
+    def ended(self) -> bool:
+        """Did the connection end (closed, FIN/RST)? Then, as WholeConnection.finish has it, what the
+        data ending gives is final: a caller that stores tables keeps no checkpoint."""
+        return self.timeline.closed is not None or self.timeline.transport_end is not None
 
     @property
     def final(self) -> list:
         """The records of `rows` no later run changes (the rest are the checkpoint's provisional ones)."""
-        return self.rows[:len(self.rows) - len(self.checkpoint.provisional)]
+        return self.rows[:len(self.rows) - len(self.open)]
+
+    @property
+    def open(self) -> tuple:
+        """The records of what is still open: the next run replaces them."""
+        return self.checkpoint.provisional if self.checkpoint is not None else ()
 
 
 def bucket_start(ts_ns: int, bucket_ns: int) -> int:
@@ -131,7 +143,7 @@ def continue_connection(checkpoint: Checkpoint | None, rows: Iterable[Mapping], 
         return Continued(fallback="frame times went back past records already dropped")
     kept = tuple(x for x in _boundary_records(carried_items, next_boundary) if (x.channel, x.incarnation) in live)
     return Continued(rows=written if keep_rows else [], stale=list(old.values()), metrics=metrics, touched=touched,
-                     boundary_ns=boundary,
+                     boundary_ns=boundary, timeline=state,
                      checkpoint=Checkpoint(state, tuple(provisional), kept, next_boundary))
 
 

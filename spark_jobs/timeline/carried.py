@@ -29,10 +29,11 @@ from analyzer.timeline.metrics import carried_channel_metrics
 from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
+from ..provisional import flagged, metric_flags, open_buckets
 from ..connection_pass import HEADER, RAW_FINDINGS, headers, raw_finding_rows, state_row, states_table
 from ..types import spark_schema
 from .plans import materialised
-from .tables import TIMELINE_TABLES
+from .tables import CHANNEL_METRICS, TIMELINE_TABLES
 from .wide import from_wide, to_wide, wide_schema
 
 WRITE, STALE = "write", "stale"
@@ -41,7 +42,7 @@ FIRST_BUCKET = -(2**63)
 TOUCHED = pa.schema([("connection_id", pa.string()), ("channel", pa.int32()), ("incarnation", pa.int32()),
                      ("from_ns", pa.int64())])
 FALLBACK = pa.schema([("connection_id", pa.string()), ("reason", pa.string())])
-CARRIED_TABLES = {**TIMELINE_TABLES, "channel_metrics": schema.CHANNEL_METRICS, "state": schema.ANALYSIS_STATE,
+CARRIED_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "state": schema.ANALYSIS_STATE,
                   "touched": TOUCHED, "fallback": FALLBACK, "raw_findings": RAW_FINDINGS}
 # The right side's column saying the connection has an analysis_state row (it may have only a header).
 STORED = "_stored"
@@ -79,14 +80,18 @@ def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, s
             return _fallback(connection_id, done.fallback)
         parts = []
         for name, record_type in RECORD_TYPES.items():
-            parts += [(name, WRITE, to_table(done.rows, record_type)), (name, STALE, to_table(done.stale, record_type))]
+            parts += [(name, WRITE, flagged(to_table(done.final, record_type), False)),
+                      (name, WRITE, flagged(to_table(done.open, record_type), True)),
+                      (name, STALE, flagged(to_table(done.stale, record_type), True))]
         metrics = carried_channel_metrics(done.metrics, done.touched, done.boundary_ns, bucket_seconds)
-        parts.append(("channel_metrics", WRITE, metrics_table(metrics)))
+        flags = metric_flags(metrics, {connection_id: open_buckets(done.checkpoint)} if done.checkpoint else {})
+        parts.append(("channel_metrics", WRITE, flagged(metrics_table(metrics), flags)))
         from_ns = FIRST_BUCKET if done.boundary_ns is None else done.boundary_ns
         touched = pa.Table.from_pylist([{"connection_id": connection_id, "channel": channel, "incarnation": incarnation,
                                          "from_ns": from_ns} for channel, incarnation in sorted(done.touched)],
                                        schema=TOUCHED)
-        parts += [("touched", None, touched), ("state", None, states_table([state_row(done.checkpoint, frames_version)])),
+        state_rows = states_table([state_row(done.checkpoint, done.timeline, frames_version)])
+        parts += [("touched", None, touched), ("state", None, state_rows),
                   ("raw_findings", None, pa.Table.from_pylist(raw_finding_rows(connection, carried.raw_findings),
                                                               schema=RAW_FINDINGS))]
         return to_wide(WIDE, parts)
