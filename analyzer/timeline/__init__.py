@@ -7,7 +7,8 @@ bad basic.ack/nack/reject. Sans-IO: no files, sockets, clocks or globals. The li
 the Spark timeline job must produce equal tables (`tables.to_tables`).
 
 Modules: connection.py (dispatch table, connection-level rows), channel.py (an incarnation:
-transactions, gaps, ends), consumer.py, publisher.py, records.py, tables.py.
+transactions, gaps, ends), consumer.py and publisher.py (the two sides an incarnation owns),
+records.py, tables.py.
 
 Rules decided here where DESIGN.md is silent (tests/test_timeline.py has a case for each):
 - Incarnations. A channel.open starts one; so does a channel.open-ok, or a delivery whose tag does

@@ -1,9 +1,13 @@
-"""One channel incarnation: both sides of it (consumer.py, publisher.py), and what touches both:
-transactions, the capture's blind spots, and the ways an incarnation ends.
+"""One channel incarnation: its two parts, the consumer side (consumer.py) and the publisher side
+(publisher.py), and what touches both: transactions, the capture's blind spots, and the ways an
+incarnation ends.
 
-Each public method is one frame row's transition; `ConnectionTimeline` picks it from its table.
-Records become final here and go out through `connection.emit`. Nothing is guessed: what the
-capture cannot show (history before it, bytes lost in a gap) ends as `unknown`.
+The incarnation owns its parts; each part keeps its own state and reads what it shares through its
+`life` (this object): whether it ended or saw a gap, the other part's state it depends on, and
+`out`, where records go. A frame row's transition is a method of one part or of the incarnation;
+`ConnectionTimeline` picks it from its table. Records become final here and go out through
+`connection.emit`. Nothing is guessed: what the capture cannot show (history before it,
+bytes lost in a gap) ends as `unknown`.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ TO_BROKER, TO_CLIENT = "to_broker", "to_client"
 UNKNOWN_TAG_TEXT = re.compile(r"unknown delivery tag (\d+)")
 
 
-class ChannelLife(ConsumerSide, PublisherSide):
+class ChannelLife:
     def __init__(self, connection, channel: int, incarnation: int, row: dict, history_known: bool):
         self.connection = connection
         self.channel, self.incarnation = channel, incarnation
@@ -33,35 +37,29 @@ class ChannelLife(ConsumerSide, PublisherSide):
         # direction (noticed late: reassembly holds what follows a hole) may hide what settled them.
         self.holding: str | None = None     # the peer's direction
         self.held: list = []
-        self._init_consumer(history_known)
-        self._init_publisher(history_known)
         self.tx_unanswered = 0              # tx.commit / tx.rollback awaiting their -ok
+        self.consumer = ConsumerSide(self, history_known)
+        self.publisher = PublisherSide(self, history_known)
 
     # -- transactions -------------------------------------------------------------------------------
 
     def tx_commit(self, row) -> None:
-        if self.ended or self.refusing or self.confirm or self.tx is False:
+        consumer, publisher = self.consumer, self.publisher
+        if self.ended or consumer.refusing or publisher.confirm or publisher.tx is False:
             return
-        self.tx, self.confirm = True, False
+        publisher.tx, publisher.confirm = True, False
         self.tx_unanswered += row["direction"] == TO_BROKER
-        for p in self.tx_publishes:
-            self._finish(p, r.COMMITTED, row)
-        for d, outcome, frame, by_multiple, requeue in self.tx_settled:
-            self._settle(d, outcome, row, frame=frame, by_multiple=by_multiple, requeue=requeue, in_tx=True)
-        self.tx_publishes, self.tx_settled = [], []
+        publisher.commit(row)
+        consumer.commit(row)
 
     def tx_rollback(self, row) -> None:
-        if self.ended or self.refusing or self.confirm or self.tx is False:
+        consumer, publisher = self.consumer, self.publisher
+        if self.ended or consumer.refusing or publisher.confirm or publisher.tx is False:
             return
-        self.tx, self.confirm = True, False
+        publisher.tx, publisher.confirm = True, False
         self.tx_unanswered += row["direction"] == TO_BROKER
-        for p in self.tx_publishes:
-            self.awaiting_return.pop(p.row["seq"], None)  # never routed: nothing to return
-            self._finish(p, r.ROLLED_BACK, row)
-        for d, *_ in self.tx_settled:  # the acks are undone: unacked again
-            self._put(d)
-        self.outstanding = dict(sorted(self.outstanding.items()))
-        self.tx_publishes, self.tx_settled = [], []
+        publisher.roll_back(row)
+        consumer.roll_back()
 
     def tx_reply(self, row) -> None:
         """tx.commit-ok / tx.rollback-ok. One with no commit or rollback in the data answers one
@@ -84,22 +82,11 @@ class ChannelLife(ConsumerSide, PublisherSide):
                 self.held = [self._unsettled_by_gap(x, direction) for x in self.held]
             return
         if direction == TO_BROKER:  # acks, commits, publishes, selects, qos may be in the gap
-            self._end_deliveries(r.UNKNOWN, row)
-            for p in self.tx_publishes + self.discarded:
-                self._finish(p, r.UNKNOWN, row, timed=False)
-            self.tx_publishes, self.discarded = [], []
-            self.aligned = False  # a publish in the gap would shift every later number
-            self.early_confirms, self.early_multiple, self.answered_select = {}, None, None
-            self.confirm = self.confirm or None
-            self.tx = self.tx or None
-            self.consumer_prefetch = self.channel_prefetch = None
-            self.pending_consume = self.pending_get = None
+            self.consumer.client_gap(row)
+            self.publisher.client_gap(row)
         else:  # confirms, returns, consume-ok, get-ok, deliveries may be in the gap
-            for p in self.pending.values():
-                self.awaiting_return.pop(p.row["seq"], None)
-                self._finish(p, r.UNKNOWN, row, timed=False)
-            self.pending = {}
-            self.pending_consume = self.pending_get = None
+            self.consumer.broker_gap()
+            self.publisher.broker_gap(row)
 
     # -- ends ---------------------------------------------------------------------------------------
 
@@ -118,9 +105,9 @@ class ChannelLife(ConsumerSide, PublisherSide):
                                   failing_method=row.get("failing_method"))
         if closed_by == "broker" and row.get("reply_code") == 406 and row.get("failing_method") in SETTLE_OUTCOMES:
             match = UNKNOWN_TAG_TEXT.search(row.get("reply_text") or "")
-            self._broker_refused(row, int(match.group(1)) if match else None)
-        self._end_deliveries(delivery_outcome, row)
-        self._end_publishes(CLOSED_PUBLISH, row)
+            self.consumer.broker_refused(row, int(match.group(1)) if match else None)
+        self.consumer.end_deliveries(delivery_outcome, row)
+        self.publisher.end_publishes(CLOSED_PUBLISH, row)
         self._done()
 
     def abandon(self, row, ended_by: str) -> None:
@@ -128,8 +115,8 @@ class ChannelLife(ConsumerSide, PublisherSide):
         if not self.ended:
             self.end_facts = dict(end_seq=row["seq"], end_ts_ns=row["ts_ns"], ended_by=ended_by)
             self.ended = (row, r.UNKNOWN)
-            self._end_deliveries(r.UNKNOWN, row)
-            self._end_publishes(None, row)
+            self.consumer.end_deliveries(r.UNKNOWN, row)
+            self.publisher.end_publishes(None, row)
             self._done()
 
     def end_of_data(self, last_ts_ns: int) -> None:
@@ -137,13 +124,13 @@ class ChannelLife(ConsumerSide, PublisherSide):
         if not self.ended:
             self.end_facts = dict(ended_by="end_of_data", observed_until_ts_ns=last_ts_ns)
             self.ended = (None, r.OPEN)
-            self._end_deliveries(r.OPEN, None, observed_until=last_ts_ns)
-            self._end_publishes(OPEN_PUBLISH, None, observed_until=last_ts_ns)
+            self.consumer.end_deliveries(r.OPEN, None, observed_until=last_ts_ns)
+            self.publisher.end_publishes(OPEN_PUBLISH, None, observed_until=last_ts_ns)
             self._done()
 
     def _done(self) -> None:
-        self.outstanding, self.early = {}, []
-        self._flush_held()
+        self.consumer.outstanding, self.consumer.early = {}, []
+        self.publisher.flush_held()
 
     def release(self) -> None:
         """The peer's close-ok (or the end of the data): what the close decided is final."""
@@ -151,7 +138,8 @@ class ChannelLife(ConsumerSide, PublisherSide):
         for record in held:
             self.connection.emit(record)
 
-    def _out(self, record) -> None:
+    def out(self, record) -> None:
+        """Where both parts send their final records: held while a close waits for its close-ok."""
         if self.holding is not None:
             self.held.append(record)
         else:
@@ -172,19 +160,20 @@ class ChannelLife(ConsumerSide, PublisherSide):
 
     def facts(self) -> r.ChannelFacts:
         end, c = self.end_facts, self.connection
+        consumer, publisher = self.consumer, self.publisher
         return r.ChannelFacts(
             connection_id=c.id, agent_id=c.agent_id, channel=self.channel, incarnation=self.incarnation,
             open_seq=self.open_row["seq"], open_ts_ns=self.open_row["ts_ns"], history_known=self.history_known,
             gap_seen=self.gap_seen, end_seq=end.get("end_seq"), end_ts_ns=end.get("end_ts_ns"),
             ended_by=end.get("ended_by", "end_of_data"), closed_by=end.get("closed_by"),
             close_code=end.get("close_code"), close_text=end.get("close_text"),
-            failing_method=end.get("failing_method"), confirm_mode=self.confirm, tx_mode=self.tx,
-            consumer_prefetch=self.consumer_prefetch, channel_prefetch=self.channel_prefetch,
-            consumes=self.consumes, unbounded_manual_consumes=self.unbounded_manual_consumes,
-            deliveries=self.deliveries, publishes=self.publishes, peak_unacked=self.peak_unacked,
+            failing_method=end.get("failing_method"), confirm_mode=publisher.confirm, tx_mode=publisher.tx,
+            consumer_prefetch=consumer.consumer_prefetch, channel_prefetch=consumer.channel_prefetch,
+            consumes=consumer.consumes, unbounded_manual_consumes=consumer.unbounded_manual_consumes,
+            deliveries=consumer.deliveries, publishes=publisher.publishes, peak_unacked=consumer.peak_unacked,
             observed_until_ts_ns=end.get("observed_until_ts_ns"))
 
     def violation_records(self) -> list[r.Violation]:
         c = self.connection
         return [r.Violation(connection_id=c.id, agent_id=c.agent_id, channel=self.channel,
-                            incarnation=self.incarnation, **v) for v in self.violations]
+                            incarnation=self.incarnation, **v) for v in self.consumer.violations]

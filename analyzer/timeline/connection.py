@@ -12,32 +12,37 @@ from collections.abc import Iterable, Mapping
 
 from . import records as r
 from .channel import TO_BROKER, TO_CLIENT, ChannelLife
+from .consumer import ConsumerSide
+from .publisher import PublisherSide
 
+# (direction, method) -> (the part of the incarnation that takes the row, its transition): the
+# consumer side, the publisher side, or (None) the incarnation itself.
+CONSUMER, PUBLISHER = "consumer", "publisher"
 CHANNEL_TRANSITIONS = {
-    (TO_BROKER, "basic.publish"): ChannelLife.publish,
-    (TO_BROKER, "basic.ack"): ChannelLife.client_settle,
-    (TO_BROKER, "basic.nack"): ChannelLife.client_settle,
-    (TO_BROKER, "basic.reject"): ChannelLife.client_settle,
-    (TO_BROKER, "basic.qos"): ChannelLife.qos,
-    (TO_BROKER, "basic.consume"): ChannelLife.consume,
-    (TO_BROKER, "basic.get"): ChannelLife.get,
-    (TO_BROKER, "basic.recover"): ChannelLife.recover,
-    (TO_BROKER, "basic.recover-async"): ChannelLife.recover,
-    (TO_BROKER, "confirm.select"): ChannelLife.confirm_select,
-    (TO_BROKER, "tx.select"): ChannelLife.tx_select,
-    (TO_BROKER, "tx.commit"): ChannelLife.tx_commit,
-    (TO_BROKER, "tx.rollback"): ChannelLife.tx_rollback,
-    (TO_CLIENT, "basic.ack"): ChannelLife.broker_confirm,
-    (TO_CLIENT, "basic.nack"): ChannelLife.broker_confirm,
-    (TO_CLIENT, "basic.deliver"): ChannelLife.deliver,
-    (TO_CLIENT, "basic.get-ok"): ChannelLife.deliver,
-    (TO_CLIENT, "basic.get-empty"): ChannelLife.get_empty,
-    (TO_CLIENT, "basic.consume-ok"): ChannelLife.consume_ok,
-    (TO_CLIENT, "basic.return"): ChannelLife.returned,
-    (TO_CLIENT, "confirm.select-ok"): ChannelLife.select_ok,
-    (TO_CLIENT, "tx.select-ok"): ChannelLife.select_ok,
-    (TO_CLIENT, "tx.commit-ok"): ChannelLife.tx_reply,
-    (TO_CLIENT, "tx.rollback-ok"): ChannelLife.tx_reply,
+    (TO_BROKER, "basic.publish"): (PUBLISHER, PublisherSide.publish),
+    (TO_BROKER, "basic.ack"): (CONSUMER, ConsumerSide.client_settle),
+    (TO_BROKER, "basic.nack"): (CONSUMER, ConsumerSide.client_settle),
+    (TO_BROKER, "basic.reject"): (CONSUMER, ConsumerSide.client_settle),
+    (TO_BROKER, "basic.qos"): (CONSUMER, ConsumerSide.qos),
+    (TO_BROKER, "basic.consume"): (CONSUMER, ConsumerSide.consume),
+    (TO_BROKER, "basic.get"): (CONSUMER, ConsumerSide.get),
+    (TO_BROKER, "basic.recover"): (CONSUMER, ConsumerSide.recover),
+    (TO_BROKER, "basic.recover-async"): (CONSUMER, ConsumerSide.recover),
+    (TO_BROKER, "confirm.select"): (PUBLISHER, PublisherSide.confirm_select),
+    (TO_BROKER, "tx.select"): (PUBLISHER, PublisherSide.tx_select),
+    (TO_BROKER, "tx.commit"): (None, ChannelLife.tx_commit),
+    (TO_BROKER, "tx.rollback"): (None, ChannelLife.tx_rollback),
+    (TO_CLIENT, "basic.ack"): (PUBLISHER, PublisherSide.broker_confirm),
+    (TO_CLIENT, "basic.nack"): (PUBLISHER, PublisherSide.broker_confirm),
+    (TO_CLIENT, "basic.deliver"): (CONSUMER, ConsumerSide.deliver),
+    (TO_CLIENT, "basic.get-ok"): (CONSUMER, ConsumerSide.deliver),
+    (TO_CLIENT, "basic.get-empty"): (CONSUMER, ConsumerSide.get_empty),
+    (TO_CLIENT, "basic.consume-ok"): (CONSUMER, ConsumerSide.consume_ok),
+    (TO_CLIENT, "basic.return"): (PUBLISHER, PublisherSide.returned),
+    (TO_CLIENT, "confirm.select-ok"): (PUBLISHER, PublisherSide.select_ok),
+    (TO_CLIENT, "tx.select-ok"): (PUBLISHER, PublisherSide.select_ok),
+    (TO_CLIENT, "tx.commit-ok"): (None, ChannelLife.tx_reply),
+    (TO_CLIENT, "tx.rollback-ok"): (None, ChannelLife.tx_reply),
 }
 # Consumers ending: kept out of CHANNEL_TRANSITIONS because they change no record, only the live
 # view (live.py), so they must not start an incarnation where the data lacks the channel's open.
@@ -128,20 +133,21 @@ class ConnectionTimeline:
         elif method in CANCELS and direction == TO_CLIENT:
             life = self.lives.get(channel)
             if life is not None:
-                life.cancelled_consumer(row)
+                life.consumer.cancelled_consumer(row)
         else:
-            transition = CHANNEL_TRANSITIONS.get((direction, method))
-            if transition is None:
+            found = CHANNEL_TRANSITIONS.get((direction, method))
+            if found is None:
                 return
             if method in DELIVERING and row.get("delivery_tag") is None:
                 return  # content cut short before its tag: not attributable
             life = self._life(channel, row)
             if life.gap_since_end:  # a gap since its close may hide a new life's open
                 life = self._new_life(channel, row, ended_by="reopened", history_known=False)
-            elif method in DELIVERING and row["delivery_tag"] <= life.max_tag:
+            elif method in DELIVERING and row["delivery_tag"] <= life.consumer.max_tag:
                 # Tags only rise within an incarnation: this is a new life whose open the data lacks.
                 life = self._new_life(channel, row, ended_by="tag_restart", history_known=False)
-            transition(life, row)
+            part, transition = found
+            transition(life if part is None else getattr(life, part), row)
 
     def end(self) -> None:
         """The data ends. A connection that saw FIN or RST without connection.close ended there;
@@ -179,7 +185,7 @@ class ConnectionTimeline:
         """The other channel incarnation (lowest number) on which `tag` is an unacked delivery."""
         for channel in sorted(self.lives):
             life = self.lives[channel]
-            if life is not asking and not life.ended and tag in life.outstanding:
+            if life is not asking and not life.ended and tag in life.consumer.outstanding:
                 return life
         return None
 

@@ -2,6 +2,10 @@
 
 Tags rise by one per delivery within an incarnation, so `outstanding` (tag -> delivery) stays in
 tag order and "delivered here" means 1 <= tag <= max_tag on an incarnation seen whole.
+
+What it shares with the rest of its incarnation it reads through `life` (channel.ChannelLife):
+whether the incarnation ended or saw a gap, its transaction mode (`life.publisher.tx`), and `out`,
+where its records go.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ class _EarlyAck:
 
 
 class ConsumerSide:
-    def _init_consumer(self, history_known: bool) -> None:
+    def __init__(self, life, history_known: bool) -> None:
+        self.life = life
         self.consumers: dict[str, tuple] = {}  # consumer tag -> (queue, no_ack, consumer prefetch)
         # Cancelled consumers stay in `consumers`: deliveries in flight still name them.
         self.cancelled: set[str] = set()
@@ -69,7 +74,7 @@ class ConsumerSide:
 
     def qos(self, row) -> None:
         count = row.get("prefetch_count")
-        if count is None or self.ended:
+        if count is None or self.life.ended:
             return
         if row.get("prefetch_global"):
             self.channel_prefetch = count
@@ -77,11 +82,12 @@ class ConsumerSide:
             self.consumer_prefetch = count
 
     def consume(self, row) -> None:
-        if self.ended:
+        life = self.life
+        if life.ended:
             return
         no_ack = bool(row.get("no_ack"))
         self.consumes += 1
-        if (not no_ack and self.history_known and not self.gap_seen
+        if (not no_ack and life.history_known and not life.gap_seen
                 and self.consumer_prefetch == 0 and self.channel_prefetch == 0):
             self.unbounded_manual_consumes += 1
         consumer = (row.get("queue"), no_ack, self.consumer_prefetch)
@@ -100,7 +106,7 @@ class ConsumerSide:
             self.cancelled.add(row["consumer_tag"])
 
     def get(self, row) -> None:
-        if not self.ended:
+        if not self.life.ended:
             self.pending_get = (row.get("queue"), bool(row.get("no_ack")))
 
     def get_empty(self, row) -> None:
@@ -120,8 +126,9 @@ class ConsumerSide:
         self.deliveries += 1
         self.first_tag = self.first_tag or tag
         self.max_tag = tag
-        if self.ended:
-            self._settle(d, r.AUTO if d.no_ack else self._fate(d, self.ended[1]), row if d.no_ack else self.ended[0])
+        ended = self.life.ended
+        if ended:
+            self._settle(d, r.AUTO if d.no_ack else self._fate(d, ended[1]), row if d.no_ack else ended[0])
             return
         if d.no_ack:
             self._settle(d, r.AUTO, row)
@@ -133,7 +140,8 @@ class ConsumerSide:
     def client_settle(self, row) -> None:
         """basic.ack / basic.nack / basic.reject from the client, as RabbitMQ's collect_acks: the
         named tag must be outstanding, even with multiple=true; tag 0 with multiple is everything."""
-        if self.ended or self.refusing:
+        life = self.life
+        if life.ended or self.refusing:
             return  # the broker discards them
         method, tag = row["method"], row.get("delivery_tag")
         if tag is None:
@@ -147,11 +155,11 @@ class ConsumerSide:
                 self.proven_manual.add(exact.consumer_tag)
             self._apply(row, multiple, up_to(self.outstanding, tag) if multiple else [tag])
         elif tag > self.max_tag:
-            where = self.connection.outstanding_elsewhere(tag, self)
+            where = life.connection.outstanding_elsewhere(tag, life)
             self.early.append(_EarlyAck(row, tag, multiple, r.WRONG_CHANNEL if where else r.UNKNOWN_TAG, where))
             if multiple:  # whatever it covers that was delivered already goes now
                 self._apply(row, True, list(self.outstanding))
-        elif self.history_known and not self.gap_seen and (tag >= 1 or not multiple):
+        elif life.history_known and not life.gap_seen and (tag >= 1 or not multiple):
             self._violation(row, r.DOUBLE_ACK if tag >= 1 else r.UNKNOWN_TAG, None)
             self.refusing = True
         elif multiple:  # the tag may predate the capture or hide in a gap: what we saw up to it goes
@@ -160,12 +168,13 @@ class ConsumerSide:
     def _apply(self, row, multiple: bool, tags: list[int]) -> None:
         method, named = row["method"], row.get("delivery_tag")
         outcome, requeue = SETTLE_OUTCOMES[method], (row.get("requeue") if method != "basic.ack" else None)
+        in_tx = self.life.publisher.tx
         for t in tags:
             d = self._take(t)
             if d.no_ack is None and t != named and d.consumer_tag not in self.proven_manual:
                 # Its consumer's ack mode is not known: if auto-ack, a multiple ack never covered it.
                 self._settle(d, r.UNKNOWN, row, frame=row, by_multiple=multiple, requeue=requeue)
-            elif self.tx:
+            elif in_tx:
                 self.tx_settled.append((d, outcome, row, multiple, requeue))
             else:
                 self._settle(d, outcome, row, frame=row, by_multiple=multiple, requeue=requeue, in_tx=False)
@@ -174,11 +183,12 @@ class ConsumerSide:
         """A delivery arrived: early acks naming it (or, with multiple, a higher tag) settle it;
         early acks naming a lower tag never will (tags only rise) and are dropped."""
         held = []
+        seen_whole = self.life.history_known and not self.life.gap_seen
         for e in self.early:
             if e.tag < tag or self.refusing:
                 continue
             d = self.outstanding.get(tag)
-            if d is None and e.tag == tag and self.history_known and not self.gap_seen:
+            if d is None and e.tag == tag and seen_whole:
                 self._violation(e.row, r.DOUBLE_ACK, None)  # it named an auto-ack delivery: settled on send
                 self.refusing = True
             elif d is not None and (e.tag == tag or e.multiple):
@@ -191,11 +201,36 @@ class ConsumerSide:
 
     def recover(self, row) -> None:
         """basic.recover / recover-async: the broker re-sends every unacked delivery (new tags)."""
-        if self.ended or self.refusing:
+        if self.life.ended or self.refusing:
             return
         for t in list(self.outstanding):
             d = self._take(t)
             self._settle(d, self._fate(d, r.RECOVERED), row, frame=row, requeue=row.get("requeue"))
+
+    # -- the incarnation's transactions and gaps (channel.py) ---------------------------------------
+
+    def commit(self, row) -> None:
+        """tx.commit: the acks the transaction held take effect."""
+        for d, outcome, frame, by_multiple, requeue in self.tx_settled:
+            self._settle(d, outcome, row, frame=frame, by_multiple=by_multiple, requeue=requeue, in_tx=True)
+        self.tx_settled = []
+
+    def roll_back(self) -> None:
+        """tx.rollback: the acks are undone, their deliveries unacked again."""
+        for d, *_ in self.tx_settled:
+            self._put(d)
+        self.outstanding = dict(sorted(self.outstanding.items()))
+        self.tx_settled = []
+
+    def client_gap(self, row) -> None:
+        """Acks, qos and consumes may be in the client's missing bytes."""
+        self.end_deliveries(r.UNKNOWN, row)
+        self.consumer_prefetch = self.channel_prefetch = None
+        self.pending_consume = self.pending_get = None
+
+    def broker_gap(self) -> None:
+        """A consume-ok or get-ok may be in the broker's missing bytes."""
+        self.pending_consume = self.pending_get = None
 
     # -- violations ---------------------------------------------------------------------------------
 
@@ -212,25 +247,26 @@ class ConsumerSide:
             delivered_incarnation=where and where.incarnation, broker_close_seq=close and close["seq"],
             broker_reply_code=close and close.get("reply_code"), broker_reply_text=close and close.get("reply_text")))
 
-    def _broker_refused(self, close, tag_in_text: int | None) -> None:
+    def broker_refused(self, close, tag_in_text: int | None) -> None:
         """The broker closed the channel with 406 over an ack: it answers the violation we saw, or
         an early ack that never met its delivery, or it is the only evidence there is."""
         self.refused = True
+        life = self.life
         for v in self.violations:
             if v["broker_close_seq"] is None:
                 v.update(broker_close_seq=close["seq"], broker_reply_code=close.get("reply_code"),
                          broker_reply_text=close.get("reply_text"))
                 return
-        if self.early and self.history_known and not self.gap_seen:
+        if self.early and life.history_known and not life.gap_seen:
             named = [e for e in self.early if e.tag == tag_in_text]
             e = (named or self.early)[0]
             self._violation(e.row, e.kind, e.where, close=close)
             return
         if tag_in_text is not None and self.first_tag and self.first_tag <= tag_in_text <= self.max_tag \
-                and not self.gap_seen:
+                and not life.gap_seen:
             kind, where = r.DOUBLE_ACK, None
         else:
-            where = self.connection.outstanding_elsewhere(tag_in_text, self) if tag_in_text is not None else None
+            where = life.connection.outstanding_elsewhere(tag_in_text, life) if tag_in_text is not None else None
             kind = r.WRONG_CHANNEL if where else r.UNKNOWN_TAG
         self._record_violation(close, kind, r.FROM_BROKER, close.get("failing_method"), tag_in_text, None, where,
                                close)
@@ -257,7 +293,7 @@ class ConsumerSide:
             self.unacked += 1
             self.peak_unacked = max(self.peak_unacked, self.unacked)
 
-    def _end_deliveries(self, outcome: str, at, observed_until=None) -> None:
+    def end_deliveries(self, outcome: str, at, observed_until=None) -> None:
         """Everything unsettled (outstanding, or acked in an uncommitted transaction) ends as `outcome`."""
         for t in list(self.outstanding):
             d = self._take(t)
@@ -270,12 +306,13 @@ class ConsumerSide:
 
     def _settle(self, d: _Delivery, outcome: str, at, *, frame=None, by_multiple=None, requeue=None,
                 in_tx=None, observed_until=None) -> None:
-        row, c = d.row, self.connection
+        row, life = d.row, self.life
+        c = life.connection
         settle_seq, settle_ts = settle_point(row, at, outcome not in (r.OPEN, r.UNKNOWN))
         by_ack = frame is not None and frame["method"] in SETTLE_OUTCOMES
-        self._out(r.Delivery(
-            connection_id=c.id, agent_id=c.agent_id, channel=self.channel, incarnation=self.incarnation,
-            channel_open_seq=self.open_row["seq"], seq=row["seq"], ts_ns=row["ts_ns"], method=row["method"],
+        life.out(r.Delivery(
+            connection_id=c.id, agent_id=c.agent_id, channel=life.channel, incarnation=life.incarnation,
+            channel_open_seq=life.open_row["seq"], seq=row["seq"], ts_ns=row["ts_ns"], method=row["method"],
             delivery_tag=d.tag, consumer_tag=d.consumer_tag, queue=d.queue, exchange=row.get("exchange"),
             routing_key=row.get("routing_key"), message_id=row.get("message_id"),
             message_identity=row.get("message_identity"), redelivered=row.get("redelivered"),

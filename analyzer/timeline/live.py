@@ -46,17 +46,18 @@ def open_channels(timeline: ConnectionTimeline) -> Iterator[OpenChannel]:
         life = timeline.lives[number]
         if life.ended:
             continue
-        oldest_unacked = next((d.row["ts_ns"] for d in life.outstanding.values() if d.no_ack is False), None)
-        oldest_unconfirmed = next(iter(life.pending.values()), None)
+        consumer, publisher = life.consumer, life.publisher
+        oldest_unacked = next((d.row["ts_ns"] for d in consumer.outstanding.values() if d.no_ack is False), None)
+        oldest_unconfirmed = next(iter(publisher.pending.values()), None)
         yield OpenChannel(
             connection_id=timeline.id, channel=number, incarnation=life.incarnation,
-            unacked=life.unacked, oldest_unacked_ts_ns=oldest_unacked,
-            auto_or_unknown=len(life.outstanding) - life.unacked,
-            unconfirmed=len(life.pending),
+            unacked=consumer.unacked, oldest_unacked_ts_ns=oldest_unacked,
+            auto_or_unknown=len(consumer.outstanding) - consumer.unacked,
+            unconfirmed=len(publisher.pending),
             oldest_unconfirmed_ts_ns=oldest_unconfirmed.row["ts_ns"] if oldest_unconfirmed is not None else None,
-            consumer_prefetch=life.consumer_prefetch, channel_prefetch=life.channel_prefetch,
-            consumers=len(set(life.consumers) - life.cancelled),
-            confirm_mode=life.confirm, tx_mode=life.tx)
+            consumer_prefetch=consumer.consumer_prefetch, channel_prefetch=consumer.channel_prefetch,
+            consumers=len(set(consumer.consumers) - consumer.cancelled),
+            confirm_mode=publisher.confirm, tx_mode=publisher.tx)
 
 
 def open_connections(timelines: Timelines | Iterable[ConnectionTimeline]) -> Iterator[OpenConnection]:

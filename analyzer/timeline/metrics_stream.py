@@ -36,11 +36,13 @@ def _lives(timeline: ConnectionTimeline):
 
 def _held_rows(life) -> Iterator[Mapping]:
     """The frame rows of the items a life has not emitted a record for yet."""
-    for d in life.outstanding.values():
+    consumer, publisher = life.consumer, life.publisher
+    for d in consumer.outstanding.values():
         yield d.row
-    for d, *_ in life.tx_settled:
+    for d, *_ in consumer.tx_settled:
         yield d.row
-    for publishes in (life.pending.values(), life.tx_publishes, life.discarded, life.awaiting_return.values()):
+    for publishes in (publisher.pending.values(), publisher.tx_publishes, publisher.discarded,
+                      publisher.awaiting_return.values()):
         for p in publishes:
             yield p.row
 
@@ -77,11 +79,13 @@ def item_horizons(timeline: ConnectionTimeline) -> tuple[int | None, int | None]
         return None, None
     deliveries = publishes = timeline.last_seq + 1
     for life in _lives(timeline):
-        for d in life.outstanding.values():
+        consumer, publisher = life.consumer, life.publisher
+        for d in consumer.outstanding.values():
             deliveries = min(deliveries, d.row["seq"])
-        for d, *_ in life.tx_settled:
+        for d, *_ in consumer.tx_settled:
             deliveries = min(deliveries, d.row["seq"])
-        for held in (life.pending.values(), life.tx_publishes, life.discarded, life.awaiting_return.values()):
+        for held in (publisher.pending.values(), publisher.tx_publishes, publisher.discarded,
+                     publisher.awaiting_return.values()):
             for p in held:
                 publishes = min(publishes, p.row["seq"])
         for record in life.held:

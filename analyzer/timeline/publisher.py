@@ -3,6 +3,11 @@
 After confirm.select both sides number the client's publishes from 1; the broker answers each
 with one basic.ack or basic.nack (multiple: every number up to the tag; tag 0: all). The numbering
 is used only when the capture saw the select with the channel's mode known before it ("aligned").
+
+The channel's modes (`confirm`, `tx`) live here; the consumer side and the incarnation read them.
+What it shares with the rest of its incarnation it reads through `life` (channel.ChannelLife):
+whether the incarnation ended or saw a gap, whether the broker is refusing the client after a
+violation (`life.consumer.refusing`), and `out`, where its records go.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ class _Publish:
 
 
 class PublisherSide:
-    def _init_publisher(self, history_known: bool) -> None:
+    def __init__(self, life, history_known: bool) -> None:
+        self.life = life
         self.confirm = self.tx = (False if history_known else None)  # None: not known
         self.aligned = False
         self.next_confirm = 0
@@ -55,20 +61,20 @@ class PublisherSide:
         if self.answered_select is not None:  # its select-ok came first (the capture reordered them)
             self.aligned, self.answered_select = self.answered_select, None
             return
-        if self.tx or self.confirm or self.ended:
+        if self.tx or self.confirm or self.life.ended:
             return  # on a tx channel the broker refuses; selecting twice keeps the count going
         self.aligned = self.confirm is False and self.tx is False
         self.confirm, self.tx, self.next_confirm = True, False, 0
 
     def tx_select(self, row) -> None:
-        if self.confirm or self.ended:
+        if self.confirm or self.life.ended:
             return  # not allowed on a confirm-mode channel: the broker closes it
         self.tx, self.confirm = True, False
 
     def select_ok(self, row) -> None:
         """confirm.select-ok / tx.select-ok: the broker's reply shows the mode even when the select
         itself is not in the data (before the capture, or in a gap not reported yet)."""
-        if self.ended or self.tx or self.confirm:
+        if self.life.ended or self.tx or self.confirm:
             return
         if row["method"] == "tx.select-ok":
             self.tx, self.confirm = True, False
@@ -80,17 +86,18 @@ class PublisherSide:
         p = _Publish(row, self.mode)
         self.publishes += 1
         self.answered_select = None
-        if self.ended:
-            self._finish(p, CLOSED_PUBLISH[p.mode], self.ended[0])
+        life = self.life
+        if life.ended:
+            self._finish(p, CLOSED_PUBLISH[p.mode], life.ended[0])
             return
         if row.get("mandatory"):  # held until a basic.return names it or no return can come
             self.awaiting_return[row["seq"]] = p
-        if self.refusing:
+        if life.consumer.refusing:
             self.discarded.append(p)
         elif p.mode == r.CONFIRM and self.aligned:
             self.next_confirm += 1
             p.confirm_seq = self.next_confirm
-            p.pending_before = None if self.gap_seen else len(self.pending)
+            p.pending_before = None if life.gap_seen else len(self.pending)
             self.pending[p.confirm_seq] = p
             self._early_confirm_for(p.confirm_seq)
         elif p.mode == r.TX:
@@ -99,7 +106,7 @@ class PublisherSide:
             self._finish(p, r.UNTRACKED if p.mode == r.NONE else r.UNKNOWN, None)
 
     def broker_confirm(self, row) -> None:
-        if self.ended:
+        if self.life.ended:
             return  # after the client's close it discards them
         if self.confirm is None and not self.tx:
             self.confirm, self.tx = True, False  # only a confirm-mode channel gets these
@@ -142,7 +149,7 @@ class PublisherSide:
     def returned(self, row) -> None:
         """basic.return: the earliest mandatory publish not yet confirmed or returned with the same
         message identity (or exchange and routing key when an identity is missing)."""
-        if self.ended:
+        if self.life.ended:
             return
         identity = row.get("message_identity")
         for seq, p in self.awaiting_return.items():
@@ -155,20 +162,51 @@ class PublisherSide:
                     self._emit_publish(p)
                 return
 
-    def _end_publishes(self, outcomes: dict | None, at, observed_until=None) -> None:
+    # -- the incarnation's transactions and gaps (channel.py) ---------------------------------------
+
+    def commit(self, row) -> None:
+        for p in self.tx_publishes:
+            self._finish(p, r.COMMITTED, row)
+        self.tx_publishes = []
+
+    def roll_back(self, row) -> None:
+        for p in self.tx_publishes:
+            self.awaiting_return.pop(p.row["seq"], None)  # never routed: nothing to return
+            self._finish(p, r.ROLLED_BACK, row)
+        self.tx_publishes = []
+
+    def client_gap(self, row) -> None:
+        """Publishes, commits and selects may be in the client's missing bytes."""
+        for p in self.tx_publishes + self.discarded:
+            self._finish(p, r.UNKNOWN, row, timed=False)
+        self.tx_publishes, self.discarded = [], []
+        self.aligned = False  # a publish in the gap would shift every later number
+        self.early_confirms, self.early_multiple, self.answered_select = {}, None, None
+        self.confirm = self.confirm or None
+        self.tx = self.tx or None
+
+    def broker_gap(self, row) -> None:
+        """Confirms and returns may be in the broker's missing bytes."""
+        for p in self.pending.values():
+            self.awaiting_return.pop(p.row["seq"], None)
+            self._finish(p, r.UNKNOWN, row, timed=False)
+        self.pending = {}
+
+    def end_publishes(self, outcomes: dict | None, at, observed_until=None) -> None:
         """Everything still waiting for a confirm or commit ends (`outcomes` by mode; None: unknown)."""
+        overdue_ns = self.life.connection.overdue_ns
         for p in list(self.pending.values()) + self.tx_publishes + self.discarded:
             outcome = r.UNKNOWN if outcomes is None else outcomes[p.mode]
             if p.mode == r.CONFIRM and p.confirm_seq is None and outcome == r.OPEN:
                 outcome = r.UNKNOWN  # dropped after a violation, but the data ends before the close
-            if outcome == r.OPEN and observed_until - p.row["ts_ns"] > self.connection.overdue_ns:
+            if outcome == r.OPEN and observed_until - p.row["ts_ns"] > overdue_ns:
                 outcome = r.OVERDUE
             p.observed_until = observed_until if outcome in (r.OPEN, r.OVERDUE) else None
             self._finish(p, outcome, at, timed=outcomes is not None)
         self.pending, self.tx_publishes, self.discarded = {}, [], []
         self.early_confirms, self.early_multiple = {}, None
 
-    def _flush_held(self) -> None:
+    def flush_held(self) -> None:
         held, self.awaiting_return = self.awaiting_return, {}
         for p in held.values():
             if p.outcome is not None:
@@ -181,16 +219,17 @@ class PublisherSide:
             self._emit_publish(p)
 
     def _emit_publish(self, p: _Publish) -> None:
-        row, c = p.row, self.connection
+        row, life = p.row, self.life
+        c = life.connection
         settle_seq, settle_ts = p.settle or (None, None)
         confirm_tag, confirm_multiple = p.confirm or (None, None)
         delivery_mode = row.get("delivery_mode")
         persistent = (delivery_mode == 2) if delivery_mode is not None else (
             None if row.get("body_size") is None else False)
         ret = p.returned or {}
-        self._out(r.Publish(
-            connection_id=c.id, agent_id=c.agent_id, channel=self.channel, incarnation=self.incarnation,
-            channel_open_seq=self.open_row["seq"], seq=row["seq"], ts_ns=row["ts_ns"],
+        life.out(r.Publish(
+            connection_id=c.id, agent_id=c.agent_id, channel=life.channel, incarnation=life.incarnation,
+            channel_open_seq=life.open_row["seq"], seq=row["seq"], ts_ns=row["ts_ns"],
             exchange=row.get("exchange"), routing_key=row.get("routing_key"), mandatory=row.get("mandatory"),
             persistent=persistent, message_id=row.get("message_id"), message_identity=row.get("message_identity"),
             mode=p.mode, confirm_seq=p.confirm_seq, pending_before=p.pending_before, outcome=p.outcome,

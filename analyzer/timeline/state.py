@@ -18,12 +18,15 @@ The encoding, one JSON value per Python value:
   an object, so shared.
 
 `STATE_VERSION` names the shape: the state classes and their fields (`FIELDS`). Change a field and
-the encoder refuses until FIELDS says so, and tests/test_state.py until the version is bumped; a
-checkpoint of another version is not read (its connection is analysed whole once).
+tests/test_state.py fails until FIELDS says so and the version is bumped (the encoder also refuses
+an object that gained an attribute FIELDS does not list); a checkpoint of another version is not
+read (its connection is analysed whole once). Fields come from these tables, never from a class's
+`__slots__`: the same code reads and writes the state of a compiled build.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,11 +34,13 @@ from dataclasses import dataclass
 from . import records as r
 from .channel import ChannelLife
 from .connection import ConnectionTimeline
-from .consumer import _Delivery, _EarlyAck
-from .publisher import _Publish
+from .consumer import ConsumerSide, _Delivery, _EarlyAck
+from .publisher import PublisherSide, _Publish
 
 FORMAT_NAME = "ackscope.timeline.state"
-STATE_VERSION = 2  # 2: the checkpoint carries the detectors' state
+# 2: the checkpoint carries the detectors' state. 3: an incarnation owns its consumer and publisher
+# sides (objects of their own) instead of inheriting them.
+STATE_VERSION = 3
 FORMAT = f"{FORMAT_NAME}/{STATE_VERSION}"  # the analysis_state table's `format` column
 
 # Every field of every state object. `emit` (where records go) is the caller's, never stored.
@@ -43,23 +48,24 @@ FIELDS = {
     ConnectionTimeline: (
         "id", "agent_id", "overdue_ns", "lives", "incarnations", "synchronised", "closed", "transport_end",
         "blocked_since_ns", "last_seq", "last_ts_ns", "finished", "awaiting_next"),
-    ChannelLife: (
-        # the incarnation (channel.py)
+    ChannelLife: (  # the incarnation (channel.py)
         "connection", "channel", "incarnation", "open_row", "history_known", "gap_seen", "gap_since_end",
-        "ended", "end_facts", "holding", "held", "tx_unanswered",
-        # its consumer side (consumer.py)
-        "consumers", "cancelled", "pending_consume", "pending_get", "outstanding", "tx_settled", "early",
+        "ended", "end_facts", "holding", "held", "tx_unanswered", "consumer", "publisher"),
+    ConsumerSide: (
+        "life", "consumers", "cancelled", "pending_consume", "pending_get", "outstanding", "tx_settled", "early",
         "proven_manual", "first_tag", "max_tag", "consumer_prefetch", "channel_prefetch", "unacked",
-        "peak_unacked", "consumes", "unbounded_manual_consumes", "deliveries", "violations", "refusing", "refused",
-        # its publisher side (publisher.py)
-        "confirm", "tx", "aligned", "next_confirm", "pending", "tx_publishes", "discarded", "awaiting_return",
-        "early_confirms", "early_multiple", "answered_select", "publishes"),
-    _Delivery: _Delivery.__slots__,
-    _Publish: _Publish.__slots__,
-    _EarlyAck: _EarlyAck.__slots__,
+        "peak_unacked", "consumes", "unbounded_manual_consumes", "deliveries", "violations", "refusing", "refused"),
+    PublisherSide: (
+        "life", "confirm", "tx", "aligned", "next_confirm", "pending", "tx_publishes", "discarded",
+        "awaiting_return", "early_confirms", "early_multiple", "answered_select", "publishes"),
+    _Delivery: ("row", "tag", "consumer_tag", "queue", "no_ack", "consumer_prefetch", "channel_prefetch"),
+    _Publish: ("row", "mode", "confirm_seq", "pending_before", "outcome", "settle", "confirm", "out_of_order_by",
+               "returned", "observed_until"),
+    _EarlyAck: ("row", "tag", "multiple", "kind", "where"),
 }
 NOT_STORED = {ConnectionTimeline: ("emit",)}
 RECORDS = {cls.__name__: cls for cls in (r.Delivery, r.Publish, r.ChannelFacts, r.Violation)}
+RECORD_FIELDS = {name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in RECORDS.items()}  # in order
 _PLAIN = (type(None), bool, int, float, str)
 
 
@@ -151,7 +157,7 @@ class _Writer:
         if kind is set:
             return ["S", [self.value(x) for x in sorted(v, key=repr)]]
         if kind.__name__ in RECORDS and RECORDS[kind.__name__] is kind:
-            return ["R", kind.__name__, [self.value(getattr(v, f)) for f in kind.__slots__]]
+            return ["R", kind.__name__, [self.value(getattr(v, f)) for f in RECORD_FIELDS[kind.__name__]]]
         if kind in self.fields:
             return ["O", self._object(v)]
         raise TypeError(f"a checkpoint cannot hold a {kind.__name__}")
@@ -161,17 +167,18 @@ class _Writer:
         if known is not None:
             return known
         kind = type(obj)
-        fields = self.fields[kind]
-        skipped = self.not_stored.get(kind, ())
-        present = tuple(f for f in getattr(kind, "__slots__", ()) if f not in skipped) or tuple(
-            k for k in vars(obj) if k not in skipped)
-        if set(present) != set(fields):
-            raise TypeError(f"{kind.__name__} has fields {sorted(set(present) ^ set(fields))} that its FIELDS "
-                            f"table does not list (or lists and it lacks): update FIELDS and the version")
+        stored = self.fields[kind]
+        # A slotted (or compiled) class cannot gain an attribute; one with a __dict__ can.
+        present = getattr(obj, "__dict__", None)
+        if present is not None:
+            present = set(present) - set(self.not_stored.get(kind, ()))
+            if present != set(stored):
+                raise TypeError(f"{kind.__name__} has fields {sorted(present ^ set(stored))} that its FIELDS "
+                                f"table does not list (or lists and it lacks): update FIELDS and the version")
         number = self.ids[id(obj)] = len(self.objects)
         entry = [kind.__name__, None]
         self.objects.append(entry)  # before its fields: they may refer back to it
-        entry[1] = {f: self.value(getattr(obj, f)) for f in fields}
+        entry[1] = {f: self.value(getattr(obj, f)) for f in stored}
         return number
 
 
@@ -206,7 +213,7 @@ class _Reader:
             return self.built[v[1]]
         if tag == "R" and len(v) == 3 and v[1] in RECORDS and isinstance(v[2], list):
             cls = RECORDS[v[1]]
-            if len(v[2]) != len(cls.__slots__) or not all(type(x) in _PLAIN for x in v[2]):
+            if len(v[2]) != len(RECORD_FIELDS[v[1]]) or not all(type(x) in _PLAIN for x in v[2]):
                 raise StateError(f"checkpoint record {v[1]} has {len(v[2])} fields or values that are not plain")
             return cls(*v[2])
         if len(v) != 2:
