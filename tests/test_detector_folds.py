@@ -12,13 +12,16 @@
 from __future__ import annotations
 
 import math
+import random
 
+import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analyzer.detectors import ConnectionDetectors, wants_frame
 from analyzer.detectors import quantiles
-from analyzer.detectors.profile import Profile
+from analyzer.detectors.profile import Profile, _compacted
 from analyzer.detectors.publisher import lower_median_index
 from analyzer.timeline import INPUT_COLUMNS
 from analyzer.timeline.connection import ConnectionTimeline
@@ -97,6 +100,71 @@ def test_the_folded_profile_is_the_profile_of_all_events(items, data):
     profile.end_ns = end_ns
     profile.fold(None)
     assert profile.result() == profile_oracle(events, limit, end_ns)
+    assert_bounded(profile)
+
+
+def assert_bounded(profile: Profile) -> None:
+    """What a fold keeps is bounded by the levels reached: disjoint ascending bands and a stack of
+    rising levels, none above the peak."""
+    edges = [edge for lo, hi, _ in profile.closed for edge in (lo, hi)]
+    assert edges == sorted(edges) and all(lo < hi for lo, hi, _ in profile.closed)
+    assert not edges or edges[-1] <= profile.peak
+    levels = [level for level, _, _ in profile.stack]
+    assert levels == sorted(set(levels)) and (not levels or levels[-1] <= profile.peak)
+
+
+def test_long_runs_and_deep_multiple_acks_fold_exactly():
+    """Hundreds of deliveries, acks of up to 400 at once, folded in large and small pieces under
+    limits that rise between folds: runs span folds, and the range tables go many levels deep."""
+    rng = random.Random(7)
+    for _ in range(40):
+        seqs = sorted(rng.sample(range(1, 3000), rng.randint(50, 400)))
+        profile, events, limit = Profile(), [], None
+        order = [(seq, seq * 10 + rng.randint(-40, 10)) for seq in seqs]
+        if rng.random() < 0.5:
+            rng.shuffle(order)
+        for at, (seq, ts) in enumerate(order):
+            events.append((seq * 2, ts))
+            profile.add(seq * 2, ts)
+            if rng.random() < 0.85:
+                settle = seq + rng.choice([0, 1, 3, 10, 50, 400])
+                events.append((settle * 2 + 1, settle * 10 + rng.randint(-5, 5)))
+                profile.add(*events[-1])
+            if rng.random() < 0.02:
+                limit = max(limit or 0, rng.choice([0, 1, 5, 20, 60, 150]))
+                profile.limit = limit
+            if rng.random() < 0.05:
+                unseen = [s for s, _ in order[at + 1:]]
+                profile.fold(2 * min(unseen) if unseen else None)
+        profile.fold(None)
+        assert profile.result() == profile_oracle(events, limit, None)
+        assert_bounded(profile)
+
+
+@settings(max_examples=300, deadline=None)
+@given(bands=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 40), st.integers(-50, 10**12)), max_size=60),
+       floor=st.integers(0, 20))
+def test_compacted_bands_answer_every_limit_as_the_bands_did(bands, floor):
+    """The closed runs' compaction: for every limit above the floor, the longest stall of the bands
+    over it, in disjoint ascending bands with no two neighbours of equal stall."""
+    lo, hi, stall = (np.array([band[i] for band in bands], np.int64) for i in range(3))
+    compact = _compacted(lo, hi, stall, floor)
+    for limit in range(floor + 1, 42):
+        over = [value for a, b, value in bands if a < limit <= b]
+        got = [value for a, b, value in compact if a < limit <= b]
+        assert got == ([max(over)] if over else []), limit
+    edges = [edge for a, b, _ in compact for edge in (a, b)]
+    assert edges == sorted(edges) and all(a < b for a, b, _ in compact)
+    assert all(not (x[1] == y[0] and x[2] == y[2]) for x, y in zip(compact, compact[1:]))
+
+
+def test_times_too_far_apart_to_subtract_are_refused():
+    profile = Profile()
+    profile.limit = 1
+    profile.add(2, -2 ** 62)
+    profile.add(4, 2 ** 62)
+    with pytest.raises(ValueError, match="too far apart"):
+        profile.fold(None)
 
 
 @settings(max_examples=300, deadline=None)

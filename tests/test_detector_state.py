@@ -30,7 +30,7 @@ from .detector_cases import hand_built_cases
 SETTINGS = Settings(1, 15_000_000, LAB)
 # The shape of DETECTORS_VERSION: a change to a stored class's fields must bump the version (old
 # checkpoints are then analysed whole once, not misread) and update this line.
-SHAPE = {1: "937163039c"}
+SHAPE = {1: "937163039c", 2: "97d8286649"}
 
 
 def test_the_version_names_the_shape():
@@ -128,6 +128,7 @@ def test_damaged_forged_or_missing_detectors_state_falls_back_with_its_reason():
     cases = {
         "holds no detectors' state": None,
         "version": dict(good, version=good["version"] + 1),
+        "version 1": dict(good, version=1),  # the profile's shape before version 2
         "not a checkpoint of ackscope.detectors.state": dict(good, format="something.else"),
         "is not a": dict(good, lost=["L", []]),
         "is not tagged": dict(good, buildup=[7]),

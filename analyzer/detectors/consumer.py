@@ -20,13 +20,12 @@ SETTLED = frozenset((r.ACK, r.NACK, r.REJECT, r.RECOVERED, r.CHANNEL_CLOSED, r.C
 SETTLED_BY_CLIENT = frozenset((r.ACK, r.NACK, r.REJECT))
 
 
-def _scope_add(scope: Profile, d: r.Delivery, limit: int | None) -> None:
+def _scope_add(scope: Profile, d: r.Delivery, limit: int | None, settle_key: int | None) -> None:
     scope.limit = most(scope.limit, limit)
     scope.end_ns = most(scope.end_ns, d.observed_until_ts_ns)
     scope.add(d.seq * 2, d.ts_ns)
-    if d.outcome in SETTLED:
-        # A settlement shown on its delivery's own row comes after it (odd key).
-        scope.add((d.settle_seq if d.settle_seq is not None else d.seq) * 2 + 1, d.settle_ts_ns)
+    if settle_key is not None:
+        scope.add(settle_key, d.settle_ts_ns)
 
 
 class _Buildup:
@@ -46,20 +45,23 @@ class _Buildup:
         self.agent_id = least(self.agent_id, d.agent_id)
         if self.oldest_ns is None or age > self.oldest_ns or (age == self.oldest_ns and d.seq < self.oldest[1]):
             self.oldest_ns, self.oldest = age, (d.delivery_tag, d.seq)
-        item = {"seq": d.seq, "delivery_tag": d.delivery_tag}
-        if age >= age_limit_ns:
-            self.by_age.add(None, d.ts_ns, until_ns, d.seq, item)
-        if age >= stall_limit_ns:
-            self.by_stall.add(None, d.ts_ns, until_ns, d.seq, item)
+        if age >= age_limit_ns or age >= stall_limit_ns:
+            item = {"seq": d.seq, "delivery_tag": d.delivery_tag}
+            if age >= age_limit_ns:
+                self.by_age.add(None, d.ts_ns, until_ns, d.seq, item)
+            if age >= stall_limit_ns:
+                self.by_stall.add(None, d.ts_ns, until_ns, d.seq, item)
+        # A settlement shown on its delivery's own row comes after it (odd key).
+        settle_key = ((d.settle_seq if d.settle_seq is not None else d.seq) * 2 + 1) if d.outcome in SETTLED else None
         delivered = d.method == "basic.deliver"
-        _scope_add(self.channel_scope, d, d.channel_prefetch if delivered else None)
+        _scope_add(self.channel_scope, d, d.channel_prefetch if delivered else None, settle_key)
         # basic.get ignores prefetch: only basic.deliver rows belong to a consumer's scope.
         if delivered and d.consumer_prefetch is not None and d.consumer_prefetch > 0:
             name = "consumer " + (d.consumer_tag or "")
             scope = self.consumer_scopes.get(name)
             if scope is None:
                 scope = self.consumer_scopes[name] = Profile()
-            _scope_add(scope, d, d.consumer_prefetch)
+            _scope_add(scope, d, d.consumer_prefetch, settle_key)
 
     def scopes(self):
         yield "channel", self.channel_scope

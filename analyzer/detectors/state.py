@@ -26,7 +26,7 @@ from .profile import Profile
 from .publisher import (ConfirmNack, LostConfirm, OutOfOrderConfirm, SynchronousConfirms,
                         UnconfirmedPersistentPublish, UnroutableReturned, _Lockstep)
 
-DETECTORS_VERSION = 1
+DETECTORS_VERSION = 2  # 2: the unacked profile's waiting events as two lists, its closed bands kept compact
 # Every stored field of every class the state holds. Change one and the encoder refuses until this
 # table says so, and tests/test_detector_state.py until the version is bumped.
 FIELDS = {

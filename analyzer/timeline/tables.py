@@ -80,7 +80,7 @@ def to_table(records: Iterable, record_type) -> pa.Table:
     """The records of one type as an Arrow table of its schema, sorted by its key."""
     table_schema, timestamps, date_from, key = TABLES[record_type]
     chosen = sorted((x for x in records if type(x) is record_type), key=attrgetter(*key))
-    return objects_to_table(chosen, getattr, table_schema, timestamps, date_from)
+    return objects_to_table(chosen, attrgetter, table_schema, timestamps, date_from)
 
 
 # table name -> the record type of its rows
