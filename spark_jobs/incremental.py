@@ -63,25 +63,26 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
     new = read_files(spark, lake, "frames", new_files, list(ANALYSIS_COLUMNS))
     states = of_connections(read_delta(spark, lake, STATE_TABLE, schema.ANALYSIS_STATE, mode), keys)
     wide = carry_on(new, states, of_connections(connections, keys), settings, frames_version)
-    # One look at the wide table: its rows by record and role, and the fallbacks (few) with them.
+    # One look at the wide table: its rows by record and role, the fallbacks (few) with them, and
+    # the carried connections' tallies summed.
     fallback = [prefixed("fallback", column) for column in ("connection_id", "reason")]
-    counts, fallbacks = Counter(), {}
-    for row in wide.groupBy(RECORD, ROLE, *fallback).agg(F.count(F.lit(1)).alias("n")).collect():
+    counts, fallbacks, read = Counter(), {}, {"frames": 0, "carried_records": 0}
+    for row in wide.groupBy(RECORD, ROLE, *fallback).agg(
+            F.count(F.lit(1)).alias("n"), *[F.sum(prefixed("tally", c)).alias(c) for c in read]).collect():
         counts[(row[RECORD], row[ROLE])] += row["n"]
         if row[RECORD] == "fallback":
             fallbacks[row[fallback[0]]] = row[fallback[1]]
+        if row[RECORD] == "tally":
+            read = {c: row[c] for c in read}
     state = carried_rows(wide, "state")
     carried_keys = [k for k in keys if k not in fallbacks]
-    read = (of_connections(new, carried_keys).count(),
-            of_connections(states, carried_keys)
-            .agg(F.coalesce(F.sum("carried_records"), F.lit(0)).alias("n")).first()["n"])
     tables = {name: carried_rows(wide, name, WRITE) for name in TIMELINE_TABLES}
     tables["channel_metrics"] = carried_rows(wide, "channel_metrics", WRITE)
     tables[STATE_TABLE] = state
     rows = {name: counts.get((name, WRITE), 0) for name in tables}
     rows[STATE_TABLE] = counts.get(("state", None), 0)
-    return Carried(tables, rows, _matches(wide, carried_keys, counts), fallbacks, frames=read[0],
-                   connections=len(keys) - len(fallbacks), records=read[1],
+    return Carried(tables, rows, _matches(wide, carried_keys, counts), fallbacks, frames=read["frames"],
+                   connections=len(keys) - len(fallbacks), records=read["carried_records"],
                    raw_findings=carried_rows(wide, "raw_findings"), raw_rows=counts.get(("raw_findings", None), 0))
 
 

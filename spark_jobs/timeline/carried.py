@@ -42,8 +42,10 @@ FIRST_BUCKET = -(2**63)
 TOUCHED = pa.schema([("connection_id", pa.string()), ("channel", pa.int32()), ("incarnation", pa.int32()),
                      ("from_ns", pa.int64())])
 FALLBACK = pa.schema([("connection_id", pa.string()), ("reason", pa.string())])
+# A carried connection's new frame rows, and the records its checkpoint held (the run's report).
+TALLY = pa.schema([("connection_id", pa.string()), ("frames", pa.int64()), ("carried_records", pa.int64())])
 CARRIED_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "state": schema.ANALYSIS_STATE,
-                  "touched": TOUCHED, "fallback": FALLBACK, "raw_findings": RAW_FINDINGS}
+                  "touched": TOUCHED, "fallback": FALLBACK, "raw_findings": RAW_FINDINGS, "tally": TALLY}
 # The right side's column saying the connection has an analysis_state row (it may have only a header).
 STORED = "_stored"
 WIDE = wide_schema(CARRIED_TABLES)
@@ -91,7 +93,9 @@ def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, s
                                          "from_ns": from_ns} for channel, incarnation in sorted(done.touched)],
                                        schema=TOUCHED)
         state_rows = states_table([state_row(done.checkpoint, done.timeline, frames_version)])
-        parts += [("touched", None, touched), ("state", None, state_rows),
+        tally = pa.Table.from_pylist([{"connection_id": connection_id, "frames": frames.num_rows,
+                                       "carried_records": stored.get("carried_records") or 0}], schema=TALLY)
+        parts += [("touched", None, touched), ("state", None, state_rows), ("tally", None, tally),
                   ("raw_findings", None, pa.Table.from_pylist(raw_finding_rows(connection, carried.raw_findings),
                                                               schema=RAW_FINDINGS))]
         return to_wide(WIDE, parts)
