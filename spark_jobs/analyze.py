@@ -41,7 +41,7 @@ from .incremental import Carried, carry_on_connections
 from .detectors import detect
 from .detectors.scoped import ACROSS_CONNECTIONS, rescoped_findings
 from .metrics_redo import pass_channel_metrics
-from .provisional import last_written_by_finished_run
+from .provisional import PROVISIONAL, last_written_by_finished_run
 from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, finished_runs, plan_run, thresholds_json
 from .session import commits_tagged, delta_mode as resolve_delta_mode, use_lake
 from .steps import Steps
@@ -212,10 +212,14 @@ def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carri
         table_schema = OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE)
         if run.keys is None:
             write_delta(rows, run.lake, name, table_schema, mode="overwrite", delta_mode=run.mode)
+        elif name in narrowed:
+            # The rows named by carried.matches are then exactly these (provisional.py): no key join.
+            replace_matching(rows, run.lake, name, table_schema,
+                             [connections_match(run.spark, run.keys, **{PROVISIONAL: (True,)})],
+                             delta_mode=run.mode, provisional_only=True)
         else:
             matches = analysed_whole + (carried.matches[name] if carried is not None else [])
-            replace_matching(rows, run.lake, name, table_schema, matches, delta_mode=run.mode,
-                             provisional_only=name in narrowed)
+            replace_matching(rows, run.lake, name, table_schema, matches, delta_mode=run.mode)
         if name != STATE_TABLE:
             report.rows[name] = whole_rows.get(name, 0) + (carried.rows[name] if carried is not None else 0)
 

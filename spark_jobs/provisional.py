@@ -9,7 +9,11 @@ this row"), and a table write puts them in files apart from the final rows (delt
 is split by the flag). The Delta log keeps each file's min and max of the column, so the files that
 can hold a replaced row are known from the log alone, without reading the table: those whose
 `provisional` may be true (or whose statistics are missing, as after a writer that keeps none). A
-carried run reads and rewrites just those, however large the table.
+carried run reads and rewrites just those, however large the table. And it needs no key join to
+find the rows it replaces: those are exactly the carried connections' provisional rows. Every
+provisional row of a connection comes from its checkpoint's open records, which the carried run
+writes again (as `stale` keys, their incarnations' facts and violations, and those incarnations'
+buckets from the boundary on), and no final row is ever replaced.
 
 One more kind of row gets replaced: a run cut short after some of its commits and done again
 writes the same rows again, and must first delete what the cut-short run wrote, provisional or
