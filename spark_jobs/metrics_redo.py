@@ -12,11 +12,12 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from analyzer.timeline.carry import load
 from analyzer.timeline.metrics import channel_metrics, to_table
 from analyzer.timeline.tables import RECORD_TYPES
 
 from .connection_pass import STATE_TABLE
-from .provisional import PROVISIONAL, flagged, metric_flags
+from .provisional import flagged, metric_flags, open_buckets
 from .timeline.plans import materialised
 from .timeline.tables import CHANNEL_METRICS
 from .timeline.wide import RECORD, from_wide, prefixed, records_from_wide
@@ -55,14 +56,10 @@ def _records(wide: pa.Table) -> list:
 
 
 def _open_buckets(wide: pa.Table) -> dict[str, tuple]:
-    """provisional.open_buckets of the connection, from its rows of the wide table: its checkpoint's
-    boundary bucket and the incarnations whose facts are provisional (still open)."""
+    """provisional.open_buckets of the connection's checkpoint (its analysis_state row of the wide
+    table), if it has one."""
     state = wide.filter(pc.equal(wide.column(RECORD), STATE_TABLE)).to_pylist()
     if not state or state[0][prefixed(STATE_TABLE, "checkpoint")] is None:
         return {}
-    channels = wide.filter(pc.and_(pc.equal(wide.column(RECORD), "channels"),
-                                   pc.equal(wide.column(prefixed("channels", PROVISIONAL)), True)))
-    live = frozenset(zip(channels.column(prefixed("channels", "channel")).to_pylist(),
-                         channels.column(prefixed("channels", "incarnation")).to_pylist()))
     row = state[0]
-    return {row[prefixed(STATE_TABLE, "connection_id")]: (row[prefixed(STATE_TABLE, "boundary_ns")], live)}
+    return {row[prefixed(STATE_TABLE, "connection_id")]: open_buckets(load(row[prefixed(STATE_TABLE, "checkpoint")]))}
