@@ -36,6 +36,7 @@ from analyzer import lake, schema  # noqa: E402
 from spark_jobs.analyze import OUTPUT_TABLES  # noqa: E402
 
 ACKSCOPE = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "ackscope")
+DIGEST_ROWS = 100_000
 SORT_KEYS = ("finding_id", "connection_id", "channel", "incarnation", "seq", "bucket_start_ns", "kind")
 
 
@@ -57,13 +58,25 @@ def run_analyze(lake_dir: str, master: str, driver_memory: str, *extra: str) -> 
     return seconds, json.loads(done.stdout)
 
 
+def timed_run(name: str, lake_dir: str, args, *extra: str) -> tuple[float, dict]:
+    """One run, its figures printed as soon as it ends: a later step that fails keeps them."""
+    seconds, report = run_analyze(lake_dir, args.master, args.driver_memory, *extra)
+    print(f"{name}: {seconds:.1f} s, {report['spark_jobs']} Spark jobs, {report['seconds_by_step']}", flush=True)
+    return seconds, report
+
+
 def tables_digest(lake_dir: str) -> dict[str, str]:
-    """A digest of each output table's rows in a fixed order."""
+    """A digest of each output table's rows in a fixed order, hashed a slice at a time: the 10 M-frame
+    lake's deliveries as one list of Python rows would not fit in memory."""
     digests = {}
     for name, table_schema in OUTPUT_TABLES.items():
         table = lake.read_table(lake_dir, name, table_schema)
-        table = table.sort_by([(k, "ascending") for k in SORT_KEYS if k in table.column_names])
-        digests[name] = hashlib.sha256(repr(table.to_pylist()).encode()).hexdigest()[:16]
+        table = table.sort_by([(k, "ascending") for k in SORT_KEYS if k in table.column_names]).combine_chunks()
+        digest = hashlib.sha256()
+        for offset in range(0, table.num_rows, DIGEST_ROWS):
+            digest.update(repr(table.slice(offset, DIGEST_ROWS).to_pylist()).encode())
+        digests[name] = digest.hexdigest()[:16]
+        del table
     return digests
 
 
@@ -87,13 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     append(work, "connections", connections, schema.CONNECTIONS, "all")
     print(f"lake: {frames.num_rows:,} generated frames; first {head.num_rows:,} committed, then {tail.num_rows:,} "
           f"appended ({args.tail:.0%}); {len(pc.unique(frames['connection_id']))} connections, "
-          f"{len(pc.unique(tail['connection_id']))} of them with appended frames")
+          f"{len(pc.unique(tail['connection_id']))} of them with appended frames", flush=True)
 
-    first, first_report = run_analyze(work, args.master, args.driver_memory)
+    first, first_report = timed_run("first run", work, args)
     append(work, "frames", tail, schema.FRAMES, "tail")
-    incremental, report = run_analyze(work, args.master, args.driver_memory)
+    incremental, report = timed_run("incremental run", work, args)
     after_incremental = tables_digest(work)
-    full, full_report = run_analyze(work, args.master, args.driver_memory, "--full")
+    full, full_report = timed_run("full run", work, args, "--full")
     same = tables_digest(work) == after_incremental
     rows = [("first run (full, head only)", first, first_report),
             ("incremental run after the append", incremental, report),
