@@ -30,7 +30,7 @@ from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
 from ..provisional import flagged, metric_flags, open_buckets
-from ..connection_pass import HEADER, RAW_FINDINGS, headers, raw_finding_rows, state_row, states_table
+from ..connection_pass import HEADER, RAW_FINDINGS, batch_rows, headers, raw_finding_rows, state_row, states_table
 from ..types import spark_schema
 from .plans import materialised
 from .tables import CHANNEL_METRICS, TIMELINE_TABLES
@@ -116,7 +116,7 @@ def _rows(frames: pa.Table):
     """The connection's rows in seq order, as dicts a batch at a time."""
     ordered = frames.select(list(ANALYSIS_COLUMNS)).sort_by("seq")
     for batch in ordered.to_batches(max_chunksize=FEED_ROWS):
-        yield from batch.to_pylist()
+        yield from batch_rows(batch)
 
 
 def _fallback(connection_id: str, reason: str) -> pa.Table:
