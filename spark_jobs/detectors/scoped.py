@@ -92,12 +92,15 @@ def _candidates(deliveries: DataFrame, messages: DataFrame, messages_rows: int |
     delivery of those messages (marked TOUCHED, with its message's CAME_BACK) and every closed or
     redelivered delivery; materialised, from one scan of the deliveries table."""
     marked = messages.withColumn(TOUCHED, F.lit(True))
-    return materialised(
+    candidates = materialised(
         deliveries.filter(F.col("message_identity").isNotNull())
         .join(lookup(marked, messages_rows), on="message_identity", how="left")
         .filter(F.col(TOUCHED).isNotNull() | _closed() | (F.col("redelivered") == True))  # noqa: E712
         .withColumn(TOUCHED, F.coalesce(TOUCHED, F.lit(False)))
         .withColumn(CAME_BACK, F.coalesce(CAME_BACK, F.lit(False))))
+    # Columns of their own: the checkpoint keeps the stored table's, and the rows a run wrote for
+    # connections analysed whole are read from that table too (Spark cannot join the two apart).
+    return candidates.select(*[F.col(column).alias(column) for column in candidates.columns])
 
 
 def _closed() -> Column:
