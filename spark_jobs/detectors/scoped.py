@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from analyzer.detectors import KINDS
@@ -35,7 +35,7 @@ from spark_jobs.timeline.plans import joined_by_shuffle, lookup, materialised
 
 from . import DETECTORS
 from .common import INCARNATION, identified
-from .messages import CLOSED
+from .messages import left_at_close
 
 ACROSS_CONNECTIONS = tuple(DETECTORS)
 
@@ -70,8 +70,8 @@ def rescoped_findings(tables: Tables, analysed: list[str], changed: DataFrame, t
     journeys = candidates.filter(F.col(TOUCHED)).select(*deliveries)
     loops = DETECTORS["requeue_loop"]({**tables, "deliveries": journeys}, thresholds)
 
-    closed = candidates.filter(_closed())
-    places = (written.filter(_closed()).select(*INCARNATION)
+    closed = candidates.filter(left_at_close())
+    places = (written.filter(left_at_close()).select(*INCARNATION)
               .unionByName(closed.filter(F.col(CAME_BACK)).select(*INCARNATION)).distinct())
     closed_there = closed.join(places, on=INCARNATION, how="left_semi").select("message_identity").distinct()
     # Every closed and redelivered delivery of those messages: what the kind reads of them.
@@ -95,14 +95,9 @@ def _candidates(deliveries: DataFrame, messages: DataFrame, messages_rows: int |
     candidates = materialised(
         deliveries.filter(F.col("message_identity").isNotNull())
         .join(lookup(marked, messages_rows), on="message_identity", how="left")
-        .filter(F.col(TOUCHED).isNotNull() | _closed() | (F.col("redelivered") == True))  # noqa: E712
+        .filter(F.col(TOUCHED).isNotNull() | left_at_close() | (F.col("redelivered") == True))  # noqa: E712
         .withColumn(TOUCHED, F.coalesce(TOUCHED, F.lit(False)))
         .withColumn(CAME_BACK, F.coalesce(CAME_BACK, F.lit(False))))
     # Columns of their own: the checkpoint keeps the stored table's, and the rows a run wrote for
     # connections analysed whole are read from that table too (Spark cannot join the two apart).
     return candidates.select(*[F.col(column).alias(column) for column in candidates.columns])
-
-
-def _closed() -> Column:
-    """A delivery left unacked when its channel or connection closed (messages.CLOSED)."""
-    return F.col("outcome").isin(*CLOSED) & F.col("settle_ts_ns").isNotNull()
