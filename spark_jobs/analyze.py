@@ -36,7 +36,7 @@ from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 from analyzer.connection_analysis import Settings
 
 from .delta_io import connections_match, read_delta, read_files, replace_matching, write_delta
-from .evidence_packets import finished_findings
+from .evidence_packets import finished_findings, finished_together
 from .incremental import Carried, carry_on_connections
 from .detectors import detect
 from .detectors.scoped import ACROSS_CONNECTIONS, rescoped_findings
@@ -48,7 +48,7 @@ from .steps import Steps
 from .stored_findings import stored_raw_findings
 from .thresholds import Thresholds
 from .connection_pass import STATE_TABLE, PassSummary, connection_pass, pass_rows, pass_summary
-from .timeline.plans import materialised, of_connections
+from .timeline.plans import first_day, first_seen, joined_by_shuffle, materialised, of_connections
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 
 OUTPUT_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "findings": schema.FINDINGS}
@@ -99,14 +99,12 @@ class _Run:
     def frames_of(self, keys: list[str]) -> DataFrame:
         """Every frame of these connections: from the first day any of them was seen (the
         connections table says), else from the start."""
-        seen = (of_connections(self.connections, keys)
-                .agg(F.countDistinct("connection_id").alias("known"), F.min("first_ts_ns").alias("first_ns")).first())
-        first_day = None
-        if seen["known"] == len(keys) and seen["first_ns"] is not None:
-            first_day = datetime.fromtimestamp(seen["first_ns"] // 10**9, timezone.utc).date().isoformat()
-        frames = read_delta(self.spark, self.lake, "frames", schema.FRAMES, self.mode, since=first_day,
-                            version=self.plan.frames_version)
-        return of_connections(frames, keys)
+        return of_connections(self.frames_since(first_day(first_seen(self.connections, keys).first(), keys)), keys)
+
+    def frames_since(self, day: str | None) -> DataFrame:
+        """The run's snapshot of `frames` from this UTC day on (None: all of it)."""
+        return read_delta(self.spark, self.lake, "frames", schema.FRAMES, self.mode, since=day,
+                          version=self.plan.frames_version)
 
 
 def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str | None = None,
@@ -148,7 +146,7 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
 
     own_findings = _per_connection_tables(run, all_frames, report) if keys != [] else None
     with steps.step("findings"):
-        _refresh_findings(run, own_findings, all_frames, thresholds)
+        _refresh_findings(run, own_findings, all_frames, thresholds, report.rows.get("deliveries"))
         report.rows["findings"] = _count_findings(lake, report)
     _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
     return _finished(report, started, steps)
@@ -267,30 +265,32 @@ def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None,
     return tables, own_findings, summary
 
 
-def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFrame, thresholds: Thresholds) -> None:
+def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFrame, thresholds: Thresholds,
+                      written_deliveries: int | None) -> None:
     """A scoped run computes again the findings its connections can change and replaces just those;
     a full run (or new thresholds) computes them all and replaces the table. The findings about one
     connection come from the pass for the connections it analysed whole, from the carried pass for
     those carried on from their checkpoints, and from the stored rows (stored_findings.py) when the
     thresholds changed; the cross-connection kinds from the Spark aggregation by message
-    (detectors/messages.py)."""
+    (detectors/messages.py). `written_deliveries`: how many delivery rows the run wrote, if known."""
     stored = (analysed.tables if analysed is not None else {}) or {
         name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in TIMELINE_TABLES}
     inputs = {**stored, "frames": all_frames, "connections": run.connections}
     if run.keys and not run.plan.findings_stale:
-        own = analysed.own_findings
-        if analysed.carried_findings is not None:
-            carried = finished_findings(analysed.carried_findings, run.frames_of(analysed.carried_keys),
-                                        analysed.carried_findings_rows)
-            own = carried if own is None else own.unionByName(carried)
         whole_keys = sorted(set(run.keys) - set(analysed.carried_keys))
         changed = [of_connections(inputs["deliveries"], whole_keys)] if whole_keys else []
         if analysed.carried_deliveries is not None:
             changed.append(analysed.carried_deliveries)
         changed = reduce(DataFrame.unionByName, changed) if changed else inputs["deliveries"].limit(0)
-        rescoped = rescoped_findings(inputs, run.keys, changed, own, thresholds)
-        replace_matching(materialised(rescoped.findings), run.lake, "findings", schema.FINDINGS, rescoped.replaces,
-                         delta_mode=run.mode)
+        rescoped = rescoped_findings(inputs, run.keys, changed, thresholds, written_deliveries)
+        with joined_by_shuffle(run.spark):
+            # The carried connections' findings and the message kinds' meet their packets in one scan.
+            findings = finished_together(analysed.carried_findings, analysed.carried_findings_rows,
+                                         analysed.carried_keys, rescoped.across, run.frames_since, run.connections)
+            if analysed.own_findings is not None:
+                findings = analysed.own_findings.unionByName(findings)
+            findings = materialised(findings)
+        replace_matching(findings, run.lake, "findings", schema.FINDINGS, rescoped.replaces, delta_mode=run.mode)
     else:
         whole = analysed is not None and run.keys is None
         own = analysed.own_findings if whole else _own_findings_from_stored(run, inputs, thresholds)

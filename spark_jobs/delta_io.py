@@ -30,10 +30,15 @@ from . import session
 from .provisional import PROVISIONAL, files_with_provisional_rows
 from .table_files import (TRANSACTION_VERSION, commit, commit_properties, delete_staging, files_to_read,
                           new_staging_folder, place_written_files, relative_in_table, snapshot_files, spark_location)
-from .timeline.plans import IN_LIST_CONNECTIONS, lookup
+from .timeline.plans import IN_LIST_CONNECTIONS, lookup, materialised
 from .types import spark_schema
 
 SAVE_MODES = ("append", "overwrite")
+# A replace that searches files of at most this many bytes (the findings table; a carried run's
+# provisional files) joins them with its keys by shuffling both, stages of the jobs that read them;
+# larger ones get the keys broadcast (a Spark job of its own for each query that runs it), so that
+# the table is never shuffled.
+SHUFFLED_SEARCH_BYTES = 16 << 20
 # The column a write of provisional and final rows is split by (a Spark partition, not a Delta one).
 SPLIT_BY_PROVISIONAL = "provisional_rows"
 
@@ -170,7 +175,12 @@ def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, mat
     if logged and matches and searched != set():
         current = (_read_bridge(spark, table, location, struct, None, None, searched)
                    .withColumn("_file", F.col("_metadata.file_path")))
-        marked = _marked(current, matches)
+        searched_bytes = sum(file.size for path, file in logged.items() if searched is None or path in searched)
+        shuffled = searched_bytes <= SHUFFLED_SEARCH_BYTES
+        marked = _marked(current, matches, shuffled)
+        if shuffled and any(isinstance(match, Match) for match in matches):
+            # Read twice (the files to rewrite, the rows they keep): the key joins once.
+            marked = materialised(marked)
         # Spark names files by URI; the Delta log by path relative to the table.
         touched = sorted(r["_file"] for r in marked.where(F.col("_doomed")).select("_file").distinct().collect())
         kept = (marked.where((F.col("_file").isin(*touched) if touched else F.lit(False)) & ~F.col("_doomed"))
@@ -188,9 +198,10 @@ def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, mat
     return open_table(lake, name).version()
 
 
-def _marked(current: DataFrame, matches: list[Match | Listed]) -> DataFrame:
+def _marked(current: DataFrame, matches: list[Match | Listed], shuffled: bool = False) -> DataFrame:
     """`current` with `_doomed`: does any match name the row. Key sets are small next to the table
-    (broadcast where they are: plans.lookup) and made distinct, so a left join never repeats a row."""
+    (broadcast where they are: plans.lookup; `shuffled`: the table is small too, and both sides are
+    shuffled) and made distinct, so a left join never repeats a row."""
     doomed = F.lit(False)
     for i, match in enumerate(matches):
         if isinstance(match, Listed):
@@ -199,7 +210,8 @@ def _marked(current: DataFrame, matches: list[Match | Listed]) -> DataFrame:
         hit, since = f"_hit_{i}", f"_from_{i}"
         keys = (match.keys.groupBy(*match.on).agg(F.min(match.at_least[1]).alias(since)) if match.at_least
                 else match.keys.select(*match.on).distinct()).withColumn(hit, F.lit(True))
-        current = current.join(lookup(keys, match.rows), on=list(match.on), how="left")
+        keys = keys.hint("shuffle_hash") if shuffled else lookup(keys, match.rows)
+        current = current.join(keys, on=list(match.on), how="left")
         reached = F.col(hit).isNotNull()
         if match.at_least:
             reached = reached & (F.col(match.at_least[0]) >= F.col(since))

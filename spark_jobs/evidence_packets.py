@@ -1,15 +1,23 @@
-"""The last step of the pass's findings: the capture packet of every frame their evidence names.
+"""The last step of the findings: the capture packet of every frame their evidence names.
 
 The pass sees each frame once, and which frames a finding names is known only at its connection's
 end, so the packets are looked up afterwards: the named (connection, seq) pairs pick their rows out
 of a scan of `frames` (a semi-join with the few pairs, broadcast when small: the frames table is
 never shuffled), and each connection's raw findings meet its packets in one grouped Arrow call
 that finishes them (analyzer/detectors/common.py's `finish`, the one implementation).
+
+A scoped run has findings of both sorts to finish, the carried connections' (the pass's raw
+findings) and the message kinds' (detectors/scoped.py): `finished_together` looks up both in one
+scan, read from the first day any of their evidence frames can be on (frames are partitioned by
+`date`): a carried connection's frames start on the day the connections table says it was first
+seen (as run.frames_of reads them), and a message kind's evidence frames are deliveries, no earlier
+than the finding's first instant.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -18,21 +26,58 @@ from pyspark.sql import functions as F
 from analyzer import schema
 from analyzer.detectors import MAX_EVIDENCE, RawFinding, finish
 
-from .timeline.plans import BROADCAST_ROWS, lookup
+from .detectors.common import finish_identified
+from .timeline.plans import BROADCAST_ROWS, first_day, first_seen, lookup, materialised, utc_day
 from .types import spark_schema
+
+PACKETS = ["connection_id", "seq", "source_packet", "source"]
 
 
 def finished_findings(raw: DataFrame, frames: DataFrame, raw_rows: int | None = None) -> DataFrame:
     """schema.FINDINGS rows of the pass's raw findings (connection_pass.RAW_FINDINGS); `frames`:
     schema.FRAMES rows holding at least every frame of those connections. `raw_rows`: how many
     raw findings there are, if known (else they are counted: one Spark job more)."""
-    named = raw.select("connection_id", F.explode("seqs").alias("seq")).distinct()
+    named = _named(raw)
     if raw_rows is None:
         named = lookup(named)
     elif raw_rows * MAX_EVIDENCE <= BROADCAST_ROWS:
         named = F.broadcast(named)
-    packets = (frames.select("connection_id", "seq", "source_packet", "source")
-               .join(named, on=["connection_id", "seq"], how="left_semi"))
+    return _finished_with(raw, frames.select(*PACKETS).join(named, on=["connection_id", "seq"], how="left_semi"))
+
+
+def finished_together(carried: DataFrame | None, carried_rows: int, carried_keys: list[str], across: DataFrame,
+                      frames_since: Callable[[str | None], DataFrame], connections: DataFrame) -> DataFrame:
+    """schema.FINDINGS rows of a scoped run's raw findings: `carried`, the pass's raw findings of
+    the connections `carried_keys` (`carried_rows` of them), and `across`, the message kinds' raw
+    findings, identified and materialised (detectors/common.py). `frames_since(day)`: the frames
+    table from that UTC day on (None: all of it)."""
+    # One job: how many frames the message kinds name and from when; the carried connections' first day.
+    seen = (across.agg(F.coalesce(F.sum(F.size("evidence.seqs")), F.lit(0)).alias("named"),
+                       F.min("first_ts_ns").alias("across_ns"))
+            .crossJoin(first_seen(connections, carried_keys)).first())
+    firsts = [utc_day(seen["across_ns"])] if seen["named"] else []
+    named = across.select("connection_id", F.explode("evidence.seqs").alias("seq"))
+    if carried is not None and carried_rows:
+        firsts.append(first_day(seen, carried_keys))
+        named = _named(carried).unionByName(named)
+    packets = frames_since(None).select(*PACKETS).limit(0)
+    if firsts:
+        named = named.distinct()
+        if carried_rows * MAX_EVIDENCE + seen["named"] <= BROADCAST_ROWS:
+            named = F.broadcast(named)
+        since = None if None in firsts else min(firsts)
+        packets = materialised(frames_since(since).select(*PACKETS)
+                               .join(named, on=["connection_id", "seq"], how="left_semi"))
+    found = finish_identified(across, packets, connections, located=True)
+    return found if carried is None else _finished_with(carried, packets).unionByName(found)
+
+
+def _named(raw: DataFrame) -> DataFrame:
+    return raw.select("connection_id", F.explode("seqs").alias("seq")).distinct()
+
+
+def _finished_with(raw: DataFrame, packets: DataFrame) -> DataFrame:
+    """The raw findings finished, each connection's with its packets (the named frames' PACKETS)."""
     return (raw.groupBy("connection_id").cogroup(packets.groupBy("connection_id"))
             .applyInArrow(_finish_connection, spark_schema(schema.FINDINGS)))
 

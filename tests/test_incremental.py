@@ -418,3 +418,45 @@ def test_an_old_checkpoint_or_refused_detectors_state_is_analysed_whole(spark, w
     assert f"{old['connection_id']}: checkpoint format ackscope.timeline.state/1" in report.reason, report.reason
     assert f"{forged['connection_id']}: detectors' state refused" in report.reason, report.reason
     assert _tables(lake_dir) == whole
+
+
+def test_a_first_delivery_settled_later_as_a_requeue_completes_a_loop_stored_elsewhere(spark, tmp_path):
+    """The rescoping of the message kinds (detectors/scoped.py) must start from every delivery row a
+    run wrote, not only from those that came back: consumer A holds the first delivery of a poison
+    message open when the first run ends (a provisional row), while consumer B's redeliveries of it,
+    each requeued, are already in the lake (another agent appended them). The next run carries A on,
+    A's nack settles that row as a requeue, and only with it does the loop reach the threshold."""
+    from analyzer.rows import dicts_to_table
+    from .test_timeline import T0, Conv
+
+    a, b = Conv("10.9.0.1:40001>10.9.0.9:5672@1", start=T0), Conv("10.9.0.2:40002>10.9.0.9:5672@2", start=T0 + 10**9)
+    for conv in (a, b):
+        conv.open(1)
+        conv.consume(1)
+    a.deliver(1, 1, msg="poison")
+    held = len(a.rows)
+    a.ack(1, 1, method="basic.nack", requeue=True)
+    bounces = LAB_THRESHOLDS.requeue_loop_deliveries - 2   # B's; A's nack makes the one the loop needs
+    for tag in range(1, bounces + 2):
+        b.deliver(1, tag, msg="poison", redelivered=True)
+        b.ack(1, tag, method="basic.nack" if tag <= bounces else "basic.ack", requeue=True if tag <= bounces else None)
+
+    def frames(rows):
+        return dicts_to_table(rows, schema.FRAMES, {"ts": "ts_ns"}, "ts_ns")
+
+    connections = dicts_to_table([{"connection_id": c.id, "agent_id": "test", "first_ts_ns": c.rows[0]["ts_ns"],
+                                   "last_ts_ns": c.rows[-1]["ts_ns"]} for c in (a, b)],
+                                 schema.CONNECTIONS, schema.CONNECTION_TIMESTAMPS, schema.CONNECTION_DATE_FROM)
+    whole_dir, pieces_dir = str(tmp_path / "whole"), str(tmp_path / "pieces")
+    _append(whole_dir, "frames", frames(a.rows + b.rows), schema.FRAMES, "all")
+    _append(pieces_dir, "frames", frames(a.rows[:held] + b.rows), schema.FRAMES, "first")
+    for lake_dir in (whole_dir, pieces_dir):
+        _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
+    analyze(spark, whole_dir, thresholds=LAB_THRESHOLDS)
+    assert _kinds(whole_dir)["requeue_loop"] == {b.id}
+    analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS)
+    assert "requeue_loop" not in _kinds(pieces_dir)
+    _append(pieces_dir, "frames", frames(a.rows[held:]), schema.FRAMES, "second")
+    report = analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS)
+    assert report.scope == NEW_DATA and report.carried_connections == report.connections == 1, report.reason
+    assert _tables(pieces_dir) == _tables(whole_dir)

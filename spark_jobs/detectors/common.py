@@ -89,7 +89,18 @@ def finish(raw: DataFrame, frames: DataFrame, connections: DataFrame) -> DataFra
     """Raw findings -> schema.FINDINGS: stable id, who the connection is, capture packets of the
     evidence, timestamps and date. The final select is the schema contract."""
     # Computed once: with_source_packets reads the findings twice.
-    found = with_source_packets(materialised(raw.withColumn("finding_id", finding_id())), frames)
+    return finish_identified(materialised(identified(raw)), frames, connections)
+
+
+def identified(raw: DataFrame) -> DataFrame:
+    """Raw findings with their `finding_id`."""
+    return raw.withColumn("finding_id", finding_id())
+
+
+def finish_identified(found: DataFrame, frames: DataFrame, connections: DataFrame, located: bool = False) -> DataFrame:
+    """`finish` of raw findings already `identified` (and materialised: they are read twice).
+    `located`: `frames` holds only the frames their evidence names, so none is searched for."""
+    found = with_source_packets(found, frames, located)
     found = found.join(connection_facts(connections), on="connection_id", how="left")
     evidence_json = F.to_json(F.struct(*[F.col(f"evidence.{name}").alias(name) for name in EVIDENCE],
                                        F.col("source_packets")))
@@ -127,17 +138,19 @@ def to_timestamp(ns: str) -> Column:
     return F.timestamp_micros(F.expr(f"{ns} div 1000"))
 
 
-def with_source_packets(found: DataFrame, frames: DataFrame) -> DataFrame:
+def with_source_packets(found: DataFrame, frames: DataFrame, located: bool = False) -> DataFrame:
     """`found` plus `source_packets` (the capture packet number of each evidence frame, in
     evidence order) and `evidence_source` (the capture file of the first). The findings exploded
     and gathered again; the frames they name are picked out of the scan by a semi-join with the
-    (few) evidence rows, broadcast when small, so the frames table is never shuffled."""
+    (few) evidence rows, broadcast when small, so the frames table is never shuffled (`located`:
+    `frames` are those already)."""
     columns = [c for c in found.columns if c != "finding_id"]
     exploded = found.select("*", F.posexplode_outer("evidence.seqs").alias("_pos", "_seq"))
-    named = lookup(exploded.where(F.col("_seq").isNotNull()).select("connection_id", "_seq").distinct())
-    located = (frames.select("connection_id", F.col("seq").alias("_seq"), "source_packet", "source")
-               .join(named, on=["connection_id", "_seq"], how="left_semi"))
-    joined = exploded.join(located, on=["connection_id", "_seq"], how="left")
+    packets = frames.select("connection_id", F.col("seq").alias("_seq"), "source_packet", "source")
+    if not located:
+        named = lookup(exploded.where(F.col("_seq").isNotNull()).select("connection_id", "_seq").distinct())
+        packets = packets.join(named, on=["connection_id", "_seq"], how="left_semi")
+    joined = exploded.join(packets, on=["connection_id", "_seq"], how="left")
     # A seq with no frame keeps its place (a null packet), so packets stay aligned with seqs.
     listed = F.when(F.col("_pos").isNotNull(), F.struct("_pos", "source_packet"))
     return joined.groupBy("finding_id").agg(

@@ -32,6 +32,12 @@ def came_back(prefix: str = "") -> Column:
             & ((column("redelivered") == True) | (F.coalesce(column("x_death_count"), F.lit(0)) > 0)))  # noqa: E712
 
 
+def left_at_close() -> Column:
+    """Deliveries left unacked when their channel or connection closed: redelivery_after_close's
+    starting points."""
+    return F.col("outcome").isin(*CLOSED) & F.col("settle_ts_ns").isNotNull()
+
+
 def _place(connection_id: str = "connection_id", channel: str = "channel"):
     return F.concat_ws("#", F.col(connection_id), F.col(channel).cast("string"))
 
@@ -113,7 +119,7 @@ def redelivery_after_close(tables: Tables, thresholds: Thresholds) -> DataFrame:
     (redelivered=true) afterwards, possibly to another consumer: whatever the first consumer did
     with them may happen twice. One finding per closed incarnation."""
     deliveries = tables["deliveries"].filter(F.col("message_identity").isNotNull())
-    closed = deliveries.filter(F.col("outcome").isin(*CLOSED) & F.col("settle_ts_ns").isNotNull())
+    closed = deliveries.filter(left_at_close())
     names = connection_facts(tables["connections"]).select("connection_id", "connection_name")
     # Where each message came back, reduced to one row per place: the join stays small even for
     # identities many deliveries share.

@@ -13,6 +13,12 @@ its messages, wherever they are: only the delivery rows the run wrote (`changed`
   back (redelivered) in a changed delivery, from their deliveries and every delivery of the same
   messages.
 Every other stored finding stays as it was.
+
+Both kinds read the stored deliveries through one scan (`_candidates`, materialised): every
+delivery of a changed message, and every closed or redelivered one, which is all that
+redelivery_after_close reads of any message. The rest are joins among those few rows, made by
+shuffling them (`joined_by_shuffle`): without adaptive execution each broadcast would be a Spark
+job of its own, and there would be one per join.
 """
 
 from __future__ import annotations
@@ -25,69 +31,73 @@ from pyspark.sql import functions as F
 from analyzer.detectors import KINDS
 from spark_jobs.delta_io import Listed, Match, connections_match
 from spark_jobs.thresholds import Thresholds
-from spark_jobs.timeline.plans import lookup, materialised
+from spark_jobs.timeline.plans import joined_by_shuffle, lookup, materialised
 
 from . import DETECTORS
-from .common import INCARNATION, finish
-from .messages import CLOSED
+from .common import INCARNATION, identified
+from .messages import left_at_close
 
 ACROSS_CONNECTIONS = tuple(DETECTORS)
 
 Tables = dict[str, DataFrame]
 
+# Candidates' marks: a delivery of a message a changed row names; that message came back
+# (redelivered) in a changed row.
+TOUCHED, CAME_BACK = "_touched", "_came_back"
+
 
 @dataclass
 class RescopedFindings:
-    findings: DataFrame          # rows of schema.FINDINGS computed again
-    replaces: list[Match | Listed]   # the stored findings they take the place of
+    across: DataFrame            # the message kinds' raw findings computed again, identified and materialised
+    replaces: list[Match | Listed]   # the stored findings they and the analysed connections' own take the place of
 
 
-def rescoped_findings(tables: Tables, analysed: list[str], changed: DataFrame, own_findings: DataFrame,
-                      thresholds: Thresholds) -> RescopedFindings:
+def rescoped_findings(tables: Tables, analysed: list[str], changed: DataFrame, thresholds: Thresholds,
+                      changed_rows: int | None = None) -> RescopedFindings:
     """`tables`: the detectors' inputs (detectors.INPUTS) as stored after the run's timelines;
     `analysed`: the connections the run analysed; `changed`: the
     delivery rows the run wrote (every row of a connection analysed whole; a carried connection's
-    new and rewritten rows: the rows they replace have the same keys and messages);
-    `own_findings`: the findings about one connection (analyzer.detectors.KINDS) of the analysed
-    connections."""
-    parts = [own_findings]
-    replaces = [connections_match(changed.sparkSession, analysed, kind=KINDS)]
+    new and rewritten rows: the rows they replace have the same keys and messages), `changed_rows`
+    of them if known. The findings about one connection (analyzer.detectors.KINDS) of the analysed
+    connections are the caller's; common.finish_identified finishes `across`."""
+    spark = changed.sparkSession
+    written = changed.filter(F.col("message_identity").isNotNull())
+    messages = written.groupBy("message_identity").agg(
+        F.max(F.coalesce(F.col("redelivered") == True, F.lit(False))).alias(CAME_BACK))  # noqa: E712
+    candidates = _candidates(tables["deliveries"], messages, changed_rows)
+    deliveries = [c for c in candidates.columns if c not in (TOUCHED, CAME_BACK)]
 
-    known = tables["deliveries"].filter(F.col("message_identity").isNotNull())
-    analysed_deliveries = changed.filter(F.col("message_identity").isNotNull())
-
-    messages, messages_rows = _counted(analysed_deliveries.select("message_identity").distinct())
-    journeys = known.join(messages, on="message_identity", how="left_semi")
+    journeys = candidates.filter(F.col(TOUCHED)).select(*deliveries)
     loops = DETECTORS["requeue_loop"]({**tables, "deliveries": journeys}, thresholds)
-    replaces.append(Match(messages.withColumn("kind", F.lit("requeue_loop")), ("kind", "message_identity"),
-                          rows=messages_rows))
 
-    came_back = analysed_deliveries.filter(F.col("redelivered") == True).select("message_identity")  # noqa: E712
-    closed = known.filter(F.col("outcome").isin(*CLOSED) & F.col("settle_ts_ns").isNotNull())
-    changed_closed = analysed_deliveries.filter(F.col("outcome").isin(*CLOSED) & F.col("settle_ts_ns").isNotNull())
-    places, places_rows = _counted(
-        changed_closed.select(*INCARNATION)
-        .unionByName(closed.join(came_back, on="message_identity", how="left_semi").select(*INCARNATION))
-        .select(*INCARNATION).distinct())
+    closed = candidates.filter(left_at_close())
+    places = (written.filter(left_at_close()).select(*INCARNATION)
+              .unionByName(closed.filter(F.col(CAME_BACK)).select(*INCARNATION)).distinct())
     closed_there = closed.join(places, on=INCARNATION, how="left_semi").select("message_identity").distinct()
-    involved = known.join(closed_there, on="message_identity", how="left_semi")
+    # Every closed and redelivered delivery of those messages: what the kind reads of them.
+    involved = candidates.join(closed_there, on="message_identity", how="left_semi").select(*deliveries)
     # Incarnations outside `places` may share a message with them: their findings would be partial.
     found = DETECTORS["redelivery_after_close"]({**tables, "deliveries": involved}, thresholds)
-    # Both kinds finished together: one look-up of their evidence packets in `frames`.
-    parts.append(finish(loops.unionByName(found.join(places, on=INCARNATION, how="left_semi")),
-                        tables["frames"], tables["connections"]))
-    replaces.append(Match(places.withColumn("kind", F.lit("redelivery_after_close")), ("kind", *INCARNATION),
-                          rows=places_rows))
-
-    findings = parts[0]
-    for part in parts[1:]:
-        findings = findings.unionByName(part)
-    return RescopedFindings(findings, replaces)
+    with joined_by_shuffle(spark):
+        across = materialised(identified(loops.unionByName(found.join(places, on=INCARNATION, how="left_semi"))))
+    replaces = [connections_match(spark, analysed, kind=KINDS),
+                Match(messages.select("message_identity").withColumn("kind", F.lit("requeue_loop")),
+                      ("kind", "message_identity"), rows=changed_rows),
+                Match(places.withColumn("kind", F.lit("redelivery_after_close")), ("kind", *INCARNATION))]
+    return RescopedFindings(across, replaces)
 
 
-def _counted(keys: DataFrame) -> tuple[DataFrame, int]:
-    """`keys` materialised, marked for broadcast if small, and how many rows it has (counted once,
-    for the look-up here and for the replacement's)."""
-    keys = materialised(keys)
-    rows = keys.count()
-    return lookup(keys, rows), rows
+def _candidates(deliveries: DataFrame, messages: DataFrame, messages_rows: int | None) -> DataFrame:
+    """The stored deliveries either kind can read for `messages` (message_identity, CAME_BACK): every
+    delivery of those messages (marked TOUCHED, with its message's CAME_BACK) and every closed or
+    redelivered delivery; materialised, from one scan of the deliveries table."""
+    marked = messages.withColumn(TOUCHED, F.lit(True))
+    candidates = materialised(
+        deliveries.filter(F.col("message_identity").isNotNull())
+        .join(lookup(marked, messages_rows), on="message_identity", how="left")
+        .filter(F.col(TOUCHED).isNotNull() | left_at_close() | (F.col("redelivered") == True))  # noqa: E712
+        .withColumn(TOUCHED, F.coalesce(TOUCHED, F.lit(False)))
+        .withColumn(CAME_BACK, F.coalesce(CAME_BACK, F.lit(False))))
+    # Columns of their own: the checkpoint keeps the stored table's, and the rows a run wrote for
+    # connections analysed whole are read from that table too (Spark cannot join the two apart).
+    return candidates.select(*[F.col(column).alias(column) for column in candidates.columns])

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 # A lookup table (one row per incarnation, consumer registration, ...) up to this many rows is
@@ -44,3 +48,37 @@ def of_connections(df: DataFrame, keys: list[str]) -> DataFrame:
         return df.where(F.col("connection_id").isin(keys))
     ids = df.sparkSession.createDataFrame([(k,) for k in keys], "connection_id string")
     return df.join(F.broadcast(ids), on="connection_id", how="left_semi").select(*df.columns)
+
+
+@contextmanager
+def joined_by_shuffle(spark: SparkSession) -> Iterator[None]:
+    """Meanwhile Spark broadcasts no join side on its own estimate (`lookup`'s mark still counts):
+    for a plan of small inputs (materialised ones are estimated small, and then each is broadcast),
+    a shuffle is a stage of its job, where each broadcast would be a job of its own."""
+    key = "spark.sql.autoBroadcastJoinThreshold"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "-1")
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
+
+
+def first_seen(connections: DataFrame, keys: list[str]) -> DataFrame:
+    """One row: how many of these connections the connections table knows (`known`), and the
+    first instant any of them was seen (`first_ns`); read with `first_day`."""
+    return of_connections(connections, keys).agg(F.countDistinct("connection_id").alias("known"),
+                                                 F.min("first_ts_ns").alias("first_ns"))
+
+
+def first_day(seen: Row, keys: list[str]) -> str | None:
+    """The UTC day the first of these connections was seen (`seen`: first_seen's row), from which
+    on their frames are; None where the connections table does not know them all."""
+    if seen["known"] != len(keys) or seen["first_ns"] is None:
+        return None
+    return utc_day(seen["first_ns"])
+
+
+def utc_day(ns: int) -> str:
+    """The `date` partition an instant is in."""
+    return datetime.fromtimestamp(ns // 10**9, timezone.utc).date().isoformat()

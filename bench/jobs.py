@@ -1,0 +1,198 @@
+"""Every Spark job of an incremental run, one by one: its step, how long it took, its tasks and the
+Python line that started it. The run of bench/incremental.py (the head of a generated lake
+analysed, the last `--tail` appended, then analysed again), but in one warm process, so the
+figures are the jobs' own and not the JVM's start.
+
+    .venv/bin/python bench/jobs.py [--frames 200000] [--hot-deliveries 60000] [--tail 0.05] [--check]
+
+The lake after the head's run and the append is kept (bench/out/jobs/<params>/base) and copied for
+each invocation, so only the incremental run is done again; `--fresh` analyses the head again (do
+it after changing what a full run writes). `--check` then runs `--full` over the same lake in the
+same process and says whether the tables are the incremental run's.
+
+Where a job comes from: a thread polls Spark's status tracker and, for each job it sees start,
+notes the innermost lines of this repository's code on every Python thread's stack (the driver
+thread that asked for the job waits inside it). Broadcasts and checkpoints run as jobs of their
+own, started from the action that needs them. Times come from the Spark UI's REST API (the UI is
+off in session.py for local runs; on here).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_DIR = os.path.dirname(BENCH_DIR)
+sys.path.insert(0, BENCH_DIR)
+sys.path.insert(0, REPO_DIR)
+
+import frames_generator as generator  # noqa: E402
+import incremental as bench  # noqa: E402
+
+from pyspark import SparkConf  # noqa: E402
+
+from analyzer import lake, schema  # noqa: E402
+from spark_jobs import session, steps  # noqa: E402
+from spark_jobs.analyze import analyze  # noqa: E402
+
+OWN_CODE = (os.path.join(REPO_DIR, "spark_jobs") + os.sep, os.path.join(REPO_DIR, "analyzer") + os.sep)
+
+
+class _ConfWithUi(SparkConf):
+    """session.get_spark's conf, but with the UI (and so its REST API) on."""
+    def set(self, key, value):
+        return super().set(key, "true" if key == "spark.ui.enabled" else value)
+
+
+class JobWatcher:
+    """Which step and which lines of code each Spark job started from."""
+
+    def __init__(self, spark, poll_s: float = 0.02):
+        self.spark, self.poll_s = spark, poll_s
+        self.step = "-"
+        self.sites: dict[int, tuple[str, str]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        tracker = self.spark.sparkContext.statusTracker()
+        while not self._stop.is_set():
+            for job in tracker.getActiveJobsIds():
+                if job not in self.sites:
+                    self.sites[job] = (self.step, _call_sites(threading.get_ident()))
+            time.sleep(self.poll_s)
+
+    @contextmanager
+    def steps_named(self):
+        """Steps.step also says which step is under way."""
+        original = steps.Steps.step
+
+        @contextmanager
+        def step(steps_self, name):
+            self.step = name
+            try:
+                with original(steps_self, name):
+                    yield
+            finally:
+                self.step = "-"
+
+        steps.Steps.step = step
+        try:
+            yield
+        finally:
+            steps.Steps.step = original
+
+
+def _call_sites(skip_thread: int, depth: int = 3) -> str:
+    sites = []
+    for thread, frame in sys._current_frames().items():
+        if thread == skip_thread:
+            continue
+        lines = []
+        while frame is not None and len(lines) < depth:
+            name = frame.f_code.co_filename
+            if name.startswith(OWN_CODE):
+                lines.append(f"{os.path.relpath(name, REPO_DIR)}:{frame.f_lineno} {frame.f_code.co_name}")
+            frame = frame.f_back
+        if lines:
+            sites.append(" < ".join(lines))
+    return " | ".join(sites) or "?"
+
+
+def rest_jobs(spark) -> list[dict]:
+    context = spark.sparkContext
+    url = f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}/jobs"
+    with urllib.request.urlopen(url) as answer:
+        return sorted(json.load(answer), key=lambda job: job["jobId"])
+
+
+def _instant(stamp: str) -> float:
+    return time.mktime(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) + int(stamp[20:23]) / 1000
+
+
+def _seconds(job: dict) -> float:
+    if not job.get("completionTime"):
+        return float("nan")
+    return _instant(job["completionTime"]) - _instant(job["submissionTime"])
+
+
+def base_lake(args, spark) -> str:
+    """The lake after the head's run and the append (made once per generated lake, or `--fresh`)."""
+    source, _ = generator.cached_lake(args.out, generator.params_from_args(args))
+    home = os.path.join(args.out, "jobs", f"{generator.params_from_args(args).key()}-tail{args.tail}")
+    base = os.path.join(home, "base")
+    if os.path.exists(os.path.join(home, "ready")) and not args.fresh:
+        return base
+    shutil.rmtree(home, ignore_errors=True)
+    frames = lake.read_table(source, "frames", schema.FRAMES)
+    head, tail = generator.as_appended(frames, [1 - args.tail])
+    bench.append(base, "frames", head, schema.FRAMES, "head")
+    bench.append(base, "connections", lake.read_table(source, "connections", schema.CONNECTIONS),
+                 schema.CONNECTIONS, "all")
+    first = analyze(spark, base)
+    bench.append(base, "frames", tail, schema.FRAMES, "tail")
+    print(f"base lake: {head.num_rows:,} frames analysed ({first.seconds:.1f} s), {tail.num_rows:,} appended")
+    open(os.path.join(home, "ready"), "w").close()
+    return base
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    generator.add_arguments(parser)
+    parser.set_defaults(frames=200_000, hot_deliveries=60_000)
+    parser.add_argument("--tail", type=float, default=0.05)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--out", default=os.path.join(BENCH_DIR, "out"))
+    parser.add_argument("--fresh", action="store_true", help="analyse the head again for the base lake")
+    parser.add_argument("--check", action="store_true", help="then a --full run: are the tables the same?")
+    args = parser.parse_args(argv)
+
+    session.SparkConf = _ConfWithUi
+    spark = session.get_spark(args.master, driver_memory=args.driver_memory)
+    base = base_lake(args, spark)
+    work = os.path.join(os.path.dirname(base), "work")
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(base, work)
+
+    before = {job["jobId"] for job in rest_jobs(spark)}
+    watcher = JobWatcher(spark)
+    with watcher, watcher.steps_named():
+        report = analyze(spark, work)
+    jobs = [job for job in rest_jobs(spark) if job["jobId"] not in before]
+    print(f"incremental run: {report.scope}, {report.carried_connections} of {report.connections} connections "
+          f"carried, {report.frames:,} frames read, {report.seconds:.1f} s, {report.spark_jobs} Spark jobs")
+    print(f"\n{'job':>4} {'step':<26} {'at s':>6} {'s':>6} {'tasks':>5}  started from")
+    start = min((_instant(job["submissionTime"]) for job in jobs), default=0.0)
+    for job in jobs:
+        step, site = watcher.sites.get(job["jobId"], ("?", "? (" + job["name"] + ")"))
+        print(f"{job['jobId']:>4} {step:<26} {_instant(job['submissionTime']) - start:>6.2f} {_seconds(job):>6.2f} "
+              f"{job['numTasks']:>5}  {site}")
+    print("\nby step: " + ", ".join(
+        f"{name} {seconds:.1f} s / {sum(1 for j in jobs if watcher.sites.get(j['jobId'], ('?',))[0] == name)} jobs"
+        for name, seconds in report.seconds_by_step.items()))
+    if args.check:
+        incremental_tables = bench.tables_digest(work)
+        analyze(spark, work, full=True)
+        same = bench.tables_digest(work) == incremental_tables
+        print(f"tables identical to a --full run's: {'yes' if same else 'NO (MISMATCH)'}")
+        return 0 if same else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
