@@ -5,15 +5,21 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 LAKE   ?= .demo-lake
 
-.PHONY: demo test services venv bench-decode clean
+.PHONY: demo test services venv jvm-archive bench-decode clean
 
 $(STAMP): pyproject.toml setup.py analyzer/_lane.c
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test]'
+	-$(PY) -m spark_jobs.jvm_archive
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The CDS archive of Spark's classes that local runs' driver JVMs map (spark_jobs/jvm_archive.py):
+# made by the venv's install, again here after a Java or pyspark change. Its failure only costs speed.
+jvm-archive: $(STAMP)
+	$(PY) -m spark_jobs.jvm_archive
 
 # The main job on the bundled sample capture, from decode to what it found.
 demo: $(STAMP)
