@@ -6,12 +6,12 @@ and tasks some more (bench/README.md, session 13). A dynamic CDS archive holds t
 already parsed and verified, mapped from one file: the JVM reads them instead of the JARs.
 
 The archive is made once per Java and Spark installation by a training run (`python -m
-spark_jobs.jvm_archive`; `make venv` runs it): the bundled sample analysed with
-`-XX:ArchiveClassesAtExit`, the JVM's dump waited for, the file renamed into place. Its name hashes
-the `java` Spark starts and Spark's JARs (names, sizes, times), so a different Java or pyspark
-finds none and runs as before; the JVM checks the rest itself (its own build, the class path) and,
-with its CDS messages off, silently runs without an archive that does not match. Nothing is
-archived while a run works, so concurrent runs never see a half-written file.
+spark_jobs.jvm_archive [--if-missing]`; `make venv` and `make test` run it): the bundled sample
+analysed with `-XX:ArchiveClassesAtExit`, the JVM's dump waited for, the file renamed into place.
+Its name hashes the `java` Spark starts and Spark's JARs (names, sizes, times), so a different Java
+or pyspark finds none and runs as before; the JVM checks the rest itself (its own build, the class
+path) and, with its CDS messages off, silently runs without an archive that does not match. Nothing
+is archived while a run works, so concurrent runs never see a half-written file.
 
 Outside the heap: the archived classes are mapped read-only in place of metaspace, so a 2 GB
 driver keeps its 2 GB. Local masters only: a cluster starts its driver with its own options.
@@ -119,8 +119,17 @@ def _spark_home() -> str:
     return os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
 
 
-def main() -> int:
-    print(f"wrote {build()}", file=sys.stderr)
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    path = archive_path()
+    if "--if-missing" in args and path is not None and os.path.isfile(path):
+        print(f"jvm archive: {path} is there already", file=sys.stderr)
+        return 0
+    try:
+        print(f"jvm archive: wrote {build()}", file=sys.stderr)
+    except RuntimeError as exc:  # runs work without it, only slower
+        print(f"jvm archive: not made: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -35,3 +35,10 @@ def test_the_name_follows_the_java_and_the_spark_jars(tmp_path, monkeypatch):
     assert jvm_archive.archive_path() != other
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java"))
     assert jvm_archive.archive_path() is None and jvm_archive.java_options() == ""
+
+
+def test_if_missing_leaves_an_existing_archive(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ACKSCOPE_JVM_ARCHIVE_DIR", str(tmp_path))
+    open(jvm_archive.archive_path(), "wb").close()
+    assert jvm_archive.main(["--if-missing"]) == 0
+    assert "there already" in capsys.readouterr().err
