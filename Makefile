@@ -5,15 +5,22 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 LAKE   ?= .demo-lake
 
-.PHONY: demo test services venv bench-decode clean
+.PHONY: demo test services venv jvm-archive bench-decode clean
 
 $(STAMP): pyproject.toml setup.py analyzer/_lane.c
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test]'
+	-$(PY) -m spark_jobs.jvm_archive --if-missing
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The CDS archive of Spark's classes that local runs' driver JVMs map (spark_jobs/jvm_archive.py):
+# made by the venv's install (and by `make test`, after the services bring Java), again here after a
+# Java or pyspark change. Its failure only costs speed.
+jvm-archive: $(STAMP)
+	$(PY) -m spark_jobs.jvm_archive
 
 # The main job on the bundled sample capture, from decode to what it found.
 demo: $(STAMP)
@@ -22,6 +29,7 @@ demo: $(STAMP)
 
 # Installs or starts what the tests talk to (tshark, RabbitMQ, Prometheus), then the whole suite.
 test: $(STAMP) services
+	-$(PY) -m spark_jobs.jvm_archive --if-missing
 	$(PY) -m pytest -q --durations=25
 
 services:

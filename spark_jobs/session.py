@@ -26,6 +26,8 @@ from pyspark.sql import SparkSession
 
 from analyzer.lake import is_s3
 
+from . import jvm_archive
+
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 DELTA_MODES = ("auto", "native", "bridge")
@@ -162,8 +164,11 @@ def commit_tag(spark: SparkSession) -> str | None:
     return spark.conf.get(COMMIT_TAG_CONF, None)
 
 
-def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memory: str | None = None) -> SparkSession:
-    """The session for a job; `driver_memory` (e.g. "8g") counts only if this call starts the driver JVM."""
+def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memory: str | None = None,
+              extra_java_options: str = "", class_archive: bool = True) -> SparkSession:
+    """The session for a job; `driver_memory` (e.g. "8g"), `extra_java_options` and
+    `class_archive` (a local driver maps the CDS archive of Spark's classes, if one was made:
+    jvm_archive.py) count only if this call starts the driver JVM."""
     conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(_SESSION_CONF.items()))
     cores = _local_cores(master)
     if cores is not None:
@@ -179,9 +184,11 @@ def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memor
     if driver_memory:
         conf.set("spark.driver.memory", driver_memory)
     # Spark's log lines go to a file, not the terminal (counts only if this call starts the driver).
-    java_options = conf.get("spark.driver.extraJavaOptions", "")
-    conf.set("spark.driver.extraJavaOptions", f"{java_options} -Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} "
-                                              f"-Dackscope.spark.log={spark_log_path()}".strip())
+    java_options = [conf.get("spark.driver.extraJavaOptions", ""), f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}",
+                    f"-Dackscope.spark.log={spark_log_path()}", extra_java_options]
+    if cores is not None and class_archive:
+        java_options.append(jvm_archive.java_options())
+    conf.set("spark.driver.extraJavaOptions", " ".join(option for option in java_options if option))
     if _delta_jars_in_driver(conf):
         conf.set("spark.sql.extensions", DELTA_EXTENSION).set("spark.sql.catalog.spark_catalog", DELTA_CATALOG)
     spark = SparkSession.builder.config(conf=conf).getOrCreate()
