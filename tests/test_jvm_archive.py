@@ -2,6 +2,8 @@
 used only when it exists (the archive itself is made by `make venv`, a 30-60 s training run)."""
 
 import os
+import subprocess
+import sys
 
 from spark_jobs import jvm_archive
 
@@ -42,3 +44,31 @@ def test_if_missing_leaves_an_existing_archive(tmp_path, monkeypatch, capsys):
     open(jvm_archive.archive_path(), "wb").close()
     assert jvm_archive.main(["--if-missing"]) == 0
     assert "there already" in capsys.readouterr().err
+
+
+def test_a_local_driver_loads_spark_from_the_archive(tmp_path):
+    """The real thing: a new driver JVM, started as every local run starts it, takes Spark's
+    classes from the archive (the JVM's class-load log names the source), not from the JARs."""
+    if jvm_archive.archive_path() is None:
+        raise AssertionError("no java for Spark: the services install it")
+    log = tmp_path / "classes.log"
+    script = (
+        "import os\n"
+        "from spark_jobs import jvm_archive\n"
+        "from spark_jobs.session import get_spark\n"
+        "if not os.path.isfile(jvm_archive.archive_path()):\n"
+        "    jvm_archive.build()\n"
+        f"spark = get_spark('local[1]', extra_java_options='-Xlog:class+load=info:file={log}')\n"
+        "assert spark.range(3).count() == 3\n"
+        "spark.stop()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    sources = {}
+    for line in log.read_text().splitlines():
+        parts = line.split("] ", 3)[-1].split(" source: ", 1)
+        if len(parts) == 2:
+            sources[parts[0].strip()] = parts[1].strip()
+    assert sources["org.apache.spark.SparkContext"] == "shared objects file (top)", \
+        sources.get("org.apache.spark.SparkContext")
+    from_archive = sum(source.startswith("shared objects file") for source in sources.values())
+    assert from_archive > len(sources) / 2, (from_archive, len(sources))
