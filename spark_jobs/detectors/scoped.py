@@ -35,7 +35,7 @@ from spark_jobs.timeline.plans import joined_by_shuffle, lookup, materialised
 
 from . import DETECTORS
 from .common import INCARNATION, identified
-from .messages import left_at_close
+from .messages import BOUNCED_BY, left_at_close
 
 ACROSS_CONNECTIONS = tuple(DETECTORS)
 
@@ -64,7 +64,7 @@ def rescoped_findings(tables: Tables, analysed: list[str], changed: DataFrame, t
     written = changed.filter(F.col("message_identity").isNotNull())
     messages = written.groupBy("message_identity").agg(
         F.max(F.coalesce(F.col("redelivered") == True, F.lit(False))).alias(CAME_BACK))  # noqa: E712
-    candidates = _candidates(tables["deliveries"], messages, changed_rows)
+    candidates = _candidates(tables["deliveries"], messages)
     deliveries = [c for c in candidates.columns if c not in (TOUCHED, CAME_BACK)]
 
     journeys = candidates.filter(F.col(TOUCHED)).select(*deliveries)
@@ -87,14 +87,24 @@ def rescoped_findings(tables: Tables, analysed: list[str], changed: DataFrame, t
     return RescopedFindings(across, replaces)
 
 
-def _candidates(deliveries: DataFrame, messages: DataFrame, messages_rows: int | None) -> DataFrame:
+def _candidates(deliveries: DataFrame, messages: DataFrame) -> DataFrame:
     """The stored deliveries either kind can read for `messages` (message_identity, CAME_BACK): every
-    delivery of those messages (marked TOUCHED, with its message's CAME_BACK) and every closed or
-    redelivered delivery; materialised, from one scan of the deliveries table."""
-    marked = messages.withColumn(TOUCHED, F.lit(True))
+    delivery of those that came back or can be in a loop (marked TOUCHED, with CAME_BACK) and every
+    closed or redelivered delivery; materialised.
+
+    Two scans of the deliveries, neither shuffling them. The first reads three columns for the
+    messages that can be in a loop at all (a delivery of theirs bounced, or dead-lettered before:
+    requeue_loop finds nothing for any other, in this table as it now stands) and keeps those of
+    `messages`, with those that came back: few, so the second scan meets them by broadcast."""
+    known = deliveries.filter(F.col("message_identity").isNotNull())
+    can_loop = known.filter(F.col("outcome").isin(*BOUNCED_BY)
+                            | (F.coalesce(F.col("x_death_count"), F.lit(0)) > 0)).select("message_identity")
+    marked = lookup(messages.join(can_loop.distinct(), on="message_identity", how="left_semi")
+                    .unionByName(messages.filter(F.col(CAME_BACK)))
+                    .groupBy("message_identity").agg(F.max(CAME_BACK).alias(CAME_BACK))
+                    .withColumn(TOUCHED, F.lit(True)))
     candidates = materialised(
-        deliveries.filter(F.col("message_identity").isNotNull())
-        .join(lookup(marked, messages_rows), on="message_identity", how="left")
+        known.join(marked, on="message_identity", how="left")
         .filter(F.col(TOUCHED).isNotNull() | left_at_close() | (F.col("redelivered") == True))  # noqa: E712
         .withColumn(TOUCHED, F.coalesce(TOUCHED, F.lit(False)))
         .withColumn(CAME_BACK, F.coalesce(CAME_BACK, F.lit(False))))
