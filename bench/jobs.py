@@ -57,10 +57,10 @@ class JobWatcher:
         self.spark, self.poll_s = spark, poll_s
         self.step = "-"
         self.sites: dict[int, tuple[str, str]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
 
     def __enter__(self):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
         return self
 
@@ -150,6 +150,26 @@ def base_lake(args, spark) -> str:
     return base
 
 
+def listed_run(spark, watcher: JobWatcher, run) -> tuple:
+    """`run()`'s report and the Spark jobs it started (the UI's records), each job's site noted."""
+    before = {job["jobId"] for job in rest_jobs(spark)}
+    with watcher, watcher.steps_named():
+        report = run()
+    return report, [job for job in rest_jobs(spark) if job["jobId"] not in before]
+
+
+def print_jobs(report, jobs: list[dict], watcher: JobWatcher) -> None:
+    print(f"\n{'job':>4} {'step':<26} {'at s':>6} {'s':>6} {'tasks':>5}  started from")
+    start = min((_instant(job["submissionTime"]) for job in jobs), default=0.0)
+    for job in jobs:
+        step, site = watcher.sites.get(job["jobId"], ("?", "? (" + job["name"] + ")"))
+        print(f"{job['jobId']:>4} {step:<26} {_instant(job['submissionTime']) - start:>6.2f} {_seconds(job):>6.2f} "
+              f"{job['numTasks']:>5}  {site}")
+    print("\nby step: " + ", ".join(
+        f"{name} {seconds:.1f} s / {sum(1 for j in jobs if watcher.sites.get(j['jobId'], ('?',))[0] == name)} jobs"
+        for name, seconds in report.seconds_by_step.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     generator.add_arguments(parser)
@@ -169,25 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(base, work)
 
-    before = {job["jobId"] for job in rest_jobs(spark)}
     watcher = JobWatcher(spark)
-    with watcher, watcher.steps_named():
-        report = analyze(spark, work)
-    jobs = [job for job in rest_jobs(spark) if job["jobId"] not in before]
+    report, jobs = listed_run(spark, watcher, lambda: analyze(spark, work))
     print(f"incremental run: {report.scope}, {report.carried_connections} of {report.connections} connections "
           f"carried, {report.frames:,} frames read, {report.seconds:.1f} s, {report.spark_jobs} Spark jobs")
-    print(f"\n{'job':>4} {'step':<26} {'at s':>6} {'s':>6} {'tasks':>5}  started from")
-    start = min((_instant(job["submissionTime"]) for job in jobs), default=0.0)
-    for job in jobs:
-        step, site = watcher.sites.get(job["jobId"], ("?", "? (" + job["name"] + ")"))
-        print(f"{job['jobId']:>4} {step:<26} {_instant(job['submissionTime']) - start:>6.2f} {_seconds(job):>6.2f} "
-              f"{job['numTasks']:>5}  {site}")
-    print("\nby step: " + ", ".join(
-        f"{name} {seconds:.1f} s / {sum(1 for j in jobs if watcher.sites.get(j['jobId'], ('?',))[0] == name)} jobs"
-        for name, seconds in report.seconds_by_step.items()))
+    print_jobs(report, jobs, watcher)
     if args.check:
         incremental_tables = bench.tables_digest(work)
-        analyze(spark, work, full=True)
+        report, jobs = listed_run(spark, watcher, lambda: analyze(spark, work, full=True))
+        print(f"\nfull run: {report.frames:,} frames read, {report.seconds:.1f} s, {report.spark_jobs} Spark jobs")
+        print_jobs(report, jobs, watcher)
         same = bench.tables_digest(work) == incremental_tables
         print(f"tables identical to a --full run's: {'yes' if same else 'NO (MISMATCH)'}")
         return 0 if same else 1
