@@ -17,6 +17,7 @@ checkpoints from the same pass that writes their tables (connection_pass.py).
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -58,54 +59,55 @@ def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, s
     """The wide table for every connection of `new_frames` (ANALYSIS_COLUMNS), materialised.
     `states`: their analysis_state rows; `connections`: their schema.CONNECTIONS rows (for the
     findings, as the pass reads them: connection_pass.headers)."""
-    bucket_seconds = settings.bucket_seconds
-
-    def one_connection(frames: pa.Table, state: pa.Table) -> pa.Table:
-        if frames.num_rows == 0:
-            return WIDE.empty_table()
-        connection_id = frames["connection_id"][0].as_py()
-        stored = state.to_pylist()[0] if state.num_rows else {}
-        connection = json.loads(stored[HEADER]) if stored.get(HEADER) else {"connection_id": connection_id}
-        checkpoint = None
-        if stored.get(STORED):
-            if stored["checkpoint"] is None:
-                return _fallback(connection_id, "analysed whole when it had ended (closed or FIN/RST): no checkpoint")
-            if stored["format"] != FORMAT:
-                return _fallback(connection_id, f"checkpoint format {stored['format']}, not {FORMAT}")
-            try:
-                checkpoint = load(stored["checkpoint"])
-            except StateError as refused:
-                return _fallback(connection_id, f"checkpoint refused: {refused}")
-        carried = carry_on_connection(checkpoint, _rows(frames), settings, connection)
-        done = carried.continued
-        if done.fallback:
-            return _fallback(connection_id, done.fallback)
-        parts = []
-        for name, record_type in RECORD_TYPES.items():
-            parts += [(name, WRITE, flagged(to_table(done.final, record_type), False)),
-                      (name, WRITE, flagged(to_table(done.open, record_type), True)),
-                      (name, STALE, flagged(to_table(done.stale, record_type), True))]
-        metrics = carried_channel_metrics(done.metrics, done.touched, done.boundary_ns, bucket_seconds)
-        flags = metric_flags(metrics, {connection_id: open_buckets(done.checkpoint)} if done.checkpoint else {})
-        parts.append(("channel_metrics", WRITE, flagged(metrics_table(metrics), flags)))
-        from_ns = FIRST_BUCKET if done.boundary_ns is None else done.boundary_ns
-        touched = pa.Table.from_pylist([{"connection_id": connection_id, "channel": channel, "incarnation": incarnation,
-                                         "from_ns": from_ns} for channel, incarnation in sorted(done.touched)],
-                                       schema=TOUCHED)
-        state_rows = states_table([state_row(done.checkpoint, done.timeline, frames_version)])
-        tally = pa.Table.from_pylist([{"connection_id": connection_id, "frames": frames.num_rows,
-                                       "carried_records": stored.get("carried_records") or 0}], schema=TALLY)
-        parts += [("touched", None, touched), ("state", None, state_rows), ("tally", None, tally),
-                  ("raw_findings", None, pa.Table.from_pylist(raw_finding_rows(connection, carried.raw_findings),
-                                                              schema=RAW_FINDINGS))]
-        return to_wide(WIDE, parts)
-
     stored = states.select("*", F.lit(True).alias(STORED)).join(
         headers(connections).select("connection_id", HEADER), on="connection_id", how="full")
     wide = (new_frames.select(*ANALYSIS_COLUMNS).groupBy("connection_id")
             .cogroup(stored.groupBy("connection_id"))
-            .applyInArrow(one_connection, spark_schema(WIDE)))
+            .applyInArrow(partial(carried_connection, settings, frames_version), spark_schema(WIDE)))
     return materialised(wide)
+
+
+def carried_connection(settings: Settings, frames_version: int, frames: pa.Table, state: pa.Table) -> pa.Table:
+    """One connection's wide table: its new frames (ANALYSIS_COLUMNS) fed on from its stored state
+    row (with STORED and HEADER; none for a connection new to the run)."""
+    if frames.num_rows == 0:
+        return WIDE.empty_table()
+    connection_id = frames["connection_id"][0].as_py()
+    stored = state.to_pylist()[0] if state.num_rows else {}
+    connection = json.loads(stored[HEADER]) if stored.get(HEADER) else {"connection_id": connection_id}
+    checkpoint = None
+    if stored.get(STORED):
+        if stored["checkpoint"] is None:
+            return _fallback(connection_id, "analysed whole when it had ended (closed or FIN/RST): no checkpoint")
+        if stored["format"] != FORMAT:
+            return _fallback(connection_id, f"checkpoint format {stored['format']}, not {FORMAT}")
+        try:
+            checkpoint = load(stored["checkpoint"])
+        except StateError as refused:
+            return _fallback(connection_id, f"checkpoint refused: {refused}")
+    carried = carry_on_connection(checkpoint, _rows(frames), settings, connection)
+    done = carried.continued
+    if done.fallback:
+        return _fallback(connection_id, done.fallback)
+    parts = []
+    for name, record_type in RECORD_TYPES.items():
+        parts += [(name, WRITE, flagged(to_table(done.final, record_type), False)),
+                  (name, WRITE, flagged(to_table(done.open, record_type), True)),
+                  (name, STALE, flagged(to_table(done.stale, record_type), True))]
+    metrics = carried_channel_metrics(done.metrics, done.touched, done.boundary_ns, settings.bucket_seconds)
+    flags = metric_flags(metrics, {connection_id: open_buckets(done.checkpoint)} if done.checkpoint else {})
+    parts.append(("channel_metrics", WRITE, flagged(metrics_table(metrics), flags)))
+    from_ns = FIRST_BUCKET if done.boundary_ns is None else done.boundary_ns
+    touched = pa.Table.from_pylist([{"connection_id": connection_id, "channel": channel, "incarnation": incarnation,
+                                     "from_ns": from_ns} for channel, incarnation in sorted(done.touched)],
+                                   schema=TOUCHED)
+    state_rows = states_table([state_row(done.checkpoint, done.timeline, frames_version)])
+    tally = pa.Table.from_pylist([{"connection_id": connection_id, "frames": frames.num_rows,
+                                   "carried_records": stored.get("carried_records") or 0}], schema=TALLY)
+    parts += [("touched", None, touched), ("state", None, state_rows), ("tally", None, tally),
+              ("raw_findings", None, pa.Table.from_pylist(raw_finding_rows(connection, carried.raw_findings),
+                                                          schema=RAW_FINDINGS))]
+    return to_wide(WIDE, parts)
 
 
 def carried_rows(wide: DataFrame, name: str, role: str | None = None) -> DataFrame:
