@@ -39,7 +39,7 @@ from .delta_io import connections_match, read_delta, read_files, replace_matchin
 from .evidence_packets import finished_findings, finished_together
 from .incremental import Carried, carry_on_connections
 from .detectors import detect
-from .detectors.scoped import ACROSS_CONNECTIONS, rescoped_findings
+from .detectors.scoped import ACROSS_CONNECTIONS, message_kinds_deliveries, rescoped_findings
 from .metrics_redo import pass_channel_metrics
 from .provisional import PROVISIONAL, last_written_by_finished_run
 from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, finished_runs, plan_run, thresholds_json
@@ -155,7 +155,6 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
 @dataclass
 class _Analysed:
     """What the per-connection step leaves for the findings step."""
-    tables: dict[str, DataFrame]        # a full run's timeline tables (the findings read them), else empty
     own_findings: DataFrame | None      # the pass's findings about one connection (None: nothing analysed whole)
     carried_keys: list[str]             # connections carried on from their checkpoints
     carried_deliveries: DataFrame | None = None   # the delivery rows the carried connections wrote
@@ -191,10 +190,10 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
         _write_tables(run, outputs, analysed_whole, carried, report, summary.rows if summary else {})
     carried_keys = sorted(set(run.keys or ()) - set(whole_keys or ())) if carried is not None else []
     if run.keys is None:
-        return _Analysed(tables, own_findings, carried_keys, came_back=summary.came_back)
+        return _Analysed(own_findings, carried_keys, came_back=summary.came_back)
     if carried is None or not carried_keys:
-        return _Analysed({}, own_findings, carried_keys)
-    return _Analysed({}, own_findings, carried_keys, carried_deliveries=carried.tables["deliveries"],
+        return _Analysed(own_findings, carried_keys)
+    return _Analysed(own_findings, carried_keys, carried_deliveries=carried.tables["deliveries"],
                      carried_findings=carried.raw_findings, carried_findings_rows=carried.raw_rows)
 
 
@@ -273,8 +272,9 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
     those carried on from their checkpoints, and from the stored rows (stored_findings.py) when the
     thresholds changed; the cross-connection kinds from the Spark aggregation by message
     (detectors/messages.py). `written_deliveries`: how many delivery rows the run wrote, if known."""
-    stored = (analysed.tables if analysed is not None else {}) or {
-        name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in TIMELINE_TABLES}
+    # As written: read from their Parquet files, a run's tables cost a fraction of a scan of the
+    # pass's output, which holds every table's rows in the columns of all of them.
+    stored = {name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in TIMELINE_TABLES}
     inputs = {**stored, "frames": all_frames, "connections": run.connections}
     if run.keys and not run.plan.findings_stale:
         whole_keys = sorted(set(run.keys) - set(analysed.carried_keys))
@@ -295,8 +295,9 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
         whole = analysed is not None and run.keys is None
         own = analysed.own_findings if whole else _own_findings_from_stored(run, inputs, thresholds)
         # A full run knows whether any delivery came back: without one the message kinds find nothing.
-        findings = own if whole and not analysed.came_back else own.unionByName(
-            detect(inputs, thresholds, kinds=ACROSS_CONNECTIONS))
+        findings = own if whole and not analysed.came_back else own.unionByName(detect(
+            {**inputs, "deliveries": message_kinds_deliveries(inputs["deliveries"])}, thresholds,
+            kinds=ACROSS_CONNECTIONS))
         write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite",
                     delta_mode=run.mode)
 

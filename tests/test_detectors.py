@@ -28,6 +28,7 @@ from analyzer.ingest import ingest_file
 from analyzer.rows import dicts_to_table
 from analyzer.timeline import replay_frames
 from spark_jobs.detectors import DETECTORS, INPUTS, SEVERITY, detect
+from spark_jobs.detectors.scoped import message_kinds_deliveries
 from spark_jobs.detectors.common import EVIDENCE
 from spark_jobs.detectors.scoped import ACROSS_CONNECTIONS
 from spark_jobs.thresholds import Thresholds
@@ -173,6 +174,21 @@ def test_ids_and_rows_are_the_same_when_run_again_on_reordered_input(spark, capt
         row.asDict() for row in detect(spark_tables(spark, everything, reverse=True), LAB).collect()]
     key = lambda f: f["finding_id"]  # noqa: E731
     assert sorted(again, key=key) == sorted(findings, key=key)
+
+
+def test_the_deliveries_a_full_run_hands_the_message_kinds_give_their_findings_exactly(spark, everything, output):
+    """A full run hands `detect` only what the message kinds can use of the deliveries (every
+    delivery of a message that can loop, every closed or redelivered one): the same findings, row
+    for row, as from every delivery, on cases with loops, dead-letter cycles, closes and identical
+    bodies that are not the same message."""
+    tables = spark_tables(spark, everything)
+    narrowed = message_kinds_deliveries(tables["deliveries"])
+    assert 0 < narrowed.count() < tables["deliveries"].count()
+    again = [row.asDict() for row in detect({**tables, "deliveries": narrowed}, LAB).collect()]
+    expected = [row.asDict() for row in output.collect()]
+    assert {f["kind"] for f in expected} == set(DETECTORS)
+    key = lambda f: f["finding_id"]  # noqa: E731
+    assert sorted(again, key=key) == sorted(expected, key=key)
 
 
 def test_detect_names_what_is_missing(spark):

@@ -87,10 +87,18 @@ def rescoped_findings(tables: Tables, analysed: list[str], changed: DataFrame, t
     return RescopedFindings(across, replaces)
 
 
-def _candidates(deliveries: DataFrame, messages: DataFrame) -> DataFrame:
-    """The stored deliveries either kind can read for `messages` (message_identity, CAME_BACK): every
-    delivery of those that came back or can be in a loop (marked TOUCHED, with CAME_BACK) and every
-    closed or redelivered delivery; materialised.
+def message_kinds_deliveries(deliveries: DataFrame) -> DataFrame:
+    """What either message kind reads of a whole deliveries table (a full run's `detect`), materialised:
+    every delivery of a message that can be in a loop, and every closed or redelivered one. The
+    kinds find in it exactly what they find in the whole table."""
+    candidates = _candidates(deliveries, None)
+    return candidates.select(*[c for c in candidates.columns if c not in (TOUCHED, CAME_BACK)])
+
+
+def _candidates(deliveries: DataFrame, messages: DataFrame | None) -> DataFrame:
+    """The stored deliveries either kind can read for `messages` (message_identity, CAME_BACK; None:
+    every message): every delivery of those that came back or can be in a loop (marked TOUCHED,
+    with CAME_BACK) and every closed or redelivered delivery; materialised.
 
     Two scans of the deliveries, neither shuffling them. The first reads three columns for the
     messages that can be in a loop at all (a delivery of theirs bounced, or dead-lettered before:
@@ -99,10 +107,13 @@ def _candidates(deliveries: DataFrame, messages: DataFrame) -> DataFrame:
     known = deliveries.filter(F.col("message_identity").isNotNull())
     can_loop = known.filter(F.col("outcome").isin(*BOUNCED_BY)
                             | (F.coalesce(F.col("x_death_count"), F.lit(0)) > 0)).select("message_identity")
-    marked = lookup(messages.join(can_loop.distinct(), on="message_identity", how="left_semi")
-                    .unionByName(messages.filter(F.col(CAME_BACK)))
-                    .groupBy("message_identity").agg(F.max(CAME_BACK).alias(CAME_BACK))
-                    .withColumn(TOUCHED, F.lit(True)))
+    if messages is None:
+        marked = lookup(can_loop.distinct().withColumn(CAME_BACK, F.lit(False)).withColumn(TOUCHED, F.lit(True)))
+    else:
+        marked = lookup(messages.join(can_loop.distinct(), on="message_identity", how="left_semi")
+                        .unionByName(messages.filter(F.col(CAME_BACK)))
+                        .groupBy("message_identity").agg(F.max(CAME_BACK).alias(CAME_BACK))
+                        .withColumn(TOUCHED, F.lit(True)))
     candidates = materialised(
         known.join(marked, on="message_identity", how="left")
         .filter(F.col(TOUCHED).isNotNull() | left_at_close() | (F.col("redelivered") == True))  # noqa: E712
