@@ -273,7 +273,7 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
     thresholds changed; the cross-connection kinds from the Spark aggregation by message
     (detectors/messages.py). `written_deliveries`: how many delivery rows the run wrote, if known."""
     # As written: read from their Parquet files, a run's tables cost a fraction of a scan of the
-    # pass's output, which holds every table's rows in the columns of all of them.
+    # pass's output, which holds every table's rows together.
     stored = {name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in TIMELINE_TABLES}
     inputs = {**stored, "frames": all_frames, "connections": run.connections}
     if run.keys and not run.plan.findings_stale:

@@ -36,7 +36,7 @@ from analyzer.timeline.tables import RECORD_TYPES, to_table
 from .detectors.messages import came_back
 from .provisional import flagged, metric_flags, open_buckets
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
-from .timeline.wide import RECORD, from_wide, to_wide, wide_schema
+from .timeline.wide import RECORD, column, from_wide, to_wide, wide_schema
 from .types import spark_schema
 
 # A header row sorts before every frame of its connection (frame seqs count from 1).
@@ -103,11 +103,11 @@ class PassSummary:
 
 def pass_summary(wide: DataFrame) -> PassSummary:
     """What the (materialised) wide table holds, in one Spark job."""
-    redo = F.when(F.col("tally__metrics_redo").isNotNull(), F.col("tally__connection_id"))
+    redo = F.when(column("tally", "metrics_redo").isNotNull(), column("tally", "connection_id"))
     got = {row[RECORD]: row for row in wide.groupBy(RECORD).agg(
-        F.count(F.lit(1)).alias("n"), F.sum("tally__frames").alias("frames"),
+        F.count(F.lit(1)).alias("n"), F.sum(column("tally", "frames")).alias("frames"),
         F.collect_list(redo).alias("redo"),
-        F.count(F.when(came_back("deliveries__"), True)).alias("came_back")).collect()}
+        F.count(F.when(came_back("deliveries"), True)).alias("came_back")).collect()}
     tally = got.get("tally")
     return PassSummary({name: got[name]["n"] if name in got else 0 for name in TABLE_NAMES},
                        frames=tally["frames"] if tally else 0, connections=tally["n"] if tally else 0,

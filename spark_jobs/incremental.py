@@ -35,7 +35,7 @@ from .delta_io import Listed, Match, connections_match, read_delta, read_files
 from .connection_pass import STATE_TABLE
 from .timeline.carried import STALE, WRITE, carried_rows, carry_on
 from .timeline.plans import of_connections
-from .timeline.wide import RECORD, ROLE, prefixed
+from .timeline.wide import RECORD, ROLE, column
 from .timeline.tables import TIMELINE_TABLES
 
 INCARNATION = ["connection_id", "channel", "incarnation"]
@@ -65,13 +65,12 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
     wide = carry_on(new, states, of_connections(connections, keys), settings, frames_version)
     # One look at the wide table: its rows by record and role, the fallbacks (few) with them, and
     # the carried connections' tallies summed.
-    fallback = [prefixed("fallback", column) for column in ("connection_id", "reason")]
     counts, fallbacks, read = Counter(), {}, {"frames": 0, "carried_records": 0}
-    for row in wide.groupBy(RECORD, ROLE, *fallback).agg(
-            F.count(F.lit(1)).alias("n"), *[F.sum(prefixed("tally", c)).alias(c) for c in read]).collect():
+    for row in wide.groupBy(RECORD, ROLE, "fallback").agg(
+            F.count(F.lit(1)).alias("n"), *[F.sum(column("tally", c)).alias(c) for c in read]).collect():
         counts[(row[RECORD], row[ROLE])] += row["n"]
         if row[RECORD] == "fallback":
-            fallbacks[row[fallback[0]]] = row[fallback[1]]
+            fallbacks[row["fallback"]["connection_id"]] = row["fallback"]["reason"]
         if row[RECORD] == "tally":
             read = {c: row[c] for c in read}
     state = carried_rows(wide, "state")

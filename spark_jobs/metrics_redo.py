@@ -20,7 +20,7 @@ from .connection_pass import STATE_TABLE
 from .provisional import flagged, metric_flags, open_buckets
 from .timeline.plans import materialised
 from .timeline.tables import CHANNEL_METRICS
-from .timeline.wide import RECORD, from_wide, prefixed, records_from_wide
+from .timeline.wide import RECORD, column, from_wide, records_from_wide
 from .types import spark_schema
 
 # The records channel_metrics reads.
@@ -40,7 +40,7 @@ def pass_channel_metrics(wide: DataFrame, redo: list[str], bucket_seconds: int) 
 def metrics_again(wide: DataFrame, connection_ids: list[str], bucket_seconds: int) -> DataFrame:
     """Stored channel_metrics rows of these connections, from the pass's wide table (its records,
     and its checkpoint for which rows are provisional)."""
-    owner = F.coalesce(*[F.col(prefixed(name, "connection_id")) for name in (*METRIC_RECORDS, STATE_TABLE)])
+    owner = F.coalesce(*[column(name, "connection_id") for name in (*METRIC_RECORDS, STATE_TABLE)])
     rows = (wide.where(F.col(RECORD).isin(*METRIC_RECORDS, STATE_TABLE)).withColumn("_connection", owner)
             .where(F.col("_connection").isin(*connection_ids)))
 
@@ -59,7 +59,7 @@ def _open_buckets(wide: pa.Table) -> dict[str, tuple]:
     """provisional.open_buckets of the connection's checkpoint (its analysis_state row of the wide
     table), if it has one."""
     state = wide.filter(pc.equal(wide.column(RECORD), STATE_TABLE)).to_pylist()
-    if not state or state[0][prefixed(STATE_TABLE, "checkpoint")] is None:
+    if not state or state[0][STATE_TABLE]["checkpoint"] is None:
         return {}
-    row = state[0]
-    return {row[prefixed(STATE_TABLE, "connection_id")]: open_buckets(load(row[prefixed(STATE_TABLE, "checkpoint")]))}
+    row = state[0][STATE_TABLE]
+    return {row["connection_id"]: open_buckets(load(row["checkpoint"]))}

@@ -24,7 +24,7 @@ from analyzer.timeline.tables import RECORD_TYPES
 
 from .connection_pass import HEADER, RAW_FINDINGS, headers, raw_finding_rows
 from .types import spark_schema
-from .timeline.wide import RECORD, prefixed, records_from_wide
+from .timeline.wide import RECORD, arrow_column, records_from_wide
 
 FRAMES, CONNECTION = "frames", "connection"
 # A frame's place among its connection's rows (null for the others: they sort first).
@@ -40,11 +40,11 @@ def stored_raw_findings(tables: dict[str, DataFrame], frames: DataFrame, connect
 
     parts = [tables[name].select(
         "connection_id", F.lit(name).alias(RECORD), F.lit(None).cast("bigint").alias(ORDER),
-        *[F.col(slot).alias(prefixed(name, slot)) for slot in record_type.__slots__])
+        F.struct(*record_type.__slots__).alias(name))
         for name, record_type in RECORD_TYPES.items()]
     parts.append(frames.where(F.col("method").isin(*FRAME_METHODS))
                  .select("connection_id", F.lit(FRAMES).alias(RECORD), F.col("seq").alias(ORDER),
-                         *[F.col(c).alias(prefixed(FRAMES, c)) for c in FRAME_COLUMNS]))
+                         F.struct(*FRAME_COLUMNS).alias(FRAMES)))
     parts.append(headers(connections)
                  .select("connection_id", F.lit(CONNECTION).alias(RECORD), F.lit(None).cast("bigint").alias(ORDER),
                          HEADER))
@@ -93,7 +93,7 @@ class _Partition:
                 self.detectors.record(record)
         frames = rows.filter(pc.equal(kinds, FRAMES))
         if frames.num_rows:
-            columns = {c: frames.column(prefixed(FRAMES, c)).to_pylist() for c in FRAME_COLUMNS}
+            columns = {c: arrow_column(frames, FRAMES, c).to_pylist() for c in FRAME_COLUMNS}
             for values in zip(*columns.values()):
                 self.detectors.frame(dict(zip(FRAME_COLUMNS, values)))
         header = rows.filter(pc.equal(kinds, CONNECTION))

@@ -29,6 +29,8 @@ def spark_schema(schema: pa.Schema) -> T.StructType:
 def _spark_type(field: pa.Field) -> T.DataType:
     if pa.types.is_list(field.type):
         return T.ArrayType(_spark_type(field.type.value_field), field.type.value_field.nullable)
+    if pa.types.is_struct(field.type):
+        return spark_schema(pa.schema(list(field.type)))
     try:
         return _SPARK_TYPES[field.type]
     except KeyError:

@@ -22,12 +22,12 @@ BOUNCED_BY = ("nack", "reject")
 CLOSED = ("channel_closed", "connection_closed")
 
 
-def came_back(prefix: str = "") -> Column:
+def came_back(table: str | None = None) -> Column:
     """Deliveries of a known message the broker says it had delivered before (redelivered, or
     dead-lettered before): every finding of these kinds has one, so a lake without any has none.
-    `prefix`: the columns' prefix in a wide table (timeline/wide.py)."""
+    `table`: the deliveries' column in a wide table (timeline/wide.py), if they are in one."""
     def column(name: str) -> Column:
-        return F.col(prefix + name)
+        return F.col(name) if table is None else F.col(table).getField(name)
     return (column("message_identity").isNotNull()
             & ((column("redelivered") == True) | (F.coalesce(column("x_death_count"), F.lit(0)) > 0)))  # noqa: E712
 
