@@ -81,6 +81,11 @@ def test_spark_types_are_the_agents_types_exactly():
     assert spark_schema(pa.schema([("flag", pa.int8())]))["flag"].dataType == T.ByteType()
     with pytest.raises(TypeError, match="column 'ts_ns'.*timestamp\\[ns\\]"):
         spark_schema(pa.schema([("ts_ns", pa.timestamp("ns"))]))
+    # A struct (a table's rows in the passes' wide output) maps field for field, and as strictly.
+    nested = spark_schema(pa.schema([("frames", pa.struct(list(schema.FRAMES)))]))["frames"].dataType
+    assert nested == frames
+    with pytest.raises(TypeError, match="column 'ts_ns'"):
+        spark_schema(pa.schema([("row", pa.struct([("ts_ns", pa.timestamp("ns"))]))]))
 
 
 def test_spark_reads_the_agents_tables_as_the_agent_does(spark, agent_lake):
