@@ -13,6 +13,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from spark_jobs.thresholds import Thresholds
+from spark_jobs.timeline.wide import column
 
 from .common import INCARNATION, MAX_EVIDENCE, connection_facts, evidence, firsts, ranked, raw_finding
 
@@ -26,10 +27,10 @@ def came_back(table: str | None = None) -> Column:
     """Deliveries of a known message the broker says it had delivered before (redelivered, or
     dead-lettered before): every finding of these kinds has one, so a lake without any has none.
     `table`: the deliveries' column in a wide table (timeline/wide.py), if they are in one."""
-    def column(name: str) -> Column:
-        return F.col(name) if table is None else F.col(table).getField(name)
-    return (column("message_identity").isNotNull()
-            & ((column("redelivered") == True) | (F.coalesce(column("x_death_count"), F.lit(0)) > 0)))  # noqa: E712
+    def of(name: str) -> Column:
+        return F.col(name) if table is None else column(table, name)
+    return (of("message_identity").isNotNull()
+            & ((of("redelivered") == True) | (F.coalesce(of("x_death_count"), F.lit(0)) > 0)))  # noqa: E712
 
 
 def left_at_close() -> Column:

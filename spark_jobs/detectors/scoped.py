@@ -106,11 +106,11 @@ def _candidates(deliveries: DataFrame, messages: DataFrame | None) -> DataFrame:
     `messages`, with those that came back: few, so the second scan meets them by broadcast."""
     known = deliveries.filter(F.col("message_identity").isNotNull())
     can_loop = known.filter(F.col("outcome").isin(*BOUNCED_BY)
-                            | (F.coalesce(F.col("x_death_count"), F.lit(0)) > 0)).select("message_identity")
+                            | (F.coalesce(F.col("x_death_count"), F.lit(0)) > 0)).select("message_identity").distinct()
     if messages is None:
-        marked = lookup(can_loop.distinct().withColumn(CAME_BACK, F.lit(False)).withColumn(TOUCHED, F.lit(True)))
+        marked = lookup(can_loop.withColumn(CAME_BACK, F.lit(False)).withColumn(TOUCHED, F.lit(True)))
     else:
-        marked = lookup(messages.join(can_loop.distinct(), on="message_identity", how="left_semi")
+        marked = lookup(messages.join(can_loop, on="message_identity", how="left_semi")
                         .unionByName(messages.filter(F.col(CAME_BACK)))
                         .groupBy("message_identity").agg(F.max(CAME_BACK).alias(CAME_BACK))
                         .withColumn(TOUCHED, F.lit(True)))
