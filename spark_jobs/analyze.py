@@ -38,7 +38,8 @@ from analyzer.connection_analysis import Settings
 from .delta_io import connections_match, read_delta, read_files, replace_matching, write_delta
 from .evidence_packets import finished_findings, finished_together
 from .incremental import Carried, carry_on_connections
-from .detectors import detect
+from .detectors import detect, raw_findings
+from .detectors.common import measured_findings
 from .detectors.scoped import ACROSS_CONNECTIONS, message_kinds_deliveries, rescoped_findings
 from .metrics_redo import pass_channel_metrics
 from .provisional import PROVISIONAL, last_written_by_finished_run
@@ -47,7 +48,7 @@ from .session import commits_tagged, delta_mode as resolve_delta_mode, use_lake
 from .steps import Steps
 from .stored_findings import stored_raw_findings
 from .thresholds import Thresholds
-from .connection_pass import STATE_TABLE, PassSummary, connection_pass, pass_rows, pass_summary
+from .connection_pass import STATE_TABLE, PassSummary, connection_pass, pass_rows, summarised_pass
 from .timeline.plans import first_day, first_seen, joined_by_shuffle, materialised, of_connections
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 
@@ -144,23 +145,34 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
             _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
         return _finished(report, started, steps)
 
-    own_findings = _per_connection_tables(run, all_frames, report) if keys != [] else None
+    analysed = _per_connection_tables(run, all_frames, report) if keys != [] else None
     with steps.step("findings"):
-        _refresh_findings(run, own_findings, all_frames, thresholds, report.rows.get("deliveries"))
+        _refresh_findings(run, analysed, all_frames, thresholds, report.rows.get("deliveries"))
         report.rows["findings"] = _count_findings(lake, report)
     _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
     return _finished(report, started, steps)
 
 
+@dataclass(frozen=True)
+class _OwnFindings:
+    """The pass's findings about one connection, before their evidence packets."""
+    raw: DataFrame                      # connection_pass.RAW_FINDINGS
+    rows: int
+    frames: DataFrame                   # the frames the pass read (their packets are among them)
+
+    def finished(self) -> DataFrame:
+        return finished_findings(self.raw, self.frames, self.rows)
+
+
 @dataclass
 class _Analysed:
     """What the per-connection step leaves for the findings step."""
-    own_findings: DataFrame | None      # the pass's findings about one connection (None: nothing analysed whole)
+    own: _OwnFindings | None            # of the connections analysed whole (None: none was)
     carried_keys: list[str]             # connections carried on from their checkpoints
     carried_deliveries: DataFrame | None = None   # the delivery rows the carried connections wrote
     carried_findings: DataFrame | None = None     # their raw findings about one connection (RAW_FINDINGS)
     carried_findings_rows: int = 0
-    came_back: int | None = None        # a full run: deliveries the cross-connection kinds start from
+    summary: PassSummary | None = None  # a full run: what its pass holds
 
 
 def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisReport) -> _Analysed:
@@ -175,11 +187,11 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
             _report_carried(carried, report)
     whole_keys = run.keys if carried is None else carried.whole_keys
     outputs = {name: [] for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
-    tables, own_findings, summary = {}, None, None
+    tables, own, summary = {}, None, None
     if whole_keys is None or whole_keys:
         with run.steps.step("timelines"):
             frames = all_frames if whole_keys is None else run.frames_of(whole_keys)
-            tables, own_findings, summary = _analysed_whole(run, frames, whole_keys, report)
+            tables, own, summary = _analysed_whole(run, frames, whole_keys, report)
         for name in outputs:
             outputs[name].append(tables[name])
     if carried is not None:
@@ -190,10 +202,10 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
         _write_tables(run, outputs, analysed_whole, carried, report, summary.rows if summary else {})
     carried_keys = sorted(set(run.keys or ()) - set(whole_keys or ())) if carried is not None else []
     if run.keys is None:
-        return _Analysed(own_findings, carried_keys, came_back=summary.came_back)
+        return _Analysed(own, carried_keys, summary=summary)
     if carried is None or not carried_keys:
-        return _Analysed(own_findings, carried_keys)
-    return _Analysed(own_findings, carried_keys, carried_deliveries=carried.tables["deliveries"],
+        return _Analysed(own, carried_keys)
+    return _Analysed(own, carried_keys, carried_deliveries=carried.tables["deliveries"],
                      carried_findings=carried.raw_findings, carried_findings_rows=carried.raw_rows)
 
 
@@ -247,21 +259,19 @@ def _report_carried(carried: Carried, report: AnalysisReport) -> None:
 
 
 def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None,
-                    report: AnalysisReport) -> tuple[dict[str, DataFrame], DataFrame, PassSummary]:
+                    report: AnalysisReport) -> tuple[dict[str, DataFrame], _OwnFindings, PassSummary]:
     """The per-connection tables, checkpoints and findings about one connection of these
     connections (None: all), from all their frames, in one pass of the reference state machine
     (connection_pass.py); and what the pass holds."""
     connections = run.connections if keys is None else of_connections(run.connections, keys)
-    wide = materialised(connection_pass(frames, connections, run.settings, run.plan.frames_version))
-    summary = pass_summary(wide)
+    wide, summary = summarised_pass(connection_pass(frames, connections, run.settings, run.plan.frames_version))
     tables = {name: pass_rows(wide, name) for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
     tables["channel_metrics"] = pass_channel_metrics(wide, summary.metrics_redo, run.bucket_seconds)
     if summary.metrics_redo:
         summary.rows["channel_metrics"] = tables["channel_metrics"].count()
     report.frames += summary.frames
     report.connections += summary.connections
-    own_findings = finished_findings(pass_rows(wide, "raw_findings"), frames, summary.rows.get("raw_findings", 0))
-    return tables, own_findings, summary
+    return tables, _OwnFindings(pass_rows(wide, "raw_findings"), summary.rows["raw_findings"], frames), summary
 
 
 def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFrame, thresholds: Thresholds,
@@ -283,23 +293,42 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
             changed.append(analysed.carried_deliveries)
         changed = reduce(DataFrame.unionByName, changed) if changed else inputs["deliveries"].limit(0)
         rescoped = rescoped_findings(inputs, run.keys, changed, thresholds, written_deliveries)
+        carried_since = None
+        if analysed.carried_findings_rows:
+            carried_since = first_day(first_seen(run.connections, analysed.carried_keys).first(), analysed.carried_keys)
         with joined_by_shuffle(run.spark):
             # The carried connections' findings and the message kinds' meet their packets in one scan.
-            findings = finished_together(analysed.carried_findings, analysed.carried_findings_rows,
-                                         analysed.carried_keys, rescoped.across, run.frames_since, run.connections)
-            if analysed.own_findings is not None:
-                findings = analysed.own_findings.unionByName(findings)
+            findings = finished_together(analysed.carried_findings, analysed.carried_findings_rows, carried_since,
+                                         rescoped.across, run.frames_since, run.connections)
+            if analysed.own is not None:
+                findings = analysed.own.finished().unionByName(findings)
             findings = materialised(findings)
         replace_matching(findings, run.lake, "findings", schema.FINDINGS, rescoped.replaces, delta_mode=run.mode)
     else:
-        whole = analysed is not None and run.keys is None
-        own = analysed.own_findings if whole else _own_findings_from_stored(run, inputs, thresholds)
-        # A full run knows whether any delivery came back: without one the message kinds find nothing.
-        findings = own if whole and not analysed.came_back else own.unionByName(detect(
+        if analysed is not None and run.keys is None:
+            _full_run_findings(run, analysed, inputs, thresholds)
+            return
+        findings = _own_findings_from_stored(run, inputs, thresholds).unionByName(detect(
             {**inputs, "deliveries": message_kinds_deliveries(inputs["deliveries"])}, thresholds,
             kinds=ACROSS_CONNECTIONS))
-        write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite",
-                    delta_mode=run.mode)
+        write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=run.mode)
+
+
+def _full_run_findings(run: _Run, analysed: _Analysed, inputs: dict[str, DataFrame], thresholds: Thresholds) -> None:
+    """A full run's findings table: the pass's findings about one connection and the message kinds',
+    their evidence packets looked up in one scan of `frames`. The pass counted what the message
+    kinds can start from: without a delivery that came back they find nothing."""
+    summary = analysed.summary
+    if not summary.came_back:
+        findings = analysed.own.finished()
+        write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=run.mode)
+        return
+    deliveries = message_kinds_deliveries(inputs["deliveries"], summary.can_loop)
+    with joined_by_shuffle(run.spark):
+        across = measured_findings(raw_findings({**inputs, "deliveries": deliveries}, thresholds, ACROSS_CONNECTIONS))
+        findings = finished_together(analysed.own.raw, analysed.own.rows, None, across, run.frames_since,
+                                     run.connections)
+        write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=run.mode)
 
 
 def _own_findings_from_stored(run: _Run, inputs: dict[str, DataFrame], thresholds: Thresholds) -> DataFrame:

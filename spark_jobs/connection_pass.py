@@ -33,9 +33,10 @@ from analyzer.timeline.carry import FORMAT, Checkpoint, dump
 from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
-from .detectors.messages import came_back
+from .detectors.messages import came_back, can_loop
 from .provisional import flagged, metric_flags, open_buckets
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
+from .timeline.plans import measured
 from .timeline.wide import RECORD, column, from_wide, to_wide, wide_schema
 from .types import spark_schema
 
@@ -51,7 +52,7 @@ STATE_TABLE = "analysis_state"
 PASS_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "raw_findings": RAW_FINDINGS,
                STATE_TABLE: schema.ANALYSIS_STATE, "tally": TALLY}
 WIDE = wide_schema(PASS_TABLES)
-# The pass's outputs counted by pass_summary: the tables of the lake, and the findings before their packets.
+# The pass's outputs counted by summarised_pass: the tables of the lake, and the findings before their packets.
 TABLE_NAMES = (*TIMELINE_TABLES, "channel_metrics", "raw_findings", STATE_TABLE)
 # Records (or connections' state rows) gathered before they leave as one Arrow batch: large enough
 # that the Arrow conversion is amortised, small enough that a hot connection streams.
@@ -99,20 +100,23 @@ class PassSummary:
     connections: int
     metrics_redo: list[str]        # connections whose channel_metrics must be computed from all their records
     came_back: int                 # deliveries the cross-connection kinds can start from (detectors/messages.py)
+    can_loop: int                  # deliveries that make their message a candidate for requeue_loop (messages.py)
 
 
-def pass_summary(wide: DataFrame) -> PassSummary:
-    """What the (materialised) wide table holds, in one Spark job."""
-    redo = F.when(column("tally", "metrics_redo").isNotNull(), column("tally", "connection_id"))
-    got = {row[RECORD]: row for row in wide.groupBy(RECORD).agg(
-        F.count(F.lit(1)).alias("n"), F.sum(column("tally", "frames")).alias("frames"),
-        F.collect_list(redo).alias("redo"),
-        F.count(F.when(came_back("deliveries"), True)).alias("came_back")).collect()}
-    tally = got.get("tally")
-    return PassSummary({name: got[name]["n"] if name in got else 0 for name in TABLE_NAMES},
-                       frames=tally["frames"] if tally else 0, connections=tally["n"] if tally else 0,
-                       metrics_redo=sorted(tally["redo"]) if tally else [],
-                       came_back=got["deliveries"]["came_back"] if "deliveries" in got else 0)
+def summarised_pass(wide: DataFrame) -> tuple[DataFrame, PassSummary]:
+    """The pass's wide table materialised, and what it holds, taken while it is computed: one Spark
+    job in all."""
+    is_tally = F.col(RECORD) == "tally"
+    done, seen = measured(
+        wide, **{f"rows_{name}": F.count(F.when(F.col(RECORD) == name, True)) for name in TABLE_NAMES},
+        connections=F.count(F.when(is_tally, True)),
+        frames=F.sum(column("tally", "frames")),
+        redo=F.collect_list(F.when(column("tally", "metrics_redo").isNotNull(), column("tally", "connection_id"))),
+        came_back=F.count(F.when(came_back("deliveries"), True)),
+        can_loop=F.count(F.when(can_loop("deliveries"), True)))
+    return done, PassSummary({name: seen[f"rows_{name}"] for name in TABLE_NAMES}, frames=seen["frames"] or 0,
+                             connections=seen["connections"], metrics_redo=sorted(seen["redo"]),
+                             came_back=seen["came_back"], can_loop=seen["can_loop"])
 
 
 class _Partition:

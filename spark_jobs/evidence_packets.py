@@ -6,12 +6,12 @@ of a scan of `frames` (a semi-join with the few pairs, broadcast when small: the
 never shuffled), and each connection's raw findings meet its packets in one grouped Arrow call
 that finishes them (analyzer/detectors/common.py's `finish`, the one implementation).
 
-A scoped run has findings of both sorts to finish, the carried connections' (the pass's raw
-findings) and the message kinds' (detectors/scoped.py): `finished_together` looks up both in one
-scan, read from the first day any of their evidence frames can be on (frames are partitioned by
-`date`): a carried connection's frames start on the day the connections table says it was first
-seen (as run.frames_of reads them), and a message kind's evidence frames are deliveries, no earlier
-than the finding's first instant.
+A run has findings of both sorts to finish, the pass's (its raw findings: of every connection on a
+full run, of the carried connections on a scoped one) and the message kinds' (detectors/):
+`finished_together` looks up both in one scan, read from the first day any of their evidence frames
+can be on (frames are partitioned by `date`): a carried connection's frames start on the day the
+connections table says it was first seen (as run.frames_of reads them), and a message kind's
+evidence frames are deliveries, no earlier than the finding's first instant.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from pyspark.sql import functions as F
 from analyzer import schema
 from analyzer.detectors import MAX_EVIDENCE, RawFinding, finish
 
-from .detectors.common import finish_identified
-from .timeline.plans import BROADCAST_ROWS, first_day, first_seen, lookup, materialised, utc_day
+from .detectors.common import MeasuredFindings, finish_identified
+from .timeline.plans import BROADCAST_ROWS, lookup, materialised, utc_day
 from .types import spark_schema
 
 PACKETS = ["connection_id", "seq", "source_packet", "source"]
@@ -45,31 +45,27 @@ def finished_findings(raw: DataFrame, frames: DataFrame, raw_rows: int | None = 
     return _finished_with(raw, frames.select(*PACKETS).join(named, on=["connection_id", "seq"], how="left_semi"))
 
 
-def finished_together(carried: DataFrame | None, carried_rows: int, carried_keys: list[str], across: DataFrame,
+def finished_together(raw: DataFrame | None, raw_rows: int, raw_since: str | None, across: MeasuredFindings,
                       frames_since: Callable[[str | None], DataFrame], connections: DataFrame) -> DataFrame:
-    """schema.FINDINGS rows of a scoped run's raw findings: `carried`, the pass's raw findings of
-    the connections `carried_keys` (`carried_rows` of them), and `across`, the message kinds' raw
-    findings, identified and materialised (detectors/common.py). `frames_since(day)`: the frames
-    table from that UTC day on (None: all of it)."""
-    # One job: how many frames the message kinds name and from when; the carried connections' first day.
-    seen = (across.agg(F.coalesce(F.sum(F.size("evidence.seqs")), F.lit(0)).alias("named"),
-                       F.min("first_ts_ns").alias("across_ns"))
-            .crossJoin(first_seen(connections, carried_keys)).first())
-    firsts = [utc_day(seen["across_ns"])] if seen["named"] else []
-    named = across.select("connection_id", F.explode("evidence.seqs").alias("seq"))
-    if carried is not None and carried_rows:
-        firsts.append(first_day(seen, carried_keys))
-        named = _named(carried).unionByName(named)
+    """schema.FINDINGS rows of findings of both sorts: `raw`, the pass's raw findings (`raw_rows`
+    of them) of connections whose frames start on the UTC day `raw_since` (None: the first day, or
+    unknown), and `across`, the message kinds' (detectors/common.py). `frames_since(day)`: the
+    frames table from that UTC day on (None: all of it)."""
+    firsts = [utc_day(across.first_ns)] if across.named else []
+    named = across.rows.select("connection_id", F.explode("evidence.seqs").alias("seq"))
+    if raw is not None and raw_rows:
+        firsts.append(raw_since)
+        named = _named(raw).unionByName(named)
     packets = frames_since(None).select(*PACKETS).limit(0)
     if firsts:
         named = named.distinct()
-        if carried_rows * MAX_EVIDENCE + seen["named"] <= BROADCAST_ROWS:
+        if raw_rows * MAX_EVIDENCE + across.named <= BROADCAST_ROWS:
             named = F.broadcast(named)
         since = None if None in firsts else min(firsts)
         packets = materialised(frames_since(since).select(*PACKETS)
                                .join(named, on=["connection_id", "seq"], how="left_semi"))
-    found = finish_identified(across, packets, connections, located=True)
-    return found if carried is None else _finished_with(carried, packets).unionByName(found)
+    found = finish_identified(across.rows, packets, connections, located=True)
+    return found if raw is None else _finished_with(raw, packets).unionByName(found)
 
 
 def _named(raw: DataFrame) -> DataFrame:

@@ -25,7 +25,7 @@ from analyzer.timeline.tables import RECORD_TYPES
 from analyzer.timeline.carry import continue_connection, load
 from analyzer.timeline.metrics import channel_metrics
 from analyzer.timeline.metrics import to_table as metrics_table
-from spark_jobs.connection_pass import STATE_TABLE, connection_pass, pass_rows, pass_summary
+from spark_jobs.connection_pass import STATE_TABLE, connection_pass, pass_rows, summarised_pass
 from spark_jobs.evidence_packets import finished_findings
 from spark_jobs.metrics_redo import pass_channel_metrics
 from spark_jobs.provisional import PROVISIONAL
@@ -63,12 +63,12 @@ def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, pa
              flush_records: int = 50_000, advance_every: int = 4096):
     # combine_chunks: Spark 4.2 drops every chunk after an empty one of a chunked Arrow table.
     frames_df = spark.createDataFrame(frames.combine_chunks())
-    wide = connection_pass(frames_df, spark.createDataFrame(connections.combine_chunks()),
-                           Settings(BUCKET_SECONDS, overdue_ns, LAB_THRESHOLDS), frames_version=7,
-                           partitions=partitions, flush_records=flush_records, advance_every=advance_every).persist()
+    wide, summary = summarised_pass(connection_pass(
+        frames_df, spark.createDataFrame(connections.combine_chunks()),
+        Settings(BUCKET_SECONDS, overdue_ns, LAB_THRESHOLDS), frames_version=7,
+        partitions=partitions, flush_records=flush_records, advance_every=advance_every))
     got = {name: pass_rows(wide, name).toArrow().sort_by([(k, "ascending") for k in KEYS[name]])
            for name in TIMELINE_TABLES}
-    summary = pass_summary(wide)
     got["channel_metrics"] = pass_channel_metrics(wide, summary.metrics_redo, BUCKET_SECONDS).toArrow().sort_by(
         [(k, "ascending") for k in KEYS["channel_metrics"]])
     got["findings"] = finished_findings(pass_rows(wide, "raw_findings"), frames_df).toArrow().to_pylist()
@@ -79,7 +79,9 @@ def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, pa
                         if name != "findings" and name in streamed} | {STATE_TABLE: len(states),
                                                                         "raw_findings": len(got["findings"])}
     assert (summary.frames, summary.connections) == (sum(tally.values()), len(tally))
-    wide.unpersist()
+    known = [d for d in got["deliveries"].to_pylist() if d["message_identity"] is not None]
+    assert summary.came_back == sum(1 for d in known if d["redelivered"] or (d["x_death_count"] or 0) > 0)
+    assert summary.can_loop == sum(1 for d in known if d["outcome"] in ("nack", "reject") or (d["x_death_count"] or 0) > 0)
     return got, states, tally, summary.metrics_redo
 
 

@@ -41,10 +41,15 @@ INPUTS = {
 def detect(tables: dict[str, DataFrame], thresholds: Thresholds | None = None, kinds=tuple(DETECTORS)) -> DataFrame:
     """Every finding of these kinds in `tables` (keys as in INPUTS; others are ignored), as a
     DataFrame of spark_schema(schema.FINDINGS)."""
+    return finish(raw_findings(tables, thresholds, kinds), tables["frames"], tables["connections"])
+
+
+def raw_findings(tables: dict[str, DataFrame], thresholds: Thresholds | None = None,
+                 kinds=tuple(DETECTORS)) -> DataFrame:
+    """`detect`'s findings before `finish`: the raw findings (common.py) of these kinds."""
     check_inputs(tables)
     thresholds = thresholds if thresholds is not None else Thresholds()
-    raw = reduce(DataFrame.unionByName, [DETECTORS[kind](tables, thresholds) for kind in kinds])
-    return finish(raw, tables["frames"], tables["connections"])
+    return reduce(DataFrame.unionByName, [DETECTORS[kind](tables, thresholds) for kind in kinds])
 
 
 def check_inputs(tables: dict[str, DataFrame]) -> None:
@@ -58,4 +63,4 @@ def check_inputs(tables: dict[str, DataFrame]) -> None:
             raise ValueError(f"table {name!r} lacks the columns {', '.join(missing)}")
 
 
-__all__ = ["detect", "DETECTORS", "INPUTS", "SEVERITY", "Thresholds"]
+__all__ = ["detect", "raw_findings", "DETECTORS", "INPUTS", "SEVERITY", "Thresholds"]

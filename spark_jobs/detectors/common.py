@@ -10,12 +10,14 @@ at; `finish` looks them up in `frames` once for all kinds, to add their capture 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from analyzer import schema
-from spark_jobs.timeline.plans import lookup, materialised
+from spark_jobs.timeline.plans import lookup, materialised, measured
 from spark_jobs.types import spark_schema
 
 # Items listed in a finding's evidence (tags, seqs, packets, ...): enough to open the first few in
@@ -95,6 +97,21 @@ def finish(raw: DataFrame, frames: DataFrame, connections: DataFrame) -> DataFra
 def identified(raw: DataFrame) -> DataFrame:
     """Raw findings with their `finding_id`."""
     return raw.withColumn("finding_id", finding_id())
+
+
+@dataclass(frozen=True)
+class MeasuredFindings:
+    """Raw findings identified and materialised, with what the lookup of their packets needs."""
+    rows: DataFrame
+    named: int                  # evidence frames they name
+    first_ns: int | None        # the first instant of the first of them
+
+
+def measured_findings(raw: DataFrame) -> MeasuredFindings:
+    """Raw findings `identified` and materialised, measured in the same Spark job."""
+    rows, seen = measured(identified(raw), named=F.coalesce(F.sum(F.size("evidence.seqs")), F.lit(0)),
+                          first_ns=F.min("first_ts_ns"))
+    return MeasuredFindings(rows, seen["named"], seen["first_ns"])
 
 
 def finish_identified(found: DataFrame, frames: DataFrame, connections: DataFrame, located: bool = False) -> DataFrame:

@@ -9,6 +9,8 @@ x-death count after a dead-lettering.
 
 from __future__ import annotations
 
+from functools import partial
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -27,10 +29,23 @@ def came_back(table: str | None = None) -> Column:
     """Deliveries of a known message the broker says it had delivered before (redelivered, or
     dead-lettered before): every finding of these kinds has one, so a lake without any has none.
     `table`: the deliveries' column in a wide table (timeline/wide.py), if they are in one."""
-    def of(name: str) -> Column:
-        return F.col(name) if table is None else column(table, name)
+    of = partial(_delivery, table=table)
     return (of("message_identity").isNotNull()
             & ((of("redelivered") == True) | (F.coalesce(of("x_death_count"), F.lit(0)) > 0)))  # noqa: E712
+
+
+def can_loop(table: str | None = None) -> Column:
+    """Deliveries of a known message that make it a candidate for requeue_loop: bounced by the
+    consumer, or dead-lettered before. A message none of whose deliveries is one is in no loop.
+    `table`: as for `came_back`."""
+    of = partial(_delivery, table=table)
+    return (of("message_identity").isNotNull()
+            & (of("outcome").isin(*BOUNCED_BY) | (F.coalesce(of("x_death_count"), F.lit(0)) > 0)))
+
+
+def _delivery(name: str, table: str | None) -> Column:
+    """A deliveries column: of a wide table's `table` struct, or (None) of the deliveries table."""
+    return F.col(name) if table is None else column(table, name)
 
 
 def left_at_close() -> Column:

@@ -34,8 +34,8 @@ from spark_jobs.thresholds import Thresholds
 from spark_jobs.timeline.plans import joined_by_shuffle, lookup, materialised
 
 from . import DETECTORS
-from .common import INCARNATION, identified
-from .messages import BOUNCED_BY, left_at_close
+from .common import INCARNATION, MeasuredFindings, measured_findings
+from .messages import can_loop, left_at_close
 
 ACROSS_CONNECTIONS = tuple(DETECTORS)
 
@@ -48,7 +48,7 @@ TOUCHED, CAME_BACK = "_touched", "_came_back"
 
 @dataclass
 class RescopedFindings:
-    across: DataFrame            # the message kinds' raw findings computed again, identified and materialised
+    across: MeasuredFindings     # the message kinds' raw findings computed again
     replaces: list[Match | Listed]   # the stored findings they and the analysed connections' own take the place of
 
 
@@ -79,7 +79,7 @@ def rescoped_findings(tables: Tables, analysed: list[str], changed: DataFrame, t
     # Incarnations outside `places` may share a message with them: their findings would be partial.
     found = DETECTORS["redelivery_after_close"]({**tables, "deliveries": involved}, thresholds)
     with joined_by_shuffle(spark):
-        across = materialised(identified(loops.unionByName(found.join(places, on=INCARNATION, how="left_semi"))))
+        across = measured_findings(loops.unionByName(found.join(places, on=INCARNATION, how="left_semi")))
     replaces = [connections_match(spark, analysed, kind=KINDS),
                 Match(messages.select("message_identity").withColumn("kind", F.lit("requeue_loop")),
                       ("kind", "message_identity"), rows=changed_rows),
@@ -87,15 +87,16 @@ def rescoped_findings(tables: Tables, analysed: list[str], changed: DataFrame, t
     return RescopedFindings(across, replaces)
 
 
-def message_kinds_deliveries(deliveries: DataFrame) -> DataFrame:
+def message_kinds_deliveries(deliveries: DataFrame, can_loop_rows: int | None = None) -> DataFrame:
     """What either message kind reads of a whole deliveries table (a full run's `detect`), materialised:
     every delivery of a message that can be in a loop, and every closed or redelivered one. The
-    kinds find in it exactly what they find in the whole table."""
-    candidates = _candidates(deliveries, None)
+    kinds find in it exactly what they find in the whole table. `can_loop_rows`: how many
+    deliveries are `can_loop`, if known (the pass counts them)."""
+    candidates = _candidates(deliveries, None, can_loop_rows)
     return candidates.select(*[c for c in candidates.columns if c not in (TOUCHED, CAME_BACK)])
 
 
-def _candidates(deliveries: DataFrame, messages: DataFrame | None) -> DataFrame:
+def _candidates(deliveries: DataFrame, messages: DataFrame | None, can_loop_rows: int | None = None) -> DataFrame:
     """The stored deliveries either kind can read for `messages` (message_identity, CAME_BACK; None:
     every message): every delivery of those that came back or can be in a loop (marked TOUCHED,
     with CAME_BACK) and every closed or redelivered delivery; materialised.
@@ -105,12 +106,12 @@ def _candidates(deliveries: DataFrame, messages: DataFrame | None) -> DataFrame:
     requeue_loop finds nothing for any other, in this table as it now stands) and keeps those of
     `messages`, with those that came back: few, so the second scan meets them by broadcast."""
     known = deliveries.filter(F.col("message_identity").isNotNull())
-    can_loop = known.filter(F.col("outcome").isin(*BOUNCED_BY)
-                            | (F.coalesce(F.col("x_death_count"), F.lit(0)) > 0)).select("message_identity").distinct()
+    looping = known.filter(can_loop()).select("message_identity").distinct()
     if messages is None:
-        marked = lookup(can_loop.withColumn(CAME_BACK, F.lit(False)).withColumn(TOUCHED, F.lit(True)))
+        # At most one message per such delivery: a known count of them spares counting the messages.
+        marked = lookup(looping.withColumn(CAME_BACK, F.lit(False)).withColumn(TOUCHED, F.lit(True)), can_loop_rows)
     else:
-        marked = lookup(messages.join(can_loop, on="message_identity", how="left_semi")
+        marked = lookup(messages.join(looping, on="message_identity", how="left_semi")
                         .unionByName(messages.filter(F.col(CAME_BACK)))
                         .groupBy("message_identity").agg(F.max(CAME_BACK).alias(CAME_BACK))
                         .withColumn(TOUCHED, F.lit(True)))

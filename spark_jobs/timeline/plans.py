@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 
 # A lookup table (one row per incarnation, consumer registration, ...) up to this many rows is
@@ -31,14 +31,23 @@ def materialised(df: DataFrame) -> DataFrame:
     return df.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
 
 
+def measured(df: DataFrame, **measures: Column) -> tuple[DataFrame, dict]:
+    """`df` materialised, and aggregates over its rows (`measures`, by name) taken in the same Spark
+    job: Spark's Observation collects them while the rows are computed, where an aggregation
+    afterwards would be a job of its own reading them again."""
+    observation = Observation()
+    done = materialised(df.observe(observation, *[measure.alias(name) for name, measure in measures.items()]))
+    return done, observation.get
+
+
 def lookup(df: DataFrame, rows: int | None = None) -> DataFrame:
     """`df` marked for broadcast if it is small. A cut plan has no size estimate, so without the
     mark Spark would shuffle and sort the big side of every join with it. `rows`: at most how many
     rows `df` has, where the caller knows (then nothing is computed here); else `df` is
-    materialised and counted (two Spark jobs)."""
+    materialised and counted (one Spark job)."""
     if rows is None:
-        df = materialised(df)
-        rows = df.count()
+        df, seen = measured(df, rows=F.count(F.lit(1)))
+        rows = seen["rows"]
     return F.broadcast(df) if rows <= BROADCAST_ROWS else df
 
 
