@@ -114,11 +114,19 @@ def committed(lake: str, name: str, app_id: str) -> bool:
     return table is not None and table.transaction_version(app_id) is not None
 
 
+# How Hive, Spark and Delta writers name the folder of a null partition value.
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+
+
 class TableWriter:
-    def __init__(self, lake: str, name: str, schema: pa.Schema):
+    """`split_by`: a boolean column whose true and false rows go to files apart, each file's
+    add action carrying the column's min, max and null count (the Spark jobs' `provisional`)."""
+
+    def __init__(self, lake: str, name: str, schema: pa.Schema, split_by: str | None = None):
         self.path = os.path.join(lake, name)
         self.fs, self.root = filesystem(self.path)
         self.schema = schema
+        self.split_by = split_by
         self.actions: list[AddAction] = []
         self.rows = 0
 
@@ -129,16 +137,34 @@ class TableWriter:
         for date in dates:
             # Delta keeps partition values in the log, not in the data files. A batch within one day
             # (nearly all of them) is written as it is: filtering would copy every column for nothing.
-            whole = table if len(dates) == 1 else table.filter(pc.equal(table["date"], date))
-            part = whole.drop_columns(PARTITION_BY)
-            relative = f"date={date}/part-{uuid.uuid4().hex}.zstd.parquet"
-            full = f"{self.root}/{relative}"
-            make_dir_in(self.fs, os.path.dirname(full))
-            pq.write_table(part, full, compression="zstd", filesystem=self.fs)
-            stats = {"numRecords": part.num_rows}
-            self.actions.append(AddAction(relative, self.fs.get_file_info(full).size, {"date": date},
-                                          int(time.time() * 1000), True, json.dumps(stats)))
-            self.rows += part.num_rows
+            day = pc.is_null(table["date"]) if date is None else pc.equal(table["date"], date)
+            whole = table if len(dates) == 1 else table.filter(day)
+            for part, stats in self._split(whole.drop_columns(PARTITION_BY)):
+                relative = f"date={NULL_PARTITION if date is None else date}/part-{uuid.uuid4().hex}.zstd.parquet"
+                full = f"{self.root}/{relative}"
+                make_dir_in(self.fs, os.path.dirname(full))
+                pq.write_table(part, full, compression="zstd", filesystem=self.fs)
+                self.actions.append(AddAction(relative, self.fs.get_file_info(full).size, {"date": date},
+                                              int(time.time() * 1000), True, json.dumps(stats)))
+                self.rows += part.num_rows
+
+    def _split(self, table: pa.Table) -> list[tuple[pa.Table, dict]]:
+        """The table's parts to write as files of their own, each with its Delta statistics."""
+        if self.split_by is None:
+            return [(table, {"numRecords": table.num_rows})]
+        column, flags = self.split_by, table[self.split_by]
+        trues = pc.sum(flags).as_py() or 0
+        parts = []
+        for value, n in ((False, table.num_rows - trues - flags.null_count), (True, trues)):
+            if n:
+                # Nearly always one value in the whole table: then it is written as it is.
+                part = table if n == table.num_rows else table.filter(pc.equal(flags, value))
+                parts.append((part, {"numRecords": n, "minValues": {column: value}, "maxValues": {column: value},
+                                     "nullCount": {column: 0}}))
+        if flags.null_count:
+            parts.append((table.filter(pc.is_null(flags)), {"numRecords": flags.null_count,
+                                                            "nullCount": {column: flags.null_count}}))
+        return parts
 
     def files(self) -> list[tuple]:
         """The files written so far, as plain tuples another process can hand to `adopt()`."""

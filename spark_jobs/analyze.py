@@ -14,6 +14,8 @@ logged in `analysis_runs` last: a run cut short is simply done again by the next
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 import uuid
@@ -30,6 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analyzer import schema
+from analyzer.schema import PARTITION_BY
 from analyzer.lake import TableWriter, open_table, read_table
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
@@ -41,16 +44,18 @@ from .incremental import Carried, carry_on_connections
 from .detectors import detect, raw_findings
 from .detectors.common import measured_findings
 from .detectors.scoped import ACROSS_CONNECTIONS, message_kinds_deliveries, rescoped_findings
-from .metrics_redo import pass_channel_metrics
+from .metrics_redo import pass_channel_metrics, with_metrics_redone
 from .provisional import PROVISIONAL, last_written_by_finished_run
 from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, finished_runs, plan_run, thresholds_json
-from .session import commits_tagged, delta_mode as resolve_delta_mode, use_lake
+from .session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, use_lake
 from .steps import Steps
+from .table_files import commit
 from .stored_findings import stored_raw_findings
 from .thresholds import Thresholds
 from .connection_pass import STATE_TABLE, PassSummary, connection_pass, pass_rows, summarised_pass
 from .timeline.plans import first_day, first_seen, joined_by_shuffle, materialised, of_connections
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
+from .wide_writes import write_wide
 
 OUTPUT_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "findings": schema.FINDINGS}
 # Kept per connection: a run replaces the rows of the connections it analysed.
@@ -179,6 +184,12 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     """The per-connection tables of the run's connections, written (a full run: replacing each
     table; otherwise: replacing those connections' rows). Connections carried on from their
     checkpoints read only their new frames; the rest are analysed whole, their findings too."""
+    if run.keys is None:
+        with run.steps.step("timelines"):
+            wide, own, summary = _analysed_whole(run, all_frames, None, report)
+        with run.steps.step("write tables"):
+            _write_whole_lake(run, wide, summary, report)
+        return _Analysed(own, [], summary=summary)
     carried = None
     if run.plan.scope == NEW_DATA:
         with run.steps.step("carry on from checkpoints"):
@@ -187,11 +198,11 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
             _report_carried(carried, report)
     whole_keys = run.keys if carried is None else carried.whole_keys
     outputs = {name: [] for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
-    tables, own, summary = {}, None, None
-    if whole_keys is None or whole_keys:
+    own, summary = None, None
+    if whole_keys:
         with run.steps.step("timelines"):
-            frames = all_frames if whole_keys is None else run.frames_of(whole_keys)
-            tables, own, summary = _analysed_whole(run, frames, whole_keys, report)
+            wide, own, summary = _analysed_whole(run, run.frames_of(whole_keys), whole_keys, report)
+            tables = _pass_tables(run, wide, summary)
         for name in outputs:
             outputs[name].append(tables[name])
     if carried is not None:
@@ -200,9 +211,7 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     analysed_whole = [connections_match(run.spark, whole_keys)] if whole_keys else []
     with run.steps.step("write tables"):
         _write_tables(run, outputs, analysed_whole, carried, report, summary.rows if summary else {})
-    carried_keys = sorted(set(run.keys or ()) - set(whole_keys or ())) if carried is not None else []
-    if run.keys is None:
-        return _Analysed(own, carried_keys, summary=summary)
+    carried_keys = sorted(set(run.keys) - set(whole_keys)) if carried is not None else []
     if carried is None or not carried_keys:
         return _Analysed(own, carried_keys)
     return _Analysed(own, carried_keys, carried_deliveries=carried.tables["deliveries"],
@@ -219,9 +228,7 @@ def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carri
         for part in parts[1:]:
             rows = rows.unionByName(part)
         table_schema = OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE)
-        if run.keys is None:
-            write_delta(rows, run.lake, name, table_schema, mode="overwrite", delta_mode=run.mode)
-        elif name in narrowed:
+        if name in narrowed:
             # The rows named by carried.matches are then exactly these (provisional.py): no key join.
             replace_matching(rows, run.lake, name, table_schema,
                              [connections_match(run.spark, run.keys, **{PROVISIONAL: (True,)})],
@@ -259,19 +266,36 @@ def _report_carried(carried: Carried, report: AnalysisReport) -> None:
 
 
 def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None,
-                    report: AnalysisReport) -> tuple[dict[str, DataFrame], _OwnFindings, PassSummary]:
-    """The per-connection tables, checkpoints and findings about one connection of these
-    connections (None: all), from all their frames, in one pass of the reference state machine
-    (connection_pass.py); and what the pass holds."""
+                    report: AnalysisReport) -> tuple[DataFrame, _OwnFindings, PassSummary]:
+    """The pass's wide table (materialised) of these connections (None: all) from all their
+    frames, in one pass of the reference state machine (connection_pass.py): the per-connection
+    tables, checkpoints and findings about one connection; and what it holds."""
     connections = run.connections if keys is None else of_connections(run.connections, keys)
     wide, summary = summarised_pass(connection_pass(frames, connections, run.settings, run.plan.frames_version))
+    report.frames += summary.frames
+    report.connections += summary.connections
+    return wide, _OwnFindings(pass_rows(wide, "raw_findings"), summary.rows["raw_findings"], frames), summary
+
+
+def _pass_tables(run: _Run, wide: DataFrame, summary: PassSummary) -> dict[str, DataFrame]:
+    """The rows of each table the pass writes, out of its wide table."""
     tables = {name: pass_rows(wide, name) for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
     tables["channel_metrics"] = pass_channel_metrics(wide, summary.metrics_redo, run.bucket_seconds)
     if summary.metrics_redo:
         summary.rows["channel_metrics"] = tables["channel_metrics"].count()
-    report.frames += summary.frames
-    report.connections += summary.connections
-    return tables, _OwnFindings(pass_rows(wide, "raw_findings"), summary.rows["raw_findings"], frames), summary
+    return tables
+
+
+def _write_whole_lake(run: _Run, wide: DataFrame, summary: PassSummary, report: AnalysisReport) -> None:
+    """A full run's per-connection tables and checkpoints, each replacing its table in one commit,
+    straight from the pass's wide table: every table written in one Spark job (wide_writes.py)."""
+    tables = {name: OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE) for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
+    adds = write_wide(with_metrics_redone(wide, summary.metrics_redo, run.bucket_seconds), run.lake, tables)
+    for name, table_schema in tables.items():
+        commit(os.path.join(run.lake, name), table_schema, adds[name], PARTITION_BY, mode="overwrite",
+               tag=commit_tag(run.spark))
+    report.rows = {name: sum(json.loads(add.stats)["numRecords"] for add in adds[name])
+                   for name in PER_CONNECTION_TABLES}
 
 
 def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFrame, thresholds: Thresholds,

@@ -20,7 +20,7 @@ from .connection_pass import STATE_TABLE
 from .provisional import flagged, metric_flags, open_buckets
 from .timeline.plans import materialised
 from .timeline.tables import CHANNEL_METRICS
-from .timeline.wide import RECORD, column, from_wide, records_from_wide
+from .timeline.wide import RECORD, as_wide, column, from_wide, records_from_wide
 from .types import spark_schema
 
 # The records channel_metrics reads.
@@ -30,11 +30,18 @@ METRIC_RECORDS = ("deliveries", "publishes", "channels")
 def pass_channel_metrics(wide: DataFrame, redo: list[str], bucket_seconds: int) -> DataFrame:
     """The channel_metrics of the pass's (materialised) wide table: as streamed, except for the
     connections in `redo` (connection_pass.PassSummary.metrics_redo), computed again."""
-    streamed = from_wide(wide, "channel_metrics", CHANNEL_METRICS)
+    metrics = from_wide(with_metrics_redone(wide, redo, bucket_seconds), "channel_metrics", CHANNEL_METRICS)
+    return materialised(metrics) if redo else metrics
+
+
+def with_metrics_redone(wide: DataFrame, redo: list[str], bucket_seconds: int) -> DataFrame:
+    """The pass's (materialised) wide table, the channel_metrics rows of the connections in `redo`
+    computed again (the other rows as they are)."""
     if not redo:
-        return streamed
-    return materialised(streamed.where(~F.col("connection_id").isin(*redo))
-                        .unionByName(metrics_again(wide, redo, bucket_seconds)))
+        return wide
+    streamed = ~((F.col(RECORD) == "channel_metrics") & column("channel_metrics", "connection_id").isin(*redo))
+    return wide.where(streamed).unionByName(as_wide(metrics_again(wide, redo, bucket_seconds), "channel_metrics",
+                                                    wide.schema))
 
 
 def metrics_again(wide: DataFrame, connection_ids: list[str], bucket_seconds: int) -> DataFrame:

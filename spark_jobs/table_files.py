@@ -34,14 +34,12 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction
 
-from analyzer.lake import filesystem, is_local, is_s3, make_dir_in, open_or_create
+from analyzer.lake import NULL_PARTITION, filesystem, is_local, is_s3, make_dir_in, open_or_create
 
 # Where Spark writes before the commit; a leading underscore hides it from Delta and Spark readers.
 STAGING_DIR = "_ackscope_staging"
 # analyzer.lake.TableWriter commits app ids at version 1 too: an app id has landed or it has not.
 TRANSACTION_VERSION = 1
-# How Spark (like Hive) names the directory of a null partition value.
-NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 # Reader features that leave a Parquet file meaning what it says. Anything else (deletion vectors
 # hiding rows, column mapping renaming columns, ...) needs delta-spark to read correctly.
 BRIDGE_READER_FEATURES = {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck"}

@@ -345,3 +345,59 @@ def test_provisional_rows_are_written_apart_and_only_their_files_searched(spark,
                                            if r["date"] == "2026-11-24" and r["seq"] in (3, 4))
     assert results[True] == [("2026-11-24", 3, False), ("2026-11-24", 4, False)]
     assert results[False] == [("2026-11-24", 3, False)]
+
+
+def test_tables_written_together_in_one_job_are_the_tables_written_alone(spark, tmp_path):
+    """wide_writes.py: a wide DataFrame's tables written by one Spark job give each table the rows,
+    partitions and provisional files that a write of that table alone gives (rows of other records
+    left out, a null day in Hive's null folder), and nothing is in any log until the commits."""
+    from spark_jobs.provisional import PROVISIONAL, files_with_provisional_rows, stored_schema
+    from spark_jobs.table_files import commit
+    from spark_jobs.timeline.wide import to_wide, wide_schema
+    from spark_jobs.wide_writes import write_wide
+
+    padding = [(f"pad_{i}", pa.int32()) for i in range(40)]
+    items = stored_schema(pa.schema([("date", pa.string()), ("connection_id", pa.string()), ("seq", pa.int64()),
+                                     ("ts", pa.timestamp("us", tz="UTC")), *padding]))
+    states = pa.schema([("date", pa.string()), ("connection_id", pa.string()), ("last_seq", pa.int64())])
+    tally = pa.schema([("connection_id", pa.string()), ("frames", pa.int64())])
+    item_rows = pa.Table.from_pylist(
+        [{"date": day, "connection_id": f"c{seq % 4}", "seq": seq, "ts": datetime(2026, 11, 24, tzinfo=timezone.utc),
+          PROVISIONAL: seq % 3 == 0, "pad_7": seq} for day in ("2026-11-24", "2026-11-25", None)
+         for seq in range(1, 41)], schema=items)
+    state_rows = pa.Table.from_pylist([{"date": "2026-11-25", "connection_id": f"c{i}", "last_seq": 40}
+                                       for i in range(4)], schema=states)
+    wide = wide_schema({"items": items, "states": states, "tally": tally})
+    parts = [("items", None, item_rows), ("tally", None, pa.Table.from_pylist([{"connection_id": "c0", "frames": 9}],
+                                                                             schema=tally)),
+             ("states", None, state_rows)]
+    data = spark.createDataFrame(to_wide(wide, parts)).repartition(3)
+    tables = {"items": items, "states": states}
+
+    together = str(tmp_path / "together")
+    group = "wide-writes-test"
+    spark.sparkContext.setJobGroup(group, group)
+    adds = write_wide(data, together, tables)
+    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == 1
+    assert all(lake.open_table(together, name) is None for name in tables)  # nothing committed yet
+    for name, table_schema in tables.items():
+        commit(os.path.join(together, name), table_schema, adds[name], schema.PARTITION_BY)
+    alone = str(tmp_path / "alone")
+    written = {"items": item_rows, "states": state_rows}
+    for name, table_schema in tables.items():
+        write_delta(spark.createDataFrame(written[name]), alone, name, table_schema)
+
+    for name, table_schema in tables.items():
+        got = read_delta(spark, together, name, table_schema).toArrow()
+        assert_same_rows(got, read_delta(spark, alone, name, table_schema).toArrow())
+        assert_same_rows(got, written[name])
+        assert_same_rows(lake.read_table(together, name, table_schema), got)
+    assert sorted(os.listdir(os.path.join(together, "items"))) == [
+        "_delta_log", "date=2026-11-24", "date=2026-11-25", "date=__HIVE_DEFAULT_PARTITION__"]
+    table = DeltaTable(os.path.join(together, "items"))
+    stats = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    assert sum(s["num_records"] for s in stats) == item_rows.num_rows
+    for file in stats:  # provisional rows in files of their own, whose statistics say so
+        flags = pq.read_table(os.path.join(together, "items", file["path"]), columns=[PROVISIONAL])[PROVISIONAL]
+        assert set(flags.to_pylist()) == {file["min.provisional"]} == {file["max.provisional"]}
+    assert files_with_provisional_rows(table) == {s["path"] for s in stats if s["max.provisional"]}

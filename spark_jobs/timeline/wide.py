@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 RECORD, ROLE = "record", "role"
 
@@ -34,6 +35,19 @@ def to_wide(wide: pa.Schema, parts: list[tuple[str, str | None, pa.Table]]) -> p
                                        else pa.nulls(n, field.type))
         out.append(pa.Table.from_pydict(columns, schema=wide))
     return pa.concat_tables(out)
+
+
+def as_wide(rows: DataFrame, name: str, wide: T.StructType) -> DataFrame:
+    """`to_wide` in Spark: the rows of table `name` (its columns) as rows of the wide schema `wide`."""
+    def field(of: T.StructField) -> Column:
+        if of.name == RECORD:
+            value = F.lit(name)
+        elif of.name == name:
+            value = F.struct(*[F.col(child.name) for child in of.dataType.fields])
+        else:
+            value = F.lit(None)
+        return value.cast(of.dataType).alias(of.name)
+    return rows.select(*[field(of) for of in wide.fields])
 
 
 def column(table: str, name: str) -> Column:

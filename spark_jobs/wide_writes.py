@@ -1,0 +1,72 @@
+"""The tables of a wide DataFrame (timeline/wide.py) written into a lake in one Spark job.
+
+Spark's writer takes one schema per job: a full run writing its per-connection tables that way
+starts a job per table. Here one job runs a `mapInArrow` per table, and each task writes its rows
+of the table as Parquet files straight into the table's folder with the agent's writer
+(analyzer.lake.TableWriter: files by day, provisional rows in files of their own with the
+column's statistics, as provisional.py wants), handing back only the files. The driver then
+commits each table's files in one Delta commit (table_files.commit), on either Delta path, as
+delta_io.replace_matching does. Until then no log names a file: the files of a failed or
+repeated task are never committed, and VACUUM removes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import reduce
+
+import pyarrow as pa
+from deltalake.transaction import AddAction
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from analyzer.lake import TableWriter
+
+from .provisional import PROVISIONAL
+from .timeline.wide import RECORD
+from .types import spark_schema
+
+# One row per file a task wrote.
+FILES = pa.schema([("table", pa.string()), ("path", pa.string()), ("size", pa.int64()), ("date", pa.string()),
+                   ("modified_ms", pa.int64()), ("stats", pa.string())])
+# A table's rows a task gathers before writing them as files: large enough for Parquet's
+# compression and few files, small enough to keep a task's memory bounded (~100 MB of deliveries).
+FILE_ROWS = 250_000
+
+
+def write_wide(wide: DataFrame, lake: str, tables: dict[str, pa.Schema]) -> dict[str, list[AddAction]]:
+    """The rows of `wide` of each of `tables` (name -> schema as stored) written as Parquet files
+    into that table's folder of `lake`, uncommitted; the add actions of each table's files (none
+    for a table without rows).
+
+    A task per table and partition of `wide`, all in one job: each hands Python only its table's
+    column, and a partition holding a hot connection has its tables written side by side."""
+    def writer(name: str, table_schema: pa.Schema):
+        def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            yield _write_rows(lake, name, table_schema, batches)
+        return write_partition
+
+    files = reduce(DataFrame.union, [
+        wide.where(F.col(RECORD) == name).select(name).mapInArrow(writer(name, table_schema), spark_schema(FILES))
+        for name, table_schema in tables.items()]).collect()
+    adds = {name: [] for name in tables}
+    for file in files:
+        adds[file["table"]].append(AddAction(file["path"], file["size"], {"date": file["date"]},
+                                             file["modified_ms"], True, file["stats"]))
+    return adds
+
+
+def _write_rows(lake: str, name: str, table_schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch:
+    """One task's rows of table `name` (batches of its one struct column), FILE_ROWS at a time; its files."""
+    writer = TableWriter(lake, name, table_schema, split_by=PROVISIONAL if PROVISIONAL in table_schema.names else None)
+    pending: list[pa.Table] = []
+    for batch in batches:
+        pending.append(pa.Table.from_struct_array(batch.column(0)).cast(table_schema))
+        if sum(part.num_rows for part in pending) >= FILE_ROWS:
+            writer.write(pa.concat_tables(pending))
+            pending.clear()
+    if pending:
+        writer.write(pa.concat_tables(pending))
+    return pa.RecordBatch.from_pylist([{"table": name, "path": path, "size": size, "date": values["date"],
+                                        "modified_ms": modified, "stats": stats}
+                                       for path, size, values, modified, stats in writer.files()], schema=FILES)
