@@ -32,7 +32,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analyzer import schema
-from analyzer.schema import PARTITION_BY
 from analyzer.lake import TableWriter, open_table, read_table
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
@@ -292,7 +291,7 @@ def _write_whole_lake(run: _Run, wide: DataFrame, summary: PassSummary, report: 
     tables = {name: OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE) for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
     adds = write_wide(with_metrics_redone(wide, summary.metrics_redo, run.bucket_seconds), run.lake, tables)
     for name, table_schema in tables.items():
-        commit(os.path.join(run.lake, name), table_schema, adds[name], PARTITION_BY, mode="overwrite",
+        commit(os.path.join(run.lake, name), table_schema, adds[name], schema.PARTITION_BY, mode="overwrite",
                tag=commit_tag(run.spark))
     report.rows = {name: sum(json.loads(add.stats)["numRecords"] for add in adds[name])
                    for name in PER_CONNECTION_TABLES}
@@ -343,15 +342,15 @@ def _full_run_findings(run: _Run, analysed: _Analysed, inputs: dict[str, DataFra
     their evidence packets looked up in one scan of `frames`. The pass counted what the message
     kinds can start from: without a delivery that came back they find nothing."""
     summary = analysed.summary
-    if not summary.came_back:
-        findings = analysed.own.finished()
-        write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=run.mode)
-        return
-    deliveries = message_kinds_deliveries(inputs["deliveries"], summary.can_loop)
     with joined_by_shuffle(run.spark):
-        across = measured_findings(raw_findings({**inputs, "deliveries": deliveries}, thresholds, ACROSS_CONNECTIONS))
-        findings = finished_together(analysed.own.raw, analysed.own.rows, None, across, run.frames_since,
-                                     run.connections)
+        if summary.came_back:
+            deliveries = message_kinds_deliveries(inputs["deliveries"], summary.can_loop)
+            across = measured_findings(raw_findings({**inputs, "deliveries": deliveries}, thresholds,
+                                                    ACROSS_CONNECTIONS))
+            findings = finished_together(analysed.own.raw, analysed.own.rows, None, across, run.frames_since,
+                                         run.connections)
+        else:
+            findings = analysed.own.finished()
         write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=run.mode)
 
 

@@ -22,7 +22,6 @@ whole-connection path.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
@@ -33,8 +32,8 @@ from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
 
 from .delta_io import Listed, Match, connections_match, read_delta, read_files
 from .connection_pass import STATE_TABLE
-from .timeline.carried import STALE, WRITE, carried_rows, carry_on
-from .timeline.plans import of_connections
+from .timeline.carried import CARRIED_TABLES, ROLES, STALE, WRITE, carried_rows, carry_on
+from .timeline.plans import measured, of_connections
 from .timeline.wide import RECORD, ROLE, column
 from .timeline.tables import TIMELINE_TABLES
 
@@ -62,17 +61,18 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
                          connections: DataFrame, settings: Settings, frames_version: int) -> Carried:
     new = read_files(spark, lake, "frames", new_files, list(ANALYSIS_COLUMNS))
     states = of_connections(read_delta(spark, lake, STATE_TABLE, schema.ANALYSIS_STATE, mode), keys)
-    wide = carry_on(new, states, of_connections(connections, keys), settings, frames_version)
-    # One look at the wide table: its rows by record and role, the fallbacks (few) with them, and
-    # the carried connections' tallies summed.
-    counts, fallbacks, read = Counter(), {}, {"frames": 0, "carried_records": 0}
-    for row in wide.groupBy(RECORD, ROLE, "fallback").agg(
-            F.count(F.lit(1)).alias("n"), *[F.sum(column("tally", c)).alias(c) for c in read]).collect():
-        counts[(row[RECORD], row[ROLE])] += row["n"]
-        if row[RECORD] == "fallback":
-            fallbacks[row["fallback"]["connection_id"]] = row["fallback"]["reason"]
-        if row[RECORD] == "tally":
-            read = {c: row[c] for c in read}
+    # What the wide table holds, taken while it is materialised: its rows by record and role, the
+    # fallbacks (few), and the carried connections' tallies summed.
+    roles = [(name, role) for name in CARRIED_TABLES for role in ROLES.get(name, (None,))]
+    wide, seen = measured(
+        carry_on(new, states, of_connections(connections, keys), settings, frames_version),
+        **{f"n{i}": F.count(F.when((F.col(RECORD) == name) & _role_is(role), True))
+           for i, (name, role) in enumerate(roles)},
+        fallbacks=F.collect_list("fallback"),
+        **{c: F.coalesce(F.sum(column("tally", c)), F.lit(0)) for c in ("frames", "carried_records")})
+    counts = {key: seen[f"n{i}"] for i, key in enumerate(roles)}
+    fallbacks = {row["connection_id"]: row["reason"] for row in seen["fallbacks"]}
+    read = {c: seen[c] for c in ("frames", "carried_records")}
     state = carried_rows(wide, "state")
     carried_keys = [k for k in keys if k not in fallbacks]
     tables = {name: carried_rows(wide, name, WRITE) for name in TIMELINE_TABLES}
@@ -83,6 +83,10 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
     return Carried(tables, rows, _matches(wide, carried_keys, counts), fallbacks, frames=read["frames"],
                    connections=len(keys) - len(fallbacks), records=read["carried_records"],
                    raw_findings=carried_rows(wide, "raw_findings"), raw_rows=counts.get(("raw_findings", None), 0))
+
+
+def _role_is(role: str | None):
+    return F.col(ROLE).isNull() if role is None else F.col(ROLE) == role
 
 
 def _matches(wide: DataFrame, carried_keys: list[str], counts: dict) -> dict[str, list[Match | Listed]]:

@@ -33,7 +33,6 @@ from analyzer.timeline.tables import RECORD_TYPES, to_table
 from ..provisional import flagged, metric_flags, open_buckets
 from ..connection_pass import HEADER, RAW_FINDINGS, batch_rows, headers, raw_finding_rows, state_row, states_table
 from ..types import spark_schema
-from .plans import materialised
 from .tables import CHANNEL_METRICS, TIMELINE_TABLES
 from .wide import from_wide, to_wide, wide_schema
 
@@ -50,21 +49,22 @@ CARRIED_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "state"
 # The right side's column saying the connection has an analysis_state row (it may have only a header).
 STORED = "_stored"
 WIDE = wide_schema(CARRIED_TABLES)
+# The roles a table's rows come in (the others' rows have none).
+ROLES = {**{name: (WRITE, STALE) for name in RECORD_TYPES}, "channel_metrics": (WRITE,)}
 # Rows handed to the state machine at once (the rest of the connection's new frames wait as Arrow).
 FEED_ROWS = 1 << 16
 
 
 def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, settings: Settings,
              frames_version: int) -> DataFrame:
-    """The wide table for every connection of `new_frames` (ANALYSIS_COLUMNS), materialised.
-    `states`: their analysis_state rows; `connections`: their schema.CONNECTIONS rows (for the
-    findings, as the pass reads them: connection_pass.headers)."""
+    """The wide table for every connection of `new_frames` (ANALYSIS_COLUMNS), for the caller to
+    materialise (it is read once per table). `states`: their analysis_state rows; `connections`:
+    their schema.CONNECTIONS rows (for the findings, as the pass reads them: connection_pass.headers)."""
     stored = states.select("*", F.lit(True).alias(STORED)).join(
         headers(connections).select("connection_id", HEADER), on="connection_id", how="full")
-    wide = (new_frames.select(*ANALYSIS_COLUMNS).groupBy("connection_id")
+    return (new_frames.select(*ANALYSIS_COLUMNS).groupBy("connection_id")
             .cogroup(stored.groupBy("connection_id"))
             .applyInArrow(partial(carried_connection, settings, frames_version), spark_schema(WIDE)))
-    return materialised(wide)
 
 
 def carried_connection(settings: Settings, frames_version: int, frames: pa.Table, state: pa.Table) -> pa.Table:
