@@ -30,7 +30,7 @@ from .types import spark_schema
 FILES = pa.schema([("table", pa.string()), ("path", pa.string()), ("size", pa.int64()), ("date", pa.string()),
                    ("modified_ms", pa.int64()), ("stats", pa.string())])
 # A table's rows a task gathers before writing them as files: large enough for Parquet's
-# compression and few files, small enough to keep a task's memory bounded (~100 MB of deliveries).
+# compression and few files, few enough that a task's memory stays bounded on a hot connection.
 FILE_ROWS = 250_000
 
 
