@@ -20,14 +20,12 @@ import sys
 import time
 import uuid
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from functools import reduce
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TextIO
 
 import pyarrow as pa
-from pyspark import inheritable_thread_target
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -37,7 +35,8 @@ from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
 from analyzer.connection_analysis import Settings
 
-from .delta_io import connections_match, read_delta, read_files, replace_matching, write_delta
+from .delta_io import (Replacement, connections_match, read_delta, read_files, replace_all, replace_matching,
+                       write_delta)
 from .evidence_packets import finished_findings, finished_together
 from .incremental import Carried, carry_on_connections
 from .detectors import detect, raw_findings
@@ -219,31 +218,23 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
 
 def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carried | None,
                   report: AnalysisReport, whole_rows: dict[str, int]) -> None:
-    """Each table in its own commit, all at once: their Spark jobs are small next to their fixed
-    costs (scheduling, the commit), so on a few cores they overlap well."""
-    def write(name: str) -> None:
-        parts = outputs[name]
-        rows = parts[0]
-        for part in parts[1:]:
-            rows = rows.unionByName(part)
+    """Each table's rows of these connections replaced, in its own commit; the files to rewrite
+    found and every table's rows written in two Spark jobs for all of them (delta_io.replace_all)."""
+    narrowed = _provisional_only(run, analysed_whole)
+    replacements = {}
+    for name, parts in outputs.items():
+        rows = reduce(DataFrame.unionByName, parts)
         table_schema = OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE)
         if name in narrowed:
             # The rows named by carried.matches are then exactly these (provisional.py): no key join.
-            replace_matching(rows, run.lake, name, table_schema,
-                             [connections_match(run.spark, run.keys, **{PROVISIONAL: (True,)})],
-                             delta_mode=run.mode, provisional_only=True)
+            replacements[name] = Replacement(rows, table_schema, [
+                connections_match(run.spark, run.keys, **{PROVISIONAL: (True,)})], provisional_only=True)
         else:
             matches = analysed_whole + (carried.matches[name] if carried is not None else [])
-            replace_matching(rows, run.lake, name, table_schema, matches, delta_mode=run.mode)
-        if name != STATE_TABLE:
-            report.rows[name] = whole_rows.get(name, 0) + (carried.rows[name] if carried is not None else 0)
-
-    narrowed = _provisional_only(run, analysed_whole)
-    # Spark's job group (Steps counts the run's jobs by it) is a thread-local property: inherited.
-    with ThreadPoolExecutor(max_workers=len(outputs)) as pool:
-        for done in [pool.submit(inheritable_thread_target(run.spark)(write), name) for name in outputs]:
-            done.result()
-    report.rows = {name: report.rows[name] for name in outputs if name in report.rows}
+            replacements[name] = Replacement(rows, table_schema, matches)
+    replace_all(run.lake, replacements, delta_mode=run.mode)
+    report.rows = {name: whole_rows.get(name, 0) + (carried.rows[name] if carried is not None else 0)
+                   for name in outputs if name != STATE_TABLE}
 
 
 def _provisional_only(run: _Run, analysed_whole: list) -> set[str]:

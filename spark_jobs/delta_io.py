@@ -31,7 +31,9 @@ from .provisional import PROVISIONAL, files_with_provisional_rows
 from .table_files import (TRANSACTION_VERSION, commit, commit_properties, delete_staging, files_to_read,
                           new_staging_folder, place_written_files, relative_in_table, snapshot_files, spark_location)
 from .timeline.plans import IN_LIST_CONNECTIONS, lookup, materialised
+from .timeline.wide import as_wide, wide_schema
 from .types import spark_schema
+from .wide_writes import write_wide
 
 SAVE_MODES = ("append", "overwrite")
 # A replace that searches files of at most this many bytes (the findings table; a carried run's
@@ -156,46 +158,103 @@ def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, mat
     """Delete the rows any of `matches` names and append the rows of `df`, in one commit.
 
     Copy-on-write, as Delta's MERGE does it: only the files holding such rows are rewritten
-    (their other rows copied), the rest of the table is untouched. Done the bridge's way (Spark
-    writes Parquet, delta-rs commits) on both paths: delta-spark reads the result like any commit.
-    `provisional_only`: the caller knows every such row is a provisional one (provisional.py), so
-    only the files that may hold those are searched. Returns the new table version, or None when
-    there was nothing to do."""
-    route = session.delta_mode(df.sparkSession, delta_mode)
-    data = _schema_contract(df, spark_schema(schema))
-    location = os.path.join(lake, name)
-    table = open_table(lake, name)
-    if table is None:
-        return write_delta(df, lake, name, schema, mode="append", partition_by=partition_by, delta_mode=route)
-    spark = df.sparkSession
-    struct = spark_schema(schema)
-    logged = snapshot_files(table)
-    searched = files_with_provisional_rows(table) if provisional_only else None
-    touched, kept = [], spark.createDataFrame([], struct)
-    if logged and matches and searched != set():
-        current = (_read_bridge(spark, table, location, struct, None, None, searched)
-                   .withColumn("_file", F.col("_metadata.file_path")))
-        searched_bytes = sum(file.size for path, file in logged.items() if searched is None or path in searched)
-        shuffled = searched_bytes <= SHUFFLED_SEARCH_BYTES
-        marked = _marked(current, matches, shuffled)
-        if shuffled and any(isinstance(match, Match) for match in matches):
-            # Read twice (the files to rewrite, the rows they keep): the key joins once.
-            marked = materialised(marked)
-        # Spark names files by URI; the Delta log by path relative to the table.
-        touched = sorted(r["_file"] for r in marked.where(F.col("_doomed")).select("_file").distinct().collect())
-        kept = (marked.where((F.col("_file").isin(*touched) if touched else F.lit(False)) & ~F.col("_doomed"))
-                .select(*struct.names))
-    adds = _write_parquet(_schema_contract(kept, struct).unionByName(data), location, partition_by)
-    if not adds and not touched:
-        return None
-    now = int(time.time() * 1000)
-    base = spark_location(location)
-    removes = [RemoveAction(path, True, now, logged[path].size, logged[path].partition_values)
-               for path in (relative_in_table(uri, base) for uri in touched)]
-    # A concurrent writer removing one of these files makes this commit fail rather than lose its rows.
-    table.create_write_transaction([*removes, *adds], mode="append", schema=schema, partition_by=partition_by,
-                                   commit_properties=commit_properties(session.commit_tag(spark)))
-    return open_table(lake, name).version()
+    (their other rows copied), the rest of the table is untouched. Done the bridge's way (Parquet
+    written from Spark's tasks, delta-rs commits) on both paths: delta-spark reads the result like
+    any commit. `provisional_only`: the caller knows every such row is a provisional one
+    (provisional.py), so only the files that may hold those are searched. Returns the new table
+    version, or None when there was nothing to do."""
+    replaced = Replacement(df, schema, matches, provisional_only)
+    return replace_all(lake, {name: replaced}, partition_by, delta_mode)[name]
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One table's part of `replace_all`: the rows `matches` names deleted, `rows` appended."""
+    rows: DataFrame
+    schema: pa.Schema
+    matches: list[Match | Listed]
+    provisional_only: bool = False
+
+
+def replace_all(lake: str, replacements: dict[str, Replacement], partition_by: list[str] = PARTITION_BY,
+                delta_mode: str = "auto") -> dict[str, int | None]:
+    """`replace_matching` of several tables (by name) at once, in two Spark jobs whatever their
+    number: one finds the files holding a doomed row in every table, one writes every table's kept
+    and new rows (wide_writes.py); then each table gets its commit. Returns each table's new
+    version, or None where there was nothing to do."""
+    if not replacements:
+        return {}
+    spark = next(iter(replacements.values())).rows.sparkSession
+    delta_mode = session.delta_mode(spark, delta_mode)
+    versions, searches = {}, {}
+    for name, replaced in replacements.items():
+        table = open_table(lake, name)
+        if table is None:
+            versions[name] = write_delta(replaced.rows, lake, name, replaced.schema, mode="append",
+                                         partition_by=partition_by, delta_mode=delta_mode)
+        else:
+            searches[name] = _Search(table, os.path.join(lake, name), replaced, spark_schema(replaced.schema))
+    if not searches:
+        return versions
+    doomed = [search.doomed_files(name) for name, search in searches.items() if search.marked is not None]
+    touched = {name: [] for name in searches}
+    for row in (reduce(DataFrame.union, doomed).collect() if doomed else []):
+        touched[row["table"]].append(row["_file"])
+    rows = {name: search.kept(sorted(touched[name])).unionByName(
+                _schema_contract(search.replaced.rows, search.struct))
+            for name, search in searches.items()}
+    wide = wide_schema({name: search.replaced.schema for name, search in searches.items()})
+    adds = write_wide(reduce(DataFrame.unionByName, [as_wide(rows[name], name, spark_schema(wide))
+                                                     for name in searches]), lake,
+                      {name: search.replaced.schema for name, search in searches.items()})
+    for name, search in searches.items():
+        versions[name] = search.commit(sorted(touched[name]), adds[name], partition_by, session.commit_tag(spark))
+    return versions
+
+
+class _Search:
+    """One table of `replace_all`: its current rows marked doomed or not (`marked`; None when no
+    file can hold a doomed row)."""
+
+    def __init__(self, table: DeltaTable, location: str, replaced: Replacement, struct: T.StructType):
+        self.table, self.location, self.replaced, self.struct = table, location, replaced, struct
+        self.logged = snapshot_files(table)
+        searched = files_with_provisional_rows(table) if replaced.provisional_only else None
+        self.marked = None
+        if self.logged and replaced.matches and searched != set():
+            spark = replaced.rows.sparkSession
+            current = (_read_bridge(spark, table, location, struct, None, None, searched)
+                       .withColumn("_file", F.col("_metadata.file_path")))
+            searched_bytes = sum(file.size for path, file in self.logged.items()
+                                 if searched is None or path in searched)
+            shuffled = searched_bytes <= SHUFFLED_SEARCH_BYTES
+            self.marked = _marked(current, replaced.matches, shuffled)
+            if shuffled and any(isinstance(match, Match) for match in replaced.matches):
+                # Read twice (the files to rewrite, the rows they keep): the key joins once.
+                self.marked = materialised(self.marked)
+
+    def doomed_files(self, name: str) -> DataFrame:
+        """The files holding a doomed row (Spark names files by URI; the Delta log by path
+        relative to the table), with the table's name."""
+        return self.marked.where(F.col("_doomed")).select(F.lit(name).alias("table"), "_file").distinct()
+
+    def kept(self, touched: list[str]) -> DataFrame:
+        """The rows the rewritten files keep."""
+        if not touched:
+            return self.replaced.rows.sparkSession.createDataFrame([], self.struct)
+        return self.marked.where(F.col("_file").isin(*touched) & ~F.col("_doomed")).select(*self.struct.names)
+
+    def commit(self, touched: list[str], adds: list[AddAction], partition_by: list[str], tag: str | None) -> int | None:
+        if not adds and not touched:
+            return None
+        now = int(time.time() * 1000)
+        base = spark_location(self.location)
+        removes = [RemoveAction(path, True, now, self.logged[path].size, self.logged[path].partition_values)
+                   for path in (relative_in_table(uri, base) for uri in touched)]
+        # A concurrent writer removing one of these files makes this commit fail rather than lose its rows.
+        self.table.create_write_transaction([*removes, *adds], mode="append", schema=self.replaced.schema,
+                                            partition_by=partition_by, commit_properties=commit_properties(tag))
+        return open_table(os.path.dirname(self.location), os.path.basename(self.location)).version()
 
 
 def _marked(current: DataFrame, matches: list[Match | Listed], shuffled: bool = False) -> DataFrame:

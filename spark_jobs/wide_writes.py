@@ -4,10 +4,10 @@ Spark's writer takes one schema per job: a full run writing its per-connection t
 starts a job per table. Here one job runs a `mapInArrow` per table, and each task writes its rows
 of the table as Parquet files straight into the table's folder with the agent's writer
 (analyzer.lake.TableWriter: files by day, provisional rows in files of their own with the
-column's statistics, as provisional.py wants), handing back only the files. The driver then
-commits each table's files in one Delta commit (table_files.commit), on either Delta path, as
-delta_io.replace_matching does. Until then no log names a file: the files of a failed or
-repeated task are never committed, and VACUUM removes them.
+column's statistics, as provisional.py wants), handing back only the files; the caller commits
+each table's files in one Delta commit with delta-rs, on either Delta path (a full run's
+overwrite, delta_io.replace_all's copy-on-write). Until then no log names a file: the files of a
+failed or repeated task are never committed, and VACUUM removes them.
 """
 
 from __future__ import annotations

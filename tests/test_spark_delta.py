@@ -401,3 +401,42 @@ def test_tables_written_together_in_one_job_are_the_tables_written_alone(spark, 
         flags = pq.read_table(os.path.join(together, "items", file["path"]), columns=[PROVISIONAL])[PROVISIONAL]
         assert set(flags.to_pylist()) == {file["min.provisional"]} == {file["max.provisional"]}
     assert files_with_provisional_rows(table) == {s["path"] for s in stats if s["max.provisional"]}
+
+
+def test_tables_replaced_together_in_two_jobs_as_one_by_one(spark, agent_lake, tmp_path):
+    """delta_io.replace_all: several tables' rows deleted and appended in two Spark jobs (the files
+    to rewrite in every table, then every table's rows), each table in its own commit, with the
+    tables replace_matching gives one by one."""
+    from spark_jobs.delta_io import Listed, Replacement, replace_all, replace_matching
+
+    tables = {"frames": schema.FRAMES, "connections": schema.CONNECTIONS}
+    stored = {name: read_delta(spark, agent_lake, name, table_schema) for name, table_schema in tables.items()}
+    ids = sorted(r["connection_id"] for r in stored["connections"].select("connection_id").collect())
+    picked = ids[::2]
+    # Each picked connection's rows replaced by themselves with the agent id changed.
+    new = {name: rows.where(F.col("connection_id").isin(picked)).withColumn("agent_id", F.lit("again"))
+           for name, rows in stored.items()}
+    results = {}
+    for together in (True, False):
+        lake_dir = str(tmp_path / f"together-{together}")
+        for name, table_schema in tables.items():
+            write_delta(stored[name], lake_dir, name, table_schema)
+        versions = {name: table_version(lake_dir, name) for name in tables}
+        if together:
+            group = "replace-all-test"
+            spark.sparkContext.setJobGroup(group, group)
+            of_picked = [Listed({"connection_id": tuple(picked)})]
+            replace_all(lake_dir, {name: Replacement(new[name], table_schema, of_picked)
+                                   for name, table_schema in tables.items()})
+            assert len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == 2
+        else:
+            for name, table_schema in tables.items():
+                replace_matching(new[name], lake_dir, name, table_schema, [Listed({"connection_id": tuple(picked)})])
+        assert {name: table_version(lake_dir, name) for name in tables} == {n: v + 1 for n, v in versions.items()}
+        results[together] = {name: in_order(agent_read(lake_dir, name)) for name in tables}
+    for name in tables:
+        assert results[True][name].equals(results[False][name])
+        got = results[True][name]
+        again = pc.equal(got["agent_id"], "again")
+        assert set(got.filter(again)["connection_id"].to_pylist()) == set(picked)
+        assert got.num_rows == agent_read(agent_lake, name).num_rows
