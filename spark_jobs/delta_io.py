@@ -135,36 +135,19 @@ def connections_match(spark: SparkSession, keys: list[str], **also: tuple) -> Ma
     return Match(ids, ("connection_id", *also), rows=len(keys) * prod(len(v) for v in also.values()))
 
 
-def replace_rows(df: DataFrame, lake: str, name: str, schema: pa.Schema, key: str, keys: list[str],
-                 partition_by: list[str] = PARTITION_BY, delta_mode: str = "auto") -> int | None:
-    """Replace every row whose `key` is one of `keys` with the rows of `df`, in one commit (see
-    replace_matching). `df` must hold only rows of `keys`. Returns the new table version, or None
-    when there was nothing to do."""
-    route = session.delta_mode(df.sparkSession, delta_mode)
-    if open_table(lake, name) is not None and not keys:
-        return None
-    if route == "native" and open_table(lake, name) is not None:
-        listed = ", ".join("'" + k.replace("'", "''") + "'" for k in keys)
-        (_schema_contract(df, spark_schema(schema)).write.format("delta").mode("overwrite")
-         .option("replaceWhere", f"`{key}` IN ({listed})").partitionBy(*partition_by).save(spark_location(os.path.join(lake, name))))
-        return open_table(lake, name).version()
-    wanted = df.sparkSession.createDataFrame([(k,) for k in keys], T.StructType([T.StructField(key, T.StringType())]))
-    return replace_matching(df, lake, name, schema, [Match(wanted, (key,))], partition_by, route)
-
-
 def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, matches: list[Match | Listed],
-                     partition_by: list[str] = PARTITION_BY, delta_mode: str = "auto",
-                     provisional_only: bool = False) -> int | None:
+                     delta_mode: str = "auto", provisional_only: bool = False) -> int | None:
     """Delete the rows any of `matches` names and append the rows of `df`, in one commit.
 
     Copy-on-write, as Delta's MERGE does it: only the files holding such rows are rewritten
     (their other rows copied), the rest of the table is untouched. Done the bridge's way (Parquet
     written from Spark's tasks, delta-rs commits) on both paths: delta-spark reads the result like
-    any commit. `provisional_only`: the caller knows every such row is a provisional one
+    any commit. Every table is partitioned by PARTITION_BY (the one layout of ackscope's tables).
+    `provisional_only`: the caller knows every such row is a provisional one
     (provisional.py), so only the files that may hold those are searched. Returns the new table
     version, or None when there was nothing to do."""
     replaced = Replacement(df, schema, matches, provisional_only)
-    return replace_all(lake, {name: replaced}, partition_by, delta_mode)[name]
+    return replace_all(lake, {name: replaced}, delta_mode)[name]
 
 
 @dataclass(frozen=True)
@@ -176,8 +159,7 @@ class Replacement:
     provisional_only: bool = False
 
 
-def replace_all(lake: str, replacements: dict[str, Replacement], partition_by: list[str] = PARTITION_BY,
-                delta_mode: str = "auto") -> dict[str, int | None]:
+def replace_all(lake: str, replacements: dict[str, Replacement], delta_mode: str = "auto") -> dict[str, int | None]:
     """`replace_matching` of several tables (by name) at once, in two Spark jobs whatever their
     number: one finds the files holding a doomed row in every table, one writes every table's kept
     and new rows (wide_writes.py); then each table gets its commit. Returns each table's new
@@ -191,7 +173,7 @@ def replace_all(lake: str, replacements: dict[str, Replacement], partition_by: l
         table = open_table(lake, name)
         if table is None:
             versions[name] = write_delta(replaced.rows, lake, name, replaced.schema, mode="append",
-                                         partition_by=partition_by, delta_mode=delta_mode)
+                                         delta_mode=delta_mode)
         else:
             searches[name] = _Search(table, os.path.join(lake, name), replaced, spark_schema(replaced.schema))
     if not searches:
@@ -208,7 +190,7 @@ def replace_all(lake: str, replacements: dict[str, Replacement], partition_by: l
                                                      for name in searches]), lake,
                       {name: search.replaced.schema for name, search in searches.items()})
     for name, search in searches.items():
-        versions[name] = search.commit(sorted(touched[name]), adds[name], partition_by, session.commit_tag(spark))
+        versions[name] = search.commit(sorted(touched[name]), adds[name], session.commit_tag(spark))
     return versions
 
 
@@ -244,7 +226,7 @@ class _Search:
             return self.replaced.rows.sparkSession.createDataFrame([], self.struct)
         return self.marked.where(F.col("_file").isin(*touched) & ~F.col("_doomed")).select(*self.struct.names)
 
-    def commit(self, touched: list[str], adds: list[AddAction], partition_by: list[str], tag: str | None) -> int | None:
+    def commit(self, touched: list[str], adds: list[AddAction], tag: str | None) -> int | None:
         if not adds and not touched:
             return None
         now = int(time.time() * 1000)
@@ -253,7 +235,7 @@ class _Search:
                    for path in (relative_in_table(uri, base) for uri in touched)]
         # A concurrent writer removing one of these files makes this commit fail rather than lose its rows.
         self.table.create_write_transaction([*removes, *adds], mode="append", schema=self.replaced.schema,
-                                            partition_by=partition_by, commit_properties=commit_properties(tag))
+                                            partition_by=PARTITION_BY, commit_properties=commit_properties(tag))
         return open_table(os.path.dirname(self.location), os.path.basename(self.location)).version()
 
 
