@@ -60,7 +60,8 @@ def from_wide(wide: DataFrame, name: str, table_schema: pa.Schema, role: str | N
     rows = wide.where(F.col(RECORD) == name)
     if role is not None:
         rows = rows.where(F.col(ROLE) == role)
-    return rows.select(*[column(name, field.name).alias(field.name) for field in table_schema])
+    # As SQL text: one call into the JVM, where Column objects cost several round trips per column.
+    return rows.selectExpr(*[f"`{name}`.`{field.name}` AS `{field.name}`" for field in table_schema])
 
 
 def arrow_column(rows: pa.Table | pa.RecordBatch, table: str, name: str) -> pa.Array | pa.ChunkedArray:
