@@ -20,6 +20,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from contextlib import ExitStack
 from functools import reduce
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -45,7 +46,7 @@ from .detectors.scoped import ACROSS_CONNECTIONS, message_kinds_deliveries, resc
 from .metrics_redo import pass_channel_metrics, with_metrics_redone
 from .provisional import PROVISIONAL, last_written_by_finished_run
 from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, finished_runs, plan_run, thresholds_json
-from .session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, use_lake
+from .session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, expressions_for, use_lake
 from .steps import Steps
 from .table_files import commit
 from .stored_findings import stored_raw_findings
@@ -131,28 +132,30 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
          until: str | None, delta_mode: str, thresholds: Thresholds, bucket_seconds: int, overdue_ns: int,
          full: bool, progress: TextIO | None) -> AnalysisReport:
     steps = Steps(spark, progress)
-    with steps.step("plan"):
-        mode = resolve_delta_mode(spark, delta_mode)
-        plan = plan_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds,
-                        [*OUTPUT_TABLES, STATE_TABLE], flagged_tables=tuple(PER_CONNECTION_TABLES))
-        all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
-        connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)
-        keys = None if plan.scope == FULL else _connections_in_scope(spark, lake, plan, mode)
-    report = AnalysisReport(lake=lake, delta_mode=mode, scope=plan.scope, reason=plan.reason,
-                            frames_version=plan.frames_version)
-    run = _Run(spark, lake, mode, plan, keys, connections, bucket_seconds, overdue_ns, thresholds, steps)
-    if keys == [] and not plan.findings_stale:
-        report.reason += "; nothing to analyse"
-        _count_findings(lake, report)
-        if plan.new_files or plan.scope != NEW_DATA:
-            _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
-        return _finished(report, started, steps)
+    with ExitStack() as sized:
+        with steps.step("plan"):
+            mode = resolve_delta_mode(spark, delta_mode)
+            plan = plan_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds,
+                            [*OUTPUT_TABLES, STATE_TABLE], flagged_tables=tuple(PER_CONNECTION_TABLES))
+            sized.enter_context(expressions_for(spark, plan.frames_rows))  # the rest of the run
+            all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
+            connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)
+            keys = None if plan.scope == FULL else _connections_in_scope(spark, lake, plan, mode)
+        report = AnalysisReport(lake=lake, delta_mode=mode, scope=plan.scope, reason=plan.reason,
+                                frames_version=plan.frames_version)
+        run = _Run(spark, lake, mode, plan, keys, connections, bucket_seconds, overdue_ns, thresholds, steps)
+        if keys == [] and not plan.findings_stale:
+            report.reason += "; nothing to analyse"
+            _count_findings(lake, report)
+            if plan.new_files or plan.scope != NEW_DATA:
+                _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
+            return _finished(report, started, steps)
 
-    analysed = _per_connection_tables(run, all_frames, report) if keys != [] else None
-    with steps.step("findings"):
-        _refresh_findings(run, analysed, all_frames, thresholds, report.rows.get("deliveries"))
-        report.rows["findings"] = _count_findings(lake, report)
-    _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
+        analysed = _per_connection_tables(run, all_frames, report) if keys != [] else None
+        with steps.step("findings"):
+            _refresh_findings(run, analysed, all_frames, thresholds, report.rows.get("deliveries"))
+            report.rows["findings"] = _count_findings(lake, report)
+        _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
     return _finished(report, started, steps)
 
 

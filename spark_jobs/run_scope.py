@@ -21,9 +21,10 @@ Scopes:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import pyarrow as pa
+from deltalake import DeltaTable
 
 from analyzer import schema
 from analyzer.lake import open_table, read_table
@@ -47,6 +48,7 @@ class RunScope:
     since: str | None = None
     until: str | None = None
     findings_stale: bool = False         # nothing new, but the findings need the detectors again
+    frames_rows: int | None = None       # rows in that snapshot, from the Delta log (None: a file has no count)
 
 
 def plan_run(lake: str, since: str | None, until: str | None, full: bool, bucket_seconds: int,
@@ -58,6 +60,14 @@ def plan_run(lake: str, since: str | None, until: str | None, full: bool, bucket
     if frames is None:
         raise FileNotFoundError(f"no frames table in {lake}")
     version = frames.version()
+    scope = _scope(lake, frames, version, since, until, full, bucket_seconds, overdue_ns, thresholds,
+                   output_tables, flagged_tables)
+    return replace(scope, frames_rows=logged_rows(frames))
+
+
+def _scope(lake: str, frames: DeltaTable, version: int, since: str | None, until: str | None, full: bool,
+           bucket_seconds: int, overdue_ns: int, thresholds: Thresholds, output_tables: list[str],
+           flagged_tables: tuple[str, ...]) -> RunScope:
     if full:
         return RunScope(FULL, "asked for (--full)", version)
     if since is not None or until is not None:
@@ -87,6 +97,13 @@ def plan_run(lake: str, since: str | None, until: str | None, full: bool, bucket
     return RunScope(NEW_DATA, f"{len(changes.added)} frames file(s) added since version {baseline}", version,
                     baseline_version=baseline, new_files=changes.added,
                     findings_stale=last["thresholds"] != thresholds_json(thresholds))
+
+
+def logged_rows(table: DeltaTable) -> int | None:
+    """The snapshot's rows as its log counts them (each file's numRecords), without reading a file;
+    None when some file was committed without the count."""
+    counts = pa.table(table.get_add_actions(flatten=True)).column("num_records")
+    return None if counts.null_count else sum(counts.to_pylist())
 
 
 def last_complete_run(lake: str) -> dict | None:

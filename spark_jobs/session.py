@@ -196,6 +196,38 @@ def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memor
     return spark
 
 
+# Up to this many frame rows in the lake, a run has Spark interpret its expressions instead of
+# compiling them. Compiling the projections of the passes' wide rows (a struct per table, ~170
+# fields) costs seconds per query, paid again by every new plan, and pays back only over many rows:
+# in one warm process an incremental run of a 12 k-frame lake took 22.2 s interpreted against 32.3
+# compiled, a full run of 200 k frames 45.6 and 44.7 s against 51.2 and 51.3, one of 1 M frames 75.5
+# and 98.5 s against 69.6 and 86.3 (bench/README.md, session 16). The crossover lies between.
+INTERPRETED_UP_TO_FRAMES = 250_000
+_INTERPRETED = {"spark.sql.codegen.wholeStage": "false",
+                # The fallback mode Spark's own tests use: interpreted projections, predicates and orderings.
+                "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+
+@contextmanager
+def expressions_for(spark: SparkSession, frames: int | None) -> Iterator[None]:
+    """Meanwhile Spark interprets its expressions if the lake holds few frames (`frames`; None:
+    not known, then Spark's default); the session's settings come back after."""
+    if frames is None or frames > INTERPRETED_UP_TO_FRAMES:
+        yield
+        return
+    before = {key: spark.conf.get(key, None) for key in _INTERPRETED}
+    for key, value in _INTERPRETED.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
 def delta_mode(spark: SparkSession, requested: str = "auto") -> str:
     """`native` or `bridge`: what `--delta-mode` asked for, or under `auto` the best this session can do."""
     if requested not in DELTA_MODES:

@@ -13,6 +13,7 @@ import pytest
 
 from analyzer import lake, schema
 from analyzer.timeline import replay_frames
+from spark_jobs import session
 from spark_jobs.analyze import OUTPUT_TABLES, analyze
 
 from .conftest import ROOT
@@ -64,10 +65,13 @@ def test_written_tables_are_the_reference_models_and_readable_by_delta_rs(analys
     assert report.frames == lake.read_table(lake_dir, "frames", schema.FRAMES).num_rows
 
 
-def test_a_second_full_run_gives_the_same_tables_and_finding_ids(spark, analysed, tmp_path):
+def test_a_second_full_run_gives_the_same_tables_and_finding_ids(spark, analysed, tmp_path, monkeypatch):
+    """Also with Spark's expressions compiled, as on a large lake (the first run, on a lake this
+    small, interpreted them: session.expressions_for)."""
     lake_dir = str(tmp_path / "lake")
     shutil.copytree(analysed[0], lake_dir)  # the shared lake stays as analysed
     before = {name: _table(lake_dir, name) for name in OUTPUT_TABLES}
+    monkeypatch.setattr(session, "INTERPRETED_UP_TO_FRAMES", 0)
     assert analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS, full=True).scope == "full"
     for name in OUTPUT_TABLES:
         after = _table(lake_dir, name)
@@ -75,6 +79,17 @@ def test_a_second_full_run_gives_the_same_tables_and_finding_ids(spark, analysed
                if c in after.column_names]
         assert after.sort_by([(k, "ascending") for k in key]).to_pylist() == \
             before[name].sort_by([(k, "ascending") for k in key]).to_pylist(), name
+
+
+def test_spark_interprets_its_expressions_while_a_small_lake_is_analysed(spark):
+    keys = ("spark.sql.codegen.wholeStage", "spark.sql.codegen.factoryMode")
+    before = [spark.conf.get(key) for key in keys]
+    with session.expressions_for(spark, session.INTERPRETED_UP_TO_FRAMES):
+        assert [spark.conf.get(key) for key in keys] == ["false", "NO_CODEGEN"]
+    assert [spark.conf.get(key) for key in keys] == before
+    for large_or_unknown in (session.INTERPRETED_UP_TO_FRAMES + 1, None):
+        with session.expressions_for(spark, large_or_unknown):
+            assert [spark.conf.get(key) for key in keys] == before
 
 
 def _ackscope(*args, timeout=600):

@@ -208,7 +208,7 @@ def test_scope_planner(tmp_path, traffic):
     frames_table = os.path.join(lake_dir, "frames")
     assert DeltaTable(frames_table).optimize.compact()["numFilesRemoved"] >= 2
     plan = _plan(lake_dir)
-    assert (plan.scope, plan.new_files, plan.frames_version) == (NEW_DATA, (), 3)
+    assert (plan.scope, plan.new_files, plan.frames_version, plan.frames_rows) == (NEW_DATA, (), 3, 300)
     # New rows compacted with older ones before a run read them cannot be read alone.
     _append(lake_dir, "frames", traffic[0].slice(300, 50), schema.FRAMES, "three")
     _append(lake_dir, "frames", traffic[0].slice(350, 50), schema.FRAMES, "four")
@@ -222,6 +222,7 @@ def test_scope_planner(tmp_path, traffic):
     DeltaTable(frames_table).delete("seq < 5")
     plan = _plan(lake_dir)
     assert plan.scope == FULL and "deleted" in plan.reason, plan.reason
+    assert plan.frames_rows == 400 - pc.sum(pc.less(traffic[0].slice(0, 400)["seq"], 5)).as_py()
 
 
 # --- carried runs: only the new frames are read -------------------------------------------------------
