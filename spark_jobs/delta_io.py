@@ -31,9 +31,8 @@ from .provisional import PROVISIONAL, files_with_provisional_rows
 from .table_files import (TRANSACTION_VERSION, commit, commit_properties, delete_staging, files_to_read,
                           new_staging_folder, place_written_files, relative_in_table, snapshot_files, spark_location)
 from .timeline.plans import IN_LIST_CONNECTIONS, lookup, materialised
-from .timeline.wide import as_wide, wide_schema
 from .types import spark_schema
-from .wide_writes import write_wide
+from .wide_writes import write_tables
 
 SAVE_MODES = ("append", "overwrite")
 # A replace that searches files of at most this many bytes (the findings table; a carried run's
@@ -162,7 +161,7 @@ class Replacement:
 def replace_all(lake: str, replacements: dict[str, Replacement], delta_mode: str = "auto") -> dict[str, int | None]:
     """`replace_matching` of several tables (by name) at once, in two Spark jobs whatever their
     number: one finds the files holding a doomed row in every table, one writes every table's kept
-    and new rows (wide_writes.py); then each table gets its commit. Returns each table's new
+    and new rows (wide_writes.write_tables); then each table gets its commit. Returns each table's new
     version, or None where there was nothing to do."""
     if not replacements:
         return {}
@@ -182,13 +181,9 @@ def replace_all(lake: str, replacements: dict[str, Replacement], delta_mode: str
     touched = {name: [] for name in searches}
     for row in (reduce(DataFrame.union, doomed).collect() if doomed else []):
         touched[row["table"]].append(row["_file"])
-    rows = {name: search.kept(sorted(touched[name])).unionByName(
-                _schema_contract(search.replaced.rows, search.struct))
-            for name, search in searches.items()}
-    wide = wide_schema({name: search.replaced.schema for name, search in searches.items()})
-    adds = write_wide(reduce(DataFrame.unionByName, [as_wide(rows[name], name, spark_schema(wide))
-                                                     for name in searches]), lake,
-                      {name: search.replaced.schema for name, search in searches.items()})
+    adds = write_tables(lake, {name: (search.kept(sorted(touched[name])).unionByName(
+                                          _schema_contract(search.replaced.rows, search.struct)), search.replaced.schema)
+                               for name, search in searches.items()})
     for name, search in searches.items():
         versions[name] = search.commit(sorted(touched[name]), adds[name], session.commit_tag(spark))
     return versions

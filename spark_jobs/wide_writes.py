@@ -1,4 +1,5 @@
-"""The tables of a wide DataFrame (timeline/wide.py) written into a lake in one Spark job.
+"""Several tables written into a lake in one Spark job (those of a wide DataFrame, timeline/wide.py,
+or a DataFrame each).
 
 Spark's writer takes one schema per job: a full run writing its per-connection tables that way
 starts a job per table. Here one job runs a `mapInArrow` per table, and each task writes its rows
@@ -36,19 +37,25 @@ FILE_ROWS = 250_000
 
 def write_wide(wide: DataFrame, lake: str, tables: dict[str, pa.Schema]) -> dict[str, list[AddAction]]:
     """The rows of `wide` of each of `tables` (name -> schema as stored) written as Parquet files
-    into that table's folder of `lake`, uncommitted; the add actions of each table's files (none
-    for a table without rows).
+    into that table's folder of `lake`, uncommitted (write_tables)."""
+    return write_tables(lake, {name: (wide.where(F.col(RECORD) == name).selectExpr(f"`{name}`.*"), table_schema)
+                               for name, table_schema in tables.items()})
 
-    A task per table and partition of `wide`, all in one job: each hands Python only its table's
-    column, and a partition holding a hot connection has its tables written side by side."""
+
+def write_tables(lake: str, tables: dict[str, tuple[DataFrame, pa.Schema]]) -> dict[str, list[AddAction]]:
+    """Each table's rows (name -> (rows in the table's columns and order, schema as stored)) written
+    as Parquet files into that table's folder of `lake`, uncommitted; the add actions of each
+    table's files (none for a table without rows).
+
+    A task per table and partition of its rows, all in one job: a partition holding a hot
+    connection has its tables written side by side."""
     def writer(name: str, table_schema: pa.Schema):
         def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             yield _write_rows(lake, name, table_schema, batches)
         return write_partition
 
-    files = reduce(DataFrame.union, [
-        wide.where(F.col(RECORD) == name).select(name).mapInArrow(writer(name, table_schema), spark_schema(FILES))
-        for name, table_schema in tables.items()]).collect()
+    files = reduce(DataFrame.union, [rows.mapInArrow(writer(name, table_schema), spark_schema(FILES))
+                                     for name, (rows, table_schema) in tables.items()]).collect()
     adds = {name: [] for name in tables}
     for file in files:
         adds[file["table"]].append(AddAction(file["path"], file["size"], {"date": file["date"]},
@@ -57,11 +64,12 @@ def write_wide(wide: DataFrame, lake: str, tables: dict[str, pa.Schema]) -> dict
 
 
 def _write_rows(lake: str, name: str, table_schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch:
-    """One task's rows of table `name` (batches of its one struct column), FILE_ROWS at a time; its files."""
+    """One task's rows of table `name`, FILE_ROWS at a time; its files."""
     writer = TableWriter(lake, name, table_schema, split_by=PROVISIONAL if PROVISIONAL in table_schema.names else None)
     pending: list[pa.Table] = []
     for batch in batches:
-        pending.append(pa.Table.from_struct_array(batch.column(0)).cast(table_schema))
+        # Cast by position, names checked: Spark's types to the stored ones (e.g. its timestamps' zone).
+        pending.append(pa.Table.from_batches([batch]).cast(table_schema))
         if sum(part.num_rows for part in pending) >= FILE_ROWS:
             writer.write(pa.concat_tables(pending))
             pending.clear()
