@@ -108,6 +108,15 @@ def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | Non
     return pa.concat_tables(parts)
 
 
+def logged_rows(table: DeltaTable) -> int | None:
+    """The snapshot's rows as its log counts them (each file's numRecords), without reading a file:
+    frames can be billions of rows. None when some file was committed without the count."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if "num_records" not in actions.column_names or actions["num_records"].null_count:
+        return None
+    return sum(actions["num_records"].to_pylist())
+
+
 def committed(lake: str, name: str, app_id: str) -> bool:
     """Has a commit with this app transaction id already landed in the table?"""
     table = open_table(lake, name)

@@ -27,7 +27,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from analyzer import schema
-from analyzer.lake import open_table, read_table
+from analyzer.lake import logged_rows, open_table, read_table
 
 from .provisional import PROVISIONAL
 from .table_files import changes_between
@@ -97,13 +97,6 @@ def _scope(lake: str, frames: DeltaTable, version: int, since: str | None, until
     return RunScope(NEW_DATA, f"{len(changes.added)} frames file(s) added since version {baseline}", version,
                     baseline_version=baseline, new_files=changes.added,
                     findings_stale=last["thresholds"] != thresholds_json(thresholds))
-
-
-def logged_rows(table: DeltaTable) -> int | None:
-    """The snapshot's rows as its log counts them (each file's numRecords), without reading a file;
-    None when some file was committed without the count."""
-    counts = pa.table(table.get_add_actions(flatten=True)).column("num_records")
-    return None if counts.null_count else sum(counts.to_pylist())
 
 
 def last_complete_run(lake: str) -> dict | None:

@@ -126,12 +126,10 @@ def _chosen_channels(table: pa.Table, findings: list[dict]) -> list[dict]:
 
 
 def _row_count(lake_dir: str, table) -> int:
-    """Rows of a Delta table from its log's per-file statistics: frames can be billions of rows."""
-    actions = pa.table(table.get_add_actions(flatten=True))
-    if "num_records" in actions.column_names:
-        counts = actions["num_records"].to_pylist()
-        if all(n is not None for n in counts):
-            return sum(counts)
+    """Rows of the frames table: from its log's per-file statistics, else counted from its files."""
+    logged = lake.logged_rows(table)
+    if logged is not None:
+        return logged
     return lake.read_table(lake_dir, "frames", schema.FRAMES, columns=["seq"]).num_rows
 
 
