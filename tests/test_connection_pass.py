@@ -169,12 +169,15 @@ def _by_connection(rows: list[dict]) -> dict:
 
 
 # No shrinking: each example is a Spark run of many connections; a failure names its rows anyway.
-@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck),
+# Twelve connections an example, not more: Hypothesis draws from a bounded buffer, and at 36 most
+# attempts ran out of it (17 to 93 discarded per run, 0.3-0.8 s each), so the examples that got
+# through were the smallest (the first, always: every connection the same few frames).
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck),
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(data=st.data())
 def test_the_pass_equals_the_reference_model_on_random_traffic(spark, small_batches, data):
-    """36 connections of random traffic (tests/variants.py's damage, flow control, uneven clocks)."""
-    frames, connections = random_connections(data, 36)
+    """12 connections of random traffic (tests/variants.py's damage, flow control, uneven clocks)."""
+    frames, connections = random_connections(data, 12)
     frames = [{c: row.get(c) for c in FRAME_COLUMNS} for row in frames]
     # Records leave in batches of 1 to 50,000: a connection's records cross many flushes; metric
     # buckets are let out after every row, every 7 rows or as in production.
