@@ -36,25 +36,26 @@ from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
 from analyzer.connection_analysis import Settings
 
-from .delta_io import (Replacement, connections_match, read_delta, read_files, replace_all, replace_matching,
-                       write_delta)
-from .evidence_packets import finished_findings, finished_together
-from .incremental import Carried, carry_on_connections
-from .detectors import detect, raw_findings
-from .detectors.common import measured_findings
-from .detectors.scoped import ACROSS_CONNECTIONS, message_kinds_deliveries, rescoped_findings
-from .metrics_redo import pass_channel_metrics, with_metrics_redone
-from .provisional import PROVISIONAL, last_written_by_finished_run
-from .run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, finished_runs, plan_run, thresholds_json
-from .session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, expressions_for, use_lake
-from .steps import Steps
-from .table_files import commit
-from .stored_findings import stored_raw_findings
-from .thresholds import Thresholds
-from .connection_pass import STATE_TABLE, PassSummary, connection_pass, pass_rows, summarised_pass
-from .timeline.plans import first_day, first_seen, joined_by_shuffle, materialised, of_connections
-from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
-from .wide_writes import write_wide
+# Absolute imports: spark-submit runs this file as a script, outside its package.
+from spark_jobs.delta_io import (Replacement, connections_match, read_delta, read_files, replace_all,
+                                 replace_matching, write_delta)
+from spark_jobs.evidence_packets import finished_findings, finished_together
+from spark_jobs.incremental import Carried, carry_on_connections
+from spark_jobs.detectors import detect, raw_findings
+from spark_jobs.detectors.common import measured_findings
+from spark_jobs.detectors.scoped import ACROSS_CONNECTIONS, message_kinds_deliveries, rescoped_findings
+from spark_jobs.metrics_redo import pass_channel_metrics, with_metrics_redone
+from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
+from spark_jobs.run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, finished_runs, plan_run, thresholds_json
+from spark_jobs.session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, expressions_for, use_lake
+from spark_jobs.steps import Steps
+from spark_jobs.table_files import commit
+from spark_jobs.stored_findings import stored_raw_findings
+from spark_jobs.thresholds import Thresholds
+from spark_jobs.connection_pass import STATE_TABLE, PassSummary, connection_pass, pass_rows, summarised_pass
+from spark_jobs.timeline.plans import first_day, first_seen, joined_by_shuffle, materialised, of_connections
+from spark_jobs.timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
+from spark_jobs.wide_writes import write_wide
 
 OUTPUT_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "findings": schema.FINDINGS}
 # Kept per connection: a run replaces the rows of the connections it analysed.

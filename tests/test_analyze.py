@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import pyspark
 import pytest
 
 from analyzer import lake, schema
@@ -126,6 +127,26 @@ def test_analyze_command_on_the_bundled_sample(tmp_path):
     # Spark's own log goes to its file: nothing of it on the terminal (the JVM's one line about
     # incubator modules is printed by the JVM itself, before any logging starts).
     assert not [line for line in run.stderr.splitlines() if " WARN " in line or " INFO " in line], run.stderr[-2000:]
+
+
+def test_spark_submit_runs_the_job_file_as_the_deployments_do(tmp_path):
+    """`spark-submit spark_jobs/analyze.py` (the CronJob's, spark-operator's and compose's entry):
+    Python runs the file as a script, outside its package."""
+    lake_dir = str(tmp_path / "lake")
+    assert _ackscope("ingest", *glob.glob(os.path.join(ROOT, "analyzer", "samples", "*.pcapng")),
+                     "--lake", lake_dir).returncode == 0
+    spark_home = os.path.dirname(pyspark.__file__)
+    run = subprocess.run([os.path.join(spark_home, "bin", "spark-submit"), "--master", "local[1]",
+                          os.path.join(ROOT, "spark_jobs", "analyze.py"), "--lake", lake_dir, "--json"],
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "SPARK_HOME": spark_home, "PYSPARK_PYTHON": sys.executable})
+    assert run.returncode == 0, run.stderr[-3000:]
+    # Spark runs the Python driver with its stderr merged into stdout: the progress lines, then the report.
+    *progress, last = run.stdout.splitlines()
+    assert [line.split(" (")[0] for line in progress] == \
+        [f"ackscope analyze: {step}" for step in ("plan", "timelines", "write tables", "findings")]
+    report = json.loads(last)
+    assert report["findings_by_kind"] == {"lost_confirm": 2} and report["rows"]["publishes"] == 45
 
 
 def test_analyze_command_refuses_bad_arguments(tmp_path):
