@@ -333,7 +333,7 @@ def sample_captures() -> list[str]:
 
 def run_analyze(args) -> int:
     from spark_jobs.analyze import analyze, render_report
-    from spark_jobs.session import ObjectStoreUnavailable, get_spark, spark_log_path
+    from spark_jobs.session import DriverDidNotStart, ObjectStoreUnavailable, get_spark, spark_log_path
     from spark_jobs.thresholds import Thresholds
 
     from .findings import read_findings, render_findings
@@ -360,7 +360,11 @@ def run_analyze(args) -> int:
     if not is_dir(os.path.join(args.lake, "frames")):
         print(f"ackscope analyze: no frames table in {args.lake}: run `ackscope ingest` first", file=sys.stderr)
         return 2
-    spark = get_spark(args.master, "ackscope-analyze", driver_memory=args.driver_memory)
+    try:
+        spark = get_spark(args.master, "ackscope-analyze", driver_memory=args.driver_memory)
+    except DriverDidNotStart as exc:  # no java, a bad --driver-memory: the JVM's own words
+        print(f"ackscope analyze: {exc}", file=sys.stderr)
+        return EXIT_ANALYSIS_FAILED
     try:
         report = analyze(spark, args.lake, since=args.since, until=args.until, delta_mode=args.delta_mode,
                          thresholds=thresholds, bucket_seconds=args.bucket_seconds,

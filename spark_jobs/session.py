@@ -22,6 +22,8 @@ import pyspark
 from py4j.protocol import Py4JJavaError
 from pyspark import SparkConf
 from pyspark.core.context import SparkContext
+from pyspark.errors import PySparkRuntimeError
+from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
 from analyzer.lake import is_s3
@@ -196,6 +198,38 @@ def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memor
     return spark
 
 
+class DriverDidNotStart(RuntimeError):
+    """Spark's driver JVM exited before it could serve this process."""
+
+
+def _start_driver(conf: SparkConf) -> None:
+    """Starts the driver JVM `conf` describes, unless this process has one already (or runs under
+    spark-submit, which started it). As PySpark does, but with the JVM's standard error appended to
+    Spark's log: Spark's launcher has the JVM load an incubator module, which the JVM announces on
+    stderr before any logging starts. A JVM that cannot start says why there too: that is raised."""
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        SparkContext._ensure_initialized(conf=conf)
+        return
+    path = spark_log_path()
+    with open(path, "ab") as log:
+        start = log.tell()
+        try:
+            gateway = launch_gateway(conf, popen_kwargs={"stderr": log})
+        except PySparkRuntimeError as exc:
+            log.flush()
+            raise DriverDidNotStart(f"Spark's driver did not start: {_text_since(path, start)} (Spark's log: {path})") \
+                from exc
+    SparkContext._ensure_initialized(gateway=gateway, conf=conf)
+
+
+def _text_since(path: str, offset: int, limit: int = 2000) -> str:
+    """What a file gained after `offset` (its last `limit` characters), on one line."""
+    with open(path, "rb") as file:
+        file.seek(offset)
+        text = file.read().decode(errors="replace")
+    return " ".join(text[-limit:].split()) or "it said nothing"
+
+
 # Up to this many frame rows in the lake, a run has Spark interpret its expressions instead of
 # compiling them. Compiling the projections of the passes' wide rows (a struct per table, ~170
 # fields) costs seconds per query, paid again by every new plan, and pays back only over many rows:
@@ -260,7 +294,7 @@ def _delta_jars_in_driver(conf: SparkConf) -> bool:
     Delta's session extension must be configured before the session exists, and only the driver
     JVM knows its final classpath (`--packages`, `spark.jars`, JARs in SPARK_HOME), so start that
     JVM first (PySpark reuses it for the session) and ask it."""
-    SparkContext._ensure_initialized(conf=conf)
+    _start_driver(conf)
     return _class_loadable(SparkContext._jvm, DELTA_EXTENSION)
 
 
