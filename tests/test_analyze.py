@@ -109,10 +109,16 @@ def test_findings_command_json_and_kind_filter(analysed):
     assert "lost_confirm" in table and "lab-lost_confirms-tcp-cut" in table
 
 
-def test_analyze_command_on_the_bundled_sample(tmp_path):
+def _sample_lake(tmp_path) -> str:
+    """A lake of the bundled sample capture, ingested by the command."""
     lake_dir = str(tmp_path / "lake")
     sample = glob.glob(os.path.join(ROOT, "analyzer", "samples", "*.pcapng"))
     assert _ackscope("ingest", *sample, "--lake", lake_dir).returncode == 0
+    return lake_dir
+
+
+def test_analyze_command_on_the_bundled_sample(tmp_path):
+    lake_dir = _sample_lake(tmp_path)
     run = _ackscope("analyze", "--lake", lake_dir, "--master", "local[2]", "--json")
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout)
@@ -132,9 +138,7 @@ def test_analyze_command_on_the_bundled_sample(tmp_path):
 def test_spark_submit_runs_the_job_file_as_the_deployments_do(tmp_path):
     """`spark-submit spark_jobs/analyze.py` (the CronJob's, spark-operator's and compose's entry):
     Python runs the file as a script, outside its package."""
-    lake_dir = str(tmp_path / "lake")
-    assert _ackscope("ingest", *glob.glob(os.path.join(ROOT, "analyzer", "samples", "*.pcapng")),
-                     "--lake", lake_dir).returncode == 0
+    lake_dir = _sample_lake(tmp_path)
     spark_home = os.path.dirname(pyspark.__file__)
     run = subprocess.run([os.path.join(spark_home, "bin", "spark-submit"), "--master", "local[1]",
                           os.path.join(ROOT, "spark_jobs", "analyze.py"), "--lake", lake_dir, "--json"],
@@ -150,9 +154,7 @@ def test_spark_submit_runs_the_job_file_as_the_deployments_do(tmp_path):
 
 
 def test_a_driver_that_cannot_start_is_reported_with_the_jvms_reason(tmp_path):
-    lake_dir, log = str(tmp_path / "lake"), tmp_path / "spark.log"
-    assert _ackscope("ingest", *glob.glob(os.path.join(ROOT, "analyzer", "samples", "*.pcapng")),
-                     "--lake", lake_dir).returncode == 0
+    lake_dir, log = _sample_lake(tmp_path), tmp_path / "spark.log"
     run = subprocess.run([ACKSCOPE, "analyze", "--lake", lake_dir, "--driver-memory", "2x"], capture_output=True,
                          text=True, timeout=600, env={**os.environ, "ACKSCOPE_SPARK_LOG": str(log)})
     assert run.returncode == 5 and run.stdout == "", run.stderr[-2000:]
