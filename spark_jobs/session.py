@@ -243,10 +243,11 @@ _INTERPRETED = {"spark.sql.codegen.wholeStage": "false",
 
 
 @contextmanager
-def expressions_for(spark: SparkSession, frames: int | None) -> Iterator[None]:
-    """Meanwhile Spark interprets its expressions if the lake holds few frames (`frames`; None:
-    not known, then Spark's default); the session's settings come back after."""
-    if frames is None or frames > INTERPRETED_UP_TO_FRAMES:
+def expressions_for(spark: SparkSession, rows: int | None) -> Iterator[None]:
+    """Meanwhile Spark interprets its expressions if the queries read few rows (`rows`: a run's
+    frame rows, or those of the step's input; None: not known, then Spark's default); the session's
+    settings come back after."""
+    if rows is None or rows > INTERPRETED_UP_TO_FRAMES:
         yield
         return
     before = {key: spark.conf.get(key, None) for key in _INTERPRETED}

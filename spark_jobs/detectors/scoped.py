@@ -30,8 +30,9 @@ from pyspark.sql import functions as F
 
 from analyzer.detectors import KINDS
 from spark_jobs.delta_io import Listed, Match, connections_match
+from spark_jobs.session import expressions_for
 from spark_jobs.thresholds import Thresholds
-from spark_jobs.timeline.plans import joined_by_shuffle, lookup, materialised
+from spark_jobs.timeline.plans import joined_by_shuffle, lookup, measured
 
 from . import DETECTORS
 from .common import INCARNATION, MeasuredFindings, measured_findings
@@ -64,7 +65,7 @@ def rescoped_findings(tables: Tables, analysed: list[str], changed: DataFrame, t
     written = changed.filter(F.col("message_identity").isNotNull())
     messages = written.groupBy("message_identity").agg(
         F.max(F.coalesce(F.col("redelivered") == True, F.lit(False))).alias(CAME_BACK))  # noqa: E712
-    candidates = _candidates(tables["deliveries"], messages)
+    candidates, candidate_rows = _candidates(tables["deliveries"], messages)
     deliveries = [c for c in candidates.columns if c not in (TOUCHED, CAME_BACK)]
 
     journeys = candidates.filter(F.col(TOUCHED)).select(*deliveries)
@@ -78,7 +79,9 @@ def rescoped_findings(tables: Tables, analysed: list[str], changed: DataFrame, t
     involved = candidates.join(closed_there, on="message_identity", how="left_semi").select(*deliveries)
     # Incarnations outside `places` may share a message with them: their findings would be partial.
     found = DETECTORS["redelivery_after_close"]({**tables, "deliveries": involved}, thresholds)
-    with joined_by_shuffle(spark):
+    # The kinds read only the candidates: when they are few, compiling the plans of their windows
+    # and aggregations costs the driver seconds that interpreting them over those rows does not.
+    with joined_by_shuffle(spark), expressions_for(spark, candidate_rows):
         across = measured_findings(loops.unionByName(found.join(places, on=INCARNATION, how="left_semi")))
     replaces = [connections_match(spark, analysed, kind=KINDS),
                 Match(messages.select("message_identity").withColumn("kind", F.lit("requeue_loop")),
@@ -92,14 +95,15 @@ def message_kinds_deliveries(deliveries: DataFrame, can_loop_rows: int | None = 
     every delivery of a message that can be in a loop, and every closed or redelivered one. The
     kinds find in it exactly what they find in the whole table. `can_loop_rows`: how many
     deliveries are `can_loop`, if known (the pass counts them)."""
-    candidates = _candidates(deliveries, None, can_loop_rows)
+    candidates, _ = _candidates(deliveries, None, can_loop_rows)
     return candidates.select(*[c for c in candidates.columns if c not in (TOUCHED, CAME_BACK)])
 
 
-def _candidates(deliveries: DataFrame, messages: DataFrame | None, can_loop_rows: int | None = None) -> DataFrame:
+def _candidates(deliveries: DataFrame, messages: DataFrame | None,
+                can_loop_rows: int | None = None) -> tuple[DataFrame, int]:
     """The stored deliveries either kind can read for `messages` (message_identity, CAME_BACK; None:
     every message): every delivery of those that came back or can be in a loop (marked TOUCHED,
-    with CAME_BACK) and every closed or redelivered delivery; materialised.
+    with CAME_BACK) and every closed or redelivered delivery; materialised, and how many.
 
     Two scans of the deliveries, neither shuffling them. The first reads three columns for the
     messages that can be in a loop at all (a delivery of theirs bounced, or dead-lettered before:
@@ -115,11 +119,11 @@ def _candidates(deliveries: DataFrame, messages: DataFrame | None, can_loop_rows
                         .unionByName(messages.filter(F.col(CAME_BACK)))
                         .groupBy("message_identity").agg(F.max(CAME_BACK).alias(CAME_BACK))
                         .withColumn(TOUCHED, F.lit(True)))
-    candidates = materialised(
+    candidates, seen = measured(
         known.join(marked, on="message_identity", how="left")
         .filter(F.col(TOUCHED).isNotNull() | left_at_close() | (F.col("redelivered") == True))  # noqa: E712
         .withColumn(TOUCHED, F.coalesce(TOUCHED, F.lit(False)))
-        .withColumn(CAME_BACK, F.coalesce(CAME_BACK, F.lit(False))))
+        .withColumn(CAME_BACK, F.coalesce(CAME_BACK, F.lit(False))), rows=F.count(F.lit(1)))
     # Columns of their own: the checkpoint keeps the stored table's, and the rows a run wrote for
     # connections analysed whole are read from that table too (Spark cannot join the two apart).
-    return candidates.select(*[F.col(column).alias(column) for column in candidates.columns])
+    return candidates.select(*[F.col(column).alias(column) for column in candidates.columns]), seen["rows"]
