@@ -216,7 +216,6 @@ def _start_driver(conf: SparkConf) -> None:
         try:
             gateway = launch_gateway(conf, popen_kwargs={"stderr": log})
         except PySparkRuntimeError as exc:
-            log.flush()
             raise DriverDidNotStart(f"Spark's driver did not start: {_text_since(path, start)} (Spark's log: {path})") \
                 from exc
     SparkContext._ensure_initialized(gateway=gateway, conf=conf)
@@ -230,13 +229,14 @@ def _text_since(path: str, offset: int, limit: int = 2000) -> str:
     return " ".join(text[-limit:].split()) or "it said nothing"
 
 
-# Up to this many frame rows in the lake, a run has Spark interpret its expressions instead of
-# compiling them. Compiling the projections of the passes' wide rows (a struct per table, ~170
-# fields) costs seconds per query, paid again by every new plan, and pays back only over many rows:
+# Up to this many rows read (a run's frame rows in the lake, or the input of one of its steps),
+# Spark interprets its expressions instead of compiling them. Compiling the projections of the
+# passes' wide rows (a struct per table, ~170 fields) costs seconds per query, paid again by every
+# new plan, and pays back only over many rows:
 # in one warm process an incremental run of a 12 k-frame lake took 22.2 s interpreted against 32.3
 # compiled, a full run of 200 k frames 45.6 and 44.7 s against 51.2 and 51.3, one of 1 M frames 75.5
 # and 98.5 s against 69.6 and 86.3 (bench/README.md, session 16). The crossover lies between.
-INTERPRETED_UP_TO_FRAMES = 250_000
+INTERPRETED_UP_TO_ROWS = 250_000
 _INTERPRETED = {"spark.sql.codegen.wholeStage": "false",
                 # The fallback mode Spark's own tests use: interpreted projections, predicates and orderings.
                 "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
@@ -247,7 +247,7 @@ def expressions_for(spark: SparkSession, rows: int | None) -> Iterator[None]:
     """Meanwhile Spark interprets its expressions if the queries read few rows (`rows`: a run's
     frame rows, or those of the step's input; None: not known, then Spark's default); the session's
     settings come back after."""
-    if rows is None or rows > INTERPRETED_UP_TO_FRAMES:
+    if rows is None or rows > INTERPRETED_UP_TO_ROWS:
         yield
         return
     before = {key: spark.conf.get(key, None) for key in _INTERPRETED}

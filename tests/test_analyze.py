@@ -72,7 +72,7 @@ def test_a_second_full_run_gives_the_same_tables_and_finding_ids(spark, analysed
     lake_dir = str(tmp_path / "lake")
     shutil.copytree(analysed[0], lake_dir)  # the shared lake stays as analysed
     before = {name: _table(lake_dir, name) for name in OUTPUT_TABLES}
-    monkeypatch.setattr(session, "INTERPRETED_UP_TO_FRAMES", 0)
+    monkeypatch.setattr(session, "INTERPRETED_UP_TO_ROWS", 0)
     assert analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS, full=True).scope == "full"
     for name in OUTPUT_TABLES:
         after = _table(lake_dir, name)
@@ -85,10 +85,10 @@ def test_a_second_full_run_gives_the_same_tables_and_finding_ids(spark, analysed
 def test_spark_interprets_its_expressions_while_a_small_lake_is_analysed(spark):
     keys = ("spark.sql.codegen.wholeStage", "spark.sql.codegen.factoryMode")
     before = [spark.conf.get(key) for key in keys]
-    with session.expressions_for(spark, session.INTERPRETED_UP_TO_FRAMES):
+    with session.expressions_for(spark, session.INTERPRETED_UP_TO_ROWS):
         assert [spark.conf.get(key) for key in keys] == ["false", "NO_CODEGEN"]
     assert [spark.conf.get(key) for key in keys] == before
-    for large_or_unknown in (session.INTERPRETED_UP_TO_FRAMES + 1, None):
+    for large_or_unknown in (session.INTERPRETED_UP_TO_ROWS + 1, None):
         with session.expressions_for(spark, large_or_unknown):
             assert [spark.conf.get(key) for key in keys] == before
 
