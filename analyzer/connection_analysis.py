@@ -10,8 +10,8 @@ it drives:
         analysis.feed(row)
     done = analysis.finish(connection_row)   # raw findings, checkpoint
 
-and an incremental run carries a connection on from that checkpoint, its timeline and its
-detectors (`carry_on_connection`), reading only its new frames.
+and an incremental run carries a connection on from that checkpoint, its timeline, channel_metrics
+and detectors (`CarriedAnalysis`, streamed the same way), reading only its new frames.
 
 A connection of millions of frames streams: records and metric rows leave as they become final;
 what stays is what the machine still holds, the checkpoint's boundary records and the detectors'
@@ -20,13 +20,13 @@ running state (analyzer/detectors: folded as the machine's horizon moves on).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from .detectors import FRAME_COLUMNS, ConnectionDetectors, RawFinding, wants_frame
 from .detectors.state import from_state, to_state
 from .timeline import INPUT_COLUMNS
-from .timeline.carry import Checkpoint, Continued, StateError, WholeConnection, continue_connection
+from .timeline.carry import Checkpoint, ResumedConnection, StateError, WholeConnection
 from .timeline.metrics import ChannelMetrics, HorizonError
 from .timeline.metrics_stream import announce_opens, horizons, item_horizons
 
@@ -66,11 +66,14 @@ class ConnectionAnalysis:
         checkpoint's provisional ones: the next run replaces them); by default `out_record`."""
         self.out_record, self.out_metrics, self.advance_every = out_record, out_metrics, advance_every
         self.out_open_record = out_open_record or out_record
-        self.whole = WholeConnection(connection_id, agent_id, self._record, settings.bucket_ns, settings.overdue_ns)
+        self.whole = self._machine(connection_id, agent_id, settings)
         self.metrics: ChannelMetrics | None = ChannelMetrics(settings.bucket_seconds)
         self.detectors = ConnectionDetectors({"connection_id": connection_id}, settings.thresholds)
         self.metrics_redo: str | None = None
         self.rows = 0
+
+    def _machine(self, connection_id: str, agent_id: str | None, settings: Settings) -> WholeConnection:
+        return WholeConnection(connection_id, agent_id, self._record, settings.bucket_ns, settings.overdue_ns)
 
     @property
     def connection_id(self) -> str:
@@ -122,49 +125,106 @@ class ConnectionAnalysis:
                         self.metrics_redo)
 
 
+class CarriedAnalysis(ConnectionAnalysis):
+    """One connection carried on from its checkpoint (None: new to this run), streamed as
+    ConnectionAnalysis streams one analysed whole: its timeline (carry.ResumedConnection), its
+    channel_metrics from the boundary bucket on (the buckets before are stored and final), and its
+    detectors resumed from the checkpoint's state. `fallback` says why it cannot be carried: the
+    caller then analyses it whole and drops whatever came out of it here.
+
+        analysis = CarriedAnalysis(checkpoint, connection_id, agent_id, settings, records.append, metrics.extend)
+        for row in new_rows:
+            analysis.feed(row)
+        done = analysis.finish(connection_row)   # Carried: fallback, stale records, touched incarnations..."""
+
+    def __init__(self, checkpoint: Checkpoint | None, connection_id: str, agent_id: str | None, settings: Settings,
+                 out_record: Callable, out_metrics: Callable[[list[dict]], None],
+                 advance_every: int = ADVANCE_EVERY_ROWS, out_open_record: Callable | None = None):
+        self.checkpoint = checkpoint
+        super().__init__(connection_id, agent_id, settings, out_record, self._from_boundary, advance_every,
+                         out_open_record)
+        self.out_stored_metrics = out_metrics
+        self.fallback: str | None = None
+        if checkpoint is not None:
+            self.metrics.feed(self.whole.kept)  # the boundary's records: its buckets are computed again
+            if checkpoint.detectors is None:
+                self.fallback = "its checkpoint holds no detectors' state"
+            else:
+                try:
+                    self.detectors = from_state(checkpoint.detectors, {"connection_id": connection_id},
+                                                settings.thresholds)
+                except StateError as refused:
+                    self.fallback = f"detectors' state refused: {refused}"
+
+    def _machine(self, connection_id: str, agent_id: str | None, settings: Settings) -> ResumedConnection:
+        return ResumedConnection(self.checkpoint, connection_id, agent_id, self._record, settings.bucket_ns,
+                                 settings.overdue_ns)
+
+    def _from_boundary(self, rows: list[dict]) -> None:
+        boundary_ns = self.whole.boundary_ns
+        self.out_stored_metrics(rows if boundary_ns is None else
+                                [row for row in rows if row["bucket_start_ns"] >= boundary_ns])
+
+    def _give_up_metrics(self, error: HorizonError) -> None:
+        # The stored buckets before the boundary are final: nothing to compute them again from here.
+        self.metrics, self.fallback = None, f"channel_metrics: {error}"
+
+    def feed(self, row: Mapping) -> None:
+        if self.fallback is None:
+            super().feed(row)
+            self.fallback = self.fallback or self.whole.fallback
+
+    def finish(self, connection: Mapping) -> Carried:
+        """The new frames end. `connection`: its schema.CONNECTIONS row (or just its connection_id)."""
+        whole = self.whole
+        if self.fallback is None:
+            done = super().finish(connection)
+            self.fallback = self.fallback or whole.fallback
+        if self.fallback is not None:
+            return Carried(self.fallback, timeline=whole.timeline)
+        return Carried(None, done.raw_findings, done.checkpoint, whole.no_checkpoint, whole.stale, whole.touched,
+                       whole.boundary_ns, whole.timeline)
+
+
+@dataclass
+class Carried:
+    """What carrying one connection on gives besides its records and metric rows."""
+    fallback: str | None                   # why it must be analysed whole instead (then nothing else is set)
+    raw_findings: list[RawFinding] | None = None
+    checkpoint: Checkpoint | None = None   # None: the connection ended, or see `no_checkpoint`
+    no_checkpoint: str | None = None
+    stale: list = field(default_factory=list)      # the last run's provisional records: rows to delete first
+    touched: set = field(default_factory=set)      # (channel, incarnation) whose metrics from boundary_ns are replaced
+    boundary_ns: int | None = None                 # None: a connection new to this run (nothing stored to patch)
+    timeline: object = None                        # the state after the new frames
+
+
 @dataclass
 class CarriedOn:
-    """One connection carried on from its checkpoint (carry.Continued) and its raw findings (None
-    when it falls back: `continued.fallback` says why)."""
-    continued: Continued
-    raw_findings: list[RawFinding] | None
+    """`carry_on_connection`'s answer: what CarriedAnalysis streamed, collected."""
+    done: Carried
+    final: list = field(default_factory=list)      # records no later run changes
+    open: list = field(default_factory=list)       # records of what is still open (the next run replaces them)
+    metrics: list = field(default_factory=list)    # channel_metrics rows of the touched incarnations from boundary_ns on
 
 
 def carry_on_connection(checkpoint: Checkpoint | None, rows: Iterable[Mapping], settings: Settings,
                         connection: Mapping) -> CarriedOn:
     """A connection's new frame rows (seq order, ANALYSIS_COLUMNS) fed on from `checkpoint` (None:
-    its first rows), the timeline and the detectors both: what an incremental run does for it in
-    place of ConnectionAnalysis. A checkpoint without the detectors' state (or with state this code
-    refuses, or of other thresholds) falls back: the connection is analysed whole."""
-    if checkpoint is None:
-        detectors = ConnectionDetectors({"connection_id": connection["connection_id"]}, settings.thresholds)
-    elif checkpoint.detectors is None:
-        return CarriedOn(Continued(fallback="its checkpoint holds no detectors' state"), None)
-    else:
-        try:
-            detectors = from_state(checkpoint.detectors, {"connection_id": connection["connection_id"]},
-                                   settings.thresholds)
-        except StateError as refused:
-            return CarriedOn(Continued(fallback=f"detectors' state refused: {refused}"), None)
-    done = continue_connection(checkpoint, _frames_to(detectors, rows), settings.bucket_ns, settings.overdue_ns)
-    if done.fallback:
-        return CarriedOn(done, None)
-    if done.ended:
-        done.checkpoint = None  # its records are final, as a whole analysis has them; new frames: analysed whole
-    for record in done.final:
-        detectors.record(record)
-    if done.checkpoint is not None:
-        done.checkpoint.detectors = detectors_state(detectors, done.timeline)
-    for record in done.open:
-        detectors.record(record)
-    return CarriedOn(done, findings_of(detectors, connection))
-
-
-def _frames_to(detectors: ConnectionDetectors, rows: Iterable[Mapping]) -> Iterator[Mapping]:
+    its first rows), everything CarriedAnalysis streams collected: for a caller whose connections
+    are small (tests, a replay of one connection)."""
+    out = CarriedOn(None)
+    analysis = None
     for row in rows:
-        if wants_frame(row):
-            detectors.frame(row)
-        yield row
+        if analysis is None:
+            analysis = CarriedAnalysis(checkpoint, connection["connection_id"], row.get("agent_id"), settings,
+                                       out.final.append, out.metrics.extend, out_open_record=out.open.append)
+        analysis.feed(row)
+    if analysis is None:
+        out.done = Carried("no frames")
+        return out
+    out.done = analysis.finish(connection)
+    return out
 
 
 def detectors_state(detectors: ConnectionDetectors, timeline) -> dict:

@@ -34,15 +34,16 @@ def _key(x):
 
 def carried_in_pieces(rows: list[dict], cuts: list[int], bucket_ns: int = BUCKET_NS):
     """The stored records after one run per piece, and the runs that had to fall back (None: all carried)."""
-    stored, checkpoint, fallbacks = {}, None, []
+    stored, checkpoint, fallbacks, ended = {}, None, [], False
     for start, stop in zip([0, *cuts], [*cuts, len(rows)]):
         piece = rows[start:stop]
         if not piece:
             continue
-        done = continue_connection(checkpoint, piece, bucket_ns)
-        if done.fallback:
-            fallbacks.append(done.fallback)
-            # What a fallback run does: the connection from its start, replayed whole.
+        done = None if ended else continue_connection(checkpoint, piece, bucket_ns)
+        if done is None or done.fallback:
+            fallbacks.append(done.fallback if done is not None else "ended")
+            # What a fallback run does (and the run after the connection ended): the connection from
+            # its start, replayed whole.
             done = continue_connection(None, rows[:stop], bucket_ns)
             assert done.fallback is None
             stored = {}
@@ -51,7 +52,9 @@ def carried_in_pieces(rows: list[dict], cuts: list[int], bucket_ns: int = BUCKET
         for x in done.rows:
             assert _key(x) not in stored, x
             stored[_key(x)] = x
-        checkpoint = load(dump(done.checkpoint))
+        # An ended connection keeps no checkpoint: its records are final, as a whole analysis has them.
+        ended = done.checkpoint is None
+        checkpoint = None if ended else load(dump(done.checkpoint))
     return stored, fallbacks
 
 

@@ -17,10 +17,11 @@ from analyzer import lake, schema
 from analyzer.ingest import ingest_file
 from analyzer.timeline import CHANNELS, INPUT_COLUMNS, Timelines, replay, replay_frames, to_tables
 from analyzer.timeline import records as r
-from analyzer.timeline.carry import continue_connection, dump, load
-from analyzer.timeline.metrics import (ChannelMetrics, HorizonError, carried_channel_metrics, channel_metrics,
-                                       to_table)
+from analyzer.connection_analysis import Settings, carry_on_connection
+from analyzer.timeline.carry import dump, load
+from analyzer.timeline.metrics import ChannelMetrics, HorizonError, channel_metrics, to_table
 from analyzer.timeline.metrics_stream import announce_opens, horizons, stream_metrics
+from spark_jobs.thresholds import Thresholds
 
 from .channel_metrics_cases import (HAND_CHECKS, SECOND, as_table, connection, expected_metrics, hand_built_rows,
                                     in_order, timed)
@@ -236,8 +237,6 @@ def test_bucket_seconds_must_be_whole_seconds():
     for bad in (0, -10, 2.5, "10", True):
         with pytest.raises(ValueError, match="bucket_seconds"):
             channel_metrics([], bucket_seconds=bad)
-        with pytest.raises(ValueError, match="bucket_seconds"):
-            carried_channel_metrics([], set(), None, bucket_seconds=bad)
 
 
 # -- recorded captures ----------------------------------------------------------------------------------
@@ -284,26 +283,30 @@ def test_recorded_captures(tmp_path):
 # -- incremental runs ---------------------------------------------------------------------------------------
 
 def patched_in_pieces(rows: list[dict], cuts: list[int], bucket_seconds: int) -> tuple[dict, int]:
-    """The stored channel_metrics after one incremental run per piece (carry.py), each replacing
-    the touched incarnations' rows from its boundary bucket on; and how many runs were carried."""
-    bucket_ns = bucket_seconds * SECOND
-    stored, checkpoint, carried = {}, None, 0
+    """The stored channel_metrics after one incremental run per piece (connection_analysis.py's
+    CarriedAnalysis), each replacing the touched incarnations' rows from its boundary bucket on; and
+    how many runs were carried."""
+    run = Settings(bucket_seconds, r.DEFAULT_OVERDUE_NS, Thresholds())
+    connection = {"connection_id": rows[0]["connection_id"]}
+    stored, checkpoint, carried, ended = {}, None, 0, False
     for start, stop in zip([0, *cuts], [*cuts, len(rows)]):
         if start == stop:
             continue
-        done = continue_connection(checkpoint, rows[start:stop], bucket_ns)
-        if done.fallback:  # analysed whole, as the Spark job does: every stored row replaced
-            done = continue_connection(None, rows[:stop], bucket_ns)
+        out = None if ended else carry_on_connection(checkpoint, rows[start:stop], run, connection)
+        if out is None or out.done.fallback:  # analysed whole, as the Spark job does: every stored row replaced
+            out = carry_on_connection(None, rows[:stop], run, connection)
             stored = {}
+        done = out.done
         carried += done.boundary_ns is not None
         for key in [k for k in stored if (k[0], k[1]) in done.touched
                     and (done.boundary_ns is None or k[2] >= done.boundary_ns)]:
             del stored[key]
-        for row in carried_channel_metrics(done.metrics, done.touched, done.boundary_ns, bucket_seconds):
+        for row in out.metrics:
             key = (row["channel"], row["incarnation"], row["bucket_start_ns"])
             assert key not in stored, key
             stored[key] = row
-        checkpoint = load(dump(done.checkpoint))
+        ended = done.checkpoint is None  # no checkpoint once the connection ended: the next run is whole
+        checkpoint = None if ended else load(dump(done.checkpoint))
     return stored, carried
 
 

@@ -74,12 +74,12 @@ def carried_in_pieces(rows: list[dict], connection: dict, cuts: list[int]) -> tu
             continue
         # A connection that ended keeps no checkpoint: frames after its end are analysed with all before.
         carried = carry_on_connection(checkpoint, rows[start:stop], SETTINGS, connection) if not ended else None
-        if carried is None or carried.continued.fallback:
-            fallbacks.append(carried.continued.fallback if carried is not None else "ended")
+        if carried is None or carried.done.fallback:
+            fallbacks.append(carried.done.fallback if carried is not None else "ended")
             carried = carry_on_connection(None, rows[:stop], SETTINGS, connection)
-        raw = carried.raw_findings
-        ended = carried.continued.checkpoint is None
-        checkpoint = None if ended else load(dump(carried.continued.checkpoint))
+        raw = carried.done.raw_findings
+        ended = carried.done.checkpoint is None
+        checkpoint = None if ended else load(dump(carried.done.checkpoint))
     return raw, fallbacks
 
 
@@ -118,13 +118,13 @@ def _checkpoint_of_a_connection():
     rows = [{"connection_id": "c", "agent_id": "a", "seq": 1, "ts_ns": 1, "direction": "to_broker", "channel": 1,
              "method": "channel.open"}]
     carried = carry_on_connection(None, rows, SETTINGS, {"connection_id": "c"})
-    return carried.continued.checkpoint, [dict(rows[0], seq=2, ts_ns=2, method="basic.qos")]
+    return carried.done.checkpoint, [dict(rows[0], seq=2, ts_ns=2, method="basic.qos")]
 
 
 def test_damaged_forged_or_missing_detectors_state_falls_back_with_its_reason():
     checkpoint, more = _checkpoint_of_a_connection()
     good = checkpoint.detectors
-    assert carry_on_connection(load(dump(checkpoint)), more, SETTINGS, {"connection_id": "c"}).raw_findings == []
+    assert carry_on_connection(load(dump(checkpoint)), more, SETTINGS, {"connection_id": "c"}).done.raw_findings == []
     cases = {
         "holds no detectors' state": None,
         "version": dict(good, version=good["version"] + 1),
@@ -137,7 +137,7 @@ def test_damaged_forged_or_missing_detectors_state_falls_back_with_its_reason():
     for reason, doc in cases.items():
         forged = load(dump(replace(checkpoint, detectors=doc)))
         carried = carry_on_connection(forged, more, SETTINGS, {"connection_id": "c"})
-        assert carried.raw_findings is None and reason in carried.continued.fallback, (reason, carried.continued)
+        assert carried.done.raw_findings is None and reason in carried.done.fallback, (reason, carried.done)
     other = Settings(1, 15_000_000, replace(LAB, unacked_age_seconds=LAB.unacked_age_seconds + 1))
     carried = carry_on_connection(load(dump(checkpoint)), more, other, {"connection_id": "c"})
-    assert "other thresholds" in carried.continued.fallback
+    assert "other thresholds" in carried.done.fallback

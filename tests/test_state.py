@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from analyzer import lake, schema
 from analyzer.ingest import ingest_file
 from analyzer.timeline import INPUT_COLUMNS, state
-from analyzer.timeline.carry import continue_connection, dump, load
+from analyzer.timeline.carry import Checkpoint, continue_connection, dump, load
 from analyzer.timeline.channel import ChannelLife
 from analyzer.timeline.connection import ConnectionTimeline
 from analyzer.timeline.consumer import ConsumerSide
@@ -52,6 +52,20 @@ def test_slotted_state_classes_store_every_slot():
             assert tuple(cls.__slots__) == names, cls.__name__
 
 
+def checkpoint_after(rows: list[dict]) -> Checkpoint:
+    """The checkpoint after `rows`; once the connection has ended (no checkpoint is kept then), its
+    state alone as one: every state the machine reaches must round-trip."""
+    done = continue_connection(None, rows, BUCKET_NS)
+    assert done.fallback is None
+    if done.checkpoint is not None:
+        return done.checkpoint
+    timeline = ConnectionTimeline(rows[0]["connection_id"], rows[0].get("agent_id"), lambda record: None)
+    for row in rows:
+        timeline.feed(row)
+    timeline.emit = None
+    return Checkpoint(timeline)
+
+
 def _rows(data):
     variant = data.draw(st.sampled_from(sorted(VARIANTS)), label="variant")
     traffic = valid_traffic(data, transactions=data.draw(st.booleans()))
@@ -66,13 +80,11 @@ def _rows(data):
 def test_any_state_round_trips_and_goes_on_as_the_original(data):
     rows = _rows(data)
     cut = data.draw(st.integers(1, len(rows)), label="cut")
-    original = continue_connection(None, rows[:cut], BUCKET_NS)
-    assert original.fallback is None
-    stored = dump(original.checkpoint)
+    stored = dump(checkpoint_after(rows[:cut]))
     assert dump(load(stored)) == stored  # nothing lost or added by reading it back
-    again = continue_connection(None, rows[:cut], BUCKET_NS)  # an untouched twin of the original
+    again = checkpoint_after(rows[:cut])  # an untouched twin of the original
     resumed = continue_connection(load(stored), rows[cut:], BUCKET_NS) if cut < len(rows) else None
-    twin = continue_connection(again.checkpoint, rows[cut:], BUCKET_NS) if cut < len(rows) else None
+    twin = continue_connection(again, rows[cut:], BUCKET_NS) if cut < len(rows) else None
     if resumed is not None:
         assert (resumed.fallback, resumed.rows, resumed.stale) == (twin.fallback, twin.rows, twin.stale)
 
@@ -86,7 +98,7 @@ def test_shared_objects_stay_shared():
         {"connection_id": "c", "direction": "to_client", "channel": 1, "method": "confirm.select-ok"},
         {"connection_id": "c", "direction": "to_broker", "channel": 1, "method": "basic.publish",
          "mandatory": True, "exchange": "x", "routing_key": "k"}])
-    life = load(dump(continue_connection(None, rows, BUCKET_NS).checkpoint)).timeline.lives[1]
+    life = load(dump(checkpoint_after(rows))).timeline.lives[1]
     (waiting,) = life.publisher.pending.values()
     assert [waiting] == list(life.publisher.awaiting_return.values()) and life.connection.lives[1] is life
     assert life.publisher.life is life and life.consumer.life is life
@@ -100,14 +112,14 @@ def test_recorded_captures_round_trip(tmp_path):
     for row in frames.sort_by([("connection_id", "ascending"), ("seq", "ascending")]).to_pylist():
         by_connection.setdefault(row["connection_id"], []).append(row)
     for rows in by_connection.values():
-        stored = dump(continue_connection(None, rows, BUCKET_NS).checkpoint)
+        stored = dump(checkpoint_after(rows))
         assert dump(load(stored)) == stored
 
 
 def _checkpoint() -> dict:
     rows = renumbered([{"connection_id": "c", "direction": "to_broker", "channel": 1, "method": "channel.open"},
                        {"connection_id": "c", "direction": "to_client", "channel": 1, "method": "channel.open-ok"}])
-    return json.loads(dump(continue_connection(None, rows, BUCKET_NS).checkpoint))
+    return json.loads(dump(checkpoint_after(rows)))
 
 
 def _forged(doc) -> bytes:
@@ -148,7 +160,7 @@ def test_deep_nesting_and_garbage_are_refused():
 
 def test_a_state_with_an_undeclared_field_is_not_written():
     rows = renumbered([{"connection_id": "c", "direction": "to_broker", "channel": 1, "method": "channel.open"}])
-    checkpoint = continue_connection(None, rows, BUCKET_NS).checkpoint
+    checkpoint = checkpoint_after(rows)
     checkpoint.timeline.lives[1].new_thing = 1
     with pytest.raises(TypeError, match="new_thing"):
         dump(checkpoint)

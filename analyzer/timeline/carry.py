@@ -15,7 +15,7 @@ A `Checkpoint` is that state plus what the stored tables need to be patched inst
   force). The next run recomputes those buckets, and only those, from them and its own records.
 
 The checkpoint is exact only if the new frames continue the old ones and nothing they change lands
-in a bucket before the boundary; `continue_connection` checks both and otherwise says why
+in a bucket before the boundary; `ResumedConnection` checks both and otherwise says why
 (`fallback`): the caller then analyses the connection whole, as a first run would.
 
 A checkpoint is stored as data (state.py: JSON of plain values, read back into fresh state objects
@@ -62,10 +62,9 @@ class Continued:
     """What one run of one connection gives (empty lists and `fallback` set when it cannot carry)."""
     rows: list = field(default_factory=list)        # records to write (final ones and the new provisional ones)
     stale: list = field(default_factory=list)       # the last run's provisional records: rows to delete first
-    metrics: list = field(default_factory=list)     # Delivery/Publish/ChannelFacts channel_metrics reads
     touched: set = field(default_factory=set)       # (channel, incarnation) whose metrics from boundary_ns are replaced
     boundary_ns: int | None = None                  # None: a connection new to this run (nothing stored to patch)
-    checkpoint: Checkpoint | None = None            # None: the fallback, or dropped by the caller (`ended`)
+    checkpoint: Checkpoint | None = None            # None: the fallback, or the connection ended
     fallback: str | None = None
     timeline: ConnectionTimeline | None = None      # the state after the new frames (the checkpoint's, if kept)
 
@@ -93,58 +92,33 @@ def bucket_start(ts_ns: int, bucket_ns: int) -> int:
 def continue_connection(checkpoint: Checkpoint | None, rows: Iterable[Mapping], bucket_ns: int,
                         overdue_ns: int = r.DEFAULT_OVERDUE_NS, keep_rows: bool = True) -> Continued:
     """Feed `rows` (one connection, seq order) to the timeline `checkpoint` left (None: the
-    connection's first rows). `keep_rows=False` builds a checkpoint only (a whole-connection run
-    wrote the tables another way): records not needed for the boundary are dropped as it goes."""
-    emitted: list = []
-    timeline = checkpoint.timeline if checkpoint is not None else None
-    boundary = checkpoint.boundary_ns if checkpoint is not None else None
-    pruned_to = None
-    for count, row in enumerate(rows):
-        if timeline is None:
-            timeline = ConnectionTimeline(row["connection_id"], row.get("agent_id"), None, overdue_ns)
-        elif count == 0 and checkpoint is not None:
-            if timeline.last_seq is not None and row["seq"] <= timeline.last_seq:
-                return Continued(fallback=f"new frames from seq {row['seq']}, not after the last analysed "
-                                          f"seq {timeline.last_seq}")
-        if boundary is not None and row["ts_ns"] < boundary:
-            return Continued(fallback=f"a new frame (seq {row['seq']}) is older than the carried bucket")
-        timeline.emit = emitted.append
-        timeline.feed(row)
-        if not keep_rows and count % PRUNE_EVERY_ROWS == PRUNE_EVERY_ROWS - 1:
-            pruned_to = bucket_start(timeline.last_ts_ns, bucket_ns)
-            emitted[:] = _boundary_records(emitted, pruned_to)
-    if timeline is None:
-        return Continued(fallback="no frames")
-    state = _detached(timeline)
-    provisional = _ended_copy(state)
-    written = emitted + provisional
-    old = {_key(x): x for x in checkpoint.provisional} if checkpoint is not None else {}
-    new_keys = {_key(x) for x in written}
-    if not set(old) <= new_keys:
-        return Continued(fallback="a record open at the last run did not come out again")
-    if boundary is not None:
-        for record in written:
-            reason = _moved_before(old.get(_key(record)), record, boundary)
-            if reason:
-                return Continued(fallback=reason)
-    touched = {(x.channel, x.incarnation) for x in written}
-    live = {(x.channel, x.incarnation) for x in provisional if isinstance(x, r.ChannelFacts)}
-    facts = {(x.channel, x.incarnation) for x in written if isinstance(x, r.ChannelFacts)}
-    if keep_rows and not touched <= facts:
-        return Continued(fallback="records of an incarnation whose facts did not come out")
-    carried_items = _newest(list(checkpoint.boundary if checkpoint is not None else ()) + written)
-    if boundary is None:
-        metrics = [x for x in written if isinstance(x, (r.Delivery, r.Publish, r.ChannelFacts))]
-    else:
-        metrics = ([x for x in _boundary_records(carried_items, boundary) if (x.channel, x.incarnation) in touched]
-                   + [x for x in written if isinstance(x, r.ChannelFacts)])
-    next_boundary = bucket_start(state.last_ts_ns, bucket_ns)
-    if pruned_to is not None and next_boundary < pruned_to:
-        return Continued(fallback="frame times went back past records already dropped")
-    kept = tuple(x for x in _boundary_records(carried_items, next_boundary) if (x.channel, x.incarnation) in live)
-    return Continued(rows=written if keep_rows else [], stale=list(old.values()), metrics=metrics, touched=touched,
-                     boundary_ns=boundary, timeline=state,
-                     checkpoint=Checkpoint(state, tuple(provisional), kept, next_boundary))
+    connection's first rows), collecting what ResumedConnection streams. `keep_rows=False` builds a
+    checkpoint only (a whole-connection run wrote the tables another way)."""
+    written: list = []
+    resumed = None
+    for row in rows:
+        if resumed is None:
+            resumed = ResumedConnection(checkpoint, row["connection_id"], row.get("agent_id"),
+                                        written.append if keep_rows else _drop, bucket_ns, overdue_ns)
+        resumed.feed(row)
+        if resumed.fallback is not None:
+            return Continued(fallback=resumed.fallback)
+    if resumed is None:
+        if checkpoint is None:
+            return Continued(fallback="no frames")
+        resumed = ResumedConnection(checkpoint, checkpoint.timeline.id, checkpoint.timeline.agent_id,
+                                    written.append if keep_rows else _drop, bucket_ns, overdue_ns)
+    kept = resumed.finish()
+    if resumed.fallback is not None:
+        return Continued(fallback=resumed.fallback)
+    if kept is None and resumed.no_checkpoint != "ended":
+        return Continued(fallback=resumed.no_checkpoint)
+    return Continued(rows=written, stale=resumed.stale, touched=resumed.touched, boundary_ns=resumed.boundary_ns,
+                     timeline=resumed.timeline, checkpoint=kept)
+
+
+def _drop(record) -> None:
+    pass
 
 
 class WholeConnection:
@@ -156,6 +130,8 @@ class WholeConnection:
     `finish()` ends the data and returns the checkpoint the next run carries on from, or None with
     `no_checkpoint` saying why: the connection ended (closed, FIN/RST: new frames of it are analysed
     whole again), or its frame times went back past records already dropped."""
+
+    fallback: str | None = None  # ResumedConnection's
 
     def __init__(self, connection_id: str, agent_id: str | None, out, bucket_ns: int,
                  overdue_ns: int = r.DEFAULT_OVERDUE_NS):
@@ -183,9 +159,13 @@ class WholeConnection:
         if state.closed is not None or state.transport_end is not None:
             state.end()  # its records are final: nothing to carry
             self.no_checkpoint = "ended"
+            self._verify(())
             return None
         state = _detached(state)
         provisional = _ended_copy(state)
+        self._verify(provisional)
+        if self.fallback is not None:
+            return None
         if before_open is not None:
             before_open()
         for record in provisional:
@@ -198,6 +178,75 @@ class WholeConnection:
         kept = tuple(x for x in _boundary_records(_newest(self.kept + provisional), boundary_ns)
                      if (x.channel, x.incarnation) in live)
         return Checkpoint(state, tuple(provisional), kept, boundary_ns)
+
+    def _verify(self, provisional: list) -> None:
+        """Before the open records go out: ResumedConnection checks that its carry was exact."""
+
+
+class ResumedConnection(WholeConnection):
+    """A connection carried on from its checkpoint (None: new to this run), streamed as
+    WholeConnection streams one: the records of its new frames go to `out` as they become final,
+    the open ones at `finish()`. What it checks on the way makes patching the stored rows exact;
+    `fallback` says why it cannot be (the caller then analyses the connection whole and drops
+    whatever came out of it here). Then `stale` are the last run's provisional records (rows to
+    delete first), and `touched` the incarnations whose channel_metrics from `boundary_ns` on are
+    computed again (None: a connection new to the run, all its buckets)."""
+
+    def __init__(self, checkpoint: Checkpoint | None, connection_id: str, agent_id: str | None, out,
+                 bucket_ns: int, overdue_ns: int = r.DEFAULT_OVERDUE_NS):
+        super().__init__(connection_id, agent_id, out, bucket_ns, overdue_ns)
+        self.boundary_ns: int | None = None
+        self.old: dict = {}
+        if checkpoint is not None:
+            self.timeline = checkpoint.timeline
+            self.timeline.emit = self._emit
+            self.boundary_ns = checkpoint.boundary_ns
+            self.old = {_key(x): x for x in checkpoint.provisional}
+            # Every record open at the last run comes out again (or the carry falls back), so only
+            # the final ones of the boundary are carried in: what channel_metrics starts from.
+            self.kept = [x for x in checkpoint.boundary if _key(x) not in self.old]
+        self.stale = list(self.old.values())
+        self.touched: set = set()
+        self.came_out: set = set()   # keys of `old` records out again
+        self.facts: set = set()      # incarnations whose ChannelFacts came out
+        self.moved: str | None = None  # the first record that would change channel_metrics before the boundary
+
+    def feed(self, row: Mapping) -> None:
+        if self.fallback is not None:
+            return
+        last_seq = self.timeline.last_seq
+        if self.rows == 0 and last_seq is not None and row["seq"] <= last_seq:
+            self.fallback = f"new frames from seq {row['seq']}, not after the last analysed seq {last_seq}"
+        elif self.boundary_ns is not None and row["ts_ns"] < self.boundary_ns:
+            self.fallback = f"a new frame (seq {row['seq']}) is older than the carried bucket"
+        else:
+            super().feed(row)
+
+    def _emit(self, record) -> None:
+        self._check(record)
+        super()._emit(record)
+
+    def _check(self, record) -> None:
+        where = (record.channel, record.incarnation)
+        self.touched.add(where)
+        if type(record) is r.ChannelFacts:
+            self.facts.add(where)
+        if self.old:
+            key = _key(record)
+            if key in self.old:
+                self.came_out.add(key)
+        if self.boundary_ns is not None and self.moved is None:
+            self.moved = _moved_before(self.old.get(_key(record)) if self.old else None, record, self.boundary_ns)
+
+    def _verify(self, provisional: list) -> None:
+        for record in provisional:
+            self._check(record)
+        if len(self.came_out) < len(self.old):
+            self.fallback = "a record open at the last run did not come out again"
+        elif self.moved is not None:
+            self.fallback = self.moved
+        elif not self.touched <= self.facts:
+            self.fallback = "records of an incarnation whose facts did not come out"
 
 
 # -- what the stored rows need -----------------------------------------------------------------------

@@ -403,17 +403,6 @@ def channel_metrics(records: Iterable, bucket_seconds: int = 10) -> list[dict]:
     return sorted(metrics.finish(), key=_row_order)
 
 
-def carried_channel_metrics(records: Iterable, touched: set, boundary_ns: int | None,
-                            bucket_seconds: int = 10) -> list[dict]:
-    """The rows an incremental run replaces (carry.Continued: `metrics`, `touched`, `boundary_ns`):
-    the touched incarnations' buckets from the boundary bucket on, from the records the checkpoint
-    kept for them plus the run's own. None: a connection new to the run, all its buckets."""
-    bucket_ns_of(bucket_seconds)
-    wanted = [x for x in records if (x.channel, x.incarnation) in touched]
-    return [row for row in channel_metrics(wanted, bucket_seconds)
-            if boundary_ns is None or row["bucket_start_ns"] >= boundary_ns]
-
-
 def _row_order(row: dict) -> tuple:
     return (row["connection_id"], row["agent_id"] is None, row["agent_id"] or "", row["channel"],
             row["incarnation"], row["bucket_start_ns"])

@@ -2,7 +2,7 @@
 
 A scheduled run hands each connection's new frames, with its checkpoint (the `analysis_state`
 table) and its connections row, to a cogrouped Arrow function that resumes the reference state
-machine and the detectors (analyzer/connection_analysis.py's `carry_on_connection`): Python per
+machine and the detectors (analyzer/connection_analysis.py's `CarriedAnalysis`): Python per
 connection, not per row, and only over the new frames. Out come, as one wide table (wide.py):
 the rows to write, the rows they replace (role `stale`), the channel_metrics rows of the
 incarnations whose metrics are recomputed from the boundary bucket on (`touched`: they replace
@@ -24,14 +24,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from analyzer import schema
-from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings, carry_on_connection
+from analyzer.connection_analysis import ANALYSIS_COLUMNS, CarriedAnalysis, Settings
 from analyzer.timeline.carry import FORMAT, StateError, load
-from analyzer.timeline.metrics import carried_channel_metrics
 from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
 from ..provisional import flagged, metric_flags, open_buckets
-from ..connection_pass import HEADER, RAW_FINDINGS, batch_rows, headers, raw_finding_rows, state_row, states_table
+from ..connection_pass import (FLUSH_RECORDS, HEADER, RAW_FINDINGS, batch_rows, headers, raw_finding_rows, state_row,
+                               states_table)
 from ..types import spark_schema
 from .tables import CHANNEL_METRICS, TIMELINE_TABLES
 from .wide import from_wide, to_wide, wide_schema
@@ -69,7 +69,9 @@ def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, s
 
 def carried_connection(settings: Settings, frames_version: int, frames: pa.Table, state: pa.Table) -> pa.Table:
     """One connection's wide table: its new frames (ANALYSIS_COLUMNS) fed on from its stored state
-    row (with STORED and HEADER; none for a connection new to the run)."""
+    row (with STORED and HEADER; none for a connection new to the run). Its records leave the
+    state machine as they become final and are made Arrow FLUSH_RECORDS at a time, so what the
+    function holds as Python objects is bounded by that, not by the connection's new frames."""
     if frames.num_rows == 0:
         return WIDE.empty_table()
     connection_id = frames["connection_id"][0].as_py()
@@ -85,16 +87,18 @@ def carried_connection(settings: Settings, frames_version: int, frames: pa.Table
             checkpoint = load(stored["checkpoint"])
         except StateError as refused:
             return _fallback(connection_id, f"checkpoint refused: {refused}")
-    carried = carry_on_connection(checkpoint, _rows(frames), settings, connection)
-    done = carried.continued
+    final, opened, metrics, parts = [], [], [], []
+    analysis = CarriedAnalysis(checkpoint, connection_id, frames["agent_id"][0].as_py(), settings, final.append,
+                               metrics.extend, out_open_record=opened.append)
+    for row in _rows(frames):
+        analysis.feed(row)
+        if len(final) >= FLUSH_RECORDS:
+            parts += _records_part(final, WRITE, False)
+    done = analysis.finish(connection)
     if done.fallback:
         return _fallback(connection_id, done.fallback)
-    parts = []
-    for name, record_type in RECORD_TYPES.items():
-        parts += [(name, WRITE, flagged(to_table(done.final, record_type), False)),
-                  (name, WRITE, flagged(to_table(done.open, record_type), True)),
-                  (name, STALE, flagged(to_table(done.stale, record_type), True))]
-    metrics = carried_channel_metrics(done.metrics, done.touched, done.boundary_ns, settings.bucket_seconds)
+    parts += [*_records_part(final, WRITE, False), *_records_part(opened, WRITE, True),
+              *_records_part(done.stale, STALE, True)]
     flags = metric_flags(metrics, {connection_id: open_buckets(done.checkpoint)} if done.checkpoint else {})
     parts.append(("channel_metrics", WRITE, flagged(metrics_table(metrics), flags)))
     from_ns = FIRST_BUCKET if done.boundary_ns is None else done.boundary_ns
@@ -105,9 +109,17 @@ def carried_connection(settings: Settings, frames_version: int, frames: pa.Table
     tally = pa.Table.from_pylist([{"connection_id": connection_id, "frames": frames.num_rows,
                                    "carried_records": stored.get("carried_records") or 0}], schema=TALLY)
     parts += [("touched", None, touched), ("state", None, state_rows), ("tally", None, tally),
-              ("raw_findings", None, pa.Table.from_pylist(raw_finding_rows(connection, carried.raw_findings),
+              ("raw_findings", None, pa.Table.from_pylist(raw_finding_rows(connection, done.raw_findings),
                                                           schema=RAW_FINDINGS))]
     return to_wide(WIDE, parts)
+
+
+def _records_part(records: list, role: str, provisional: bool) -> list[tuple[str, str, pa.Table]]:
+    """`records` as the wide table's parts, one per table, emptied (the list is the machine's outlet)."""
+    parts = [(name, role, flagged(to_table(records, record_type), provisional))
+             for name, record_type in RECORD_TYPES.items()]
+    records.clear()
+    return parts
 
 
 def carried_rows(wide: DataFrame, name: str, role: str | None = None) -> DataFrame:
