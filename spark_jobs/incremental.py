@@ -32,7 +32,7 @@ from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
 
 from .delta_io import Listed, Match, connections_match, read_delta, read_files
 from .connection_pass import STATE_TABLE
-from .timeline.carried import CARRIED_TABLES, ROLES, STALE, WRITE, carried_rows, carry_on
+from .timeline.carried import CARRIED_TABLES, ROLES, STALE, WRITE, carried_rows, carry_on, without_fallbacks
 from .timeline.plans import measured, of_connections
 from .timeline.wide import RECORD, ROLE, column
 from .timeline.tables import TIMELINE_TABLES
@@ -64,14 +64,21 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
     # What the wide table holds, taken while it is materialised: its rows by record and role, the
     # fallbacks (few), and the carried connections' tallies summed.
     roles = [(name, role) for name in CARRIED_TABLES for role in ROLES.get(name, (None,))]
-    wide, seen = measured(
-        carry_on(new, states, of_connections(connections, keys), settings, frames_version),
-        **{f"n{i}": F.count(F.when((F.col(RECORD) == name) & _role_is(role), True))
-           for i, (name, role) in enumerate(roles)},
-        fallbacks=F.collect_list("fallback"),
-        **{c: F.coalesce(F.sum(column("tally", c)), F.lit(0)) for c in ("frames", "carried_records")})
-    counts = {key: seen[f"n{i}"] for i, key in enumerate(roles)}
+
+    def measured_carry(wide: DataFrame) -> tuple[DataFrame, dict]:
+        return measured(
+            wide, **{f"n{i}": F.count(F.when((F.col(RECORD) == name) & _role_is(role), True))
+                     for i, (name, role) in enumerate(roles)},
+            fallbacks=F.collect_list("fallback"),
+            **{c: F.coalesce(F.sum(column("tally", c)), F.lit(0)) for c in ("frames", "carried_records")})
+
+    wide, seen = measured_carry(carry_on(new, states, of_connections(connections, keys), settings, frames_version))
     fallbacks = {row["connection_id"]: row["reason"] for row in seen["fallbacks"]}
+    streamed = sorted(row["connection_id"] for row in seen["fallbacks"] if row["streamed"])
+    if streamed:
+        # Rows of connections that fell back after some of theirs had left the pass: dropped, the rest counted again.
+        wide, seen = measured_carry(without_fallbacks(wide, streamed))
+    counts = {key: seen[f"n{i}"] for i, key in enumerate(roles)}
     read = {c: seen[c] for c in ("frames", "carried_records")}
     state = carried_rows(wide, "state")
     carried_keys = [k for k in keys if k not in fallbacks]

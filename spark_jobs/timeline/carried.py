@@ -1,14 +1,18 @@
 """Connections carried from run to run on Spark (the rules: analyzer/timeline/carry.py).
 
 A scheduled run hands each connection's new frames, with its checkpoint (the `analysis_state`
-table) and its connections row, to a cogrouped Arrow function that resumes the reference state
-machine and the detectors (analyzer/connection_analysis.py's `CarriedAnalysis`): Python per
-connection, not per row, and only over the new frames. Out come, as one wide table (wide.py):
-the rows to write, the rows they replace (role `stale`), the channel_metrics rows of the
-incarnations whose metrics are recomputed from the boundary bucket on (`touched`: they replace
-those buckets), the connection's findings before their evidence packets (`raw_findings`, as the
-pass gives them), the next checkpoint (`state`), or why the connection must be analysed whole
-instead (`fallback`).
+table) and its connections row, to the reference state machine and the detectors resumed from
+that checkpoint (analyzer/connection_analysis.py's `CarriedAnalysis`): only the new frames are
+read. As in the pass over whole connections (connection_pass.py), the rows are shuffled by
+connection and sorted by seq within each partition, each connection's stored state travelling
+first (a header row), and `mapInArrow` streams them through the machine: a connection with
+millions of new frames is never held whole, its records leave as Arrow batches as they become
+final. Out come, as one wide table (wide.py): the rows to write, the rows they replace (role
+`stale`), the channel_metrics rows of the incarnations whose metrics are recomputed from the
+boundary bucket on (`touched`: they replace those buckets), the connection's findings before their
+evidence packets (`raw_findings`, as the pass gives them), the next checkpoint (`state`), or why
+the connection must be analysed whole instead (`fallback`; if some of its rows had already left,
+`streamed`: the caller drops them, `without_fallbacks`).
 
 Runs that analyse connections whole (the first, `--full`, `--since`, fallbacks) get their
 checkpoints from the same pass that writes their tables (connection_pass.py).
@@ -17,10 +21,10 @@ checkpoints from the same pass that writes their tables (connection_pass.py).
 from __future__ import annotations
 
 import json
-from functools import partial
+from collections.abc import Iterator
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from analyzer import schema
@@ -30,110 +34,173 @@ from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
 from ..provisional import flagged, metric_flags, open_buckets
-from ..connection_pass import (FLUSH_RECORDS, HEADER, RAW_FINDINGS, batch_rows, headers, raw_finding_rows, state_row,
-                               states_table)
+from ..connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, batch_rows, headers,
+                               raw_finding_rows, state_row, states_table)
 from ..types import spark_schema
 from .tables import CHANNEL_METRICS, TIMELINE_TABLES
-from .wide import from_wide, to_wide, wide_schema
+from .wide import column, from_wide, to_wide, wide_schema
 
 WRITE, STALE = "write", "stale"
 # A connection new to the run has no stored metrics: its incarnations' buckets are all computed here.
 FIRST_BUCKET = -(2**63)
 TOUCHED = pa.schema([("connection_id", pa.string()), ("channel", pa.int32()), ("incarnation", pa.int32()),
                      ("from_ns", pa.int64())])
-FALLBACK = pa.schema([("connection_id", pa.string()), ("reason", pa.string())])
+# `streamed`: rows of the connection had left the pass before it fell back.
+FALLBACK = pa.schema([("connection_id", pa.string()), ("reason", pa.string()), ("streamed", pa.bool_())])
 # A carried connection's new frame rows, and the records its checkpoint held (the run's report).
 TALLY = pa.schema([("connection_id", pa.string()), ("frames", pa.int64()), ("carried_records", pa.int64())])
 CARRIED_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "state": schema.ANALYSIS_STATE,
                   "touched": TOUCHED, "fallback": FALLBACK, "raw_findings": RAW_FINDINGS, "tally": TALLY}
-# The right side's column saying the connection has an analysis_state row (it may have only a header).
+# The header row's column saying the connection has an analysis_state row (it may have only a connections row).
 STORED = "_stored"
+# The header row's columns of the connection's analysis_state row.
+STATE_COLUMNS = ("format", "checkpoint", "carried_records")
 WIDE = wide_schema(CARRIED_TABLES)
 # The roles a table's rows come in (the others' rows have none).
 ROLES = {**{name: (WRITE, STALE) for name in RECORD_TYPES}, "channel_metrics": (WRITE,)}
-# Rows handed to the state machine at once (the rest of the connection's new frames wait as Arrow).
-FEED_ROWS = 1 << 16
 
 
 def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, settings: Settings,
-             frames_version: int) -> DataFrame:
+             frames_version: int, partitions: int | None = None, flush_records: int = FLUSH_RECORDS) -> DataFrame:
     """The wide table for every connection of `new_frames` (ANALYSIS_COLUMNS), for the caller to
     materialise (it is read once per table). `states`: their analysis_state rows; `connections`:
     their schema.CONNECTIONS rows (for the findings, as the pass reads them: connection_pass.headers)."""
-    stored = states.select("*", F.lit(True).alias(STORED)).join(
-        headers(connections).select("connection_id", HEADER), on="connection_id", how="full")
-    return (new_frames.select(*ANALYSIS_COLUMNS).groupBy("connection_id")
-            .cogroup(stored.groupBy("connection_id"))
-            .applyInArrow(partial(carried_connection, settings, frames_version), spark_schema(WIDE)))
+    spark = new_frames.sparkSession
+    partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
 
+    def run_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return _CarriedPartition(settings, frames_version, flush_records).run(batches)
 
-def carried_connection(settings: Settings, frames_version: int, frames: pa.Table, state: pa.Table) -> pa.Table:
-    """One connection's wide table: its new frames (ANALYSIS_COLUMNS) fed on from its stored state
-    row (with STORED and HEADER; none for a connection new to the run). Its records leave the
-    state machine as they become final and are made Arrow FLUSH_RECORDS at a time, so what the
-    function holds as Python objects is bounded by that, not by the connection's new frames."""
-    if frames.num_rows == 0:
-        return WIDE.empty_table()
-    connection_id = frames["connection_id"][0].as_py()
-    stored = state.to_pylist()[0] if state.num_rows else {}
-    connection = json.loads(stored[HEADER]) if stored.get(HEADER) else {"connection_id": connection_id}
-    checkpoint = None
-    if stored.get(STORED):
-        if stored["checkpoint"] is None:
-            return _fallback(connection_id, "analysed whole when it had ended (closed or FIN/RST): no checkpoint")
-        if stored["format"] != FORMAT:
-            return _fallback(connection_id, f"checkpoint format {stored['format']}, not {FORMAT}")
-        try:
-            checkpoint = load(stored["checkpoint"])
-        except StateError as refused:
-            return _fallback(connection_id, f"checkpoint refused: {refused}")
-    final, opened, metrics, parts = [], [], [], []
-    analysis = CarriedAnalysis(checkpoint, connection_id, frames["agent_id"][0].as_py(), settings, final.append,
-                               metrics.extend, out_open_record=opened.append)
-    for row in _rows(frames):
-        analysis.feed(row)
-        if len(final) >= FLUSH_RECORDS:
-            parts += _records_part(final, WRITE, False)
-    done = analysis.finish(connection)
-    if done.fallback:
-        return _fallback(connection_id, done.fallback)
-    parts += [*_records_part(final, WRITE, False), *_records_part(opened, WRITE, True),
-              *_records_part(done.stale, STALE, True)]
-    flags = metric_flags(metrics, {connection_id: open_buckets(done.checkpoint)} if done.checkpoint else {})
-    parts.append(("channel_metrics", WRITE, flagged(metrics_table(metrics), flags)))
-    from_ns = FIRST_BUCKET if done.boundary_ns is None else done.boundary_ns
-    touched = pa.Table.from_pylist([{"connection_id": connection_id, "channel": channel, "incarnation": incarnation,
-                                     "from_ns": from_ns} for channel, incarnation in sorted(done.touched)],
-                                   schema=TOUCHED)
-    state_rows = states_table([state_row(done.checkpoint, done.timeline, frames_version)])
-    tally = pa.Table.from_pylist([{"connection_id": connection_id, "frames": frames.num_rows,
-                                   "carried_records": stored.get("carried_records") or 0}], schema=TALLY)
-    parts += [("touched", None, touched), ("state", None, state_rows), ("tally", None, tally),
-              ("raw_findings", None, pa.Table.from_pylist(raw_finding_rows(connection, done.raw_findings),
-                                                          schema=RAW_FINDINGS))]
-    return to_wide(WIDE, parts)
-
-
-def _records_part(records: list, role: str, provisional: bool) -> list[tuple[str, str, pa.Table]]:
-    """`records` as the wide table's parts, one per table, emptied (the list is the machine's outlet)."""
-    parts = [(name, role, flagged(to_table(records, record_type), provisional))
-             for name, record_type in RECORD_TYPES.items()]
-    records.clear()
-    return parts
+    stored = (states.select("connection_id", *STATE_COLUMNS, F.lit(True).alias(STORED))
+              .join(headers(connections).select("connection_id", HEADER), on="connection_id", how="full")
+              .withColumn("seq", F.lit(HEADER_SEQ).cast("bigint")))
+    rows = new_frames.select(*ANALYSIS_COLUMNS).unionByName(stored, allowMissingColumns=True)
+    return (rows.repartition(partitions, "connection_id")
+            .sortWithinPartitions("connection_id", "seq")
+            .mapInArrow(run_partition, spark_schema(WIDE)))
 
 
 def carried_rows(wide: DataFrame, name: str, role: str | None = None) -> DataFrame:
     return from_wide(wide, name, CARRIED_TABLES[name], role)
 
 
-def _rows(frames: pa.Table):
-    """The connection's rows in seq order, as dicts a batch at a time."""
-    ordered = frames.select(list(ANALYSIS_COLUMNS)).sort_by("seq")
-    for batch in ordered.to_batches(max_chunksize=FEED_ROWS):
-        yield from batch_rows(batch)
+def without_fallbacks(wide: DataFrame, connection_ids: list[str]) -> DataFrame:
+    """The wide table without any row of these connections (fallbacks whose rows had left the pass)."""
+    of_connection: Column = F.coalesce(*[column(name, "connection_id") for name in CARRIED_TABLES])
+    return wide.where(~of_connection.isin(connection_ids))
 
 
-def _fallback(connection_id: str, reason: str) -> pa.Table:
-    return to_wide(WIDE, [("fallback", None, pa.Table.from_pylist([{"connection_id": connection_id, "reason": reason}],
-                                                                  schema=FALLBACK))])
+class _Carrying:
+    """One connection of a partition on its way through CarriedAnalysis (or refused before it)."""
 
+    def __init__(self, connection_id: str, header: dict | None, analysis: CarriedAnalysis | None,
+                 refused: str | None, marks: tuple[int, int]):
+        self.connection_id, self.analysis, self.refused = connection_id, analysis, refused
+        self.header = header or {}
+        self.connection = json.loads(self.header[HEADER]) if self.header.get(HEADER) else {"connection_id": connection_id}
+        self.marks = marks          # the partition's records and metric rows before this connection's
+        self.streamed = False       # some of its rows left in a flush
+        self.frames = 0
+
+    def feed(self, row: dict) -> None:
+        self.frames += 1
+        if self.analysis is not None:
+            self.analysis.feed(row)
+
+
+class _CarriedPartition:
+    """One partition: its connections one after the other, records out in batches."""
+
+    def __init__(self, settings: Settings, frames_version: int, flush_records: int):
+        self.settings, self.frames_version, self.flush_records = settings, frames_version, flush_records
+        # Emptied in place by each flush, never replaced: a connection's machine keeps appending to them.
+        self.final: list = []
+        self.opened: list = []
+        self.stale: list = []
+        self.metrics: list[dict] = []
+        self.open_buckets: dict[str, tuple] = {}   # connection -> provisional.open_buckets, till the flush
+        self.rows: dict[str, list[dict]] = {name: [] for name in ("touched", "state", "tally", "raw_findings",
+                                                                   "fallback")}
+        self.header: dict | None = None
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        current: _Carrying | None = None
+        for batch in batches:
+            for row in batch_rows(batch):
+                connection_id = row["connection_id"]
+                if current is None or connection_id != current.connection_id:
+                    if current is not None:
+                        self._finish(current)
+                        current = None
+                    if row["seq"] == HEADER_SEQ:
+                        self.header = row
+                        continue
+                    if self.header is not None and self.header["connection_id"] != connection_id:
+                        self.header = None
+                    current = self._start(connection_id, row["agent_id"])
+                current.feed(row)
+            if len(self.final) + len(self.opened) + len(self.stale) + len(self.metrics) >= self.flush_records:
+                if current is not None:
+                    current.streamed = current.streamed or (len(self.final), len(self.metrics)) != current.marks
+                    current.marks = (0, 0)
+                yield from self._flush()
+        if current is not None:
+            self._finish(current)
+        yield from self._flush()
+
+    def _start(self, connection_id: str, agent_id: str | None) -> _Carrying:
+        header, self.header = self.header, None
+        marks = (len(self.final), len(self.metrics))
+        checkpoint, refused = None, None
+        if header is not None and header.get(STORED):
+            if header["checkpoint"] is None:
+                refused = "analysed whole when it had ended (closed or FIN/RST): no checkpoint"
+            elif header["format"] != FORMAT:
+                refused = f"checkpoint format {header['format']}, not {FORMAT}"
+            else:
+                try:
+                    checkpoint = load(header["checkpoint"])
+                except StateError as error:
+                    refused = f"checkpoint refused: {error}"
+        analysis = None if refused else CarriedAnalysis(checkpoint, connection_id, agent_id, self.settings,
+                                                        self.final.append, self.metrics.extend,
+                                                        out_open_record=self.opened.append)
+        return _Carrying(connection_id, header, analysis, refused, marks)
+
+    def _finish(self, carrying: _Carrying) -> None:
+        connection_id = carrying.connection_id
+        done = carrying.analysis.finish(carrying.connection) if carrying.analysis is not None else None
+        fallback = carrying.refused or done.fallback
+        if fallback:
+            del self.final[carrying.marks[0]:], self.metrics[carrying.marks[1]:]
+            self.rows["fallback"].append({"connection_id": connection_id, "reason": fallback,
+                                          "streamed": carrying.streamed})
+            return
+        self.stale += done.stale
+        if done.checkpoint is not None:
+            self.open_buckets[connection_id] = open_buckets(done.checkpoint)
+        from_ns = FIRST_BUCKET if done.boundary_ns is None else done.boundary_ns
+        self.rows["touched"] += [{"connection_id": connection_id, "channel": channel, "incarnation": incarnation,
+                                  "from_ns": from_ns} for channel, incarnation in sorted(done.touched)]
+        self.rows["state"].append(state_row(done.checkpoint, done.timeline, self.frames_version))
+        self.rows["tally"].append({"connection_id": connection_id, "frames": carrying.frames,
+                                   "carried_records": carrying.header.get("carried_records") or 0})
+        self.rows["raw_findings"] += raw_finding_rows(carrying.connection, done.raw_findings)
+
+    def _flush(self) -> Iterator[pa.RecordBatch]:
+        if not (self.final or self.opened or self.stale or self.metrics or any(self.rows.values())):
+            return
+        parts = []
+        for records, role, provisional in ((self.final, WRITE, False), (self.opened, WRITE, True),
+                                           (self.stale, STALE, True)):
+            parts += [(name, role, flagged(to_table(records, record_type), provisional))
+                      for name, record_type in RECORD_TYPES.items()]
+        parts += [("channel_metrics", WRITE, flagged(metrics_table(self.metrics),
+                                                     metric_flags(self.metrics, self.open_buckets))),
+                  ("state", None, states_table(self.rows["state"]))]
+        parts += [(name, None, pa.Table.from_pylist(self.rows[name], schema=CARRIED_TABLES[name]))
+                  for name in ("touched", "tally", "raw_findings", "fallback")]
+        wide = to_wide(WIDE, [part for part in parts if part[2].num_rows])
+        for gathered in (self.final, self.opened, self.stale, self.metrics, self.open_buckets, *self.rows.values()):
+            gathered.clear()
+        yield from wide.to_batches()

@@ -1,0 +1,98 @@
+"""The carried pass (spark_jobs/timeline/carried.py) on a real local Spark: connections resumed
+from their checkpoints stream through the state machine, their records leaving in batches; a
+connection that falls back after some of its rows have left is named (`streamed`) so the caller
+drops every row of it (`without_fallbacks`), and what remains is what the pass gives when nothing
+left early. That the carried tables equal one run over everything is tests/test_incremental.py's."""
+
+import glob
+import json
+import os
+
+import pyarrow as pa
+
+from analyzer import lake, schema
+from analyzer.connection_analysis import ANALYSIS_COLUMNS, ConnectionAnalysis, Settings
+from analyzer.ingest import ingest_file
+from spark_jobs.connection_pass import state_row, states_table
+from spark_jobs.timeline.carried import CARRIED_TABLES, carried_rows, carry_on, without_fallbacks
+from spark_jobs.timeline.wide import RECORD
+
+from .conftest import ROOT
+from .findings_check import LAB_THRESHOLDS
+
+SETTINGS = Settings(1, 60 * 10**9, LAB_THRESHOLDS)
+
+
+def _checkpointed(rows: list[dict]) -> dict:
+    """The analysis_state row a whole run over `rows` leaves (connection_pass.py's, without Spark)."""
+    analysis = ConnectionAnalysis(rows[0]["connection_id"], rows[0]["agent_id"], SETTINGS,
+                                  lambda record: None, lambda metrics: None)
+    for row in rows:
+        analysis.feed(row)
+    done = analysis.finish({"connection_id": rows[0]["connection_id"]})
+    return state_row(done.checkpoint, analysis.whole.timeline, 1)
+
+
+def _rows_by_table(wide) -> dict[str, list[dict]]:
+    """Each table's rows but the fallbacks', in a canonical order."""
+    return {name: sorted(carried_rows(wide, name).toArrow().to_pylist(), key=lambda row: json.dumps(row, default=str))
+            for name in CARRIED_TABLES if name != "fallback"}
+
+
+def test_a_fallback_after_rows_left_is_dropped_and_the_rest_is_as_if_none_left(spark, tmp_path):
+    for capture in sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng"))):
+        ingest_file(capture, str(tmp_path))
+    frames = lake.read_table(str(tmp_path), "frames", schema.FRAMES).select(list(ANALYSIS_COLUMNS))
+    by_connection: dict[str, list] = {}
+    for row in frames.sort_by([("connection_id", "ascending"), ("seq", "ascending")]).to_pylist():
+        by_connection.setdefault(row["connection_id"], []).append(row)
+    states, new = [], []
+    for rows in by_connection.values():
+        cut = len(rows) * 2 // 3
+        states.append(_checkpointed(rows[:cut]))
+        new += rows[cut:]
+    carried = [state for state in states if state["checkpoint"] is not None]
+    assert len(carried) >= 3, "the examples should leave open connections to carry"
+    # The longest carried connection: a frame late in its new ones is stamped before the carried
+    # bucket, so it falls back only after records of the frames before had come out.
+    damaged = max(carried, key=lambda state: sum(row["connection_id"] == state["connection_id"] for row in new))
+    mine = [i for i, row in enumerate(new) if row["connection_id"] == damaged["connection_id"]]
+    assert len(mine) >= 20
+    late = mine[len(mine) * 3 // 4]
+    new[late] = dict(new[late], ts_ns=damaged["boundary_ns"] - 1)
+
+    frames_df = spark.createDataFrame(pa.Table.from_pylist(new, schema=frames.schema))
+    states_df = spark.createDataFrame(states_table(states))
+    connections = spark.createDataFrame(lake.read_table(str(tmp_path), "connections", schema.CONNECTIONS))
+
+    def carried_pass(flush_records: int):
+        wide = carry_on(frames_df, states_df, connections, SETTINGS, 2, partitions=2, flush_records=flush_records)
+        wide = wide.localCheckpoint()
+        fallbacks = {row["connection_id"]: row for row in carried_rows(wide, "fallback").toArrow().to_pylist()}
+        return wide, fallbacks
+
+    whole_batches, fallbacks = carried_pass(50_000)
+    # Other connections of the examples may fall back on their own (tests/test_incremental.py has why).
+    assert damaged["connection_id"] in fallbacks, fallbacks
+    assert "older than the carried bucket" in fallbacks[damaged["connection_id"]]["reason"]
+    assert not any(fallback["streamed"] for fallback in fallbacks.values())
+    kept = _rows_by_table(whole_batches)
+    assert not any(row["connection_id"] in fallbacks for rows in kept.values() for row in rows)
+    assert len(kept["tally"]) == len(by_connection) - len(fallbacks)
+
+    # Arrow batches of 7 rows, records out after every one of them.
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "7")
+    try:
+        one_by_one, again = carried_pass(1)
+    finally:
+        spark.conf.set(key, before)
+    assert {k: v["reason"] for k, v in again.items()} == {k: v["reason"] for k, v in fallbacks.items()}
+    streamed = sorted(k for k, v in again.items() if v["streamed"])
+    assert damaged["connection_id"] in streamed
+    left_early = {name for name, rows in _rows_by_table(one_by_one).items()
+                  if any(row["connection_id"] == damaged["connection_id"] for row in rows)}
+    assert left_early, "with a flush after every batch, records of the damaged connection leave before it falls back"
+    assert _rows_by_table(without_fallbacks(one_by_one, streamed)) == kept
+    assert one_by_one.where(one_by_one[RECORD] == "fallback").count() == len(fallbacks)
