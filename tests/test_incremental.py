@@ -461,3 +461,55 @@ def test_a_first_delivery_settled_later_as_a_requeue_completes_a_loop_stored_els
     report = analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS)
     assert report.scope == NEW_DATA and report.carried_connections == report.connections == 1, report.reason
     assert _tables(pieces_dir) == _tables(whole_dir)
+
+
+def test_a_connection_that_fails_a_check_after_its_rows_left_the_carried_pass_is_analysed_whole(
+        spark, traffic, tmp_path, monkeypatch):
+    """The carried pass lets records out in batches (here after every Arrow batch of 7 rows). A
+    connection whose new frames fail a check after some of its rows left (a frame stamped before
+    its carried bucket) is analysed whole, and none of the rows it had sent out is written: the
+    tables are a full run's over the same lake."""
+    import shutil
+
+    from spark_jobs import incremental
+    from spark_jobs.connection_pass import STATE_TABLE
+    from spark_jobs.timeline import carried
+
+    frames, connections = traffic
+    lake_dir, full_dir = str(tmp_path / "lake"), str(tmp_path / "full")
+    *first, last = _pieces(frames)
+    _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
+    for number, piece in enumerate(first):
+        _append(lake_dir, "frames", piece, schema.FRAMES, f"piece-{number}")
+        analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    hot = _hot_connection(last)
+    state, = [row for row in lake.read_table(lake_dir, STATE_TABLE, schema.ANALYSIS_STATE).to_pylist()
+              if row["connection_id"] == hot]
+    assert state["checkpoint"] is not None
+    rows = last.to_pylist()
+    mine = [i for i, row in enumerate(rows) if row["connection_id"] == hot]
+    late = mine[len(mine) * 3 // 4]
+    rows[late] = dict(rows[late], ts_ns=state["boundary_ns"] - 1)
+    _append(lake_dir, "frames", pa.Table.from_pylist(rows, schema=last.schema), schema.FRAMES, "last")
+    shutil.copytree(lake_dir, full_dir)
+
+    dropped = []
+
+    def spied(wide, connection_ids):
+        dropped.extend(connection_ids)
+        return carried.without_fallbacks(wide, connection_ids)
+
+    monkeypatch.setattr(incremental, "without_fallbacks", spied)
+    monkeypatch.setattr(carried, "FLUSH_RECORDS", 1)
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "7")
+    try:
+        report = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    finally:
+        spark.conf.set(key, before)
+    assert report.scope == NEW_DATA
+    assert f"{hot}: a new frame (seq {rows[late]['seq']}) is older than the carried bucket" in report.reason
+    assert hot in dropped, "its rows had left the pass before the check failed"
+    analyze(spark, full_dir, thresholds=LAB_THRESHOLDS, full=True)
+    assert _tables(lake_dir) == _tables(full_dir)

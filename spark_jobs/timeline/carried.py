@@ -61,12 +61,14 @@ ROLES = {**{name: (WRITE, STALE) for name in RECORD_TYPES}, "channel_metrics": (
 
 
 def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, settings: Settings,
-             frames_version: int, partitions: int | None = None, flush_records: int = FLUSH_RECORDS) -> DataFrame:
+             frames_version: int, partitions: int | None = None, flush_records: int | None = None) -> DataFrame:
     """The wide table for every connection of `new_frames` (ANALYSIS_COLUMNS), for the caller to
     materialise (it is read once per table). `states`: their analysis_state rows; `connections`:
-    their schema.CONNECTIONS rows (for the findings, as the pass reads them: connection_pass.headers)."""
+    their schema.CONNECTIONS rows (for the findings, as the pass reads them: connection_pass.headers).
+    Records leave every `flush_records` (None: FLUSH_RECORDS)."""
     spark = new_frames.sparkSession
     partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+    flush_records = flush_records or FLUSH_RECORDS
 
     def run_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return _CarriedPartition(settings, frames_version, flush_records).run(batches)
