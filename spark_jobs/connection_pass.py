@@ -119,48 +119,77 @@ def summarised_pass(wide: DataFrame) -> tuple[DataFrame, PassSummary]:
                              came_back=seen["came_back"], can_loop=seen["can_loop"])
 
 
-class _Partition:
-    """One partition: its connections one after the other, records out in batches."""
+class ConnectionsPartition:
+    """A partition's rows, each connection's header row (seq HEADER_SEQ, if it has one) then its
+    frames in seq order, handed on one connection after the other: `_start` makes what takes a
+    connection's rows (anything with `connection_id` and `feed(row)`), `_finish` ends it, and what
+    they gather leaves through `_flush` (Arrow batches) once `_buffered()` reaches `flush_records`,
+    checked between Arrow batches. `current` is the connection being fed."""
 
-    def __init__(self, settings: Settings, frames_version: int | None, flush_records: int, advance_every: int):
-        self.settings, self.frames_version = settings, frames_version
-        self.flush_records, self.advance_every = flush_records, advance_every
-        # Emptied in place by each flush, never replaced: a connection's machine keeps appending to them.
-        self.records: list = []
-        self.open_records: list = []    # the checkpoints' provisional records (provisional.py)
-        self.metrics: list[dict] = []
-        self.open_buckets: dict[str, tuple] = {}   # connection -> provisional.open_buckets, till the flush
-        self.rows: dict[str, list[dict]] = {"raw_findings": [], STATE_TABLE: [], "tally": []}
-        self.header: dict | None = None
+    def __init__(self, flush_records: int):
+        self.flush_records = flush_records
+        self.current = None
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        current: ConnectionAnalysis | None = None
+        current = header = None
         for batch in batches:
             for row in batch_rows(batch):
                 connection_id = row["connection_id"]
                 if current is None or connection_id != current.connection_id:
                     if current is not None:
                         self._finish(current)
-                        current = None
+                        current = self.current = None
                     if row["seq"] == HEADER_SEQ:
-                        self.header = json.loads(row[HEADER])
+                        header = row
                         continue
-                    if self.header is not None and self.header["connection_id"] != connection_id:
-                        self.header = None
-                    current = ConnectionAnalysis(connection_id, row["agent_id"], self.settings,
-                                                 self.records.append, self.metrics.extend, self.advance_every,
-                                                 self.open_records.append)
+                    mine = header if header is not None and header["connection_id"] == connection_id else None
+                    header = None
+                    current = self.current = self._start(connection_id, row, mine)
                 current.feed(row)
-            if len(self.records) + len(self.open_records) + len(self.metrics) + len(self.rows[STATE_TABLE]) \
-                    >= self.flush_records:
+            if self._buffered() >= self.flush_records:
                 yield from self._flush()
         if current is not None:
             self._finish(current)
+            self.current = None
         yield from self._flush()
 
+    def _start(self, connection_id: str, first: dict, header: dict | None):
+        raise NotImplementedError
+
+    def _finish(self, current) -> None:
+        raise NotImplementedError
+
+    def _buffered(self) -> int:
+        raise NotImplementedError
+
+    def _flush(self) -> Iterator[pa.RecordBatch]:
+        raise NotImplementedError
+
+
+class _Partition(ConnectionsPartition):
+    """The pass over whole connections: each through ConnectionAnalysis, records out in batches."""
+
+    def __init__(self, settings: Settings, frames_version: int | None, flush_records: int, advance_every: int):
+        super().__init__(flush_records)
+        self.settings, self.frames_version, self.advance_every = settings, frames_version, advance_every
+        # Emptied in place by each flush, never replaced: a connection's machine keeps appending to them.
+        self.records: list = []
+        self.open_records: list = []    # the checkpoints' provisional records (provisional.py)
+        self.metrics: list[dict] = []
+        self.open_buckets: dict[str, tuple] = {}   # connection -> provisional.open_buckets, till the flush
+        self.rows: dict[str, list[dict]] = {"raw_findings": [], STATE_TABLE: [], "tally": []}
+        self.connection: dict | None = None        # the current connection's schema.CONNECTIONS row
+
+    def _start(self, connection_id: str, first: dict, header: dict | None) -> ConnectionAnalysis:
+        self.connection = json.loads(header[HEADER]) if header is not None else {"connection_id": connection_id}
+        return ConnectionAnalysis(connection_id, first["agent_id"], self.settings, self.records.append,
+                                  self.metrics.extend, self.advance_every, self.open_records.append)
+
+    def _buffered(self) -> int:
+        return len(self.records) + len(self.open_records) + len(self.metrics) + len(self.rows[STATE_TABLE])
+
     def _finish(self, analysis: ConnectionAnalysis) -> None:
-        header, self.header = self.header, None
-        connection = header if header is not None else {"connection_id": analysis.connection_id}
+        connection = self.connection
         done = analysis.finish(connection)
         self.rows["raw_findings"] += raw_finding_rows(connection, done.raw_findings)
         timeline = analysis.whole.timeline

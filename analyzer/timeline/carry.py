@@ -34,7 +34,7 @@ from . import state
 from .connection import ConnectionTimeline
 from .state import FORMAT, StateError  # noqa: F401 - the checkpoint format and its error, for callers
 
-# In build mode (no rows to write) the records kept for the boundary are pruned this often.
+# Rows between two prunings of the records kept for the next checkpoint's boundary.
 PRUNE_EVERY_ROWS = 1 << 16
 
 
@@ -190,7 +190,7 @@ class ResumedConnection(WholeConnection):
     `fallback` says why it cannot be (the caller then analyses the connection whole and drops
     whatever came out of it here). Then `stale` are the last run's provisional records (rows to
     delete first), and `touched` the incarnations whose channel_metrics from `boundary_ns` on are
-    computed again (None: a connection new to the run, all its buckets)."""
+    computed again (`boundary_ns` None: a connection new to the run, all their buckets)."""
 
     def __init__(self, checkpoint: Checkpoint | None, connection_id: str, agent_id: str | None, out,
                  bucket_ns: int, overdue_ns: int = r.DEFAULT_OVERDUE_NS):
@@ -231,12 +231,14 @@ class ResumedConnection(WholeConnection):
         self.touched.add(where)
         if type(record) is r.ChannelFacts:
             self.facts.add(where)
+        old = None
         if self.old:
             key = _key(record)
-            if key in self.old:
+            old = self.old.get(key)
+            if old is not None:
                 self.came_out.add(key)
         if self.boundary_ns is not None and self.moved is None:
-            self.moved = _moved_before(self.old.get(_key(record)) if self.old else None, record, self.boundary_ns)
+            self.moved = _moved_before(old, record, self.boundary_ns)
 
     def _verify(self, provisional: list) -> None:
         for record in provisional:

@@ -34,7 +34,7 @@ from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
 from ..provisional import flagged, metric_flags, open_buckets
-from ..connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, batch_rows, headers,
+from ..connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, ConnectionsPartition, headers,
                                raw_finding_rows, state_row, states_table)
 from ..types import spark_schema
 from .tables import CHANNEL_METRICS, TIMELINE_TABLES
@@ -99,8 +99,9 @@ class _Carrying:
                  refused: str | None, marks: tuple[int, int]):
         self.connection_id, self.analysis, self.refused = connection_id, analysis, refused
         self.header = header or {}
-        self.connection = json.loads(self.header[HEADER]) if self.header.get(HEADER) else {"connection_id": connection_id}
-        self.marks = marks          # the partition's records and metric rows before this connection's
+        self.connection = (json.loads(self.header[HEADER]) if self.header.get(HEADER)
+                           else {"connection_id": connection_id})
+        self.marks = marks          # the partition's records and metric rows gathered before this connection's
         self.streamed = False       # some of its rows left in a flush
         self.frames = 0
 
@@ -110,11 +111,12 @@ class _Carrying:
             self.analysis.feed(row)
 
 
-class _CarriedPartition:
-    """One partition: its connections one after the other, records out in batches."""
+class _CarriedPartition(ConnectionsPartition):
+    """The carried pass: each connection through CarriedAnalysis, records out in batches."""
 
     def __init__(self, settings: Settings, frames_version: int, flush_records: int):
-        self.settings, self.frames_version, self.flush_records = settings, frames_version, flush_records
+        super().__init__(flush_records)
+        self.settings, self.frames_version = settings, frames_version
         # Emptied in place by each flush, never replaced: a connection's machine keeps appending to them.
         self.final: list = []
         self.opened: list = []
@@ -123,36 +125,8 @@ class _CarriedPartition:
         self.open_buckets: dict[str, tuple] = {}   # connection -> provisional.open_buckets, till the flush
         self.rows: dict[str, list[dict]] = {name: [] for name in ("touched", "state", "tally", "raw_findings",
                                                                    "fallback")}
-        self.header: dict | None = None
 
-    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        current: _Carrying | None = None
-        for batch in batches:
-            for row in batch_rows(batch):
-                connection_id = row["connection_id"]
-                if current is None or connection_id != current.connection_id:
-                    if current is not None:
-                        self._finish(current)
-                        current = None
-                    if row["seq"] == HEADER_SEQ:
-                        self.header = row
-                        continue
-                    if self.header is not None and self.header["connection_id"] != connection_id:
-                        self.header = None
-                    current = self._start(connection_id, row["agent_id"])
-                current.feed(row)
-            if len(self.final) + len(self.opened) + len(self.stale) + len(self.metrics) >= self.flush_records:
-                if current is not None:
-                    current.streamed = current.streamed or (len(self.final), len(self.metrics)) != current.marks
-                    current.marks = (0, 0)
-                yield from self._flush()
-        if current is not None:
-            self._finish(current)
-        yield from self._flush()
-
-    def _start(self, connection_id: str, agent_id: str | None) -> _Carrying:
-        header, self.header = self.header, None
-        marks = (len(self.final), len(self.metrics))
+    def _start(self, connection_id: str, first: dict, header: dict | None) -> _Carrying:
         checkpoint, refused = None, None
         if header is not None and header.get(STORED):
             if header["checkpoint"] is None:
@@ -164,10 +138,13 @@ class _CarriedPartition:
                     checkpoint = load(header["checkpoint"])
                 except StateError as error:
                     refused = f"checkpoint refused: {error}"
-        analysis = None if refused else CarriedAnalysis(checkpoint, connection_id, agent_id, self.settings,
+        analysis = None if refused else CarriedAnalysis(checkpoint, connection_id, first["agent_id"], self.settings,
                                                         self.final.append, self.metrics.extend,
                                                         out_open_record=self.opened.append)
-        return _Carrying(connection_id, header, analysis, refused, marks)
+        return _Carrying(connection_id, header, analysis, refused, (len(self.final), len(self.metrics)))
+
+    def _buffered(self) -> int:
+        return len(self.final) + len(self.opened) + len(self.stale) + len(self.metrics)
 
     def _finish(self, carrying: _Carrying) -> None:
         connection_id = carrying.connection_id
@@ -190,6 +167,10 @@ class _CarriedPartition:
         self.rows["raw_findings"] += raw_finding_rows(carrying.connection, done.raw_findings)
 
     def _flush(self) -> Iterator[pa.RecordBatch]:
+        current = self.current
+        if current is not None:  # what it gathered leaves now: should it fall back, the caller drops it
+            current.streamed = current.streamed or (len(self.final), len(self.metrics)) != current.marks
+            current.marks = (0, 0)
         if not (self.final or self.opened or self.stale or self.metrics or any(self.rows.values())):
             return
         parts = []
