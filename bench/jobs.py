@@ -14,7 +14,9 @@ Where a job comes from: a thread polls Spark's status tracker and, for each job 
 notes the innermost lines of this repository's code on every Python thread's stack (the driver
 thread that asked for the job waits inside it). Broadcasts and checkpoints run as jobs of their
 own, started from the action that needs them. Times come from the Spark UI's REST API (the UI is
-off in session.py for local runs; on here).
+off in session.py for local runs; on here). The same thread samples the resident memory of the
+Python workers under this process (Spark's daemon and the workers it forks, from /proc) and
+prints each step's largest: what one task's Python holds.
 """
 
 import argparse
@@ -53,10 +55,11 @@ class _ConfWithUi(SparkConf):
 class JobWatcher:
     """Which step and which lines of code each Spark job started from."""
 
-    def __init__(self, spark, poll_s: float = 0.02):
-        self.spark, self.poll_s = spark, poll_s
+    def __init__(self, spark, poll_s: float = 0.02, memory_every: int = 10):
+        self.spark, self.poll_s, self.memory_every = spark, poll_s, memory_every
         self.step = "-"
         self.sites: dict[int, tuple[str, str]] = {}
+        self.worker_peak_mb: dict[str, int] = {}   # step -> the largest Python worker's resident MB
 
     def __enter__(self):
         self._stop = threading.Event()
@@ -70,10 +73,15 @@ class JobWatcher:
 
     def _poll(self) -> None:
         tracker = self.spark.sparkContext.statusTracker()
+        polls = 0
         while not self._stop.is_set():
             for job in tracker.getActiveJobsIds():
                 if job not in self.sites:
                     self.sites[job] = (self.step, _call_sites(threading.get_ident()))
+            polls += 1
+            if polls % self.memory_every == 0:
+                step = self.step
+                self.worker_peak_mb[step] = max(self.worker_peak_mb.get(step, 0), python_worker_mb(os.getpid()))
             time.sleep(self.poll_s)
 
     @contextmanager
@@ -95,6 +103,34 @@ class JobWatcher:
             yield
         finally:
             steps.Steps.step = original
+
+
+def python_worker_mb(root: int) -> int:
+    """The largest resident set (MB) among the PySpark Python processes under process `root`: the
+    daemon and the workers it forks (named after it)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    largest, todo = 0, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if b"pyspark.daemon" not in cmdline.read():
+                    continue
+            with open(f"/proc/{pid}/status") as status:
+                kb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            continue
+        largest = max(largest, kb // 1024)
+    return largest
 
 
 def _call_sites(skip_thread: int, depth: int = 3) -> str:
@@ -168,6 +204,8 @@ def print_jobs(report, jobs: list[dict], watcher: JobWatcher) -> None:
     print("\nby step: " + ", ".join(
         f"{name} {seconds:.1f} s / {sum(1 for j in jobs if watcher.sites.get(j['jobId'], ('?',))[0] == name)} jobs"
         for name, seconds in report.seconds_by_step.items()))
+    print("largest Python worker by step (resident MB): " + ", ".join(
+        f"{name} {watcher.worker_peak_mb.get(name, 0):,}" for name in report.seconds_by_step))
 
 
 def main(argv: list[str] | None = None) -> int:
