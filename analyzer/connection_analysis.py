@@ -27,6 +27,7 @@ from .detectors import FRAME_COLUMNS, ConnectionDetectors, RawFinding, wants_fra
 from .detectors.state import from_state, to_state
 from .timeline import INPUT_COLUMNS
 from .timeline.carry import Checkpoint, ResumedConnection, StateError, WholeConnection
+from .timeline.connection import ConnectionTimeline
 from .timeline.metrics import ChannelMetrics, HorizonError
 from .timeline.metrics_stream import announce_opens, horizons, item_horizons
 
@@ -196,7 +197,7 @@ class Carried:
     stale: list = field(default_factory=list)      # the last run's provisional records: rows to delete first
     touched: set = field(default_factory=set)      # (channel, incarnation) whose metrics from boundary_ns are replaced
     boundary_ns: int | None = None                 # None: a connection new to this run (nothing stored to patch)
-    timeline: object = None                        # the state after the new frames
+    timeline: ConnectionTimeline | None = None     # the state after the new frames
 
 
 @dataclass

@@ -68,22 +68,6 @@ class Continued:
     fallback: str | None = None
     timeline: ConnectionTimeline | None = None      # the state after the new frames (the checkpoint's, if kept)
 
-    @property
-    def ended(self) -> bool:
-        """Did the connection end (closed, FIN/RST)? Then, as WholeConnection.finish has it, what the
-        data ending gives is final: a caller that stores tables keeps no checkpoint."""
-        return self.timeline.closed is not None or self.timeline.transport_end is not None
-
-    @property
-    def final(self) -> list:
-        """The records of `rows` no later run changes (the rest are the checkpoint's provisional ones)."""
-        return self.rows[:len(self.rows) - len(self.open)]
-
-    @property
-    def open(self) -> tuple:
-        """The records of what is still open: the next run replaces them."""
-        return self.checkpoint.provisional if self.checkpoint is not None else ()
-
 
 def bucket_start(ts_ns: int, bucket_ns: int) -> int:
     return ts_ns - ts_ns % bucket_ns
