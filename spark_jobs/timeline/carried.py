@@ -98,9 +98,9 @@ class _Carrying:
     def __init__(self, connection_id: str, header: dict | None, analysis: CarriedAnalysis | None,
                  refused: str | None, marks: tuple[int, int]):
         self.connection_id, self.analysis, self.refused = connection_id, analysis, refused
-        self.header = header or {}
-        self.connection = (json.loads(self.header[HEADER]) if self.header.get(HEADER)
-                           else {"connection_id": connection_id})
+        header = header or {}  # not kept: it holds the checkpoint's bytes, read once into `analysis`
+        self.connection = json.loads(header[HEADER]) if header.get(HEADER) else {"connection_id": connection_id}
+        self.carried_records = header.get("carried_records") or 0   # what the checkpoint held
         self.marks = marks          # the partition's records and metric rows gathered before this connection's
         self.streamed = False       # some of its rows left in a flush
         self.frames = 0
@@ -163,7 +163,7 @@ class _CarriedPartition(ConnectionsPartition):
                                   "from_ns": from_ns} for channel, incarnation in sorted(done.touched)]
         self.rows["state"].append(state_row(done.checkpoint, done.timeline, self.frames_version))
         self.rows["tally"].append({"connection_id": connection_id, "frames": carrying.frames,
-                                   "carried_records": carrying.header.get("carried_records") or 0})
+                                   "carried_records": carrying.carried_records})
         self.rows["raw_findings"] += raw_finding_rows(carrying.connection, done.raw_findings)
 
     def _flush(self) -> Iterator[pa.RecordBatch]:
