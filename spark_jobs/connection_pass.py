@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 from analyzer import schema
 from analyzer.connection_analysis import ADVANCE_EVERY_ROWS, ANALYSIS_COLUMNS, ConnectionAnalysis, Settings
 from analyzer.detectors import evidence_seqs
+from analyzer.gcpause import cyclic_gc_spaced
 from analyzer.rows import dicts_to_table
 from analyzer.timeline.carry import FORMAT, Checkpoint, dump
 from analyzer.timeline.metrics import to_table as metrics_table
@@ -131,6 +132,10 @@ class ConnectionsPartition:
         self.current = None
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        with cyclic_gc_spaced():
+            yield from self._run(batches)
+
+    def _run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         current = header = None
         for batch in batches:
             for row in batch_rows(batch):
