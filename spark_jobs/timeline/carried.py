@@ -130,7 +130,8 @@ class _CarriedPartition(ConnectionsPartition):
         checkpoint, refused = None, None
         if header is not None and header.get(STORED):
             if header["checkpoint"] is None:
-                refused = "analysed whole when it had ended (closed or FIN/RST): no checkpoint"
+                # The last run kept none: it had ended, or its frame times went back (carry.py's `no_checkpoint`).
+                refused = "no checkpoint: it had ended (closed or FIN/RST) or its frame times went back"
             elif header["format"] != FORMAT:
                 refused = f"checkpoint format {header['format']}, not {FORMAT}"
             else:
