@@ -68,10 +68,19 @@ def run_pass(batches: list[pa.RecordBatch], settings: Settings) -> list[pa.Recor
     return list(_Partition(settings, None, FLUSH_RECORDS, ADVANCE_EVERY_ROWS).run(iter(batches)))
 
 
-def flat_row(row: dict) -> dict:
+# The pass's outputs added after the digest was fixed (session 20), left out of it so that digests
+# stay comparable: a flush's counts, and the files of a pass that writes its tables itself.
+UNDIGESTED = ("counts", "files")
+
+
+def flat_row(row: dict) -> dict | None:
     """A wide row (a struct per table) as the flat `table__column` row the pass gave up to session
-    13, so that digests stay comparable with the figures printed before."""
+    13, so that digests stay comparable with the figures printed before (None: an UNDIGESTED row)."""
+    if row[RECORD] in UNDIGESTED:
+        return None
     flat = {RECORD: row.pop(RECORD), ROLE: row.pop(ROLE)}
+    for table in UNDIGESTED:
+        row.pop(table)
     for table, values in row.items():
         for column in WIDE.field(table).type.names:
             flat[f"{table}__{column}"] = None if values is None else values[column]
@@ -83,7 +92,7 @@ def digests(out: list[pa.RecordBatch]) -> tuple[int, str, str]:
     checkpoints): a change of the checkpoint's shape changes only the second."""
     rows, checkpoints = [], []
     for batch in out:
-        for row in map(flat_row, batch.to_pylist()):
+        for row in filter(None, map(flat_row, batch.to_pylist())):
             checkpoints.append(repr(row.pop(CHECKPOINT)))
             rows.append(repr(row))
     return (len(rows), *(hashlib.sha256("\n".join(sorted(x)).encode()).hexdigest()[:16] for x in (rows, checkpoints)))

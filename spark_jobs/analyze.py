@@ -188,7 +188,7 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     checkpoints read only their new frames; the rest are analysed whole, their findings too."""
     if run.keys is None:
         with run.steps.step("timelines"):
-            wide, own, summary = _analysed_whole(run, all_frames, None, report)
+            wide, own, summary = _analysed_whole(run, all_frames, None, report, write_to=run.lake)
         with run.steps.step("write tables"):
             _write_whole_lake(run, wide, summary, report)
         return _Analysed(own, [], summary=summary)
@@ -259,13 +259,15 @@ def _report_carried(carried: Carried, report: AnalysisReport) -> None:
             f"{k}: {why}" for k, why in sorted(carried.fallbacks.items())[:5])
 
 
-def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None,
-                    report: AnalysisReport) -> tuple[DataFrame, _OwnFindings, PassSummary]:
+def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None, report: AnalysisReport,
+                    write_to: str | None = None) -> tuple[DataFrame, _OwnFindings, PassSummary]:
     """The pass's wide table (materialised) of these connections (None: all) from all their
     frames, in one pass of the reference state machine (connection_pass.py): the per-connection
-    tables, checkpoints and findings about one connection; and what it holds."""
+    tables, checkpoints and findings about one connection; and what it holds. `write_to`: the
+    lake whose timeline tables the pass writes itself (a full run's, which replaces them)."""
     connections = run.connections if keys is None else of_connections(run.connections, keys)
-    wide, summary = summarised_pass(connection_pass(frames, connections, run.settings, run.plan.frames_version))
+    wide, summary = summarised_pass(connection_pass(frames, connections, run.settings, run.plan.frames_version,
+                                                    write_to=write_to))
     report.frames += summary.frames
     report.connections += summary.connections
     return wide, _OwnFindings(pass_rows(wide, "raw_findings"), summary.rows["raw_findings"], frames), summary
@@ -281,14 +283,17 @@ def _pass_tables(run: _Run, wide: DataFrame, summary: PassSummary) -> dict[str, 
 
 
 def _write_whole_lake(run: _Run, wide: DataFrame, summary: PassSummary, report: AnalysisReport) -> None:
-    """A full run's per-connection tables and checkpoints, each replacing its table in one commit,
-    straight from the pass's wide table: every table written in one Spark job (wide_writes.py)."""
-    tables = {name: OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE) for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
-    adds = write_wide(with_metrics_redone(wide, summary.metrics_redo, run.bucket_seconds), run.lake, tables)
-    for name, table_schema in tables.items():
-        commit(os.path.join(run.lake, name), table_schema, adds[name], schema.PARTITION_BY, mode="overwrite",
-               tag=commit_tag(run.spark))
-    report.rows = {name: sum(json.loads(add.stats)["numRecords"] for add in adds[name])
+    """A full run's per-connection tables and checkpoints, each replacing its table in one commit:
+    the timeline tables' files the pass wrote itself, the rest straight from its wide table, in one
+    Spark job (wide_writes.py)."""
+    written = {name: OUTPUT_TABLES[name] for name in TIMELINE_TABLES}
+    tables = {name: OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE) for name in ["channel_metrics", STATE_TABLE]}
+    adds = write_wide(with_metrics_redone(wide, summary.metrics_redo, run.bucket_seconds, written_to=run.lake),
+                      run.lake, tables, written=pass_rows(wide, "files"))
+    for name, table_schema in {**written, **tables}.items():
+        commit(os.path.join(run.lake, name), table_schema, adds.get(name, []), schema.PARTITION_BY,
+               mode="overwrite", tag=commit_tag(run.spark))
+    report.rows = {name: sum(json.loads(add.stats)["numRecords"] for add in adds.get(name, []))
                    for name in PER_CONNECTION_TABLES}
 
 

@@ -32,14 +32,16 @@ from analyzer.gcpause import cyclic_gc_spaced
 from analyzer.rows import dicts_to_table
 from analyzer.timeline.carry import FORMAT, Checkpoint, dump
 from analyzer.timeline.metrics import to_table as metrics_table
+from analyzer.timeline.records import Delivery
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
-from .detectors.messages import came_back, can_loop
+from .detectors.messages import came_back_record, can_loop_record
 from .provisional import flagged, metric_flags, open_buckets
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 from .timeline.plans import measured
 from .timeline.wide import RECORD, column, from_wide, to_wide, wide_schema
 from .types import spark_schema
+from .wide_writes import FILES, FilesWriter
 
 # A header row sorts before every frame of its connection (frame seqs count from 1).
 HEADER_SEQ = -1
@@ -49,9 +51,12 @@ TALLY = pa.schema([("connection_id", pa.string()), ("frames", pa.int64()), ("met
 # connection row (JSON, for findings.finish_raw), and the frame seqs its evidence names.
 RAW_FINDINGS = pa.schema([("connection_id", pa.string()), ("connection", pa.string()), ("finding", pa.string()),
                           ("seqs", pa.list_(pa.int64()))])
+# Of the deliveries out of one flush: how many the cross-connection kinds can start from, and how
+# many make their message a candidate for requeue_loop (detectors/messages.py).
+COUNTS = pa.schema([("came_back", pa.int64()), ("can_loop", pa.int64())])
 STATE_TABLE = "analysis_state"
 PASS_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "raw_findings": RAW_FINDINGS,
-               STATE_TABLE: schema.ANALYSIS_STATE, "tally": TALLY}
+               STATE_TABLE: schema.ANALYSIS_STATE, "tally": TALLY, "counts": COUNTS, "files": FILES}
 WIDE = wide_schema(PASS_TABLES)
 # The pass's outputs counted by summarised_pass: the tables of the lake, and the findings before their packets.
 TABLE_NAMES = (*TIMELINE_TABLES, "channel_metrics", "raw_findings", STATE_TABLE)
@@ -62,15 +67,20 @@ FLUSH_RECORDS = 50_000
 
 def connection_pass(frames: DataFrame, connections: DataFrame, settings: Settings, frames_version: int | None,
                     partitions: int | None = None, flush_records: int = FLUSH_RECORDS,
-                    advance_every: int = ADVANCE_EVERY_ROWS) -> DataFrame:
+                    advance_every: int = ADVANCE_EVERY_ROWS, write_to: str | None = None) -> DataFrame:
     """The wide table (PASS_TABLES) of every connection in `frames` (schema.FRAMES, or at least
     ANALYSIS_COLUMNS). `connections`: schema.CONNECTIONS rows (any number; those without frames
-    here are skipped)."""
+    here are skipped).
+
+    `write_to`: a lake whose four timeline tables the tasks write themselves (uncommitted Parquet
+    files, wide_writes.FilesWriter; their `files` rows in the wide table), a full run's: the
+    records then never become Spark rows, which cost the pass and its writes ~30% of their time on
+    the 1 M-frame bench lake (materialised, read back, handed to Python again)."""
     spark = frames.sparkSession
     partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
 
     def run_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return _Partition(settings, frames_version, flush_records, advance_every).run(batches)
+        return _Partition(settings, frames_version, flush_records, advance_every, write_to).run(batches)
 
     rows = frames.select(*ANALYSIS_COLUMNS).unionByName(headers(connections), allowMissingColumns=True)
     return (rows.repartition(partitions, "connection_id")
@@ -108,16 +118,20 @@ def summarised_pass(wide: DataFrame) -> tuple[DataFrame, PassSummary]:
     """The pass's wide table materialised, and what it holds, taken while it is computed: one Spark
     job in all."""
     is_tally = F.col(RECORD) == "tally"
+    # A table's rows are in the wide table, or in files the pass wrote (its `files` rows).
+    in_files = F.get_json_object(column("files", "stats"), "$.numRecords").cast("bigint")
     done, seen = measured(
         wide, **{f"rows_{name}": F.count(F.when(F.col(RECORD) == name, True)) for name in TABLE_NAMES},
+        **{f"files_{name}": F.sum(F.when(column("files", "table") == name, in_files)) for name in TIMELINE_TABLES},
         connections=F.count(F.when(is_tally, True)),
         frames=F.sum(column("tally", "frames")),
         redo=F.collect_list(F.when(column("tally", "metrics_redo").isNotNull(), column("tally", "connection_id"))),
-        came_back=F.count(F.when(came_back("deliveries"), True)),
-        can_loop=F.count(F.when(can_loop("deliveries"), True)))
-    return done, PassSummary({name: seen[f"rows_{name}"] for name in TABLE_NAMES}, frames=seen["frames"] or 0,
-                             connections=seen["connections"], metrics_redo=sorted(seen["redo"]),
-                             came_back=seen["came_back"], can_loop=seen["can_loop"])
+        came_back=F.sum(column("counts", "came_back")),
+        can_loop=F.sum(column("counts", "can_loop")))
+    rows = {name: seen[f"rows_{name}"] + (seen.get(f"files_{name}") or 0) for name in TABLE_NAMES}
+    return done, PassSummary(rows, frames=seen["frames"] or 0, connections=seen["connections"],
+                             metrics_redo=sorted(seen["redo"]), came_back=seen["came_back"] or 0,
+                             can_loop=seen["can_loop"] or 0)
 
 
 class ConnectionsPartition:
@@ -174,8 +188,12 @@ class ConnectionsPartition:
 class _Partition(ConnectionsPartition):
     """The pass over whole connections: each through ConnectionAnalysis, records out in batches."""
 
-    def __init__(self, settings: Settings, frames_version: int | None, flush_records: int, advance_every: int):
+    def __init__(self, settings: Settings, frames_version: int | None, flush_records: int, advance_every: int,
+                 write_to: str | None = None):
         super().__init__(flush_records)
+        # The timeline tables' writers when the pass writes them itself (connection_pass's `write_to`).
+        self.writers = {name: FilesWriter(write_to, name, table_schema)
+                        for name, table_schema in TIMELINE_TABLES.items()} if write_to else None
         self.settings, self.frames_version, self.advance_every = settings, frames_version, advance_every
         # Emptied in place by each flush, never replaced: a connection's machine keeps appending to them.
         self.records: list = []
@@ -204,12 +222,26 @@ class _Partition(ConnectionsPartition):
             self.open_buckets[timeline.id] = open_buckets(done.checkpoint)
         self.rows[STATE_TABLE].append(state_row(done.checkpoint, timeline, self.frames_version))
 
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from super().run(batches)
+        if self.writers is not None:
+            files = pa.Table.from_batches([writer.files() for writer in self.writers.values()], schema=FILES)
+            yield from to_wide(WIDE, [("files", None, files)]).to_batches()
+
     def _flush(self) -> Iterator[pa.RecordBatch]:
         if not (self.records or self.open_records or self.metrics or any(self.rows.values())):
             return
-        parts = [(name, None, pa.concat_tables([flagged(to_table(self.records, record_type), False),
-                                                flagged(to_table(self.open_records, record_type), True)]))
-                 for name, record_type in RECORD_TYPES.items()]
+        deliveries = [x for x in (*self.records, *self.open_records) if type(x) is Delivery]
+        parts = [("counts", None, pa.Table.from_pylist([{"came_back": sum(map(came_back_record, deliveries)),
+                                                         "can_loop": sum(map(can_loop_record, deliveries))}],
+                                                       schema=COUNTS))]
+        for name, record_type in RECORD_TYPES.items():
+            rows = pa.concat_tables([flagged(to_table(self.records, record_type), False),
+                                     flagged(to_table(self.open_records, record_type), True)])
+            if self.writers is None:
+                parts.append((name, None, rows))
+            else:
+                self.writers[name].add(rows.select(TIMELINE_TABLES[name].names))
         parts += [("channel_metrics", None, flagged(metrics_table(self.metrics),
                                                     metric_flags(self.metrics, self.open_buckets))),
                   ("raw_findings", None, pa.Table.from_pylist(self.rows["raw_findings"], schema=RAW_FINDINGS)),

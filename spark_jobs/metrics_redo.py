@@ -2,16 +2,20 @@
 pass streams metric rows out as their buckets become final, and a frame older than a bucket
 already out would change it (analyzer/timeline/metrics.py raises HorizonError rather than write a
 wrong row). Rare (merged captures, a clock stepped back), so it is a second, small grouped call
-over the records the pass wrote, only for those connections.
+over the records the pass wrote, only for those connections: from its wide table, or from the
+files it wrote itself (a full run's pass, connection_pass's `write_to`).
 """
 
 from __future__ import annotations
+
+from functools import reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from analyzer.schema import PARTITION_BY
 from analyzer.timeline.carry import load
 from analyzer.timeline.metrics import channel_metrics, to_table
 from analyzer.timeline.tables import RECORD_TYPES
@@ -19,7 +23,7 @@ from analyzer.timeline.tables import RECORD_TYPES
 from .connection_pass import STATE_TABLE
 from .provisional import flagged, metric_flags, open_buckets
 from .timeline.plans import materialised
-from .timeline.tables import CHANNEL_METRICS
+from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 from .timeline.wide import RECORD, as_wide, column, from_wide, records_from_wide
 from .types import spark_schema
 
@@ -27,21 +31,48 @@ from .types import spark_schema
 METRIC_RECORDS = ("deliveries", "publishes", "channels")
 
 
-def pass_channel_metrics(wide: DataFrame, redo: list[str], bucket_seconds: int) -> DataFrame:
+def pass_channel_metrics(wide: DataFrame, redo: list[str], bucket_seconds: int,
+                         written_to: str | None = None) -> DataFrame:
     """The channel_metrics of the pass's (materialised) wide table: as streamed, except for the
     connections in `redo` (connection_pass.PassSummary.metrics_redo), computed again."""
-    metrics = from_wide(with_metrics_redone(wide, redo, bucket_seconds), "channel_metrics", CHANNEL_METRICS)
+    metrics = from_wide(with_metrics_redone(wide, redo, bucket_seconds, written_to), "channel_metrics",
+                        CHANNEL_METRICS)
     return materialised(metrics) if redo else metrics
 
 
-def with_metrics_redone(wide: DataFrame, redo: list[str], bucket_seconds: int) -> DataFrame:
+def with_metrics_redone(wide: DataFrame, redo: list[str], bucket_seconds: int,
+                        written_to: str | None = None) -> DataFrame:
     """The pass's (materialised) wide table, the channel_metrics rows of the connections in `redo`
-    computed again (the other rows as they are)."""
+    computed again (the other rows as they are). `written_to`: the lake the pass wrote its
+    timeline tables to itself (its `files` rows name them), if it did."""
     if not redo:
         return wide
     streamed = ~((F.col(RECORD) == "channel_metrics") & column("channel_metrics", "connection_id").isin(*redo))
-    return wide.where(streamed).unionByName(as_wide(metrics_again(wide, redo, bucket_seconds), "channel_metrics",
+    records = wide if written_to is None else wide.unionByName(_written_records(wide, written_to, redo))
+    return wide.where(streamed).unionByName(as_wide(metrics_again(records, redo, bucket_seconds), "channel_metrics",
                                                     wide.schema))
+
+
+def _written_records(wide: DataFrame, lake: str, connection_ids: list[str]) -> DataFrame:
+    """The records channel_metrics reads of these connections, from the files the pass wrote (not
+    committed yet), as rows of the wide table."""
+    spark = wide.sparkSession
+    files = (wide.where(F.col(RECORD) == "files")
+             .select(column("files", "table").alias("table"), column("files", "path").alias("path")).collect())
+    parts = []
+    for name in METRIC_RECORDS:
+        stored = TIMELINE_TABLES[name]
+        paths = [f"{lake.rstrip('/')}/{name}/{file['path']}" for file in files if file["table"] == name]
+        if not paths:
+            continue
+        # The files hold every column but the `date` partition's (Delta keeps it in the log), which
+        # channel_metrics does not read.
+        data = pa.schema([field for field in stored if field.name not in PARTITION_BY])
+        rows = spark.read.schema(spark_schema(data)).parquet(*paths).where(F.col("connection_id").isin(*connection_ids))
+        rows = rows.select(*[F.col(f.name) if f.name in data.names else F.lit(None).cast("string").alias(f.name)
+                             for f in stored])
+        parts.append(as_wide(rows, name, wide.schema))
+    return reduce(DataFrame.unionByName, parts) if parts else wide.limit(0)
 
 
 def metrics_again(wide: DataFrame, connection_ids: list[str], bucket_seconds: int) -> DataFrame:

@@ -10,9 +10,11 @@ Spark run takes many connections at once (a Spark job costs seconds whatever its
 import gc
 import glob
 import os
+import tempfile
 from types import SimpleNamespace
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -64,16 +66,23 @@ def small_batches(spark):
 
 
 def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, partitions: int,
-             flush_records: int = 50_000, advance_every: int = 4096):
+             flush_records: int = 50_000, advance_every: int = 4096, write_to: str | None = None):
+    """The pass's tables; `write_to`: a folder the pass writes the timeline tables to itself (a
+    full run's), read back from the files it names."""
     # combine_chunks: Spark 4.2 drops every chunk after an empty one of a chunked Arrow table.
     frames_df = spark.createDataFrame(frames.combine_chunks())
     wide, summary = summarised_pass(connection_pass(
         frames_df, spark.createDataFrame(connections.combine_chunks()),
         Settings(BUCKET_SECONDS, overdue_ns, LAB_THRESHOLDS), frames_version=7,
-        partitions=partitions, flush_records=flush_records, advance_every=advance_every))
-    got = {name: pass_rows(wide, name).toArrow().sort_by([(k, "ascending") for k in KEYS[name]])
-           for name in TIMELINE_TABLES}
-    got["channel_metrics"] = pass_channel_metrics(wide, summary.metrics_redo, BUCKET_SECONDS).toArrow().sort_by(
+        partitions=partitions, flush_records=flush_records, advance_every=advance_every, write_to=write_to))
+    if write_to is None:
+        got = {name: pass_rows(wide, name).toArrow() for name in TIMELINE_TABLES}
+    else:
+        assert all(pass_rows(wide, name).count() == 0 for name in TIMELINE_TABLES)
+        got = written_tables(pass_rows(wide, "files").toArrow().to_pylist(), write_to)
+    got = {name: table.sort_by([(k, "ascending") for k in KEYS[name]]) for name, table in got.items()}
+    got["channel_metrics"] = pass_channel_metrics(wide, summary.metrics_redo, BUCKET_SECONDS,
+                                                  write_to).toArrow().sort_by(
         [(k, "ascending") for k in KEYS["channel_metrics"]])
     got["findings"] = finished_findings(pass_rows(wide, "raw_findings"), frames_df).toArrow().to_pylist()
     states = {row["connection_id"]: row for row in pass_rows(wide, STATE_TABLE).toArrow().to_pylist()}
@@ -88,6 +97,20 @@ def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, pa
     assert summary.can_loop == sum(1 for d in known
                                    if d["outcome"] in ("nack", "reject") or (d["x_death_count"] or 0) > 0)
     return got, states, tally, summary.metrics_redo
+
+
+def written_tables(files: list[dict], folder: str) -> dict[str, pa.Table]:
+    """The timeline tables in the files a pass wrote (FILES rows), each file's `date` (a partition
+    value, not in the file) put back."""
+    tables = {}
+    for name, table_schema in TIMELINE_TABLES.items():
+        parts = [table_schema.empty_table()]
+        for file in (f for f in files if f["table"] == name):
+            data = pq.read_table(os.path.join(folder, name, file["path"]))
+            data = data.append_column("date", pa.array([file["date"]] * data.num_rows, pa.string()))
+            parts.append(data.select(table_schema.names).cast(table_schema))
+        tables[name] = pa.concat_tables(parts)
+    return tables
 
 
 def expected_outputs(frames: list[dict], connections: list[dict], overdue_ns: int) -> dict:
@@ -179,7 +202,7 @@ def _by_connection(rows: list[dict]) -> dict:
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck),
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(data=st.data())
-def test_the_pass_equals_the_reference_model_on_random_traffic(spark, small_batches, data):
+def test_the_pass_equals_the_reference_model_on_random_traffic(spark, small_batches, tmp_path_factory, data):
     """12 connections of random traffic (tests/variants.py's damage, flow control, uneven clocks)."""
     frames, connections = random_connections(data, 12)
     frames = [{c: row.get(c) for c in FRAME_COLUMNS} for row in frames]
@@ -189,7 +212,9 @@ def test_the_pass_equals_the_reference_model_on_random_traffic(spark, small_batc
                                   connection_table(connections), OVERDUE_NS,
                                   partitions=data.draw(st.sampled_from([1, 3, 8]), label="partitions"),
                                   flush_records=data.draw(st.sampled_from([1, 3, 50_000]), label="flush"),
-                                  advance_every=data.draw(st.sampled_from([1, 7, 4096]), label="advance"))
+                                  advance_every=data.draw(st.sampled_from([1, 7, 4096]), label="advance"),
+                                  write_to=tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
+                                  if data.draw(st.booleans(), label="the pass writes its tables") else None)
     assert_same_tables(got, expected_outputs(frames, connections, OVERDUE_NS), states)
     by_connection = _by_connection(frames)
     assert tally == {k: len(v) for k, v in by_connection.items()}
@@ -197,7 +222,8 @@ def test_the_pass_equals_the_reference_model_on_random_traffic(spark, small_batc
 
 
 def test_the_pass_equals_the_reference_model_on_recorded_captures(spark, tmp_path, corpus_dir):
-    """Every example and every capture of the public corpus, in one run."""
+    """Every example and every capture of the public corpus, in one run, as a full run makes it:
+    the pass writes its timeline tables itself."""
     captures = sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))
     captures += sorted(p for p in glob.glob(os.path.join(corpus_dir, "**", "*"), recursive=True)
                        if p.endswith((".pcap", ".pcapng")))
@@ -206,7 +232,7 @@ def test_the_pass_equals_the_reference_model_on_recorded_captures(spark, tmp_pat
     frames = lake.read_table(str(tmp_path), "frames", schema.FRAMES).select(FRAME_COLUMNS)
     connections = lake.read_table(str(tmp_path), "connections", schema.CONNECTIONS)
     got, states, tally, _redo = run_pass(spark, frames, connections, 60 * 10**9, partitions=4, flush_records=5,
-                                  advance_every=3)
+                                         advance_every=3, write_to=str(tmp_path / "written"))
     assert_same_tables(got, expected_outputs(frames.to_pylist(), connections.to_pylist(), 60 * 10**9), states)
     by_connection = _by_connection(frames.to_pylist())
     assert tally == {k: len(v) for k, v in by_connection.items()}
@@ -217,10 +243,12 @@ def connection_table(rows: list[dict]) -> pa.Table:
     return dicts_to_table(rows, schema.CONNECTIONS, schema.CONNECTION_TIMESTAMPS, schema.CONNECTION_DATE_FROM)
 
 
-def test_frame_times_going_back_make_the_metrics_of_that_connection_computed_again(spark, tmp_path):
+@pytest.mark.parametrize("writes", [False, True], ids=["rows out", "the pass writes its tables"])
+def test_frame_times_going_back_make_the_metrics_of_that_connection_computed_again(spark, tmp_path, writes):
     """A capture whose clock steps back (merged captures): the streamed metric rows of the buckets
     already out would be wrong, so that connection's channel_metrics are computed from all its
-    records after the pass; the other connections keep their streamed rows."""
+    records after the pass (read back from the files, when the pass wrote them itself); the other
+    connections keep their streamed rows."""
     for capture in sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))[:4]:
         ingest_file(capture, str(tmp_path))
     frames = lake.read_table(str(tmp_path), "frames", schema.FRAMES).select(FRAME_COLUMNS).to_pylist()
@@ -233,7 +261,8 @@ def test_frame_times_going_back_make_the_metrics_of_that_connection_computed_aga
               else row for row in frames]
     connections = lake.read_table(str(tmp_path), "connections", schema.CONNECTIONS)
     got, states, _tally, redo = run_pass(spark, pa.Table.from_pylist(frames, schema=INPUT_SCHEMA), connections,
-                                         60 * 10**9, partitions=2, advance_every=1)
+                                         60 * 10**9, partitions=2, advance_every=1,
+                                         write_to=str(tmp_path / "written") if writes else None)
     assert redo == [stepped]
     assert_same_tables(got, expected_outputs(frames, connections.to_pylist(), 60 * 10**9), states)
 

@@ -17,6 +17,7 @@ import glob
 import json
 import os
 from datetime import datetime, timezone
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
@@ -27,9 +28,11 @@ from analyzer.detectors.common import EVIDENCE as VOCABULARY
 from analyzer.ingest import ingest_file
 from analyzer.rows import dicts_to_table
 from analyzer.timeline import replay_frames
+from analyzer.timeline.records import DELIVERY_OUTCOMES
 from spark_jobs.detectors import DETECTORS, INPUTS, SEVERITY, detect
 from spark_jobs.detectors.scoped import message_kinds_deliveries
 from spark_jobs.detectors.common import EVIDENCE
+from spark_jobs.detectors.messages import can_loop, can_loop_record
 from spark_jobs.detectors.scoped import ACROSS_CONNECTIONS
 from spark_jobs.thresholds import Thresholds
 from spark_jobs.types import spark_schema
@@ -299,3 +302,21 @@ def test_the_expectations_check_catches_misses_and_forbidden_kinds():
     assert len(found) == 3 and "count >= 5, found 4" in found[0]
     assert problems([dict(finding, count=5)], {"expect": expected["expect"]}) == []
     assert problems([dict(finding, channel=2, count=9)], {"expect": expected["expect"]}) != []
+
+
+def test_the_pass_counts_candidates_for_requeue_loop_as_the_spark_filter_picks_them(spark):
+    """The pass counts `can_loop` deliveries on its records (a full run's pass writes them as files,
+    never as Spark rows); the message kinds pick the same deliveries with the Spark column. Every
+    combination of what the two read."""
+    rows = [dict(message_identity=identity, outcome=outcome, x_death_count=x_death, redelivered=redelivered)
+            for identity in (None, "m1")
+            for outcome in DELIVERY_OUTCOMES
+            for x_death in (None, 0, 2)
+            for redelivered in (None, False, True)]
+    table = spark.createDataFrame(rows, "message_identity string, outcome string, x_death_count int, "
+                                        "redelivered boolean")
+    picked = table.withColumn("picked", can_loop()).orderBy(*table.columns).collect()
+    assert len(picked) == len(rows)
+    assert {row["picked"] is True for row in picked} == {True, False}
+    for row in picked:
+        assert can_loop_record(SimpleNamespace(**row.asDict())) is (row["picked"] is True), row

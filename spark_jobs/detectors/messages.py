@@ -9,13 +9,10 @@ x-death count after a dead-lettering.
 
 from __future__ import annotations
 
-from functools import partial
-
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from spark_jobs.thresholds import Thresholds
-from spark_jobs.timeline.wide import column
 
 from .common import INCARNATION, MAX_EVIDENCE, connection_facts, evidence, firsts, ranked, raw_finding
 
@@ -25,27 +22,24 @@ BOUNCED_BY = ("nack", "reject")
 CLOSED = ("channel_closed", "connection_closed")
 
 
-def came_back(table: str | None = None) -> Column:
-    """Deliveries of a known message the broker says it had delivered before (redelivered, or
-    dead-lettered before): every finding of these kinds has one, so a lake without any has none.
-    `table`: the deliveries' column in a wide table (timeline/wide.py), if they are in one."""
-    of = partial(_delivery, table=table)
-    return (of("message_identity").isNotNull()
-            & ((of("redelivered") == True) | (F.coalesce(of("x_death_count"), F.lit(0)) > 0)))  # noqa: E712
+def came_back_record(d) -> bool:
+    """A Delivery record (analyzer/timeline/records.py) of a known message the broker says it had
+    delivered before (redelivered, or dead-lettered before): every finding of these kinds has one,
+    so a lake without any has none. The pass counts them (connection_pass.py)."""
+    return d.message_identity is not None and (d.redelivered is True or (d.x_death_count or 0) > 0)
 
 
-def can_loop(table: str | None = None) -> Column:
+def can_loop() -> Column:
     """Deliveries of a known message that make it a candidate for requeue_loop: bounced by the
-    consumer, or dead-lettered before. A message none of whose deliveries is one is in no loop.
-    `table`: as for `came_back`."""
-    of = partial(_delivery, table=table)
-    return (of("message_identity").isNotNull()
-            & (of("outcome").isin(*BOUNCED_BY) | (F.coalesce(of("x_death_count"), F.lit(0)) > 0)))
+    consumer, or dead-lettered before. A message none of whose deliveries is one is in no loop."""
+    return (F.col("message_identity").isNotNull()
+            & (F.col("outcome").isin(*BOUNCED_BY) | (F.coalesce(F.col("x_death_count"), F.lit(0)) > 0)))
 
 
-def _delivery(name: str, table: str | None) -> Column:
-    """A deliveries column: of a wide table's `table` struct, or (None) of the deliveries table."""
-    return F.col(name) if table is None else column(table, name)
+def can_loop_record(d) -> bool:
+    """`can_loop` of one Delivery record, as the pass counts them (tests/test_detectors.py holds the
+    two to the same answers)."""
+    return d.message_identity is not None and (d.outcome in BOUNCED_BY or (d.x_death_count or 0) > 0)
 
 
 def left_at_close() -> Column:
