@@ -9,7 +9,9 @@ frames is never held whole: records and metric rows leave as Arrow batches as th
 Out of the one pass come, as one wide table (wide.py; Spark takes one output schema per call): the
 four timeline tables, channel_metrics, the connection's findings (raw: the capture packets of their
 evidence are looked up afterwards, evidence_packets.py), each connection's checkpoint for the next
-incremental run (`analysis_state`) and a tally of the frames read.
+incremental run (`analysis_state`), a tally of the frames read and each flush's count of the
+deliveries the message kinds can start from. A full run's pass writes the four timeline tables as
+Parquet files itself (`write_to`) and hands on only the files' rows in their place.
 
 Connections are independent, so the work scales out by partition; a hot connection is one task.
 """
