@@ -175,6 +175,19 @@ class TableWriter:
                                                             "nullCount": {column: flags.null_count}}))
         return parts
 
+    def take_back(self, relative: str) -> pa.Table:
+        """A file written so far, out of the next commit and deleted: its rows, in the writer's
+        schema (its `date` from the folder it was in)."""
+        (action,) = [a for a in self.actions if a.path == relative]
+        self.actions.remove(action)
+        full = f"{self.root}/{relative}"
+        rows = pq.read_table(full, filesystem=self.fs, partitioning=None)
+        self.fs.delete_file(full)
+        self.rows -= rows.num_rows
+        date = action.partition_values["date"]
+        rows = rows.append_column("date", pa.array([date] * rows.num_rows, pa.string()))
+        return rows.select(self.schema.names).cast(self.schema)
+
     def files(self) -> list[tuple]:
         """The files written so far, as plain tuples another process can hand to `adopt()`."""
         return [(a.path, a.size, dict(a.partition_values), a.modification_time, a.stats) for a in self.actions]

@@ -52,6 +52,7 @@ from spark_jobs.steps import Steps
 from spark_jobs.table_files import commit
 from spark_jobs.stored_findings import stored_raw_findings
 from spark_jobs.thresholds import Thresholds
+from spark_jobs.types import spark_schema
 from spark_jobs.connection_pass import STATE_TABLE, PassSummary, connection_pass, pass_rows, summarised_pass
 from spark_jobs.timeline.plans import first_day, first_seen, joined_by_shuffle, materialised, of_connections
 from spark_jobs.timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
@@ -208,27 +209,29 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
         for name in outputs:
             outputs[name].append(tables[name])
     if carried is not None:
-        for name in outputs:
-            outputs[name].append(carried.tables[name])
+        for name, rows in carried.tables.items():
+            outputs[name].append(rows)
     analysed_whole = [connections_match(run.spark, whole_keys)] if whole_keys else []
     with run.steps.step("write tables"):
         _write_tables(run, outputs, analysed_whole, carried, report, summary.rows if summary else {})
     carried_keys = sorted(set(run.keys) - set(whole_keys)) if carried is not None else []
     if carried is None or not carried_keys:
         return _Analysed(own, carried_keys)
-    return _Analysed(own, carried_keys, carried_deliveries=carried.tables["deliveries"],
+    return _Analysed(own, carried_keys, carried_deliveries=carried.deliveries,
                      carried_findings=carried.raw_findings, carried_findings_rows=carried.raw_rows)
 
 
 def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carried | None,
                   report: AnalysisReport, whole_rows: dict[str, int]) -> None:
     """Each table's rows of these connections replaced, in its own commit; the files to rewrite
-    found and every table's rows written in two Spark jobs for all of them (delta_io.replace_all)."""
+    found and every table's rows written in two Spark jobs for all of them (delta_io.replace_all),
+    with the files the carried pass wrote."""
     narrowed = _provisional_only(run, analysed_whole)
     replacements = {}
     for name, parts in outputs.items():
-        rows = reduce(DataFrame.unionByName, parts)
         table_schema = OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE)
+        rows = (reduce(DataFrame.unionByName, parts) if parts
+                else run.spark.createDataFrame([], spark_schema(table_schema)))
         if name in narrowed:
             # The rows named by carried.matches are then exactly these (provisional.py): no key join.
             replacements[name] = Replacement(rows, table_schema, [
@@ -236,7 +239,7 @@ def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carri
         else:
             matches = analysed_whole + (carried.matches[name] if carried is not None else [])
             replacements[name] = Replacement(rows, table_schema, matches)
-    replace_all(run.lake, replacements, delta_mode=run.mode)
+    replace_all(run.lake, replacements, written=carried.written if carried is not None else None)
     report.rows = {name: whole_rows.get(name, 0) + (carried.rows[name] if carried is not None else 0)
                    for name in outputs if name != STATE_TABLE}
 
@@ -326,7 +329,7 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
             if analysed.own is not None:
                 findings = analysed.own.finished().unionByName(findings)
             findings = materialised(findings)
-        replace_matching(findings, run.lake, "findings", schema.FINDINGS, rescoped.replaces, delta_mode=run.mode)
+        replace_matching(findings, run.lake, "findings", schema.FINDINGS, rescoped.replaces)
     else:
         if analysed is not None and run.keys is None:
             _full_run_findings(run, analysed, inputs, thresholds)

@@ -43,7 +43,7 @@ from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 from .timeline.plans import measured
 from .timeline.wide import RECORD, column, from_wide, to_wide, wide_schema
 from .types import spark_schema
-from .wide_writes import FILES, FilesWriter
+from .wide_writes import FILE_ROWS, FILES, FilesWriter
 
 # A header row sorts before every frame of its connection (frame seqs count from 1).
 HEADER_SEQ = -1
@@ -141,15 +141,26 @@ class ConnectionsPartition:
     frames in seq order, handed on one connection after the other: `_start` makes what takes a
     connection's rows (anything with `connection_id` and `feed(row)`), `_finish` ends it, and what
     they gather leaves through `_flush` (Arrow batches) once `_buffered()` reaches `flush_records`,
-    checked between Arrow batches. `current` is the connection being fed."""
+    checked between Arrow batches. `current` is the connection being fed.
 
-    def __init__(self, flush_records: int):
+    With `write_to` (a lake), the four timeline tables' rows go to `writers` (files the task writes
+    itself, wide_writes.FilesWriter, `file_rows` rows each) instead of the wide table `wide`, and
+    the partition's files leave last, as `files` rows."""
+
+    wide: pa.Schema
+
+    def __init__(self, flush_records: int, write_to: str | None = None, file_rows: int = FILE_ROWS):
         self.flush_records = flush_records
         self.current = None
+        self.writers = {name: FilesWriter(write_to, name, table_schema, file_rows)
+                        for name, table_schema in TIMELINE_TABLES.items()} if write_to else None
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         with cyclic_gc_spaced():
             yield from self._run(batches)
+        if self.writers is not None:
+            files = pa.Table.from_batches([writer.files() for writer in self.writers.values()], schema=FILES)
+            yield from to_wide(self.wide, [("files", None, files)]).to_batches()
 
     def _run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         current = header = None
@@ -190,12 +201,11 @@ class ConnectionsPartition:
 class _Partition(ConnectionsPartition):
     """The pass over whole connections: each through ConnectionAnalysis, records out in batches."""
 
+    wide = WIDE
+
     def __init__(self, settings: Settings, frames_version: int | None, flush_records: int, advance_every: int,
                  write_to: str | None = None):
-        super().__init__(flush_records)
-        # The timeline tables' writers when the pass writes them itself (connection_pass's `write_to`).
-        self.writers = {name: FilesWriter(write_to, name, table_schema)
-                        for name, table_schema in TIMELINE_TABLES.items()} if write_to else None
+        super().__init__(flush_records, write_to)
         self.settings, self.frames_version, self.advance_every = settings, frames_version, advance_every
         # Emptied in place by each flush, never replaced: a connection's machine keeps appending to them.
         self.records: list = []
@@ -223,12 +233,6 @@ class _Partition(ConnectionsPartition):
         if done.checkpoint is not None:
             self.open_buckets[timeline.id] = open_buckets(done.checkpoint)
         self.rows[STATE_TABLE].append(state_row(done.checkpoint, timeline, self.frames_version))
-
-    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from super().run(batches)
-        if self.writers is not None:
-            files = pa.Table.from_batches([writer.files() for writer in self.writers.values()], schema=FILES)
-            yield from to_wide(WIDE, [("files", None, files)]).to_batches()
 
     def _flush(self) -> Iterator[pa.RecordBatch]:
         if not (self.records or self.open_records or self.metrics or any(self.rows.values())):

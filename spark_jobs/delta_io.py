@@ -135,7 +135,7 @@ def connections_match(spark: SparkSession, keys: list[str], **also: tuple) -> Ma
 
 
 def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, matches: list[Match | Listed],
-                     delta_mode: str = "auto", provisional_only: bool = False) -> int | None:
+                     provisional_only: bool = False) -> int | None:
     """Delete the rows any of `matches` names and append the rows of `df`, in one commit.
 
     Copy-on-write, as Delta's MERGE does it: only the files holding such rows are rewritten
@@ -146,7 +146,7 @@ def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, mat
     (provisional.py), so only the files that may hold those are searched. Returns the new table
     version, or None when there was nothing to do."""
     replaced = Replacement(df, schema, matches, provisional_only)
-    return replace_all(lake, {name: replaced}, delta_mode)[name]
+    return replace_all(lake, {name: replaced})[name]
 
 
 @dataclass(frozen=True)
@@ -158,25 +158,20 @@ class Replacement:
     provisional_only: bool = False
 
 
-def replace_all(lake: str, replacements: dict[str, Replacement], delta_mode: str = "auto") -> dict[str, int | None]:
+def replace_all(lake: str, replacements: dict[str, Replacement],
+                written: dict[str, list[AddAction]] | None = None) -> dict[str, int | None]:
     """`replace_matching` of several tables (by name) at once, in two Spark jobs whatever their
     number: one finds the files holding a doomed row in every table, one writes every table's kept
-    and new rows (wide_writes.write_tables); then each table gets its commit. Returns each table's new
-    version, or None where there was nothing to do."""
+    and new rows (wide_writes.write_tables); then each table gets its commit (a missing table is
+    created by it). `written`: files of new rows already written into a table's folder (by a pass,
+    wide_writes.FilesWriter), committed with its new rows. Returns each table's new version, or
+    None where there was nothing to do."""
     if not replacements:
         return {}
     spark = next(iter(replacements.values())).rows.sparkSession
-    delta_mode = session.delta_mode(spark, delta_mode)
-    versions, searches = {}, {}
-    for name, replaced in replacements.items():
-        table = open_table(lake, name)
-        if table is None:
-            versions[name] = write_delta(replaced.rows, lake, name, replaced.schema, mode="append",
-                                         delta_mode=delta_mode)
-        else:
-            searches[name] = _Search(table, os.path.join(lake, name), replaced, spark_schema(replaced.schema))
-    if not searches:
-        return versions
+    written = written or {}
+    searches = {name: _Search(open_table(lake, name), os.path.join(lake, name), replaced,
+                              spark_schema(replaced.schema)) for name, replaced in replacements.items()}
     doomed = [search.doomed_files(name) for name, search in searches.items() if search.marked is not None]
     touched = {name: [] for name in searches}
     for row in (reduce(DataFrame.union, doomed).collect() if doomed else []):
@@ -184,19 +179,18 @@ def replace_all(lake: str, replacements: dict[str, Replacement], delta_mode: str
     adds = write_tables(lake, {name: (search.kept(sorted(touched[name])).unionByName(
                                           _schema_contract(search.replaced.rows, search.struct)), search.replaced.schema)
                                for name, search in searches.items()})
-    for name, search in searches.items():
-        versions[name] = search.commit(sorted(touched[name]), adds[name], session.commit_tag(spark))
-    return versions
+    return {name: search.commit(sorted(touched[name]), adds[name] + written.get(name, []), session.commit_tag(spark))
+            for name, search in searches.items()}
 
 
 class _Search:
     """One table of `replace_all`: its current rows marked doomed or not (`marked`; None when no
     file can hold a doomed row)."""
 
-    def __init__(self, table: DeltaTable, location: str, replaced: Replacement, struct: T.StructType):
+    def __init__(self, table: DeltaTable | None, location: str, replaced: Replacement, struct: T.StructType):
         self.table, self.location, self.replaced, self.struct = table, location, replaced, struct
-        self.logged = snapshot_files(table)
-        searched = files_with_provisional_rows(table) if replaced.provisional_only else None
+        self.logged = snapshot_files(table) if table is not None else {}
+        searched = files_with_provisional_rows(table) if table is not None and replaced.provisional_only else None
         self.marked = None
         if self.logged and replaced.matches and searched != set():
             spark = replaced.rows.sparkSession
@@ -222,6 +216,9 @@ class _Search:
         return self.marked.where(F.col("_file").isin(*touched) & ~F.col("_doomed")).select(*self.struct.names)
 
     def commit(self, touched: list[str], adds: list[AddAction], tag: str | None) -> int | None:
+        if self.table is None:
+            commit(self.location, self.replaced.schema, adds, PARTITION_BY, tag=tag)
+            return self._version()
         if not adds and not touched:
             return None
         now = int(time.time() * 1000)
@@ -231,6 +228,9 @@ class _Search:
         # A concurrent writer removing one of these files makes this commit fail rather than lose its rows.
         self.table.create_write_transaction([*removes, *adds], mode="append", schema=self.replaced.schema,
                                             partition_by=PARTITION_BY, commit_properties=commit_properties(tag))
+        return self._version()
+
+    def _version(self) -> int:
         return open_table(os.path.dirname(self.location), os.path.basename(self.location)).version()
 
 

@@ -13,6 +13,10 @@ their new frames are read. What they write, and which stored rows that replaces:
   connection whose new frames would change one to the whole-connection path.
 - analysis_state: the connection's checkpoint (its timeline and its detectors' state).
 
+The pass writes the rows of the four timeline tables to write as files itself (uncommitted, as a
+full run's pass does: `written`, committed by the caller with the rows they replace deleted); the
+rest are Spark rows of its wide table.
+
 Their findings about one connection come out of the same pass (`raw_findings`), from the
 detectors resumed from the checkpoint: nothing of the connection's history is read again.
 
@@ -22,8 +26,10 @@ whole-connection path.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
+from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -36,14 +42,17 @@ from .timeline.carried import CARRIED_TABLES, ROLES, STALE, WRITE, carried_rows,
 from .timeline.plans import measured, of_connections
 from .timeline.wide import RECORD, ROLE, column
 from .timeline.tables import TIMELINE_TABLES
+from .wide_writes import add_actions, read_written
 
 INCARNATION = ["connection_id", "channel", "incarnation"]
 
 
 @dataclass
 class Carried:
-    tables: dict[str, DataFrame]          # rows to write, per table (analysis_state included)
-    rows: dict[str, int]                  # how many, per table
+    tables: dict[str, DataFrame]          # rows to write as Spark rows, per table (channel_metrics, analysis_state)
+    written: dict[str, list[AddAction]]   # the files of the timeline tables' rows to write, written by the pass
+    deliveries: DataFrame                 # the delivery rows in those files
+    rows: dict[str, int]                  # rows to write, per table
     matches: dict[str, list[Match | Listed]]   # the stored rows they replace
     fallbacks: dict[str, str]             # connection -> why it must be analysed whole
     frames: int                           # new frame rows read for the carried connections
@@ -62,32 +71,39 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
     new = read_files(spark, lake, "frames", new_files, list(ANALYSIS_COLUMNS))
     states = of_connections(read_delta(spark, lake, STATE_TABLE, schema.ANALYSIS_STATE, mode), keys)
     # What the wide table holds, taken while it is materialised: its rows by record and role, the
-    # fallbacks (few), and the carried connections' tallies summed.
+    # fallbacks and the files the pass wrote (few), and the carried connections' tallies summed.
     roles = [(name, role) for name in CARRIED_TABLES for role in ROLES.get(name, (None,))]
 
     def measured_carry(wide: DataFrame) -> tuple[DataFrame, dict]:
         return measured(
             wide, **{f"n{i}": F.count(F.when((F.col(RECORD) == name) & _role_is(role), True))
                      for i, (name, role) in enumerate(roles)},
-            fallbacks=F.collect_list("fallback"),
+            fallbacks=F.collect_list("fallback"), files=F.collect_list("files"),
             **{c: F.coalesce(F.sum(column("tally", c)), F.lit(0)) for c in ("frames", "carried_records")})
 
-    wide, seen = measured_carry(carry_on(new, states, of_connections(connections, keys), settings, frames_version))
+    wide, seen = measured_carry(carry_on(new, states, of_connections(connections, keys), settings, frames_version,
+                                         write_to=lake))
     fallbacks = {row["connection_id"]: row["reason"] for row in seen["fallbacks"]}
     streamed = sorted(row["connection_id"] for row in seen["fallbacks"] if row["streamed"])
     if streamed:
-        # Rows of connections that fell back after some of theirs had left the pass: dropped, the rest counted again.
+        # Rows of connections that fell back after some of theirs had left the pass: dropped (the
+        # pass took those it wrote back out of its files), the rest counted again.
         wide, seen = measured_carry(without_fallbacks(wide, streamed))
     counts = {key: seen[f"n{i}"] for i, key in enumerate(roles)}
+    written = add_actions(seen["files"])
+    for name in TIMELINE_TABLES:
+        counts[(name, WRITE)] = sum(json.loads(add.stats)["numRecords"] for add in written.get(name, []))
+
+    def written_rows(name: str, columns: list[str] | None = None) -> DataFrame:
+        return read_written(spark, lake, name, written.get(name, []), TIMELINE_TABLES[name], columns)
+
     read = {c: seen[c] for c in ("frames", "carried_records")}
-    state = carried_rows(wide, "state")
     carried_keys = [k for k in keys if k not in fallbacks]
-    tables = {name: carried_rows(wide, name, WRITE) for name in TIMELINE_TABLES}
-    tables["channel_metrics"] = carried_rows(wide, "channel_metrics", WRITE)
-    tables[STATE_TABLE] = state
-    rows = {name: counts.get((name, WRITE), 0) for name in tables}
+    tables = {"channel_metrics": carried_rows(wide, "channel_metrics", WRITE), STATE_TABLE: carried_rows(wide, "state")}
+    rows = {name: counts.get((name, WRITE), 0) for name in [*TIMELINE_TABLES, "channel_metrics"]}
     rows[STATE_TABLE] = counts.get(("state", None), 0)
-    return Carried(tables, rows, _matches(wide, carried_keys, counts), fallbacks, frames=read["frames"],
+    return Carried(tables, {name: written.get(name, []) for name in TIMELINE_TABLES}, written_rows("deliveries"),
+                   rows, _matches(wide, written_rows, carried_keys, counts), fallbacks, frames=read["frames"],
                    connections=len(keys) - len(fallbacks), records=read["carried_records"],
                    raw_findings=carried_rows(wide, "raw_findings"), raw_rows=counts.get(("raw_findings", None), 0))
 
@@ -96,27 +112,24 @@ def _role_is(role: str | None):
     return F.col(ROLE).isNull() if role is None else F.col(ROLE) == role
 
 
-def _matches(wide: DataFrame, carried_keys: list[str], counts: dict) -> dict[str, list[Match | Listed]]:
+def _matches(wide: DataFrame, written_rows, carried_keys: list[str], counts: dict) -> dict[str, list[Match | Listed]]:
     """The stored rows each table's new rows replace; the key sets' sizes are known from `counts`
-    (rows of the wide table by record and role), so none is counted again."""
+    (rows of the wide table by record and role, and of the files written), so none is counted
+    again. `written_rows(name, columns)`: those columns of the rows the pass wrote to files."""
     def written_or_stale(name: str) -> int:
         return counts.get((name, WRITE), 0) + counts.get((name, STALE), 0)
 
+    def keys(name: str, columns: list[str]) -> DataFrame:
+        return written_rows(name, columns).unionByName(carried_rows(wide, name, STALE).select(*columns))
+
     items = ["connection_id", "seq"]
-    incarnations = _written_or_stale(wide, "channels", INCARNATION)
+    incarnations = keys("channels", INCARNATION)
     return {
-        "deliveries": [Match(_written_or_stale(wide, "deliveries", items), tuple(items),
-                             rows=written_or_stale("deliveries"))],
-        "publishes": [Match(_written_or_stale(wide, "publishes", items), tuple(items),
-                            rows=written_or_stale("publishes"))],
+        "deliveries": [Match(keys("deliveries", items), tuple(items), rows=written_or_stale("deliveries"))],
+        "publishes": [Match(keys("publishes", items), tuple(items), rows=written_or_stale("publishes"))],
         "channels": [Match(incarnations, tuple(INCARNATION), rows=written_or_stale("channels"))],
         "violations": [Match(incarnations, tuple(INCARNATION), rows=written_or_stale("channels"))],
         "channel_metrics": [Match(carried_rows(wide, "touched"), tuple(INCARNATION), ("bucket_start_ns", "from_ns"),
                                   rows=counts.get(("touched", None), 0))],
         STATE_TABLE: [connections_match(wide.sparkSession, carried_keys)],
     }
-
-
-def _written_or_stale(wide: DataFrame, name: str, columns: list[str]) -> DataFrame:
-    return carried_rows(wide, name, WRITE).select(*columns).unionByName(
-        carried_rows(wide, name, STALE).select(*columns))

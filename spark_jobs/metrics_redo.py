@@ -15,7 +15,6 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from analyzer.schema import PARTITION_BY
 from analyzer.timeline.carry import load
 from analyzer.timeline.metrics import channel_metrics, to_table
 from analyzer.timeline.tables import RECORD_TYPES
@@ -26,6 +25,7 @@ from .timeline.plans import materialised
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 from .timeline.wide import RECORD, as_wide, column, from_wide, records_from_wide
 from .types import spark_schema
+from .wide_writes import add_actions, read_written
 
 # The records channel_metrics reads.
 METRIC_RECORDS = ("deliveries", "publishes", "channels")
@@ -56,22 +56,10 @@ def with_metrics_redone(wide: DataFrame, redo: list[str], bucket_seconds: int,
 def _written_records(wide: DataFrame, lake: str, connection_ids: list[str]) -> DataFrame:
     """The records channel_metrics reads of these connections, from the files the pass wrote (not
     committed yet), as rows of the wide table."""
-    spark = wide.sparkSession
-    files = (wide.where(F.col(RECORD) == "files")
-             .select(column("files", "table").alias("table"), column("files", "path").alias("path")).collect())
-    parts = []
-    for name in METRIC_RECORDS:
-        stored = TIMELINE_TABLES[name]
-        paths = [f"{lake.rstrip('/')}/{name}/{file['path']}" for file in files if file["table"] == name]
-        if not paths:
-            continue
-        # The files hold every column but the `date` partition's (Delta keeps it in the log), which
-        # channel_metrics does not read.
-        data = pa.schema([field for field in stored if field.name not in PARTITION_BY])
-        rows = spark.read.schema(spark_schema(data)).parquet(*paths).where(F.col("connection_id").isin(*connection_ids))
-        rows = rows.select(*[F.col(f.name) if f.name in data.names else F.lit(None).cast("string").alias(f.name)
-                             for f in stored])
-        parts.append(as_wide(rows, name, wide.schema))
+    adds = add_actions(wide.where(F.col(RECORD) == "files").selectExpr("files.*").collect())
+    parts = [as_wide(read_written(wide.sparkSession, lake, name, adds[name], TIMELINE_TABLES[name])
+                     .where(F.col("connection_id").isin(*connection_ids)), name, wide.schema)
+             for name in METRIC_RECORDS if name in adds]
     return reduce(DataFrame.unionByName, parts) if parts else wide.limit(0)
 
 

@@ -20,11 +20,13 @@ from collections.abc import Iterator
 from functools import reduce
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake.transaction import AddAction
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analyzer.lake import TableWriter
+from analyzer.schema import PARTITION_BY
 
 from .provisional import PROVISIONAL
 from .timeline.wide import RECORD
@@ -65,36 +67,82 @@ def write_tables(lake: str, tables: dict[str, tuple[DataFrame, pa.Schema]],
 
     parts = [rows.mapInArrow(writer(name, table_schema), spark_schema(FILES))
              for name, (rows, table_schema) in tables.items()]
-    files = reduce(DataFrame.union, parts + ([written] if written is not None else [])).collect()
+    adds = add_actions(reduce(DataFrame.union, parts + ([written] if written is not None else [])).collect())
+    return {name: adds.get(name, []) for name in [*tables, *adds]}
+
+
+def add_actions(files: list) -> dict[str, list[AddAction]]:
+    """FILES rows (Spark's Rows, or dicts) -> each table's add actions."""
     adds: dict[str, list[AddAction]] = {}
     for file in files:
         adds.setdefault(file["table"], []).append(AddAction(file["path"], file["size"], {"date": file["date"]},
                                                             file["modified_ms"], True, file["stats"]))
-    return {name: adds.get(name, []) for name in [*tables, *adds]}
+    return adds
+
+
+def read_written(spark: SparkSession, lake: str, name: str, adds: list[AddAction], table_schema: pa.Schema,
+                 columns: list[str] | None = None) -> DataFrame:
+    """The rows of table `name` (its schema as stored) in these files written into its folder and
+    not committed yet; `columns` of them (None: all). The files hold every column but the `date`
+    partition's (Delta keeps it in the log, as each add action does)."""
+    columns = columns or table_schema.names
+    data = pa.schema([field for field in table_schema if field.name in columns and field.name not in PARTITION_BY])
+    by_day: dict[str | None, list[str]] = {}
+    for add in adds:
+        by_day.setdefault(add.partition_values["date"], []).append(f"{lake.rstrip('/')}/{name}/{add.path}")
+    parts = [spark.read.schema(spark_schema(data)).parquet(*paths).withColumn("date", F.lit(day).cast("string"))
+             for day, paths in sorted(by_day.items(), key=lambda item: str(item[0]))]
+    if not parts:
+        return spark.createDataFrame([], spark_schema(table_schema)).select(*columns)
+    return reduce(DataFrame.unionByName, parts).select(*columns)
 
 
 class FilesWriter:
-    """One task's rows of table `name` written as Parquet files FILE_ROWS at a time (the agent's
+    """One task's rows of table `name` written as Parquet files `file_rows` at a time (the agent's
     TableWriter: files by day, provisional rows apart); `files()` writes what is left and gives
-    the files as FILES rows."""
+    the files as FILES rows. `drop(connection_id)` takes back every row of a connection, written
+    or not (a carried connection that falls back after some of its rows left: timeline/carried.py)."""
 
-    def __init__(self, lake: str, name: str, table_schema: pa.Schema):
-        self.name, self.schema = name, table_schema
+    def __init__(self, lake: str, name: str, table_schema: pa.Schema, file_rows: int = FILE_ROWS):
+        self.name, self.schema, self.file_rows = name, table_schema, file_rows
         self.writer = TableWriter(lake, name, table_schema,
                                   split_by=PROVISIONAL if PROVISIONAL in table_schema.names else None)
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
+        self.holds: dict[str, set[str]] = {}    # a written file (its path in the table) -> its connections
 
     def add(self, rows: pa.Table) -> None:
         # Cast by position, names checked: Spark's types to the stored ones (e.g. its timestamps' zone).
         self.pending.append(rows.cast(self.schema))
         self.pending_rows += rows.num_rows
-        if self.pending_rows >= FILE_ROWS:
+        if self.pending_rows >= self.file_rows:
+            self._write()
+
+    def drop(self, connection_id: str) -> None:
+        """Every row of this connection out: of the rows not written yet, and of the files written
+        (each rewritten without them, the old file deleted: it is in no log)."""
+        def others(rows: pa.Table) -> pa.Table:
+            return rows.filter(pc.not_equal(rows["connection_id"], connection_id))
+
+        self.pending = [others(rows) for rows in self.pending]
+        self.pending_rows = sum(rows.num_rows for rows in self.pending)
+        for path in [path for path, held in self.holds.items() if connection_id in held]:
+            del self.holds[path]
+            kept = others(self.writer.take_back(path))
+            if kept.num_rows:
+                self.pending.append(kept.select(self.schema.names))
+                self.pending_rows += kept.num_rows
+        if self.pending_rows >= self.file_rows:
             self._write()
 
     def _write(self) -> None:
         if self.pending:
-            self.writer.write(pa.concat_tables(self.pending))
+            rows = pa.concat_tables(self.pending)
+            connections = set(pc.unique(rows["connection_id"]).to_pylist())
+            written = len(self.writer.actions)
+            self.writer.write(rows)
+            for action in self.writer.actions[written:]:
+                self.holds[action.path] = connections
             self.pending, self.pending_rows = [], 0
 
     def files(self) -> pa.RecordBatch:

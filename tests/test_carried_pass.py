@@ -1,7 +1,8 @@
 """The carried pass (spark_jobs/timeline/carried.py) on a real local Spark: connections resumed
-from their checkpoints stream through the state machine, their records leaving in batches; a
-connection that falls back after some of its rows have left is named (`streamed`) so the caller
-drops every row of it (`without_fallbacks`), and what remains is what the pass gives when nothing
+from their checkpoints stream through the state machine, their records leaving in batches (the
+timeline tables' rows to write as files the tasks write); a connection that falls back after some
+of its rows have left is named (`streamed`), takes its rows back out of the files, and the caller
+drops the rest of its rows (`without_fallbacks`): what remains is what the pass gives when nothing
 left early. That the carried tables equal one run over everything is tests/test_incremental.py's."""
 
 import glob
@@ -9,13 +10,16 @@ import json
 import os
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from analyzer import lake, schema
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, ConnectionAnalysis, Settings
 from analyzer.ingest import ingest_file
 from spark_jobs.connection_pass import state_row, states_table
 from spark_jobs.timeline.carried import CARRIED_TABLES, carried_rows, carry_on, without_fallbacks
+from spark_jobs.timeline.tables import TIMELINE_TABLES
 from spark_jobs.timeline.wide import RECORD
+from spark_jobs.wide_writes import add_actions, read_written
 
 from .conftest import ROOT
 from .findings_check import LAB_THRESHOLDS
@@ -33,10 +37,15 @@ def _checkpointed(rows: list[dict]) -> dict:
     return state_row(done.checkpoint, analysis.whole.timeline, 1)
 
 
-def _rows_by_table(wide) -> dict[str, list[dict]]:
-    """Each table's rows but the fallbacks', in a canonical order."""
-    return {name: sorted(carried_rows(wide, name).toArrow().to_pylist(), key=lambda row: json.dumps(row, default=str))
-            for name in CARRIED_TABLES if name != "fallback"}
+def _rows_by_table(wide, lake_dir: str) -> dict[str, list[dict]]:
+    """Each table's rows but the fallbacks', in a canonical order: of the timeline tables, those in
+    the wide table (`stale`) and those in the files the pass wrote into `lake_dir`."""
+    adds = add_actions(carried_rows(wide, "files").collect())
+    rows = {name: carried_rows(wide, name).toArrow().to_pylist() for name in CARRIED_TABLES
+            if name not in ("fallback", "files")}
+    for name, table_schema in TIMELINE_TABLES.items():
+        rows[name] += read_written(wide.sparkSession, lake_dir, name, adds.get(name, []), table_schema).toArrow().to_pylist()
+    return {name: sorted(table, key=lambda row: json.dumps(row, default=str)) for name, table in rows.items()}
 
 
 def test_a_fallback_after_rows_left_is_dropped_and_the_rest_is_as_if_none_left(spark, tmp_path):
@@ -65,34 +74,41 @@ def test_a_fallback_after_rows_left_is_dropped_and_the_rest_is_as_if_none_left(s
     states_df = spark.createDataFrame(states_table(states))
     connections = spark.createDataFrame(lake.read_table(str(tmp_path), "connections", schema.CONNECTIONS))
 
-    def carried_pass(flush_records: int):
-        wide = carry_on(frames_df, states_df, connections, SETTINGS, 2, partitions=2, flush_records=flush_records)
+    def carried_pass(flush_records: int, file_rows: int | None = None):
+        lake_dir = str(tmp_path / f"written-{flush_records}")
+        wide = carry_on(frames_df, states_df, connections, SETTINGS, 2, lake_dir, partitions=2,
+                        flush_records=flush_records, file_rows=file_rows)
         wide = wide.localCheckpoint()
         fallbacks = {row["connection_id"]: row for row in carried_rows(wide, "fallback").toArrow().to_pylist()}
-        return wide, fallbacks
+        return wide, fallbacks, lake_dir
 
-    whole_batches, fallbacks = carried_pass(50_000)
+    whole_batches, fallbacks, whole_dir = carried_pass(50_000)
     # Other connections of the examples may fall back on their own (tests/test_incremental.py has why).
     assert damaged["connection_id"] in fallbacks, fallbacks
     assert "older than the carried bucket" in fallbacks[damaged["connection_id"]]["reason"]
     assert not any(fallback["streamed"] for fallback in fallbacks.values())
-    kept = _rows_by_table(whole_batches)
+    kept = _rows_by_table(whole_batches, whole_dir)
     assert not any(row["connection_id"] in fallbacks for rows in kept.values() for row in rows)
     assert len(kept["tally"]) == len(by_connection) - len(fallbacks)
 
-    # Arrow batches of 7 rows, records out after every one of them.
+    # Arrow batches of 7 rows, records out after every one of them, each table's in a file of its own.
     key = "spark.sql.execution.arrow.maxRecordsPerBatch"
     before = spark.conf.get(key)
     spark.conf.set(key, "7")
     try:
-        one_by_one, again = carried_pass(1)
+        one_by_one, again, one_by_one_dir = carried_pass(1, file_rows=1)
     finally:
         spark.conf.set(key, before)
     assert {k: v["reason"] for k, v in again.items()} == {k: v["reason"] for k, v in fallbacks.items()}
     streamed = sorted(k for k, v in again.items() if v["streamed"])
     assert damaged["connection_id"] in streamed
-    left_early = {name for name, rows in _rows_by_table(one_by_one).items()
+    left_early = {name for name, rows in _rows_by_table(one_by_one, one_by_one_dir).items()
                   if any(row["connection_id"] == damaged["connection_id"] for row in rows)}
-    assert left_early, "with a flush after every batch, records of the damaged connection leave before it falls back"
-    assert _rows_by_table(without_fallbacks(one_by_one, streamed)) == kept
+    # Its records had left (with a file per table and batch, into files) and were taken back out:
+    # none is in the pass's output, nor in any file in the lake.
+    assert not left_early
+    taken_back = [path for path in glob.glob(os.path.join(one_by_one_dir, "*", "date=*", "*.parquet"))
+                  if damaged["connection_id"] in pq.read_table(path, columns=["connection_id"])["connection_id"].to_pylist()]
+    assert not taken_back
+    assert _rows_by_table(without_fallbacks(one_by_one, streamed), one_by_one_dir) == kept
     assert one_by_one.where(one_by_one[RECORD] == "fallback").count() == len(fallbacks)

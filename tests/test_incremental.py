@@ -465,10 +465,11 @@ def test_a_first_delivery_settled_later_as_a_requeue_completes_a_loop_stored_els
 
 def test_a_connection_that_fails_a_check_after_its_rows_left_the_carried_pass_is_analysed_whole(
         spark, traffic, tmp_path, monkeypatch):
-    """The carried pass lets records out in batches (here after every Arrow batch of 7 rows). A
-    connection whose new frames fail a check after some of its rows left (a frame stamped before
-    its carried bucket) is analysed whole, and none of the rows it had sent out is written: the
-    tables are a full run's over the same lake."""
+    """The carried pass lets records out in batches (here after every Arrow batch of 7 rows) and
+    writes them to files (here a file per batch of a table's rows). A connection whose new frames
+    fail a check after some of its rows left (a frame stamped before its carried bucket) is
+    analysed whole, and none of the rows it had sent out is written: the tables are a full run's
+    over the same lake."""
     import shutil
 
     from spark_jobs import incremental
@@ -501,6 +502,8 @@ def test_a_connection_that_fails_a_check_after_its_rows_left_the_carried_pass_is
 
     monkeypatch.setattr(incremental, "without_fallbacks", spied)
     monkeypatch.setattr(carried, "FLUSH_RECORDS", 1)
+    # Files of a row or two: the rows it sent out are in files written before the check failed.
+    monkeypatch.setattr(carried, "FILE_ROWS", 1)
     key = "spark.sql.execution.arrow.maxRecordsPerBatch"
     before = spark.conf.get(key)
     spark.conf.set(key, "7")

@@ -7,8 +7,10 @@ read. As in the pass over whole connections (connection_pass.py), the rows are s
 connection and sorted by seq within each partition, each connection's stored state travelling
 first (a header row), and `mapInArrow` streams them through the machine: a connection with
 millions of new frames is never held whole, its records leave as Arrow batches as they become
-final. Out come, as one wide table (wide.py): the rows to write, the rows they replace (role
-`stale`), the channel_metrics rows of the incarnations whose metrics are recomputed from the
+final. The rows to write of the four timeline tables are written as files by the tasks
+themselves (uncommitted, as a full run's pass writes them; a connection that falls back takes
+its rows back out). Out come, as one wide table (wide.py): those files (`files`), the other rows
+to write, the rows they replace (role `stale`), the channel_metrics rows of the incarnations whose metrics are recomputed from the
 boundary bucket on (`touched`: they replace those buckets), the connection's findings before their
 evidence packets (`raw_findings`, as the pass gives them), the next checkpoint (`state`), or why
 the connection must be analysed whole instead (`fallback`; if some of its rows had already left,
@@ -37,6 +39,7 @@ from ..provisional import flagged, metric_flags, open_buckets
 from ..connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, ConnectionsPartition, headers,
                                raw_finding_rows, state_row, states_table)
 from ..types import spark_schema
+from ..wide_writes import FILE_ROWS, FILES
 from .tables import CHANNEL_METRICS, TIMELINE_TABLES
 from .wide import column, from_wide, to_wide, wide_schema
 
@@ -50,28 +53,38 @@ FALLBACK = pa.schema([("connection_id", pa.string()), ("reason", pa.string()), (
 # A carried connection's new frame rows, and the records its checkpoint held (the run's report).
 TALLY = pa.schema([("connection_id", pa.string()), ("frames", pa.int64()), ("carried_records", pa.int64())])
 CARRIED_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "state": schema.ANALYSIS_STATE,
-                  "touched": TOUCHED, "fallback": FALLBACK, "raw_findings": RAW_FINDINGS, "tally": TALLY}
+                  "touched": TOUCHED, "fallback": FALLBACK, "raw_findings": RAW_FINDINGS, "tally": TALLY,
+                  "files": FILES}
 # The header row's column saying the connection has an analysis_state row (it may have only a connections row).
 STORED = "_stored"
 # The header row's columns of the connection's analysis_state row.
 STATE_COLUMNS = ("format", "checkpoint", "carried_records")
 WIDE = wide_schema(CARRIED_TABLES)
-# The roles a table's rows come in (the others' rows have none).
-ROLES = {**{name: (WRITE, STALE) for name in RECORD_TYPES}, "channel_metrics": (WRITE,)}
+# The roles a table's rows come in (the others' rows have none): the timeline tables' rows to
+# write are in the files the pass writes, not in the wide table.
+ROLES = {**{name: (STALE,) for name in RECORD_TYPES}, "channel_metrics": (WRITE,)}
 
 
 def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, settings: Settings,
-             frames_version: int, partitions: int | None = None, flush_records: int | None = None) -> DataFrame:
+             frames_version: int, write_to: str, partitions: int | None = None, flush_records: int | None = None,
+             file_rows: int | None = None) -> DataFrame:
     """The wide table for every connection of `new_frames` (ANALYSIS_COLUMNS), for the caller to
     materialise (it is read once per table). `states`: their analysis_state rows; `connections`:
     their schema.CONNECTIONS rows (for the findings, as the pass reads them: connection_pass.headers).
-    Records leave every `flush_records` (None: FLUSH_RECORDS)."""
+    Records leave every `flush_records` (None: FLUSH_RECORDS).
+
+    The rows to write of the four timeline tables never become Spark rows: the tasks write them
+    into those tables' folders of the lake `write_to` themselves, as a full run's pass does
+    (uncommitted files of `file_rows` rows, None: wide_writes.FILE_ROWS; their `files` rows in the
+    wide table, for the caller to commit). A connection that falls back takes its rows back out
+    of them (wide_writes.FilesWriter.drop)."""
     spark = new_frames.sparkSession
     partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
     flush_records = flush_records or FLUSH_RECORDS
+    file_rows = file_rows or FILE_ROWS
 
     def run_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return _CarriedPartition(settings, frames_version, flush_records).run(batches)
+        return _CarriedPartition(settings, frames_version, flush_records, write_to, file_rows).run(batches)
 
     stored = (states.select("connection_id", *STATE_COLUMNS, F.lit(True).alias(STORED))
               .join(headers(connections).select("connection_id", HEADER), on="connection_id", how="full")
@@ -88,8 +101,10 @@ def carried_rows(wide: DataFrame, name: str, role: str | None = None) -> DataFra
 
 def without_fallbacks(wide: DataFrame, connection_ids: list[str]) -> DataFrame:
     """The wide table without any row of these connections (fallbacks whose rows had left the pass)."""
-    of_connection: Column = F.coalesce(*[column(name, "connection_id") for name in CARRIED_TABLES])
-    return wide.where(~of_connection.isin(connection_ids))
+    of_connection: Column = F.coalesce(*[column(name, "connection_id") for name, table in CARRIED_TABLES.items()
+                                         if "connection_id" in table.names])
+    # A row of no connection (`files`: each file's rows are the pass's to keep right) stays.
+    return wide.where(of_connection.isNull() | ~of_connection.isin(connection_ids))
 
 
 class _Carrying:
@@ -114,8 +129,10 @@ class _Carrying:
 class _CarriedPartition(ConnectionsPartition):
     """The carried pass: each connection through CarriedAnalysis, records out in batches."""
 
-    def __init__(self, settings: Settings, frames_version: int, flush_records: int):
-        super().__init__(flush_records)
+    wide = WIDE
+
+    def __init__(self, settings: Settings, frames_version: int, flush_records: int, write_to: str, file_rows: int):
+        super().__init__(flush_records, write_to, file_rows)
         self.settings, self.frames_version = settings, frames_version
         # Emptied in place by each flush, never replaced: a connection's machine keeps appending to them.
         self.final: list = []
@@ -153,6 +170,9 @@ class _CarriedPartition(ConnectionsPartition):
         fallback = carrying.refused or done.fallback
         if fallback:
             del self.final[carrying.marks[0]:], self.metrics[carrying.marks[1]:]
+            if carrying.streamed:
+                for writer in self.writers.values():
+                    writer.drop(connection_id)
             self.rows["fallback"].append({"connection_id": connection_id, "reason": fallback,
                                           "streamed": carrying.streamed})
             return
@@ -175,10 +195,11 @@ class _CarriedPartition(ConnectionsPartition):
         if not (self.final or self.opened or self.stale or self.metrics or any(self.rows.values())):
             return
         parts = []
-        for records, role, provisional in ((self.final, WRITE, False), (self.opened, WRITE, True),
-                                           (self.stale, STALE, True)):
-            parts += [(name, role, flagged(to_table(records, record_type), provisional))
-                      for name, record_type in RECORD_TYPES.items()]
+        for name, record_type in RECORD_TYPES.items():
+            written = pa.concat_tables([flagged(to_table(self.final, record_type), False),
+                                        flagged(to_table(self.opened, record_type), True)])
+            self.writers[name].add(written.select(TIMELINE_TABLES[name].names))
+            parts.append((name, STALE, flagged(to_table(self.stale, record_type), True)))
         parts += [("channel_metrics", WRITE, flagged(metrics_table(self.metrics),
                                                      metric_flags(self.metrics, self.open_buckets))),
                   ("state", None, states_table(self.rows["state"]))]
