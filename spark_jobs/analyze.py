@@ -189,7 +189,7 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     checkpoints read only their new frames; the rest are analysed whole, their findings too."""
     if run.keys is None:
         with run.steps.step("timelines"):
-            wide, own, summary = _analysed_whole(run, all_frames, None, report, write_to=run.lake)
+            wide, own, summary = _analysed_whole(run, all_frames, None, report)
         with run.steps.step("write tables"):
             _write_whole_lake(run, wide, summary, report)
         return _Analysed(own, [], summary=summary)
@@ -201,19 +201,23 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
             _report_carried(carried, report)
     whole_keys = run.keys if carried is None else carried.whole_keys
     outputs = {name: [] for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
+    written = {name: [] for name in TIMELINE_TABLES}     # the files the passes wrote
     own, summary = None, None
     if whole_keys:
         with run.steps.step("timelines"):
             wide, own, summary = _analysed_whole(run, run.frames_of(whole_keys), whole_keys, report)
-            tables = _pass_tables(run, wide, summary)
-        for name in outputs:
-            outputs[name].append(tables[name])
+            for name, rows in _pass_tables(run, wide, summary).items():
+                outputs[name].append(rows)
+        for name, files in summary.written.items():
+            written[name] += files
     if carried is not None:
         for name, rows in carried.tables.items():
             outputs[name].append(rows)
+        for name, files in carried.written.items():
+            written[name] += files
     analysed_whole = [connections_match(run.spark, whole_keys)] if whole_keys else []
     with run.steps.step("write tables"):
-        _write_tables(run, outputs, analysed_whole, carried, report, summary.rows if summary else {})
+        _write_tables(run, outputs, written, analysed_whole, carried, report, summary.rows if summary else {})
     carried_keys = sorted(set(run.keys) - set(whole_keys)) if carried is not None else []
     if carried is None or not carried_keys:
         return _Analysed(own, carried_keys)
@@ -221,11 +225,11 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
                      carried_findings=carried.raw_findings, carried_findings_rows=carried.raw_rows)
 
 
-def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carried | None,
+def _write_tables(run: _Run, outputs: dict, written: dict, analysed_whole: list, carried: Carried | None,
                   report: AnalysisReport, whole_rows: dict[str, int]) -> None:
     """Each table's rows of these connections replaced, in its own commit; the files to rewrite
     found and every table's rows written in two Spark jobs for all of them (delta_io.replace_all),
-    with the files the carried pass wrote."""
+    with the files the passes wrote (`written`)."""
     narrowed = _provisional_only(run, analysed_whole)
     replacements = {}
     for name, parts in outputs.items():
@@ -239,7 +243,7 @@ def _write_tables(run: _Run, outputs: dict, analysed_whole: list, carried: Carri
         else:
             matches = analysed_whole + (carried.matches[name] if carried is not None else [])
             replacements[name] = Replacement(rows, table_schema, matches)
-    replace_all(run.lake, replacements, written=carried.written if carried is not None else None)
+    replace_all(run.lake, replacements, written=written)
     report.rows = {name: whole_rows.get(name, 0) + (carried.rows[name] if carried is not None else 0)
                    for name in outputs if name != STATE_TABLE}
 
@@ -262,24 +266,25 @@ def _report_carried(carried: Carried, report: AnalysisReport) -> None:
             f"{k}: {why}" for k, why in sorted(carried.fallbacks.items())[:5])
 
 
-def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None, report: AnalysisReport,
-                    write_to: str | None = None) -> tuple[DataFrame, _OwnFindings, PassSummary]:
+def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None,
+                    report: AnalysisReport) -> tuple[DataFrame, _OwnFindings, PassSummary]:
     """The pass's wide table (materialised) of these connections (None: all) from all their
     frames, in one pass of the reference state machine (connection_pass.py): the per-connection
-    tables, checkpoints and findings about one connection; and what it holds. `write_to`: the
-    lake whose timeline tables the pass writes itself (a full run's, which replaces them)."""
+    tables (the timeline tables as files it wrote into the lake, uncommitted), checkpoints and
+    findings about one connection; and what it holds."""
     connections = run.connections if keys is None else of_connections(run.connections, keys)
     wide, summary = summarised_pass(connection_pass(frames, connections, run.settings, run.plan.frames_version,
-                                                    write_to=write_to))
+                                                    write_to=run.lake))
     report.frames += summary.frames
     report.connections += summary.connections
     return wide, _OwnFindings(pass_rows(wide, "raw_findings"), summary.rows["raw_findings"], frames), summary
 
 
 def _pass_tables(run: _Run, wide: DataFrame, summary: PassSummary) -> dict[str, DataFrame]:
-    """The rows of each table the pass writes, out of its wide table."""
-    tables = {name: pass_rows(wide, name) for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
-    tables["channel_metrics"] = pass_channel_metrics(wide, summary.metrics_redo, run.bucket_seconds)
+    """The rows of the tables the pass gives as rows (not files), out of its wide table."""
+    tables = {STATE_TABLE: pass_rows(wide, STATE_TABLE),
+              "channel_metrics": pass_channel_metrics(wide, summary.metrics_redo, run.bucket_seconds,
+                                                      written_to=run.lake)}
     if summary.metrics_redo:
         summary.rows["channel_metrics"] = tables["channel_metrics"].count()
     return tables
@@ -291,8 +296,8 @@ def _write_whole_lake(run: _Run, wide: DataFrame, summary: PassSummary, report: 
     Spark job (wide_writes.py)."""
     written = {name: OUTPUT_TABLES[name] for name in TIMELINE_TABLES}
     tables = {name: OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE) for name in ["channel_metrics", STATE_TABLE]}
-    adds = write_wide(with_metrics_redone(wide, summary.metrics_redo, run.bucket_seconds, written_to=run.lake),
-                      run.lake, tables, written=pass_rows(wide, "files"))
+    adds = {**summary.written, **write_wide(with_metrics_redone(wide, summary.metrics_redo, run.bucket_seconds,
+                                                                 written_to=run.lake), run.lake, tables)}
     for name, table_schema in {**written, **tables}.items():
         commit(os.path.join(run.lake, name), table_schema, adds.get(name, []), schema.PARTITION_BY,
                mode="overwrite", tag=commit_tag(run.spark))

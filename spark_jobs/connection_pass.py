@@ -10,8 +10,8 @@ Out of the one pass come, as one wide table (wide.py; Spark takes one output sch
 four timeline tables, channel_metrics, the connection's findings (raw: the capture packets of their
 evidence are looked up afterwards, evidence_packets.py), each connection's checkpoint for the next
 incremental run (`analysis_state`), a tally of the frames read and each flush's count of the
-deliveries the message kinds can start from. A full run's pass writes the four timeline tables as
-Parquet files itself (`write_to`) and hands on only the files' rows in their place.
+deliveries the message kinds can start from. The analysis job's pass writes the four timeline
+tables as Parquet files itself (`write_to`) and hands on only the files' rows in their place.
 
 Connections are independent, so the work scales out by partition; a hot connection is one task.
 """
@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 
 import pyarrow as pa
+from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -43,7 +44,7 @@ from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 from .timeline.plans import measured
 from .timeline.wide import RECORD, column, from_wide, to_wide, wide_schema
 from .types import spark_schema
-from .wide_writes import FILE_ROWS, FILES, FilesWriter
+from .wide_writes import FILE_ROWS, FILES, FilesWriter, add_actions
 
 # A header row sorts before every frame of its connection (frame seqs count from 1).
 HEADER_SEQ = -1
@@ -75,8 +76,9 @@ def connection_pass(frames: DataFrame, connections: DataFrame, settings: Setting
     here are skipped).
 
     `write_to`: a lake whose four timeline tables the tasks write themselves (uncommitted Parquet
-    files, wide_writes.FilesWriter; their `files` rows in the wide table), a full run's: the
-    records then never become Spark rows, which cost the pass and its writes ~30% of their time on
+    files, wide_writes.FilesWriter; their `files` rows in the wide table), the analysis job's
+    (without it, the tables' rows are in the wide table: the tests' and bench/pass_cpu.py's
+    view of the records): the records then never become Spark rows, which cost the pass and its writes ~30% of their time on
     the 1 M-frame bench lake (materialised, read back, handed to Python again)."""
     spark = frames.sparkSession
     partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
@@ -114,11 +116,12 @@ class PassSummary:
     metrics_redo: list[str]        # connections whose channel_metrics must be computed from all their records
     came_back: int                 # deliveries the cross-connection kinds can start from (detectors/messages.py)
     can_loop: int                  # deliveries that make their message a candidate for requeue_loop (messages.py)
+    written: dict[str, list[AddAction]]   # the files the pass wrote (`write_to`), per table
 
 
 def summarised_pass(wide: DataFrame) -> tuple[DataFrame, PassSummary]:
-    """The pass's wide table materialised, and what it holds, taken while it is computed: one Spark
-    job in all."""
+    """The pass's wide table materialised, and what it holds (the files it wrote among it), taken
+    while it is computed: one Spark job in all."""
     is_tally = F.col(RECORD) == "tally"
     # A table's rows are in the wide table, or in files the pass wrote (its `files` rows).
     in_files = F.get_json_object(column("files", "stats"), "$.numRecords").cast("bigint")
@@ -129,11 +132,12 @@ def summarised_pass(wide: DataFrame) -> tuple[DataFrame, PassSummary]:
         frames=F.sum(column("tally", "frames")),
         redo=F.collect_list(F.when(column("tally", "metrics_redo").isNotNull(), column("tally", "connection_id"))),
         came_back=F.sum(column("counts", "came_back")),
-        can_loop=F.sum(column("counts", "can_loop")))
+        can_loop=F.sum(column("counts", "can_loop")),
+        files=F.collect_list("files"))
     rows = {name: seen[f"rows_{name}"] + (seen.get(f"files_{name}") or 0) for name in TABLE_NAMES}
     return done, PassSummary(rows, frames=seen["frames"] or 0, connections=seen["connections"],
                              metrics_redo=sorted(seen["redo"]), came_back=seen["came_back"] or 0,
-                             can_loop=seen["can_loop"] or 0)
+                             can_loop=seen["can_loop"] or 0, written=add_actions(seen["files"]))
 
 
 class ConnectionsPartition:

@@ -10,8 +10,8 @@ each table's files in one Delta commit with delta-rs, on either Delta path (a fu
 overwrite, delta_io.replace_all's copy-on-write). Until then no log names a file: the files of a
 failed or repeated task are never committed, and VACUUM removes them.
 
-A full run's pass (connection_pass.py) writes its record tables the same way from its own tasks
-(`FilesWriter`), and its files join these in the one job's answer (`written`).
+The passes (connection_pass.py, timeline/carried.py) write their record tables the same way from
+their own tasks (`FilesWriter`), and hand on the files' rows (`add_actions`, `read_written`).
 """
 
 from __future__ import annotations
@@ -40,20 +40,17 @@ FILES = pa.schema([("table", pa.string()), ("path", pa.string()), ("size", pa.in
 FILE_ROWS = 250_000
 
 
-def write_wide(wide: DataFrame, lake: str, tables: dict[str, pa.Schema],
-               written: DataFrame | None = None) -> dict[str, list[AddAction]]:
+def write_wide(wide: DataFrame, lake: str, tables: dict[str, pa.Schema]) -> dict[str, list[AddAction]]:
     """The rows of `wide` of each of `tables` (name -> schema as stored) written as Parquet files
     into that table's folder of `lake`, uncommitted (write_tables)."""
     return write_tables(lake, {name: (wide.where(F.col(RECORD) == name).selectExpr(f"`{name}`.*"), table_schema)
-                               for name, table_schema in tables.items()}, written)
+                               for name, table_schema in tables.items()})
 
 
-def write_tables(lake: str, tables: dict[str, tuple[DataFrame, pa.Schema]],
-                 written: DataFrame | None = None) -> dict[str, list[AddAction]]:
+def write_tables(lake: str, tables: dict[str, tuple[DataFrame, pa.Schema]]) -> dict[str, list[AddAction]]:
     """Each table's rows (name -> (rows in the table's columns and order, schema as stored)) written
     as Parquet files into that table's folder of `lake`, uncommitted; the add actions of each
-    table's files (none for a table without rows). `written`: FILES rows of files written already
-    (by a pass, `FilesWriter`), read in the same job.
+    table's files (none for a table without rows).
 
     A task per table and partition of its rows, all in one job: a partition holding a hot
     connection has its tables written side by side."""
@@ -67,8 +64,8 @@ def write_tables(lake: str, tables: dict[str, tuple[DataFrame, pa.Schema]],
 
     parts = [rows.mapInArrow(writer(name, table_schema), spark_schema(FILES))
              for name, (rows, table_schema) in tables.items()]
-    adds = add_actions(reduce(DataFrame.union, parts + ([written] if written is not None else [])).collect())
-    return {name: adds.get(name, []) for name in [*tables, *adds]}
+    adds = add_actions(reduce(DataFrame.union, parts).collect())
+    return {name: adds.get(name, []) for name in tables}
 
 
 def add_actions(files: list) -> dict[str, list[AddAction]]:

@@ -79,7 +79,11 @@ def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, pa
         got = {name: pass_rows(wide, name).toArrow() for name in TIMELINE_TABLES}
     else:
         assert all(pass_rows(wide, name).count() == 0 for name in TIMELINE_TABLES)
-        got = written_tables(pass_rows(wide, "files").toArrow().to_pylist(), write_to)
+        files = pass_rows(wide, "files").toArrow().to_pylist()
+        # The summary names the same files, as the run commits them.
+        assert sorted((name, add.path) for name, adds in summary.written.items() for add in adds) == sorted(
+            (file["table"], file["path"]) for file in files)
+        got = written_tables(files, write_to)
     got = {name: table.sort_by([(k, "ascending") for k in KEYS[name]]) for name, table in got.items()}
     got["channel_metrics"] = pass_channel_metrics(wide, summary.metrics_redo, BUCKET_SECONDS,
                                                   write_to).toArrow().sort_by(
