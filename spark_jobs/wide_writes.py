@@ -29,6 +29,7 @@ from analyzer.lake import TableWriter
 from analyzer.schema import PARTITION_BY
 
 from .provisional import PROVISIONAL
+from .table_files import spark_location
 from .timeline.wide import RECORD
 from .types import spark_schema
 
@@ -86,7 +87,7 @@ def read_written(spark: SparkSession, lake: str, name: str, adds: list[AddAction
     data = pa.schema([field for field in table_schema if field.name in columns and field.name not in PARTITION_BY])
     by_day: dict[str | None, list[str]] = {}
     for add in adds:
-        by_day.setdefault(add.partition_values["date"], []).append(f"{lake.rstrip('/')}/{name}/{add.path}")
+        by_day.setdefault(add.partition_values["date"], []).append(f"{spark_location(lake).rstrip('/')}/{name}/{add.path}")
     parts = [spark.read.schema(spark_schema(data)).parquet(*paths).withColumn("date", F.lit(day).cast("string"))
              for day, paths in sorted(by_day.items(), key=lambda item: str(item[0]))]
     if not parts:
