@@ -294,11 +294,11 @@ def _write_whole_lake(run: _Run, wide: DataFrame, summary: PassSummary, report: 
     """A full run's per-connection tables and checkpoints, each replacing its table in one commit:
     the timeline tables' files the pass wrote itself, the rest straight from its wide table, in one
     Spark job (wide_writes.py)."""
-    written = {name: OUTPUT_TABLES[name] for name in TIMELINE_TABLES}
+    in_files = {name: OUTPUT_TABLES[name] for name in TIMELINE_TABLES}
     tables = {name: OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE) for name in ["channel_metrics", STATE_TABLE]}
     adds = {**summary.written, **write_wide(with_metrics_redone(wide, summary.metrics_redo, run.bucket_seconds,
                                                                  written_to=run.lake), run.lake, tables)}
-    for name, table_schema in {**written, **tables}.items():
+    for name, table_schema in {**in_files, **tables}.items():
         commit(os.path.join(run.lake, name), table_schema, adds.get(name, []), schema.PARTITION_BY,
                mode="overwrite", tag=commit_tag(run.spark))
     report.rows = {name: sum(json.loads(add.stats)["numRecords"] for add in adds.get(name, []))

@@ -76,10 +76,10 @@ def connection_pass(frames: DataFrame, connections: DataFrame, settings: Setting
     here are skipped).
 
     `write_to`: a lake whose four timeline tables the tasks write themselves (uncommitted Parquet
-    files, wide_writes.FilesWriter; their `files` rows in the wide table), the analysis job's
-    (without it, the tables' rows are in the wide table: the tests' and bench/pass_cpu.py's
-    view of the records): the records then never become Spark rows, which cost the pass and its writes ~30% of their time on
-    the 1 M-frame bench lake (materialised, read back, handed to Python again)."""
+    files, wide_writes.FilesWriter; their `files` rows in the wide table), as the analysis job
+    does: the records then never become Spark rows, which cost the pass and its writes ~30% of
+    their time on the 1 M-frame bench lake (materialised, read back, handed to Python again).
+    Without it the tables' rows are in the wide table (the tests' and bench/pass_cpu.py's view)."""
     spark = frames.sparkSession
     partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
 
