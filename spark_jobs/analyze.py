@@ -283,7 +283,7 @@ def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None,
 def _pass_tables(run: _Run, wide: DataFrame, summary: PassSummary) -> dict[str, DataFrame]:
     """The rows of the tables the pass gives as rows (not files), out of its wide table."""
     tables = {STATE_TABLE: pass_rows(wide, STATE_TABLE),
-              "channel_metrics": pass_channel_metrics(wide, summary.metrics_redo, run.bucket_seconds,
+              "channel_metrics": pass_channel_metrics(wide, summary, run.bucket_seconds,
                                                       written_to=run.lake)}
     if summary.metrics_redo:
         summary.rows["channel_metrics"] = tables["channel_metrics"].count()
@@ -296,7 +296,7 @@ def _write_whole_lake(run: _Run, wide: DataFrame, summary: PassSummary, report: 
     Spark job (wide_writes.py)."""
     in_files = {name: OUTPUT_TABLES[name] for name in TIMELINE_TABLES}
     tables = {name: OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE) for name in ["channel_metrics", STATE_TABLE]}
-    adds = {**summary.written, **write_wide(with_metrics_redone(wide, summary.metrics_redo, run.bucket_seconds,
+    adds = {**summary.written, **write_wide(with_metrics_redone(wide, summary, run.bucket_seconds,
                                                                  written_to=run.lake), run.lake, tables)}
     for name, table_schema in {**in_files, **tables}.items():
         commit(os.path.join(run.lake, name), table_schema, adds.get(name, []), schema.PARTITION_BY,

@@ -12,6 +12,7 @@ from functools import reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -19,44 +20,46 @@ from analyzer.timeline.carry import load
 from analyzer.timeline.metrics import channel_metrics, to_table
 from analyzer.timeline.tables import RECORD_TYPES
 
-from .connection_pass import STATE_TABLE
+from .connection_pass import STATE_TABLE, PassSummary
 from .provisional import flagged, metric_flags, open_buckets
 from .timeline.plans import materialised
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 from .timeline.wide import RECORD, as_wide, column, from_wide, records_from_wide
 from .types import spark_schema
-from .wide_writes import add_actions, read_written
+from .wide_writes import read_written
 
 # The records channel_metrics reads.
 METRIC_RECORDS = ("deliveries", "publishes", "channels")
 
 
-def pass_channel_metrics(wide: DataFrame, redo: list[str], bucket_seconds: int,
+def pass_channel_metrics(wide: DataFrame, summary: PassSummary, bucket_seconds: int,
                          written_to: str | None = None) -> DataFrame:
     """The channel_metrics of the pass's (materialised) wide table: as streamed, except for the
-    connections in `redo` (connection_pass.PassSummary.metrics_redo), computed again."""
-    metrics = from_wide(with_metrics_redone(wide, redo, bucket_seconds, written_to), "channel_metrics",
+    connections in `summary.metrics_redo`, computed again."""
+    metrics = from_wide(with_metrics_redone(wide, summary, bucket_seconds, written_to), "channel_metrics",
                         CHANNEL_METRICS)
-    return materialised(metrics) if redo else metrics
+    return materialised(metrics) if summary.metrics_redo else metrics
 
 
-def with_metrics_redone(wide: DataFrame, redo: list[str], bucket_seconds: int,
+def with_metrics_redone(wide: DataFrame, summary: PassSummary, bucket_seconds: int,
                         written_to: str | None = None) -> DataFrame:
-    """The pass's (materialised) wide table, the channel_metrics rows of the connections in `redo`
-    computed again (the other rows as they are). `written_to`: the lake the pass wrote its
-    timeline tables to itself (its `files` rows name them), if it did."""
+    """The pass's (materialised) wide table, the channel_metrics rows of the connections in
+    `summary.metrics_redo` computed again (the other rows as they are). `written_to`: the lake the
+    pass wrote its timeline tables to itself (`summary.written` names the files), if it did."""
+    redo = summary.metrics_redo
     if not redo:
         return wide
     streamed = ~((F.col(RECORD) == "channel_metrics") & column("channel_metrics", "connection_id").isin(*redo))
-    records = wide if written_to is None else wide.unionByName(_written_records(wide, written_to, redo))
+    records = wide if written_to is None else wide.unionByName(
+        _written_records(wide, written_to, summary.written, redo))
     return wide.where(streamed).unionByName(as_wide(metrics_again(records, redo, bucket_seconds), "channel_metrics",
                                                     wide.schema))
 
 
-def _written_records(wide: DataFrame, lake: str, connection_ids: list[str]) -> DataFrame:
-    """The records channel_metrics reads of these connections, from the files the pass wrote (not
-    committed yet), as rows of the wide table."""
-    adds = add_actions(wide.where(F.col(RECORD) == "files").selectExpr("files.*").collect())
+def _written_records(wide: DataFrame, lake: str, adds: dict[str, list[AddAction]],
+                     connection_ids: list[str]) -> DataFrame:
+    """The records channel_metrics reads of these connections, from the files the pass wrote into
+    `lake` (`adds`, not committed yet), as rows of the wide table."""
     parts = [as_wide(read_written(wide.sparkSession, lake, name, adds[name], TIMELINE_TABLES[name])
                      .where(F.col("connection_id").isin(*connection_ids)), name, wide.schema)
              for name in METRIC_RECORDS if name in adds]

@@ -85,9 +85,10 @@ def read_written(spark: SparkSession, lake: str, name: str, adds: list[AddAction
     partition's (Delta keeps it in the log, as each add action does)."""
     columns = columns or table_schema.names
     data = pa.schema([field for field in table_schema if field.name in columns and field.name not in PARTITION_BY])
+    folder = f"{spark_location(lake).rstrip('/')}/{name}"
     by_day: dict[str | None, list[str]] = {}
     for add in adds:
-        by_day.setdefault(add.partition_values["date"], []).append(f"{spark_location(lake).rstrip('/')}/{name}/{add.path}")
+        by_day.setdefault(add.partition_values["date"], []).append(f"{folder}/{add.path}")
     parts = [spark.read.schema(spark_schema(data)).parquet(*paths).withColumn("date", F.lit(day).cast("string"))
              for day, paths in sorted(by_day.items(), key=lambda item: str(item[0]))]
     if not parts:

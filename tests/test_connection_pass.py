@@ -85,7 +85,7 @@ def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, pa
             (file["table"], file["path"]) for file in files)
         got = written_tables(files, write_to)
     got = {name: table.sort_by([(k, "ascending") for k in KEYS[name]]) for name, table in got.items()}
-    got["channel_metrics"] = pass_channel_metrics(wide, summary.metrics_redo, BUCKET_SECONDS,
+    got["channel_metrics"] = pass_channel_metrics(wide, summary, BUCKET_SECONDS,
                                                   write_to).toArrow().sort_by(
         [(k, "ascending") for k in KEYS["channel_metrics"]])
     got["findings"] = finished_findings(pass_rows(wide, "raw_findings"), frames_df).toArrow().to_pylist()

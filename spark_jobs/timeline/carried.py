@@ -10,11 +10,12 @@ millions of new frames is never held whole, its records leave as Arrow batches a
 final. The rows to write of the four timeline tables are written as files by the tasks
 themselves (uncommitted, as a full run's pass writes them; a connection that falls back takes
 its rows back out). Out come, as one wide table (wide.py): those files (`files`), the other rows
-to write, the rows they replace (role `stale`), the channel_metrics rows of the incarnations whose metrics are recomputed from the
-boundary bucket on (`touched`: they replace those buckets), the connection's findings before their
-evidence packets (`raw_findings`, as the pass gives them), the next checkpoint (`state`), or why
-the connection must be analysed whole instead (`fallback`; if some of its rows had already left,
-`streamed`: the caller drops them, `without_fallbacks`).
+to write, the rows they replace (role `stale`), the channel_metrics rows of the incarnations
+whose metrics are recomputed from the boundary bucket on (`touched`: they replace those
+buckets), the connection's findings before their evidence packets (`raw_findings`, as the pass
+gives them), the next checkpoint (`state`), or why the connection must be analysed whole instead
+(`fallback`; if some of its rows had already left, `streamed`: the caller drops them,
+`without_fallbacks`).
 
 Runs that analyse connections whole (the first, `--full`, `--since`, fallbacks) get their
 checkpoints from the same pass that writes their tables (connection_pass.py).
