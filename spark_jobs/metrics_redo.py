@@ -3,7 +3,7 @@ pass streams metric rows out as their buckets become final, and a frame older th
 already out would change it (analyzer/timeline/metrics.py raises HorizonError rather than write a
 wrong row). Rare (merged captures, a clock stepped back), so it is a second, small grouped call
 over the records the pass wrote, only for those connections: from its wide table, or from the
-files it wrote itself (a full run's pass, connection_pass's `write_to`).
+files it wrote itself (the analysis job's pass, connection_pass's `write_to`).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ connection and sorted by seq within each partition, each connection's stored sta
 first (a header row), and `mapInArrow` streams them through the machine: a connection with
 millions of new frames is never held whole, its records leave as Arrow batches as they become
 final. The rows to write of the four timeline tables are written as files by the tasks
-themselves (uncommitted, as a full run's pass writes them; a connection that falls back takes
-its rows back out). Out come, as one wide table (wide.py): those files (`files`), the other rows
+themselves (uncommitted, as the pass over whole connections writes them; a connection that
+falls back takes its rows back out). Out come, as one wide table (wide.py): those files (`files`), the other rows
 to write, the rows they replace (role `stale`), the channel_metrics rows of the incarnations
 whose metrics are recomputed from the boundary bucket on (`touched`: they replace those
 buckets), the connection's findings before their evidence packets (`raw_findings`, as the pass
@@ -75,9 +75,9 @@ def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, s
     Records leave every `flush_records` (None: FLUSH_RECORDS).
 
     The rows to write of the four timeline tables never become Spark rows: the tasks write them
-    into those tables' folders of the lake `write_to` themselves, as a full run's pass does
-    (uncommitted files of `file_rows` rows, None: wide_writes.FILE_ROWS; their `files` rows in the
-    wide table, for the caller to commit). A connection that falls back takes its rows back out
+    into those tables' folders of the lake `write_to` themselves, as the pass over whole
+    connections does (uncommitted files of `file_rows` rows, None: wide_writes.FILE_ROWS; their
+    `files` rows in the wide table, for the caller to commit). A connection that falls back takes its rows back out
     of them (wide_writes.FilesWriter.drop)."""
     spark = new_frames.sparkSession
     partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
