@@ -43,6 +43,9 @@ from analyzer import lake, schema  # noqa: E402
 from spark_jobs import session, steps  # noqa: E402
 from spark_jobs.analyze import analyze  # noqa: E402
 
+# Spark's Python daemon as local sessions run it (spark_jobs/python_daemon.py), or PySpark's own:
+# the module its command runs (`python -m ...`), which the workers it forks inherit.
+DAEMONS = (b"spark_jobs.python_daemon", b"pyspark.daemon")
 OWN_CODE = (os.path.join(REPO_DIR, "spark_jobs") + os.sep, os.path.join(REPO_DIR, "analyzer") + os.sep)
 
 
@@ -107,7 +110,7 @@ class JobWatcher:
 
 def python_worker_mb(root: int) -> int:
     """The largest resident set (MB) among the PySpark Python processes under process `root`: the
-    daemon and the workers it forks (named after it)."""
+    daemon (DAEMONS) and the workers it forks (named after it)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -123,7 +126,8 @@ def python_worker_mb(root: int) -> int:
         todo += children.get(pid, [])
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                if b"pyspark.daemon" not in cmdline.read():
+                command = cmdline.read().split(b"\0")
+                if not any(command[1:3] == [b"-m", name] for name in DAEMONS):
                     continue
             with open(f"/proc/{pid}/status") as status:
                 kb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))

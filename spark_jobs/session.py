@@ -179,6 +179,8 @@ def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memor
         conf.set("spark.sql.shuffle.partitions", str(2 * cores))
         # Local runs are batch jobs and tests, often several at once: no UI, no fight over port 4040.
         conf.set("spark.ui.enabled", "false")
+        # Python workers that import pyspark as installed, not from Spark's archives (python_daemon.py).
+        conf.set("spark.python.daemon.module", "spark_jobs.python_daemon")
     if cores is not None:
         # Local Python workers (grouped Arrow functions) need this interpreter's packages: pyarrow,
         # analyzer. PySpark reads the variable when the context starts; a cluster sets its own.

@@ -1,0 +1,49 @@
+"""The Python daemon of local sessions (spark_jobs/python_daemon.py): its workers import pyspark as
+installed, with no archive on their path, and only when Spark's archives are copies of that install."""
+
+import os
+
+import pyarrow as pa
+import pyspark
+
+from spark_jobs.python_daemon import archives_of_this_install
+
+INSTALLED = os.path.dirname(os.path.abspath(pyspark.__file__))
+ARCHIVES = [os.path.join(INSTALLED, "python", "lib", name)
+            for name in sorted(os.listdir(os.path.join(INSTALLED, "python", "lib"))) if name.endswith(".zip")]
+
+
+def _worker_view(batches):
+    import sys
+
+    import pyspark as worker_pyspark
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pylist([{
+        "archives": [entry for entry in sys.path if os.path.isfile(entry)],
+        "zip_importers": sum(type(finder).__name__ == "zipimporter" for finder in sys.path_importer_cache.values()),
+        "pyspark": worker_pyspark.__file__}])
+
+
+def test_the_workers_import_pyspark_as_installed_with_no_archive_on_their_path(spark):
+    rows = spark.range(2).repartition(2).mapInArrow(
+        _worker_view, "archives array<string>, zip_importers long, pyspark string").collect()
+    assert rows
+    for row in rows:
+        assert row["archives"] == [] and row["zip_importers"] == 0
+        assert os.path.realpath(row["pyspark"]) == os.path.realpath(pyspark.__file__)
+
+
+def test_archives_are_left_out_only_when_spark_home_is_the_installed_pyspark(tmp_path):
+    site = os.path.dirname(INSTALLED)
+    jar = next(os.path.join(INSTALLED, "jars", name) for name in sorted(os.listdir(os.path.join(INSTALLED, "jars")))
+               if name.startswith("spark-core"))
+    path = [*ARCHIVES, jar, site]
+    assert ARCHIVES and archives_of_this_install(path, INSTALLED) == [*ARCHIVES, jar]
+    # Another Spark (its own pyspark in its archives), or none named: the path stays as Spark made it.
+    other = tmp_path / "spark"
+    other.mkdir()
+    assert archives_of_this_install(path, str(other)) == []
+    assert archives_of_this_install(path, None) == []
+    # pyspark not installed outside the archives: nothing to import it from but them.
+    assert archives_of_this_install([*ARCHIVES, jar, str(tmp_path)], INSTALLED) == []
