@@ -10,7 +10,9 @@ where its records go.
 
 from __future__ import annotations
 
+from functools import partial
 from itertools import takewhile
+from operator import ge
 
 from . import records as r
 
@@ -19,7 +21,7 @@ SETTLE_OUTCOMES = {"basic.ack": r.ACK, "basic.nack": r.NACK, "basic.reject": r.R
 
 def up_to(by_number: dict, number: int) -> list[int]:
     """Keys up to `number` of a dict kept in ascending key order."""
-    return list(takewhile(lambda key: key <= number, by_number))
+    return list(takewhile(partial(ge, number), by_number))  # number >= key, without a Python call per key
 
 
 def settle_point(item_row, at, timed: bool):
