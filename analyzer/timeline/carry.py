@@ -263,6 +263,8 @@ def _moved_before(old, new, boundary_ns: int) -> str | None:
     boundary bucket; None if it does not. Decided on the record's fields, conservatively: whatever
     an item's arrival counts must be unchanged unless it arrived in the boundary bucket or later,
     and its settling (old and new) must fall there too."""
+    if old is None and type(new) in _ARRIVAL:  # a new item, the common case: it settles no earlier than it arrives
+        return None if new.ts_ns >= boundary_ns else f"{type(new).__name__.lower()} seq {new.seq} arrived before the carried bucket"
     if old == new:
         return None
     if isinstance(new, r.Violation):
@@ -277,8 +279,6 @@ def _moved_before(old, new, boundary_ns: int) -> str | None:
         same = all(getattr(old, c) == getattr(new, c) for c in _ARRIVAL[type(new)])
         if not same or (old.outcome == r.UNKNOWN) != (new.outcome == r.UNKNOWN):
             return f"what {type(new).__name__.lower()} seq {new.seq} counts on arrival changed"
-    if old is None and new.ts_ns < boundary_ns:
-        return f"{type(new).__name__.lower()} seq {new.seq} arrived before the carried bucket"
     settles = [_settled_at(x) for x in (old, new) if x is not None]
     if any(t is not None and t < boundary_ns for t in settles):
         return f"{type(new).__name__.lower()} seq {new.seq} settled before the carried bucket"
