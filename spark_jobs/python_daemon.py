@@ -24,17 +24,21 @@ from importlib.machinery import PathFinder
 
 
 def archives_of_this_install(path: list[str], spark_home: str | None) -> list[str]:
-    """The archives on `path` (files: zips and JARs) that can be left out because `spark_home` is
-    the installed pyspark package found without them, with py4j beside it; [] when any is not so."""
-    archives = [entry for entry in path if os.path.isfile(entry)]
-    if not archives or not spark_home:
+    """Spark's archives on `path` (zips and JARs under `spark_home`), which can be left out because
+    `spark_home` is the installed pyspark package found without them, with py4j beside it; [] when
+    any is not so. Other archives on the path (a user's own) stay."""
+    if not spark_home:
+        return []
+    home = os.path.realpath(spark_home)
+    archives = [entry for entry in path if os.path.isfile(entry) and os.path.realpath(entry).startswith(home + os.sep)]
+    if not archives:
         return []
     rest = [entry for entry in path if entry not in archives]
     pyspark, py4j = PathFinder.find_spec("pyspark", rest), PathFinder.find_spec("py4j", rest)
     if pyspark is None or py4j is None or not pyspark.submodule_search_locations:
         return []
     installed = os.path.realpath(list(pyspark.submodule_search_locations)[0])
-    return archives if installed == os.path.realpath(spark_home) else []
+    return archives if installed == home else []
 
 
 def main() -> None:

@@ -45,5 +45,9 @@ def test_archives_are_left_out_only_when_spark_home_is_the_installed_pyspark(tmp
     other.mkdir()
     assert archives_of_this_install(path, str(other)) == []
     assert archives_of_this_install(path, None) == []
+    # An archive of one's own on the path is not Spark's: it stays.
+    own = tmp_path / "own.zip"
+    own.write_bytes(b"")
+    assert archives_of_this_install([str(own), *path], INSTALLED) == [*ARCHIVES, jar]
     # pyspark not installed outside the archives: nothing to import it from but them.
     assert archives_of_this_install([*ARCHIVES, jar, str(tmp_path)], INSTALLED) == []
