@@ -263,8 +263,10 @@ def _moved_before(old, new, boundary_ns: int) -> str | None:
     boundary bucket; None if it does not. Decided on the record's fields, conservatively: whatever
     an item's arrival counts must be unchanged unless it arrived in the boundary bucket or later,
     and its settling (old and new) must fall there too."""
-    if old is None and type(new) in _ARRIVAL:  # a new item, the common case: it settles no earlier than it arrives
-        return None if new.ts_ns >= boundary_ns else f"{type(new).__name__.lower()} seq {new.seq} arrived before the carried bucket"
+    if old is None and type(new) in _ARRIVAL:  # a new item (most are): it settles no earlier than it arrives
+        if new.ts_ns < boundary_ns:
+            return f"{type(new).__name__.lower()} seq {new.seq} arrived before the carried bucket"
+        return None
     if old == new:
         return None
     if isinstance(new, r.Violation):
