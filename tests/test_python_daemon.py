@@ -8,11 +8,6 @@ import pyspark
 
 from spark_jobs.python_daemon import archives_of_this_install
 
-INSTALLED = os.path.dirname(os.path.abspath(pyspark.__file__))
-ARCHIVES = [os.path.join(INSTALLED, "python", "lib", name)
-            for name in sorted(os.listdir(os.path.join(INSTALLED, "python", "lib"))) if name.endswith(".zip")]
-
-
 def _worker_view(batches):
     import sys
 
@@ -35,11 +30,15 @@ def test_the_workers_import_pyspark_as_installed_with_no_archive_on_their_path(s
 
 
 def test_archives_are_left_out_only_when_spark_home_is_the_installed_pyspark(tmp_path):
-    site = os.path.dirname(INSTALLED)
-    jar = next(os.path.join(INSTALLED, "jars", name) for name in sorted(os.listdir(os.path.join(INSTALLED, "jars")))
+    # Here, not at import: the workers import this module to run _worker_view.
+    installed = os.path.dirname(os.path.abspath(pyspark.__file__))
+    archives = [os.path.join(installed, "python", "lib", name)
+                for name in sorted(os.listdir(os.path.join(installed, "python", "lib"))) if name.endswith(".zip")]
+    site = os.path.dirname(installed)
+    jar = next(os.path.join(installed, "jars", name) for name in sorted(os.listdir(os.path.join(installed, "jars")))
                if name.startswith("spark-core"))
-    path = [*ARCHIVES, jar, site]
-    assert ARCHIVES and archives_of_this_install(path, INSTALLED) == [*ARCHIVES, jar]
+    path = [*archives, jar, site]
+    assert archives and archives_of_this_install(path, installed) == [*archives, jar]
     # Another Spark (its own pyspark in its archives), or none named: the path stays as Spark made it.
     other = tmp_path / "spark"
     other.mkdir()
@@ -48,6 +47,6 @@ def test_archives_are_left_out_only_when_spark_home_is_the_installed_pyspark(tmp
     # An archive of one's own on the path is not Spark's: it stays.
     own = tmp_path / "own.zip"
     own.write_bytes(b"")
-    assert archives_of_this_install([str(own), *path], INSTALLED) == [*ARCHIVES, jar]
+    assert archives_of_this_install([str(own), *path], installed) == [*archives, jar]
     # pyspark not installed outside the archives: nothing to import it from but them.
-    assert archives_of_this_install([*ARCHIVES, jar, str(tmp_path)], INSTALLED) == []
+    assert archives_of_this_install([*archives, jar, str(tmp_path)], installed) == []
