@@ -45,7 +45,7 @@ from spark_jobs.analyze import analyze  # noqa: E402
 
 # Spark's Python daemon as local sessions run it (spark_jobs/python_daemon.py), or PySpark's own:
 # the module its command runs (`python -m ...`), which the workers it forks inherit.
-DAEMONS = (b"spark_jobs.python_daemon", b"pyspark.daemon")
+DAEMONS = (session.PYTHON_DAEMON.encode(), b"pyspark.daemon")
 OWN_CODE = (os.path.join(REPO_DIR, "spark_jobs") + os.sep, os.path.join(REPO_DIR, "analyzer") + os.sep)
 
 

@@ -148,6 +148,9 @@ def _s3a_problem(spark: SparkSession) -> str | None:
             f"--packages org.apache.hadoop:hadoop-aws:{hadoop} (Maven brings the SDK bundle), or both JARs in {jars}")
 
 
+# The Python daemon module of local sessions (python_daemon.py).
+PYTHON_DAEMON = "spark_jobs.python_daemon"
+
 # delta-spark writes this session setting into each commit's `userMetadata`; the bridge does too.
 COMMIT_TAG_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
@@ -180,7 +183,7 @@ def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memor
         # Local runs are batch jobs and tests, often several at once: no UI, no fight over port 4040.
         conf.set("spark.ui.enabled", "false")
         # Python workers that import pyspark as installed, not from Spark's archives (python_daemon.py).
-        conf.set("spark.python.daemon.module", "spark_jobs.python_daemon")
+        conf.set("spark.python.daemon.module", PYTHON_DAEMON)
     if cores is not None:
         # Local Python workers (grouped Arrow functions) need this interpreter's packages: pyarrow,
         # analyzer. PySpark reads the variable when the context starts; a cluster sets its own.
