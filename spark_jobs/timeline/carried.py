@@ -9,13 +9,13 @@ first (a header row), and `mapInArrow` streams them through the machine: a conne
 millions of new frames is never held whole, its records leave as Arrow batches as they become
 final. The rows to write of the four timeline tables are written as files by the tasks
 themselves (uncommitted, as the pass over whole connections writes them; a connection that
-falls back takes its rows back out). Out come, as one wide table (wide.py): those files (`files`), the other rows
-to write, the rows they replace (role `stale`), the channel_metrics rows of the incarnations
-whose metrics are recomputed from the boundary bucket on (`touched`: they replace those
-buckets), the connection's findings before their evidence packets (`raw_findings`, as the pass
-gives them), the next checkpoint (`state`), or why the connection must be analysed whole instead
-(`fallback`; if some of its rows had already left, `streamed`: the caller drops them,
-`without_fallbacks`).
+falls back takes its rows back out). Out come, as one wide table (wide.py): those files
+(`files`), the other rows to write, the rows they replace (role `stale`), the channel_metrics
+rows of the incarnations whose metrics are recomputed from the boundary bucket on (`touched`:
+they replace those buckets), the connection's findings before their evidence packets
+(`raw_findings`, as the pass gives them), the next checkpoint (`state`), or why the connection
+must be analysed whole instead (`fallback`; if some of its rows had already left, `streamed`:
+the caller drops them, `without_fallbacks`).
 
 Runs that analyse connections whole (the first, `--full`, `--since`, fallbacks) get their
 checkpoints from the same pass that writes their tables (connection_pass.py).
@@ -77,8 +77,8 @@ def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, s
     The rows to write of the four timeline tables never become Spark rows: the tasks write them
     into those tables' folders of the lake `write_to` themselves, as the pass over whole
     connections does (uncommitted files of `file_rows` rows, None: wide_writes.FILE_ROWS; their
-    `files` rows in the wide table, for the caller to commit). A connection that falls back takes its rows back out
-    of them (wide_writes.FilesWriter.drop)."""
+    `files` rows in the wide table, for the caller to commit). A connection that falls back takes
+    its rows back out of them (wide_writes.FilesWriter.drop)."""
     spark = new_frames.sparkSession
     partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
     flush_records = flush_records or FLUSH_RECORDS
