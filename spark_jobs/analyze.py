@@ -352,7 +352,7 @@ def _full_run_findings(run: _Run, analysed: _Analysed, inputs: dict[str, DataFra
     summary = analysed.summary
     with joined_by_shuffle(run.spark):
         if summary.came_back:
-            deliveries = message_kinds_deliveries(inputs["deliveries"], summary.can_loop)
+            deliveries = message_kinds_deliveries(inputs["deliveries"])
             across = measured_findings(raw_findings({**inputs, "deliveries": deliveries}, thresholds,
                                                     ACROSS_CONNECTIONS))
             findings = finished_together(analysed.own.raw, analysed.own.rows, None, across, run.frames_since,

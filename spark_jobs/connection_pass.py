@@ -38,7 +38,7 @@ from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.records import Delivery
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
-from .detectors.messages import came_back_record, can_loop_record
+from .detectors.messages import came_back_record
 from .provisional import flagged, metric_flags, open_buckets
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 from .timeline.plans import measured
@@ -54,9 +54,9 @@ TALLY = pa.schema([("connection_id", pa.string()), ("frames", pa.int64()), ("met
 # connection row (JSON, for findings.finish_raw), and the frame seqs its evidence names.
 RAW_FINDINGS = pa.schema([("connection_id", pa.string()), ("connection", pa.string()), ("finding", pa.string()),
                           ("seqs", pa.list_(pa.int64()))])
-# Of the deliveries out of one flush: how many the cross-connection kinds can start from, and how
-# many make their message a candidate for requeue_loop (detectors/messages.py).
-COUNTS = pa.schema([("came_back", pa.int64()), ("can_loop", pa.int64())])
+# Of the deliveries out of one flush: how many the cross-connection kinds can start from
+# (detectors/messages.py).
+COUNTS = pa.schema([("came_back", pa.int64())])
 STATE_TABLE = "analysis_state"
 PASS_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "raw_findings": RAW_FINDINGS,
                STATE_TABLE: schema.ANALYSIS_STATE, "tally": TALLY, "counts": COUNTS, "files": FILES}
@@ -115,7 +115,6 @@ class PassSummary:
     connections: int
     metrics_redo: list[str]        # connections whose channel_metrics must be computed from all their records
     came_back: int                 # deliveries the cross-connection kinds can start from (detectors/messages.py)
-    can_loop: int                  # deliveries that make their message a candidate for requeue_loop (messages.py)
     written: dict[str, list[AddAction]]   # the files the pass wrote (`write_to`), per table
 
 
@@ -132,12 +131,11 @@ def summarised_pass(wide: DataFrame) -> tuple[DataFrame, PassSummary]:
         frames=F.sum(column("tally", "frames")),
         redo=F.collect_list(F.when(column("tally", "metrics_redo").isNotNull(), column("tally", "connection_id"))),
         came_back=F.sum(column("counts", "came_back")),
-        can_loop=F.sum(column("counts", "can_loop")),
         files=F.collect_list("files"))
     rows = {name: seen[f"rows_{name}"] + (seen.get(f"files_{name}") or 0) for name in TABLE_NAMES}
     return done, PassSummary(rows, frames=seen["frames"] or 0, connections=seen["connections"],
                              metrics_redo=sorted(seen["redo"]), came_back=seen["came_back"] or 0,
-                             can_loop=seen["can_loop"] or 0, written=add_actions(seen["files"]))
+                             written=add_actions(seen["files"]))
 
 
 class ConnectionsPartition:
@@ -242,8 +240,7 @@ class _Partition(ConnectionsPartition):
         if not (self.records or self.open_records or self.metrics or any(self.rows.values())):
             return
         deliveries = [x for x in (*self.records, *self.open_records) if type(x) is Delivery]
-        parts = [("counts", None, pa.Table.from_pylist([{"came_back": sum(map(came_back_record, deliveries)),
-                                                         "can_loop": sum(map(can_loop_record, deliveries))}],
+        parts = [("counts", None, pa.Table.from_pylist([{"came_back": sum(map(came_back_record, deliveries))}],
                                                        schema=COUNTS))]
         for name, record_type in RECORD_TYPES.items():
             rows = pa.concat_tables([flagged(to_table(self.records, record_type), False),

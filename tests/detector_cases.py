@@ -178,6 +178,16 @@ def hand_built_cases() -> list[Case]:
     for n in range(loop + 2):
         case.delivery(10 + n, n, message_identity="h:same", requeue=False, **settled(n, 0.01, "reject"))
     add(case)
+    # a loop whose every bounce is followed, before its return, by a plain delivery of an identical
+    # body on another consumer: those are other messages (not redelivered), and not in the loop
+    case = Case("echo").channel(consumer_prefetch=1)
+    plain = Case("echo-plain").channel()
+    for n in range(loop):
+        last = n == loop - 1
+        case.delivery(10 + n, n, message_identity="h:echo", redelivered=n > 0,
+                      requeue=None if last else True, **settled(n, 0.01, "ack" if last else "nack"))
+        plain.delivery(10 + n, n + 0.5, message_identity="h:echo", **settled(n + 0.5, 0.01))
+    cases += [case, plain]
     # one message bounced twice on one connection, then three times on another: pinned to the second
     wanderer = dict(message_identity="id:wanderer", message_id="wanderer")
     first = Case("wander-a").channel()
@@ -252,6 +262,7 @@ UNIT_EXPECTED = {
     "midstream-manual": {"unacked_buildup": 1}, "midstream-unknown-mode": {},
     "loop": {"requeue_loop": LAB.requeue_loop_deliveries}, "short-loop": {},
     "dead-letter": {"requeue_loop": 1}, "shallow-dead-letter": {}, "same-body": {},
+    "echo": {"requeue_loop": LAB.requeue_loop_deliveries}, "echo-plain": {},
     "wander-a": {}, "wander-b": {"requeue_loop": 6},
     "violations": {"unknown_delivery_tag": 2},
     "closer": {"redelivery_after_close": 1}, "closer-late": {}, "taker": {},

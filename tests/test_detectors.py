@@ -32,7 +32,7 @@ from analyzer.timeline.records import DELIVERY_OUTCOMES
 from spark_jobs.detectors import DETECTORS, INPUTS, SEVERITY, detect
 from spark_jobs.detectors.scoped import message_kinds_deliveries
 from spark_jobs.detectors.common import EVIDENCE
-from spark_jobs.detectors.messages import can_loop, can_loop_record
+from spark_jobs.detectors.messages import came_back, came_back_record
 from spark_jobs.detectors.scoped import ACROSS_CONNECTIONS
 from spark_jobs.thresholds import Thresholds
 from spark_jobs.types import spark_schema
@@ -255,6 +255,9 @@ def test_hand_built_case_gives_exactly_its_findings(findings, case):
 def test_requeue_loop_is_one_finding_per_message_pinned_where_it_bounced_most(findings):
     (loop,) = on(findings, "loop")
     assert loop["message_identity"] == "id:poison" and evidence_of(loop)["message_id"] == "poison"
+    (echo,) = on(findings, "echo")  # the plain deliveries of its body between bounce and return are not counted
+    assert evidence_of(echo)["deliveries"] == LAB.requeue_loop_deliveries == echo["count"]
+    assert evidence_of(echo)["channels"] == [f"{echo['connection_id']}#1"]
     (dead,) = on(findings, "dead-letter")
     assert dead["value"] == LAB.dead_letter_loop_count == dead["threshold"]
     (wanderer,) = on(findings, "wander-b")
@@ -304,10 +307,10 @@ def test_the_expectations_check_catches_misses_and_forbidden_kinds():
     assert problems([dict(finding, channel=2, count=9)], {"expect": expected["expect"]}) != []
 
 
-def test_the_pass_counts_candidates_for_requeue_loop_as_the_spark_filter_picks_them(spark):
-    """The pass counts `can_loop` deliveries on its records (a full run's pass writes them as files,
-    never as Spark rows); the message kinds pick the same deliveries with the Spark column. Every
-    combination of what the two read."""
+def test_the_pass_counts_deliveries_that_came_back_as_the_spark_column_picks_them(spark):
+    """The pass counts the deliveries that came back on its records (a full run's pass writes them
+    as files, never as Spark rows; none, and the message kinds are not run); the kinds pick them
+    with the Spark column. Every combination of what the two read."""
     rows = [dict(message_identity=identity, outcome=outcome, x_death_count=x_death, redelivered=redelivered)
             for identity in (None, "m1")
             for outcome in DELIVERY_OUTCOMES
@@ -315,8 +318,8 @@ def test_the_pass_counts_candidates_for_requeue_loop_as_the_spark_filter_picks_t
             for redelivered in (None, False, True)]
     table = spark.createDataFrame(rows, "message_identity string, outcome string, x_death_count int, "
                                         "redelivered boolean")
-    picked = table.withColumn("picked", can_loop()).orderBy(*table.columns).collect()
+    picked = table.withColumn("picked", came_back()).orderBy(*table.columns).collect()
     assert len(picked) == len(rows)
     assert {row["picked"] is True for row in picked} == {True, False}
     for row in picked:
-        assert can_loop_record(SimpleNamespace(**row.asDict())) is (row["picked"] is True), row
+        assert came_back_record(SimpleNamespace(**row.asDict())) is (row["picked"] is True), row

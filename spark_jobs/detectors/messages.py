@@ -4,7 +4,9 @@ finding per message) and redelivery_after_close (one per closed channel incarnat
 A message is known by `message_identity` (its message_id, else a hash of body, exchange and
 routing key). Identical bodies share an identity, so a later delivery counts as the same message
 coming back only when the broker says so: `redelivered=true` after a requeue, or a higher
-x-death count after a dead-lettering.
+x-death count after a dead-lettering. So a loop is made of the deliveries `in_loop` only: bounced
+ones and those that came back. A plain delivery of an identical body (first delivered, not
+bounced) is another message, wherever it falls between a bounce and its return.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ def came_back_record(d) -> bool:
     return d.message_identity is not None and (d.redelivered is True or (d.x_death_count or 0) > 0)
 
 
+def came_back() -> Column:
+    """`came_back_record` as a Spark column."""
+    return (F.col("message_identity").isNotNull()
+            & ((F.col("redelivered") == True) | (F.coalesce(F.col("x_death_count"), F.lit(0)) > 0)))  # noqa: E712
+
+
 def can_loop() -> Column:
     """Deliveries of a known message that make it a candidate for requeue_loop: bounced by the
     consumer, or dead-lettered before. A message none of whose deliveries is one is in no loop."""
@@ -36,16 +44,21 @@ def can_loop() -> Column:
             & (F.col("outcome").isin(*BOUNCED_BY) | (F.coalesce(F.col("x_death_count"), F.lit(0)) > 0)))
 
 
-def can_loop_record(d) -> bool:
-    """`can_loop` of one Delivery record, as the pass counts them (tests/test_detectors.py holds the
-    two to the same answers)."""
-    return d.message_identity is not None and (d.outcome in BOUNCED_BY or (d.x_death_count or 0) > 0)
+def in_loop() -> Column:
+    """Deliveries that can be part of a loop: bounced by the consumer, or come back. requeue_loop
+    reads no other."""
+    return can_loop() | came_back()
 
 
 def left_at_close() -> Column:
     """Deliveries left unacked when their channel or connection closed: redelivery_after_close's
     starting points."""
     return F.col("outcome").isin(*CLOSED) & F.col("settle_ts_ns").isNotNull()
+
+
+def candidate() -> Column:
+    """Every delivery either kind reads: in a loop, or left at a close."""
+    return in_loop() | (F.col("message_identity").isNotNull() & left_at_close())
 
 
 def _place(connection_id: str = "connection_id", channel: str = "channel"):
@@ -57,15 +70,16 @@ def requeue_loop(tables: Tables, thresholds: Thresholds) -> DataFrame:
     returns redelivered) or dead-lettered back to its queue (its x-death count grows). Fires at
     `requeue_loop_deliveries` deliveries in the loop, or an x-death count of `dead_letter_loop_count`
     (a dead-letter cycle whose earlier turns predate the capture). Pinned to the channel that
-    bounced it most."""
-    deliveries = tables["deliveries"].filter(F.col("message_identity").isNotNull())
+    bounced it most. Only the deliveries in the loop count (`in_loop`)."""
+    deliveries = tables["deliveries"].filter(in_loop())
     # Only a message delivered more than once, or dead-lettered before, can be in a loop: most are
     # delivered once, and the windows below need not sort them.
     repeated = (deliveries.groupBy("message_identity")
                 .agg(F.count(F.lit(1)).alias("_n"), F.max("x_death_count").alias("_x_death"))
                 .filter((F.col("_n") > 1) | (F.col("_x_death") > 0)).select("message_identity"))
     deliveries = deliveries.join(repeated, on="message_identity", how="left_semi")
-    # Across connections the capture clock orders deliveries; seq breaks ties within one.
+    # Across connections the capture clock orders deliveries; seq breaks ties within one. A bounce is
+    # followed in the loop by its return: plain deliveries of identical bodies are not in it.
     journey = Window.partitionBy("message_identity").orderBy("ts_ns", "connection_id", "seq")
     came_back = (((F.col("requeue") == True) & (F.lead("redelivered").over(journey) == True))  # noqa: E712
                  | (F.coalesce(F.lead("x_death_count").over(journey), F.lit(0))

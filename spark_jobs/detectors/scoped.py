@@ -7,7 +7,7 @@ it analysed whole, stored_findings.py for those it carried on) and hands them in
 The two kinds that follow a message across connections (messages.py) depend on the deliveries of
 its messages, wherever they are: only the delivery rows the run wrote (`changed`) can change them.
 - requeue_loop, one finding per message: computed again for every message identity of a changed
-  delivery, from all the deliveries of those identities;
+  delivery, from the deliveries of those identities that can be in a loop (messages.in_loop);
 - redelivery_after_close, one finding per closed channel incarnation: computed again for the
   incarnations with a changed closed delivery, and for those elsewhere whose unacked messages came
   back (redelivered) in a changed delivery, from their deliveries and every delivery of the same
@@ -15,10 +15,10 @@ its messages, wherever they are: only the delivery rows the run wrote (`changed`
 Every other stored finding stays as it was.
 
 Both kinds read the stored deliveries through one scan (`_candidates`, materialised): every
-delivery of a changed message, and every closed or redelivered one, which is all that
-redelivery_after_close reads of any message. The rest are joins among those few rows, made by
-shuffling them (`joined_by_shuffle`): without adaptive execution each broadcast would be a Spark
-job of its own, and there would be one per join.
+delivery that is in a loop or was left at a close (messages.candidate), which is all either kind
+reads of any message. The rest are joins among those few rows, made by shuffling them
+(`joined_by_shuffle`): without adaptive execution each broadcast would be a Spark job of its own,
+and there would be one per join.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from analyzer.detectors import KINDS
 from spark_jobs.delta_io import Listed, Match, connections_match
 from spark_jobs.session import expressions_for
 from spark_jobs.thresholds import Thresholds
-from spark_jobs.timeline.plans import joined_by_shuffle, lookup, measured
+from spark_jobs.timeline.plans import joined_by_shuffle, measured
 
 from . import DETECTORS
 from .common import INCARNATION, MeasuredFindings, measured_findings
-from .messages import can_loop, left_at_close
+from .messages import candidate, left_at_close
 
 ACROSS_CONNECTIONS = tuple(DETECTORS)
 
@@ -90,40 +90,32 @@ def rescoped_findings(tables: Tables, analysed: list[str], changed: DataFrame, t
     return RescopedFindings(across, replaces)
 
 
-def message_kinds_deliveries(deliveries: DataFrame, can_loop_rows: int | None = None) -> DataFrame:
-    """What either message kind reads of a whole deliveries table (a full run's `detect`), materialised:
-    every delivery of a message that can be in a loop, and every closed or redelivered one. The
-    kinds find in it exactly what they find in the whole table. `can_loop_rows`: how many
-    deliveries are `can_loop`, if known (the pass counts them)."""
-    candidates, _ = _candidates(deliveries, None, can_loop_rows)
+def message_kinds_deliveries(deliveries: DataFrame) -> DataFrame:
+    """What either message kind reads of a whole deliveries table (a full run's `detect`),
+    materialised: every delivery `candidate()` picks. The kinds find in it exactly what they find
+    in the whole table."""
+    candidates, _ = _candidates(deliveries, None)
     return candidates.select(*[c for c in candidates.columns if c not in (TOUCHED, CAME_BACK)])
 
 
-def _candidates(deliveries: DataFrame, messages: DataFrame | None,
-                can_loop_rows: int | None = None) -> tuple[DataFrame, int]:
-    """The stored deliveries either kind can read for `messages` (message_identity, CAME_BACK; None:
-    every message): every delivery of those that came back or can be in a loop (marked TOUCHED,
-    with CAME_BACK) and every closed or redelivered delivery; materialised, and how many.
+def _candidates(deliveries: DataFrame, messages: DataFrame | None) -> tuple[DataFrame, int]:
+    """The stored deliveries either kind can read (`candidate()`: in a loop, or left at a close),
+    those of `messages` (message_identity, CAME_BACK; None: every message) marked TOUCHED, with
+    CAME_BACK; materialised, and how many.
 
-    Two scans of the deliveries, neither shuffling them. The first reads three columns for the
-    messages that can be in a loop at all (a delivery of theirs bounced, or dead-lettered before:
-    requeue_loop finds nothing for any other, in this table as it now stands) and keeps those of
-    `messages`, with those that came back: few, so the second scan meets them by broadcast."""
-    known = deliveries.filter(F.col("message_identity").isNotNull())
-    looping = known.filter(can_loop()).select("message_identity").distinct()
+    One scan of the deliveries, never shuffling them: the filter leaves few rows, and only those
+    meet `messages`, by shuffle (a run's changed messages can be hundreds of thousands, past what
+    is broadcast, and a broadcast would be a Spark job of its own)."""
+    found = deliveries.filter(candidate())
     if messages is None:
-        # At most one message per such delivery: a known count of them spares counting the messages.
-        marked = lookup(looping.withColumn(CAME_BACK, F.lit(False)).withColumn(TOUCHED, F.lit(True)), can_loop_rows)
+        marked = found.withColumn(CAME_BACK, F.lit(False)).withColumn(TOUCHED, F.lit(True))
     else:
-        marked = lookup(messages.join(looping, on="message_identity", how="left_semi")
-                        .unionByName(messages.filter(F.col(CAME_BACK)))
-                        .groupBy("message_identity").agg(F.max(CAME_BACK).alias(CAME_BACK))
-                        .withColumn(TOUCHED, F.lit(True)))
-    candidates, seen = measured(
-        known.join(marked, on="message_identity", how="left")
-        .filter(F.col(TOUCHED).isNotNull() | left_at_close() | (F.col("redelivered") == True))  # noqa: E712
-        .withColumn(TOUCHED, F.coalesce(TOUCHED, F.lit(False)))
-        .withColumn(CAME_BACK, F.coalesce(CAME_BACK, F.lit(False))), rows=F.count(F.lit(1)))
+        marked = (found.join(messages.withColumn(TOUCHED, F.lit(True)).hint("shuffle_hash"),
+                             on="message_identity", how="left")
+                  .withColumn(TOUCHED, F.coalesce(TOUCHED, F.lit(False)))
+                  .withColumn(CAME_BACK, F.coalesce(CAME_BACK, F.lit(False))))
+    with joined_by_shuffle(deliveries.sparkSession):
+        candidates, seen = measured(marked, rows=F.count(F.lit(1)))
     # Columns of their own: the checkpoint keeps the stored table's, and the rows a run wrote for
     # connections analysed whole are read from that table too (Spark cannot join the two apart).
     return candidates.select(*[F.col(column).alias(column) for column in candidates.columns]), seen["rows"]
