@@ -63,6 +63,17 @@ _SESSION_CONF = {
 
 
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
+# A local driver runs the tasks too, in a heap of a few GB. Spark allocates a buffer of 1-4 MB for
+# every broadcast, task binary and collected result (ChunkedByteBufferOutputStream); G1 takes each
+# as a humongous object, and such allocations start its concurrent marking cycles: 103 of them,
+# 17.6 s of concurrent GC, in 110 s of small incremental runs (JFR, bench/README "Session 23").
+# The throughput collector has no humongous objects, and batch jobs mind no pauses.
+LOCAL_GC = "-XX:+UseParallelGC"
+
+
+def local_gc(java_options: list[str]) -> list[str]:
+    """LOCAL_GC for a local driver, unless its options already choose a collector (the JVM refuses two)."""
+    return [] if any(re.search(r"-XX:\+Use\w+GC\b", option) for option in java_options) else [LOCAL_GC]
 
 
 def spark_log_path() -> str:
@@ -195,6 +206,8 @@ def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memor
                     f"-Dackscope.spark.log={spark_log_path()}", extra_java_options]
     if cores is not None and class_archive:
         java_options.append(jvm_archive.java_options())
+    if cores is not None:
+        java_options += local_gc(java_options)
     conf.set("spark.driver.extraJavaOptions", " ".join(option for option in java_options if option))
     if _delta_jars_in_driver(conf):
         conf.set("spark.sql.extensions", DELTA_EXTENSION).set("spark.sql.catalog.spark_catalog", DELTA_CATALOG)
