@@ -13,4 +13,4 @@ def test_a_collector_the_options_choose_is_kept():
     assert local_gc(["-Dlog4j2.configurationFile=file:///x", ""]) == [LOCAL_GC]
     assert local_gc(["-Xlog:gc -XX:+UseG1GC"]) == []
     assert local_gc(["-XX:+UseZGC"]) == []
-    assert local_gc(["-XX:+UseGCOverheadLimit"]) == [LOCAL_GC]  # a G1 and Parallel option, not a collector
+    assert local_gc(["-XX:+UseGCOverheadLimit"]) == [LOCAL_GC]  # a collector's option, not a collector
