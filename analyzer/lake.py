@@ -128,10 +128,11 @@ NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 
 class TableWriter:
-    """`split_by`: a boolean column whose true and false rows go to files apart, each file's
-    add action carrying the column's min, max and null count (the Spark jobs' `provisional`)."""
+    """`split_by`: boolean columns whose true and false rows go to files apart (a file per
+    combination of their values), each file's add action carrying each column's min, max and null
+    count (the Spark jobs' `provisional` and the deliveries' `requeue_related`)."""
 
-    def __init__(self, lake: str, name: str, schema: pa.Schema, split_by: str | None = None):
+    def __init__(self, lake: str, name: str, schema: pa.Schema, split_by: tuple[str, ...] = ()):
         self.path = os.path.join(lake, name)
         self.fs, self.root = filesystem(self.path)
         self.schema = schema
@@ -148,32 +149,15 @@ class TableWriter:
             # (nearly all of them) is written as it is: filtering would copy every column for nothing.
             day = pc.is_null(table["date"]) if date is None else pc.equal(table["date"], date)
             whole = table if len(dates) == 1 else table.filter(day)
-            for part, stats in self._split(whole.drop_columns(PARTITION_BY)):
+            for part, values in by_flags(whole.drop_columns(PARTITION_BY), self.split_by):
                 relative = f"date={NULL_PARTITION if date is None else date}/part-{uuid.uuid4().hex}.zstd.parquet"
                 full = f"{self.root}/{relative}"
                 make_dir_in(self.fs, os.path.dirname(full))
                 pq.write_table(part, full, compression="zstd", filesystem=self.fs)
                 self.actions.append(AddAction(relative, self.fs.get_file_info(full).size, {"date": date},
-                                              int(time.time() * 1000), True, json.dumps(stats)))
+                                              int(time.time() * 1000), True,
+                                              json.dumps(_file_stats(part.num_rows, values))))
                 self.rows += part.num_rows
-
-    def _split(self, table: pa.Table) -> list[tuple[pa.Table, dict]]:
-        """The table's parts to write as files of their own, each with its Delta statistics."""
-        if self.split_by is None:
-            return [(table, {"numRecords": table.num_rows})]
-        column, flags = self.split_by, table[self.split_by]
-        trues = pc.sum(flags).as_py() or 0
-        parts = []
-        for value, n in ((False, table.num_rows - trues - flags.null_count), (True, trues)):
-            if n:
-                # Nearly always one value in the whole table: then it is written as it is.
-                part = table if n == table.num_rows else table.filter(pc.equal(flags, value))
-                parts.append((part, {"numRecords": n, "minValues": {column: value}, "maxValues": {column: value},
-                                     "nullCount": {column: 0}}))
-        if flags.null_count:
-            parts.append((table.filter(pc.is_null(flags)), {"numRecords": flags.null_count,
-                                                            "nullCount": {column: flags.null_count}}))
-        return parts
 
     def take_back(self, relative: str) -> pa.Table:
         """A file written so far, out of the next commit and deleted: its rows, in the writer's
@@ -228,3 +212,39 @@ def open_or_create(path: str, schema: pa.Schema, partition_by: list[str] = PARTI
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def by_flags(table: pa.Table, columns: tuple[str, ...]) -> list[tuple[pa.Table, dict[str, bool | None]]]:
+    """`table`'s rows by their values of the boolean `columns`: each combination that occurs, as
+    its rows and the values (column -> false, true or None)."""
+    parts = [(table, {})]
+    for column in columns:
+        parts = [(piece, {**values, column: value}) for part, values in parts
+                 for piece, value in _by_value(part, column)]
+    return parts
+
+
+def _by_value(table: pa.Table, column: str) -> list[tuple[pa.Table, bool | None]]:
+    """`table`'s rows by their value of the boolean `column` (false, true, null): the values that
+    occur, with their rows."""
+    flags = table[column]
+    trues = pc.sum(flags).as_py() or 0
+    parts = []
+    for value, n in ((False, table.num_rows - trues - flags.null_count), (True, trues), (None, flags.null_count)):
+        if n:
+            # Nearly always one value in the whole table: then it is written as it is.
+            part = table if n == table.num_rows else table.filter(
+                pc.is_null(flags) if value is None else pc.equal(flags, value))
+            parts.append((part, value))
+    return parts
+
+
+def _file_stats(rows: int, values: dict[str, bool | None]) -> dict:
+    """Delta statistics of a file of `rows` rows all with these values of the columns split by."""
+    stats: dict = {"numRecords": rows}
+    known = {column: value for column, value in values.items() if value is not None}
+    if known:
+        stats.update(minValues=known, maxValues=known)
+    if values:
+        stats["nullCount"] = {column: rows if value is None else 0 for column, value in values.items()}
+    return stats

@@ -46,6 +46,7 @@ from spark_jobs.detectors.common import measured_findings
 from spark_jobs.detectors.scoped import ACROSS_CONNECTIONS, message_kinds_deliveries, rescoped_findings
 from spark_jobs.metrics_redo import pass_channel_metrics, with_metrics_redone
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
+from spark_jobs.requeue_related import REQUEUE_RELATED
 from spark_jobs.run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, finished_runs, plan_run, thresholds_json
 from spark_jobs.session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, expressions_for, use_lake
 from spark_jobs.steps import Steps
@@ -56,11 +57,14 @@ from spark_jobs.types import spark_schema
 from spark_jobs.connection_pass import STATE_TABLE, PassSummary, connection_pass, pass_rows, summarised_pass
 from spark_jobs.timeline.plans import first_day, first_seen, joined_by_shuffle, materialised, of_connections
 from spark_jobs.timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
-from spark_jobs.wide_writes import write_wide
+from spark_jobs.wide_writes import FILE_FLAGS, write_wide
 
 OUTPUT_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "findings": schema.FINDINGS}
 # Kept per connection: a run replaces the rows of the connections it analysed.
 PER_CONNECTION_TABLES = [*TIMELINE_TABLES, "channel_metrics"]
+# The columns of theirs a scoped run relies on (provisional.py, requeue_related.py): run_scope.plan_run.
+FLAGGED_TABLES = {name: tuple(flag for flag in FILE_FLAGS if flag in OUTPUT_TABLES[name].names)
+                  for name in PER_CONNECTION_TABLES}
 
 
 @dataclass
@@ -138,7 +142,7 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
         with steps.step("plan"):
             mode = resolve_delta_mode(spark, delta_mode)
             plan = plan_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds,
-                            [*OUTPUT_TABLES, STATE_TABLE], flagged_tables=tuple(PER_CONNECTION_TABLES))
+                            [*OUTPUT_TABLES, STATE_TABLE], flagged_tables=FLAGGED_TABLES)
             sized.enter_context(expressions_for(spark, plan.frames_rows))  # the rest of the run
             all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
             connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)
@@ -317,13 +321,16 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
     # pass's output, which holds every table's rows together.
     stored = {name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in TIMELINE_TABLES}
     inputs = {**stored, "frames": all_frames, "connections": run.connections}
+    # All the message kinds read of the stored deliveries is among these (requeue_related.py).
+    requeue_related = read_delta(run.spark, run.lake, "deliveries", OUTPUT_TABLES["deliveries"], run.mode,
+                                 files_where=REQUEUE_RELATED)
     if run.keys and not run.plan.findings_stale:
         whole_keys = sorted(set(run.keys) - set(analysed.carried_keys))
         changed = [of_connections(inputs["deliveries"], whole_keys)] if whole_keys else []
         if analysed.carried_deliveries is not None:
             changed.append(analysed.carried_deliveries)
         changed = reduce(DataFrame.unionByName, changed) if changed else inputs["deliveries"].limit(0)
-        rescoped = rescoped_findings(inputs, run.keys, changed, thresholds, written_deliveries)
+        rescoped = rescoped_findings(inputs, requeue_related, run.keys, changed, thresholds, written_deliveries)
         carried_since = None
         if analysed.carried_findings_rows:
             carried_since = first_day(first_seen(run.connections, analysed.carried_keys).first(), analysed.carried_keys)
@@ -337,22 +344,24 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
         replace_matching(findings, run.lake, "findings", schema.FINDINGS, rescoped.replaces)
     else:
         if analysed is not None and run.keys is None:
-            _full_run_findings(run, analysed, inputs, thresholds)
+            _full_run_findings(run, analysed, inputs, requeue_related, thresholds)
             return
         findings = _own_findings_from_stored(run, inputs, thresholds).unionByName(detect(
-            {**inputs, "deliveries": message_kinds_deliveries(inputs["deliveries"])}, thresholds,
+            {**inputs, "deliveries": message_kinds_deliveries(requeue_related)}, thresholds,
             kinds=ACROSS_CONNECTIONS))
         write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=run.mode)
 
 
-def _full_run_findings(run: _Run, analysed: _Analysed, inputs: dict[str, DataFrame], thresholds: Thresholds) -> None:
+def _full_run_findings(run: _Run, analysed: _Analysed, inputs: dict[str, DataFrame], requeue_related: DataFrame,
+                       thresholds: Thresholds) -> None:
     """A full run's findings table: the pass's findings about one connection and the message kinds',
     their evidence packets looked up in one scan of `frames`. The pass counted what the message
-    kinds can start from: without a delivery that came back they find nothing."""
+    kinds can start from: without a delivery that came back they find nothing. `requeue_related`:
+    the stored deliveries the kinds can read (requeue_related.py)."""
     summary = analysed.summary
     with joined_by_shuffle(run.spark):
         if summary.came_back:
-            deliveries = message_kinds_deliveries(inputs["deliveries"])
+            deliveries = message_kinds_deliveries(requeue_related)
             across = measured_findings(raw_findings({**inputs, "deliveries": deliveries}, thresholds,
                                                     ACROSS_CONNECTIONS))
             findings = finished_together(analysed.own.raw, analysed.own.rows, None, across, run.frames_since,

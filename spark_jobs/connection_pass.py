@@ -40,7 +40,7 @@ from analyzer.timeline.tables import RECORD_TYPES, to_table
 
 from .detectors.messages import came_back_record
 from .provisional import flagged, metric_flags, open_buckets
-from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
+from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES, as_stored
 from .timeline.plans import measured
 from .timeline.wide import RECORD, column, from_wide, to_wide, wide_schema
 from .types import spark_schema
@@ -243,8 +243,8 @@ class _Partition(ConnectionsPartition):
         parts = [("counts", None, pa.Table.from_pylist([{"came_back": sum(map(came_back_record, deliveries))}],
                                                        schema=COUNTS))]
         for name, record_type in RECORD_TYPES.items():
-            rows = pa.concat_tables([flagged(to_table(self.records, record_type), False),
-                                     flagged(to_table(self.open_records, record_type), True)])
+            rows = pa.concat_tables([as_stored(name, to_table(self.records, record_type), False),
+                                     as_stored(name, to_table(self.open_records, record_type), True)])
             if self.writers is None:
                 parts.append((name, None, rows))
             else:

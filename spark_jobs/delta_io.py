@@ -28,8 +28,9 @@ from analyzer.schema import PARTITION_BY
 
 from . import session
 from .provisional import PROVISIONAL, files_with_provisional_rows
-from .table_files import (TRANSACTION_VERSION, commit, commit_properties, delete_staging, files_to_read,
-                          new_staging_folder, place_written_files, relative_in_table, snapshot_files, spark_location)
+from .table_files import (TRANSACTION_VERSION, commit, commit_properties, delete_staging, files_that_may_hold,
+                          files_to_read, new_staging_folder, place_written_files, relative_in_table, snapshot_files,
+                          spark_location)
 from .timeline.plans import IN_LIST_CONNECTIONS, lookup, materialised
 from .types import spark_schema
 from .wide_writes import write_tables
@@ -46,12 +47,14 @@ SPLIT_BY_PROVISIONAL = "provisional_rows"
 
 def read_delta(spark: SparkSession, lake: str, name: str, schema: pa.Schema | None = None, mode: str = "auto",
                since: date | str | None = None, until: date | str | None = None,
-               version: int | None = None) -> DataFrame:
+               version: int | None = None, files_where: str | None = None) -> DataFrame:
     """The table's current snapshot (or the one at `version`), in `schema` (by default the table's own).
 
     `since` and `until` are UTC days, both inclusive, and select `date` partitions; a datetime
     selects the day it falls on. A missing table reads as an empty DataFrame of `schema`.
-    `mode` is the Delta path: auto, native or bridge (see `session.delta_mode`)."""
+    `mode` is the Delta path: auto, native or bridge (see `session.delta_mode`). `files_where`: a
+    boolean column: only its true (or null) rows, read from only the files whose statistics say it
+    may be true (table_files.files_that_may_hold; delta-spark skips files by the same statistics)."""
     table = open_table(lake, name)
     if table is not None and version is not None:
         table.load_as_version(version)
@@ -73,7 +76,10 @@ def read_delta(spark: SparkSession, lake: str, name: str, schema: pa.Schema | No
             reader = reader.option("versionAsOf", version)
         data = _in_days(reader.load(spark_location(location)), *days)
     else:
-        data = _read_bridge(spark, table, location, struct, *days)
+        only = files_that_may_hold(table, files_where) if files_where is not None else None
+        data = _read_bridge(spark, table, location, struct, *days, only=only)
+    if files_where is not None:
+        data = data.where(F.col(files_where).isNull() | (F.col(files_where) == True))  # noqa: E712
     return _schema_contract(data, struct)
 
 

@@ -24,12 +24,12 @@ analysis_runs lists the runs that finished; a table whose latest commit is not a
 
 from __future__ import annotations
 
-from urllib.parse import unquote
-
 import pyarrow as pa
 from deltalake import DeltaTable
 
 from analyzer.timeline.records import ChannelFacts
+
+from .table_files import files_that_may_hold
 
 PROVISIONAL = "provisional"
 # The commitInfo key naming the analysis run that wrote a commit (delta-spark's `userMetadata`).
@@ -52,15 +52,8 @@ def flagged(table: pa.Table, provisional: bool | pa.Array) -> pa.Table:
 
 
 def files_with_provisional_rows(table: DeltaTable) -> set[str]:
-    """The files of the table's snapshot (paths relative to it, as table_files.snapshot_files names
-    them) that may hold a provisional row: all but those whose statistics say the column's
-    largest value is false."""
-    actions = pa.table(table.get_add_actions(flatten=True))
-    paths = [unquote(path) for path in actions.column("path").to_pylist()]
-    column = f"max.{PROVISIONAL}"
-    if column not in actions.column_names:
-        return set(paths)
-    return {path for path, most in zip(paths, actions.column(column).to_pylist()) if most is not False}
+    """The files of the table's snapshot that may hold a provisional row (table_files.files_that_may_hold)."""
+    return files_that_may_hold(table, PROVISIONAL)
 
 
 def last_written_by_finished_run(table: DeltaTable, finished_runs: set[str]) -> bool:

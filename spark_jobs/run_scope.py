@@ -29,7 +29,6 @@ from deltalake import DeltaTable
 from analyzer import schema
 from analyzer.lake import logged_rows, open_table, read_table
 
-from .provisional import PROVISIONAL
 from .table_files import changes_between
 from .thresholds import Thresholds
 
@@ -53,21 +52,22 @@ class RunScope:
 
 def plan_run(lake: str, since: str | None, until: str | None, full: bool, bucket_seconds: int,
              overdue_ns: int, thresholds: Thresholds, output_tables: list[str],
-             flagged_tables: tuple[str, ...] = ()) -> RunScope:
-    """`flagged_tables`: the output tables with the `provisional` column (provisional.py): one
-    written before it existed is replaced whole."""
+             flagged_tables: dict[str, tuple[str, ...]] | None = None) -> RunScope:
+    """`flagged_tables`: output tables and the columns a carried run relies on in them (each
+    table's `provisional`, provisional.py; the deliveries' `requeue_related`, requeue_related.py):
+    a table written before one of them existed is replaced whole."""
     frames = open_table(lake, "frames")
     if frames is None:
         raise FileNotFoundError(f"no frames table in {lake}")
     version = frames.version()
     scope = _scope(lake, frames, version, since, until, full, bucket_seconds, overdue_ns, thresholds,
-                   output_tables, flagged_tables)
+                   output_tables, flagged_tables or {})
     return replace(scope, frames_rows=logged_rows(frames))
 
 
 def _scope(lake: str, frames: DeltaTable, version: int, since: str | None, until: str | None, full: bool,
            bucket_seconds: int, overdue_ns: int, thresholds: Thresholds, output_tables: list[str],
-           flagged_tables: tuple[str, ...]) -> RunScope:
+           flagged_tables: dict[str, tuple[str, ...]]) -> RunScope:
     if full:
         return RunScope(FULL, "asked for (--full)", version)
     if since is not None or until is not None:
@@ -78,11 +78,14 @@ def _scope(lake: str, frames: DeltaTable, version: int, since: str | None, until
     missing = [name for name in output_tables if open_table(lake, name) is None]
     if missing:
         return RunScope(FULL, f"output table(s) {', '.join(missing)} missing", version)
-    older = [name for name in flagged_tables
-             if PROVISIONAL not in pa.schema(open_table(lake, name).schema().to_arrow()).names]
+    lacking = {name: [column for column in columns
+                      if column not in pa.schema(open_table(lake, name).schema().to_arrow()).names]
+               for name, columns in flagged_tables.items()}
+    older = [name for name, columns in lacking.items() if columns]
     if older:
+        columns = sorted({column for name in older for column in lacking[name]})
         return RunScope(FULL, f"output table(s) {', '.join(older)} written by an older ackscope "
-                              f"(no {PROVISIONAL} column)", version)
+                              f"(no {' or '.join(columns)} column)", version)
     if (last["bucket_seconds"], last["overdue_ns"]) != (bucket_seconds, overdue_ns):
         return RunScope(FULL, f"--bucket-seconds/--overdue-seconds differ from the last run's "
                               f"({last['bucket_seconds']} s, {last['overdue_ns'] / 1e9:g} s)", version)

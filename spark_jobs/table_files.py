@@ -74,6 +74,18 @@ def snapshot_files(table: DeltaTable) -> dict[str, TableFile]:
     return files
 
 
+def files_that_may_hold(table: DeltaTable, column: str) -> set[str]:
+    """The files of the table's snapshot (paths relative to it, as snapshot_files names them) that
+    may hold a row whose boolean `column` is true: all but those whose statistics say the column's
+    largest value is false (a file without them may hold anything)."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    paths = [unquote(path) for path in actions.column("path").to_pylist()]
+    most = f"max.{column}"
+    if most not in actions.column_names:
+        return set(paths)
+    return {path for path, largest in zip(paths, actions.column(most).to_pylist()) if largest is not False}
+
+
 def relative_in_table(file_uri: str, base: str) -> str:
     """A file as Spark names it (`_metadata.file_path`, a URI) back to its path relative to the table
     at `base` (a `spark_location`)."""

@@ -4,11 +4,12 @@ or a DataFrame each).
 Spark's writer takes one schema per job: a full run writing its per-connection tables that way
 starts a job per table. Here one job runs a `mapInArrow` per table, and each task writes its rows
 of the table as Parquet files straight into the table's folder with the agent's writer
-(analyzer.lake.TableWriter: files by day, provisional rows in files of their own with the
-column's statistics, as provisional.py wants), handing back only the files; the caller commits
-each table's files in one Delta commit with delta-rs, on either Delta path (a full run's
-overwrite, delta_io.replace_all's copy-on-write). Until then no log names a file: the files of a
-failed or repeated task are never committed, and VACUUM removes them.
+(analyzer.lake.TableWriter: files by day; provisional rows, and the deliveries a requeue touches,
+in files of their own with the columns' statistics, as provisional.py and requeue_related.py
+want), handing back only the files; the caller commits each table's files in one Delta commit
+with delta-rs, on either Delta path (a full run's overwrite, delta_io.replace_all's
+copy-on-write). Until then no log names a file: the files of a failed or repeated task are never
+committed, and VACUUM removes them.
 
 The passes (connection_pass.py, timeline/carried.py) write their record tables the same way from
 their own tasks (`FilesWriter`), and hand on the files' rows (`add_actions`, `read_written`).
@@ -25,10 +26,11 @@ from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from analyzer.lake import TableWriter
+from analyzer.lake import TableWriter, by_flags
 from analyzer.schema import PARTITION_BY
 
 from .provisional import PROVISIONAL
+from .requeue_related import REQUEUE_RELATED
 from .table_files import spark_location
 from .timeline.wide import RECORD
 from .types import spark_schema
@@ -39,6 +41,8 @@ FILES = pa.schema([("table", pa.string()), ("path", pa.string()), ("size", pa.in
 # A table's rows a task gathers before writing them as files: large enough for Parquet's
 # compression and few files, few enough that a task's memory stays bounded on a hot connection.
 FILE_ROWS = 250_000
+# The columns whose true and false rows go to files apart, where a table has them.
+FILE_FLAGS = (PROVISIONAL, REQUEUE_RELATED)
 
 
 def write_wide(wide: DataFrame, lake: str, tables: dict[str, pa.Schema]) -> dict[str, list[AddAction]]:
@@ -98,24 +102,26 @@ def read_written(spark: SparkSession, lake: str, name: str, adds: list[AddAction
 
 class FilesWriter:
     """One task's rows of table `name` written as Parquet files `file_rows` at a time (the agent's
-    TableWriter: files by day, provisional rows apart); `files()` writes what is left and gives
-    the files as FILES rows. `drop(connection_id)` takes back every row of a connection, written
-    or not (a carried connection that falls back after some of its rows left: timeline/carried.py)."""
+    TableWriter: files by day); `files()` writes what is left and gives the files as FILES rows.
+    Rows of each combination of FILE_FLAGS' values gather apart and make files of their own, so
+    the few flagged rows (open items, deliveries a requeue touched) fill few files however many
+    the others fill. `drop(connection_id)` takes back every row of a connection, written or not
+    (a carried connection that falls back after some of its rows left: timeline/carried.py)."""
 
     def __init__(self, lake: str, name: str, table_schema: pa.Schema, file_rows: int = FILE_ROWS):
         self.name, self.schema, self.file_rows = name, table_schema, file_rows
-        self.writer = TableWriter(lake, name, table_schema,
-                                  split_by=PROVISIONAL if PROVISIONAL in table_schema.names else None)
-        self.pending: list[pa.Table] = []
-        self.pending_rows = 0
+        self.flags = tuple(flag for flag in FILE_FLAGS if flag in table_schema.names)
+        self.writer = TableWriter(lake, name, table_schema, split_by=self.flags)
+        self.pending: dict[tuple, list[pa.Table]] = {}   # the flags' values -> rows not written yet
         self.holds: dict[str, set[str]] = {}    # a written file (its path in the table) -> its connections
 
     def add(self, rows: pa.Table) -> None:
         # Cast by position, names checked: Spark's types to the stored ones (e.g. its timestamps' zone).
-        self.pending.append(rows.cast(self.schema))
-        self.pending_rows += rows.num_rows
-        if self.pending_rows >= self.file_rows:
-            self._write()
+        for part, values in by_flags(rows.cast(self.schema), self.flags):
+            pile = self.pending.setdefault(tuple(values.values()), [])
+            pile.append(part)
+            if sum(rows.num_rows for rows in pile) >= self.file_rows:
+                self._write(tuple(values.values()))
 
     def drop(self, connection_id: str) -> None:
         """Every row of this connection out: of the rows not written yet, and of the files written
@@ -123,29 +129,26 @@ class FilesWriter:
         def others(rows: pa.Table) -> pa.Table:
             return rows.filter(pc.not_equal(rows["connection_id"], connection_id))
 
-        self.pending = [others(rows) for rows in self.pending]
-        self.pending_rows = sum(rows.num_rows for rows in self.pending)
+        self.pending = {values: [others(rows) for rows in pile] for values, pile in self.pending.items()}
         for path in [path for path, held in self.holds.items() if connection_id in held]:
             del self.holds[path]
             kept = others(self.writer.take_back(path))
             if kept.num_rows:
-                self.pending.append(kept.select(self.schema.names))
-                self.pending_rows += kept.num_rows
-        if self.pending_rows >= self.file_rows:
-            self._write()
+                self.add(kept.select(self.schema.names))
 
-    def _write(self) -> None:
-        if self.pending:
-            rows = pa.concat_tables(self.pending)
+    def _write(self, values: tuple) -> None:
+        pile = self.pending.pop(values, [])
+        if pile:
+            rows = pa.concat_tables(pile)
             connections = set(pc.unique(rows["connection_id"]).to_pylist())
             written = len(self.writer.actions)
             self.writer.write(rows)
             for action in self.writer.actions[written:]:
                 self.holds[action.path] = connections
-            self.pending, self.pending_rows = [], 0
 
     def files(self) -> pa.RecordBatch:
-        self._write()
+        for values in list(self.pending):
+            self._write(values)
         return pa.RecordBatch.from_pylist([{"table": self.name, "path": path, "size": size, "date": values["date"],
                                             "modified_ms": modified, "stats": stats}
                                            for path, size, values, modified, stats in self.writer.files()],

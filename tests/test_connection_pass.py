@@ -35,6 +35,7 @@ from spark_jobs.connection_pass import (STATE_TABLE, ConnectionsPartition, conne
 from spark_jobs.evidence_packets import finished_findings
 from spark_jobs.metrics_redo import pass_channel_metrics
 from spark_jobs.provisional import PROVISIONAL
+from spark_jobs.requeue_related import REQUEUE_RELATED
 from spark_jobs.timeline.tables import TIMELINE_TABLES
 
 from .conftest import ROOT
@@ -134,10 +135,12 @@ def expected_outputs(frames: list[dict], connections: list[dict], overdue_ns: in
 
 
 def assert_same_tables(got: dict, expected: dict, states: dict):
-    """The pass's tables are the reference's, plus `provisional` (assert_provisional)."""
+    """The pass's tables are the reference's, plus `provisional` (assert_provisional) and the
+    deliveries' `requeue_related` (tests/test_detectors.py checks it)."""
     assert_same(got["findings"], expected["findings"])
     assert_provisional(got, states)
-    got = {name: got[name].drop_columns([PROVISIONAL]) for name in [*TIMELINE_TABLES, "channel_metrics"]}
+    got = {name: got[name].drop_columns([c for c in (PROVISIONAL, REQUEUE_RELATED) if c in got[name].column_names])
+           for name in [*TIMELINE_TABLES, "channel_metrics"]}
     for name in [*TIMELINE_TABLES, "channel_metrics"]:
         assert got[name].schema == expected[name].schema, name
         if not got[name].equals(expected[name]):

@@ -32,7 +32,7 @@ from analyzer.timeline.records import DELIVERY_OUTCOMES
 from spark_jobs.detectors import DETECTORS, INPUTS, SEVERITY, detect
 from spark_jobs.detectors.scoped import message_kinds_deliveries
 from spark_jobs.detectors.common import EVIDENCE
-from spark_jobs.detectors.messages import came_back, came_back_record
+from spark_jobs.detectors.messages import came_back, came_back_record, candidate
 from spark_jobs.detectors.scoped import ACROSS_CONNECTIONS
 from spark_jobs.thresholds import Thresholds
 from spark_jobs.types import spark_schema
@@ -323,3 +323,29 @@ def test_the_pass_counts_deliveries_that_came_back_as_the_spark_column_picks_the
     assert {row["picked"] is True for row in picked} == {True, False}
     for row in picked:
         assert came_back_record(SimpleNamespace(**row.asDict())) is (row["picked"] is True), row
+
+
+def test_the_stored_requeue_related_flag_is_the_spark_columns_candidate(spark):
+    """requeue_related.py: the writers flag the deliveries the message kinds read with Arrow; the
+    kinds pick them with `candidate()`. The stored flag must pick every row the column picks (else
+    a file holding one would be skipped) and no other. Every combination of what the two read."""
+    from spark_jobs.requeue_related import REQUEUE_RELATED, with_flags
+
+    rows = [dict(provisional=False, message_identity=identity, outcome=outcome, x_death_count=x_death,
+                 redelivered=redelivered, settle_ts_ns=settled)
+            for identity in (None, "m1")
+            for outcome in (*DELIVERY_OUTCOMES, None)
+            for x_death in (None, 0, 2)
+            for redelivered in (None, False, True)
+            for settled in (None, 7)]
+    table = pa.Table.from_pylist(rows, schema=pa.schema([
+        ("provisional", pa.bool_()), ("message_identity", pa.string()), ("outcome", pa.string()),
+        ("x_death_count", pa.int64()), ("redelivered", pa.bool_()), ("settle_ts_ns", pa.int64())]))
+    flagged = with_flags(table)
+    assert flagged.column_names[:2] == ["provisional", REQUEUE_RELATED]
+    assert None not in flagged[REQUEUE_RELATED].to_pylist()
+    picked = spark.createDataFrame(flagged).withColumn("picked", candidate()).collect()
+    assert len(picked) == len(rows)
+    assert {row["picked"] is True for row in picked} == {True, False}
+    for row in picked:
+        assert row[REQUEUE_RELATED] is (row["picked"] is True), row

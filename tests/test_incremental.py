@@ -19,8 +19,9 @@ from deltalake import DeltaTable
 
 from analyzer import lake, schema
 from analyzer.ingest import ingest_file
-from spark_jobs.analyze import OUTPUT_TABLES, PER_CONNECTION_TABLES, analyze
+from spark_jobs.analyze import FLAGGED_TABLES, OUTPUT_TABLES, PER_CONNECTION_TABLES, analyze
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
+from spark_jobs.requeue_related import REQUEUE_RELATED
 from spark_jobs.run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, finished_runs, plan_run
 from spark_jobs.thresholds import Thresholds
 
@@ -192,9 +193,11 @@ def test_scope_planner(tmp_path, traffic):
     assert _plan(lake_dir, since="2026-03-15").scope == DAYS
     assert _plan(lake_dir, bucket_seconds=60).scope == FULL
     assert _plan(lake_dir, output_tables=["deliveries", "findings"]).reason == "output table(s) findings missing"
-    # Stored by an ackscope before the provisional column (provisional.py): replaced whole, once.
-    plan = _plan(lake_dir, flagged_tables=("deliveries",))
-    assert plan.scope == FULL and "deliveries written by an older ackscope" in plan.reason, plan.reason
+    # Stored by an ackscope before the provisional column (provisional.py) or the deliveries'
+    # requeue_related (requeue_related.py): replaced whole, once.
+    plan = _plan(lake_dir, flagged_tables={"deliveries": (PROVISIONAL, REQUEUE_RELATED)})
+    assert plan.scope == FULL and plan.reason == ("output table(s) deliveries written by an older ackscope "
+                                                  "(no provisional or requeue_related column)"), plan.reason
     _append(lake_dir, "frames", traffic[0].slice(200, 100), schema.FRAMES, "two")
     plan = _plan(lake_dir)
     assert plan.scope == NEW_DATA and plan.baseline_version == 1 and plan.frames_version == 2
@@ -279,7 +282,8 @@ def test_runs_carry_open_channels_and_read_only_new_frames(whole, appended_many,
 def test_each_commit_names_its_run_and_provisional_rows_stay_in_files_of_their_own(appended_many):
     """provisional.py: every commit of the per-connection tables carries the id of a run that
     finished, so the next carried run may search only the files of provisional rows; no file holds
-    both kinds; and what the runs removed were such files only."""
+    both kinds (nor both requeue_related and other deliveries); and what the runs removed were
+    provisional files only."""
     lake_dir, _ = appended_many
     finished = finished_runs(lake_dir)
     for name in PER_CONNECTION_TABLES:
@@ -298,11 +302,13 @@ def test_each_commit_names_its_run_and_provisional_rows_stay_in_files_of_their_o
             for remove in (a["remove"] for a in actions if "remove" in a):
                 assert files[remove["path"]] == (True, True), (name, log, remove["path"])
         live = pa.table(table.get_add_actions(flatten=True)).to_pylist()
-        assert all(f["min.provisional"] == f["max.provisional"] for f in live), name
-        assert {f["max.provisional"] for f in live} == set(table.to_pyarrow_table(columns=[PROVISIONAL])[PROVISIONAL]
-                                                           .to_pylist()), name
-    assert any(row[PROVISIONAL] for row in lake.read_table(lake_dir, "deliveries", OUTPUT_TABLES["deliveries"])
-               .to_pylist())
+        for flag in FLAGGED_TABLES[name]:  # and so are the deliveries a requeue touches (requeue_related.py)
+            assert all(f[f"min.{flag}"] == f[f"max.{flag}"] for f in live), (name, flag)
+            assert {f[f"max.{flag}"] for f in live} == set(table.to_pyarrow_table(columns=[flag])[flag].to_pylist()), \
+                (name, flag)
+    deliveries = lake.read_table(lake_dir, "deliveries", OUTPUT_TABLES["deliveries"]).to_pylist()
+    assert any(row[PROVISIONAL] for row in deliveries)
+    assert 0 < sum(row[REQUEUE_RELATED] for row in deliveries) < len(deliveries) / 2
 
 
 def test_a_rerun_over_the_same_new_frames_changes_nothing(spark, whole, appended_many):

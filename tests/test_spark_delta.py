@@ -347,6 +347,69 @@ def test_provisional_rows_are_written_apart_and_only_their_files_searched(spark,
     assert results[False] == [("2026-11-24", 3, False)]
 
 
+def test_rows_split_by_two_flags_and_read_from_the_files_that_may_hold_one(spark, tmp_path):
+    """analyzer.lake.TableWriter splits a write by each flag column (a file per combination, each
+    with its statistics: provisional.py, requeue_related.py), and read_delta's `files_where` reads
+    the flag's true and null rows from only the files that may hold one: the others are not opened."""
+    from analyzer.lake import TableWriter
+    from spark_jobs.table_files import commit, files_that_may_hold
+
+    flags = ("provisional", "flagged")
+    table_schema = pa.schema([("date", pa.string()), ("provisional", pa.bool_()), ("flagged", pa.bool_()),
+                              ("seq", pa.int64())])
+    rows = [{"date": "2026-11-24", "provisional": seq % 5 == 0, "flagged": None if seq == 7 else seq % 3 == 0,
+             "seq": seq} for seq in range(1, 31)]
+    lake_dir = str(tmp_path / "lake")
+    writer = TableWriter(lake_dir, "t", table_schema, split_by=flags)
+    writer.write(pa.Table.from_pylist(rows, schema=table_schema))
+    commit(os.path.join(lake_dir, "t"), table_schema, writer.actions, schema.PARTITION_BY)
+    table = DeltaTable(os.path.join(lake_dir, "t"))
+    stats = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    # false/true of provisional, each by false/true/null of flagged (seq 7 is neither provisional nor flagged)
+    assert sorted((s["min.provisional"], s["max.flagged"], s["null_count.flagged"], s["num_records"]) for s in stats
+                  if s["max.flagged"] is not None) == [(False, False, 0, 15), (False, True, 0, 8),
+                                                       (True, False, 0, 4), (True, True, 0, 2)]
+    assert [(s["max.provisional"], s["null_count.flagged"]) for s in stats if s["max.flagged"] is None] == [(False, 1)]
+    for file in stats:  # the statistics are the file's own
+        got = pq.read_table(os.path.join(lake_dir, "t", file["path"]), columns=list(flags))
+        assert set(got["provisional"].to_pylist()) == {file["max.provisional"]}
+        assert set(got["flagged"].to_pylist()) == {file["max.flagged"]}
+    may_hold = files_that_may_hold(table, "flagged")
+    assert len(may_hold) == 3 and may_hold == {s["path"] for s in stats if s["max.flagged"] is not False}
+    read = read_delta(spark, lake_dir, "t", table_schema, files_where="flagged")
+    opened = {os.path.relpath(r["file"].removeprefix("file://"), os.path.join(lake_dir, "t"))
+              for r in read.select(F.input_file_name().alias("file")).distinct().collect()}
+    assert opened == may_hold
+    assert sorted(r["seq"] for r in read.collect()) == sorted([7, *range(3, 31, 3)])
+
+
+def test_a_tasks_flagged_rows_gather_in_files_of_their_own(tmp_path):
+    """wide_writes.FilesWriter: the rows of each combination of the flags gather apart, so the
+    few flagged rows of many batches make one file, not one beside every file of the others; a
+    connection dropped leaves no row in either."""
+    from analyzer.lake import read_table
+    from spark_jobs.table_files import commit
+    from spark_jobs.wide_writes import FilesWriter
+
+    table_schema = pa.schema([("date", pa.string()), ("provisional", pa.bool_()), ("requeue_related", pa.bool_()),
+                              ("connection_id", pa.string()), ("seq", pa.int64())])
+    files = FilesWriter(str(tmp_path), "t", table_schema, file_rows=10)
+    for batch in range(3):  # ten rows a batch, one of them flagged
+        files.add(pa.Table.from_pylist([{"date": "2026-11-24", "provisional": False, "requeue_related": i == 4,
+                                         "connection_id": f"c{i % 2}", "seq": batch * 10 + i} for i in range(10)],
+                                       schema=table_schema))
+    # Nine unflagged rows a batch: the first two batches made a file of 18, the flagged three wait.
+    assert [json.loads(f[4])["numRecords"] for f in files.writer.files()] == [18]
+    files.drop("c1")   # that file is taken back: its 8 rows of c0 join the last batch's 4
+    by_flag = sorted((json.loads(f["stats"])["maxValues"]["requeue_related"], json.loads(f["stats"])["numRecords"])
+                     for f in files.files().to_pylist())
+    assert by_flag == [(False, 12), (True, 3)], by_flag
+    commit(str(tmp_path / "t"), table_schema, files.writer.actions, schema.PARTITION_BY)
+    rows = read_table(str(tmp_path), "t", table_schema).to_pylist()
+    assert sorted(r["seq"] for r in rows) == [s for s in range(30) if s % 2 == 0]
+    assert sorted(r["seq"] for r in rows if r["requeue_related"]) == [4, 14, 24]
+
+
 def test_tables_written_together_in_one_job_are_the_tables_written_alone(spark, tmp_path):
     """wide_writes.py: a wide DataFrame's tables written by one Spark job give each table the rows,
     partitions and provisional files that a write of that table alone gives (rows of other records

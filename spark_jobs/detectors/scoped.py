@@ -16,9 +16,9 @@ Every other stored finding stays as it was.
 
 Both kinds read the stored deliveries through one scan (`_candidates`, materialised): every
 delivery that is in a loop or was left at a close (messages.candidate), which is all either kind
-reads of any message. The rest are joins among those few rows, made by shuffling them
-(`joined_by_shuffle`): without adaptive execution each broadcast would be a Spark job of its own,
-and there would be one per join.
+reads of any message, from only the files that can hold one (requeue_related.py). The rest are
+joins among those few rows, made by shuffling them (`joined_by_shuffle`): without adaptive
+execution each broadcast would be a Spark job of its own, and there would be one per join.
 """
 
 from __future__ import annotations
@@ -53,19 +53,20 @@ class RescopedFindings:
     replaces: list[Match | Listed]   # the stored findings they and the analysed connections' own take the place of
 
 
-def rescoped_findings(tables: Tables, analysed: list[str], changed: DataFrame, thresholds: Thresholds,
-                      changed_rows: int | None = None) -> RescopedFindings:
+def rescoped_findings(tables: Tables, requeue_related: DataFrame, analysed: list[str], changed: DataFrame,
+                      thresholds: Thresholds, changed_rows: int | None = None) -> RescopedFindings:
     """`tables`: the detectors' inputs (detectors.INPUTS) as stored after the run's timelines;
-    `analysed`: the connections the run analysed; `changed`: the
-    delivery rows the run wrote (every row of a connection analysed whole; a carried connection's
-    new and rewritten rows: the rows they replace have the same keys and messages), `changed_rows`
-    of them if known. The findings about one connection (analyzer.detectors.KINDS) of the analysed
-    connections are the caller's; common.finish_identified finishes `across`."""
+    `requeue_related`: the stored deliveries the kinds can read (requeue_related.py); `analysed`:
+    the connections the run analysed; `changed`: the delivery rows the run wrote (every row of a
+    connection analysed whole; a carried connection's new and rewritten rows: the rows they
+    replace have the same keys and messages), `changed_rows` of them if known. The findings about
+    one connection (analyzer.detectors.KINDS) of the analysed connections are the caller's;
+    common.finish_identified finishes `across`."""
     spark = changed.sparkSession
     written = changed.filter(F.col("message_identity").isNotNull())
     messages = written.groupBy("message_identity").agg(
         F.max(F.coalesce(F.col("redelivered") == True, F.lit(False))).alias(CAME_BACK))  # noqa: E712
-    candidates, candidate_rows = _candidates(tables["deliveries"], messages)
+    candidates, candidate_rows = _candidates(requeue_related, messages)
     deliveries = [c for c in candidates.columns if c not in (TOUCHED, CAME_BACK)]
 
     journeys = candidates.filter(F.col(TOUCHED)).select(*deliveries)
@@ -91,9 +92,9 @@ def rescoped_findings(tables: Tables, analysed: list[str], changed: DataFrame, t
 
 
 def message_kinds_deliveries(deliveries: DataFrame) -> DataFrame:
-    """What either message kind reads of a whole deliveries table (a full run's `detect`),
-    materialised: every delivery `candidate()` picks. The kinds find in it exactly what they find
-    in the whole table."""
+    """What either message kind reads of a whole deliveries table (a full run's `detect`; or of its
+    requeue_related rows, which hold all of that), materialised: every delivery `candidate()`
+    picks. The kinds find in it exactly what they find in the whole table."""
     candidates, _ = _candidates(deliveries, None)
     return candidates.select(*[c for c in candidates.columns if c not in (TOUCHED, CAME_BACK)])
 

@@ -41,7 +41,7 @@ from ..connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, 
                                raw_finding_rows, state_row, states_table)
 from ..types import spark_schema
 from ..wide_writes import FILE_ROWS, FILES
-from .tables import CHANNEL_METRICS, TIMELINE_TABLES
+from .tables import CHANNEL_METRICS, TIMELINE_TABLES, as_stored
 from .wide import column, from_wide, to_wide, wide_schema
 
 WRITE, STALE = "write", "stale"
@@ -197,10 +197,10 @@ class _CarriedPartition(ConnectionsPartition):
             return
         parts = []
         for name, record_type in RECORD_TYPES.items():
-            written = pa.concat_tables([flagged(to_table(self.final, record_type), False),
-                                        flagged(to_table(self.opened, record_type), True)])
+            written = pa.concat_tables([as_stored(name, to_table(self.final, record_type), False),
+                                        as_stored(name, to_table(self.opened, record_type), True)])
             self.writers[name].add(written.select(TIMELINE_TABLES[name].names))
-            parts.append((name, STALE, flagged(to_table(self.stale, record_type), True)))
+            parts.append((name, STALE, as_stored(name, to_table(self.stale, record_type), True)))
         parts += [("channel_metrics", WRITE, flagged(metrics_table(self.metrics),
                                                      metric_flags(self.metrics, self.open_buckets))),
                   ("state", None, states_table(self.rows["state"]))]
