@@ -38,8 +38,9 @@ from .types import spark_schema
 # One row per file a task wrote.
 FILES = pa.schema([("table", pa.string()), ("path", pa.string()), ("size", pa.int64()), ("date", pa.string()),
                    ("modified_ms", pa.int64()), ("stats", pa.string())])
-# A table's rows a task gathers before writing them as files: large enough for Parquet's
-# compression and few files, few enough that a task's memory stays bounded on a hot connection.
+# A table's rows (of one combination of FILE_FLAGS) a task gathers before writing them as files:
+# large enough for Parquet's compression and few files, few enough that a task's memory stays
+# bounded on a hot connection.
 FILE_ROWS = 250_000
 # The columns whose true and false rows go to files apart, where a table has them.
 FILE_FLAGS = (PROVISIONAL, REQUEUE_RELATED)
@@ -103,9 +104,9 @@ def read_written(spark: SparkSession, lake: str, name: str, adds: list[AddAction
 class FilesWriter:
     """One task's rows of table `name` written as Parquet files `file_rows` at a time (the agent's
     TableWriter: files by day); `files()` writes what is left and gives the files as FILES rows.
-    Rows of each combination of FILE_FLAGS' values gather apart and make files of their own, so
-    the few flagged rows (open items, deliveries a requeue touched) fill few files however many
-    the others fill. `drop(connection_id)` takes back every row of a connection, written or not
+    Rows of each combination of FILE_FLAGS' values gather apart (up to `file_rows` each) and make
+    files of their own, so the few flagged rows (open items, deliveries a requeue touched) fill
+    few files however many the others fill. `drop(connection_id)` takes back every row of a connection, written or not
     (a carried connection that falls back after some of its rows left: timeline/carried.py)."""
 
     def __init__(self, lake: str, name: str, table_schema: pa.Schema, file_rows: int = FILE_ROWS):
@@ -118,10 +119,11 @@ class FilesWriter:
     def add(self, rows: pa.Table) -> None:
         # Cast by position, names checked: Spark's types to the stored ones (e.g. its timestamps' zone).
         for part, values in by_flags(rows.cast(self.schema), self.flags):
-            pile = self.pending.setdefault(tuple(values.values()), [])
+            key = tuple(values.values())
+            pile = self.pending.setdefault(key, [])
             pile.append(part)
-            if sum(rows.num_rows for rows in pile) >= self.file_rows:
-                self._write(tuple(values.values()))
+            if sum(piece.num_rows for piece in pile) >= self.file_rows:
+                self._write(key)
 
     def drop(self, connection_id: str) -> None:
         """Every row of this connection out: of the rows not written yet, and of the files written
