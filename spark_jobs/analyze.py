@@ -159,7 +159,7 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
 
         analysed = _per_connection_tables(run, all_frames, report) if keys != [] else None
         with steps.step("findings"):
-            _refresh_findings(run, analysed, all_frames, thresholds, report.rows.get("deliveries"))
+            _refresh_findings(run, analysed, all_frames, thresholds)
             report.rows["findings"] = _count_findings(lake, report)
         _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
     return _finished(report, started, steps)
@@ -181,7 +181,9 @@ class _Analysed:
     """What the per-connection step leaves for the findings step."""
     own: _OwnFindings | None            # of the connections analysed whole (None: none was)
     carried_keys: list[str]             # connections carried on from their checkpoints
-    carried_deliveries: DataFrame | None = None   # the delivery rows the carried connections wrote
+    whole_deliveries: int = 0           # delivery rows written for the connections analysed whole
+    carried_changed: DataFrame | None = None    # the requeue_related delivery rows the carried connections
+    carried_changed_rows: int = 0               # wrote and replaced (Carried.requeue_changed), at most so many
     carried_findings: DataFrame | None = None     # their raw findings about one connection (RAW_FINDINGS)
     carried_findings_rows: int = 0
     summary: PassSummary | None = None  # a full run: what its pass holds
@@ -223,9 +225,10 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     with run.steps.step("write tables"):
         _write_tables(run, outputs, written, analysed_whole, carried, report, summary.rows if summary else {})
     carried_keys = sorted(set(run.keys) - set(whole_keys)) if carried is not None else []
+    whole_deliveries = summary.rows["deliveries"] if summary else 0
     if carried is None or not carried_keys:
-        return _Analysed(own, carried_keys)
-    return _Analysed(own, carried_keys, carried_deliveries=carried.deliveries,
+        return _Analysed(own, carried_keys, whole_deliveries)
+    return _Analysed(own, carried_keys, whole_deliveries, carried.requeue_changed, carried.requeue_changed_rows,
                      carried_findings=carried.raw_findings, carried_findings_rows=carried.raw_rows)
 
 
@@ -309,14 +312,13 @@ def _write_whole_lake(run: _Run, wide: DataFrame, summary: PassSummary, report: 
                    for name in PER_CONNECTION_TABLES}
 
 
-def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFrame, thresholds: Thresholds,
-                      written_deliveries: int | None) -> None:
+def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFrame, thresholds: Thresholds) -> None:
     """A scoped run computes again the findings its connections can change and replaces just those;
     a full run (or new thresholds) computes them all and replaces the table. The findings about one
     connection come from the pass for the connections it analysed whole, from the carried pass for
     those carried on from their checkpoints, and from the stored rows (stored_findings.py) when the
     thresholds changed; the cross-connection kinds from the Spark aggregation by message
-    (detectors/messages.py). `written_deliveries`: how many delivery rows the run wrote, if known."""
+    (detectors/messages.py), from the delivery rows the run changed of what they read (detectors/scoped.py)."""
     # As written: read from their Parquet files, a run's tables cost a fraction of a scan of the
     # pass's output, which holds every table's rows together.
     stored = {name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in TIMELINE_TABLES}
@@ -327,10 +329,11 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
     if run.keys and not run.plan.findings_stale:
         whole_keys = sorted(set(run.keys) - set(analysed.carried_keys))
         changed = [of_connections(inputs["deliveries"], whole_keys)] if whole_keys else []
-        if analysed.carried_deliveries is not None:
-            changed.append(analysed.carried_deliveries)
+        if analysed.carried_changed is not None:
+            changed.append(analysed.carried_changed)
         changed = reduce(DataFrame.unionByName, changed) if changed else inputs["deliveries"].limit(0)
-        rescoped = rescoped_findings(inputs, requeue_related, run.keys, changed, thresholds, written_deliveries)
+        rescoped = rescoped_findings(inputs, requeue_related, run.keys, changed, thresholds,
+                                     analysed.whole_deliveries + analysed.carried_changed_rows)
         carried_since = None
         if analysed.carried_findings_rows:
             carried_since = first_day(first_seen(run.connections, analysed.carried_keys).first(), analysed.carried_keys)

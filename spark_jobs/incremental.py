@@ -38,6 +38,8 @@ from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
 
 from .delta_io import Listed, Match, connections_match, read_delta, read_files
 from .connection_pass import STATE_TABLE
+from .requeue_related import REQUEUE_RELATED
+from .table_files import adds_that_may_hold
 from .timeline.carried import CARRIED_TABLES, ROLES, STALE, WRITE, carried_rows, carry_on, without_fallbacks
 from .timeline.plans import measured, of_connections
 from .timeline.wide import RECORD, ROLE, column
@@ -51,7 +53,8 @@ INCARNATION = ["connection_id", "channel", "incarnation"]
 class Carried:
     tables: dict[str, DataFrame]          # rows to write as Spark rows, per table (channel_metrics, analysis_state)
     written: dict[str, list[AddAction]]   # the files of the timeline tables' rows to write, written by the pass
-    deliveries: DataFrame                 # the delivery rows in those files
+    requeue_changed: DataFrame            # the requeue_related delivery rows written and replaced
+    requeue_changed_rows: int             # at most how many
     rows: dict[str, int]                  # rows to write, per table
     matches: dict[str, list[Match | Listed]]   # the stored rows they replace
     fallbacks: dict[str, str]             # connection -> why it must be analysed whole
@@ -102,10 +105,26 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
     tables = {"channel_metrics": carried_rows(wide, "channel_metrics", WRITE), STATE_TABLE: carried_rows(wide, "state")}
     rows = {name: counts.get((name, WRITE), 0) for name in [*TIMELINE_TABLES, "channel_metrics"]}
     rows[STATE_TABLE] = counts.get(("state", None), 0)
-    return Carried(tables, {name: written.get(name, []) for name in TIMELINE_TABLES}, written_rows("deliveries"),
-                   rows, _matches(wide, written_rows, carried_keys, counts), fallbacks, frames=read["frames"],
-                   connections=len(keys) - len(fallbacks), records=read["carried_records"],
+    requeue_changed, requeue_changed_rows = _requeue_changed(wide, spark, lake, written.get("deliveries", []), counts)
+    return Carried(tables, {name: written.get(name, []) for name in TIMELINE_TABLES}, requeue_changed,
+                   requeue_changed_rows, rows, _matches(wide, written_rows, carried_keys, counts), fallbacks,
+                   frames=read["frames"], connections=len(keys) - len(fallbacks), records=read["carried_records"],
                    raw_findings=carried_rows(wide, "raw_findings"), raw_rows=counts.get(("raw_findings", None), 0))
+
+
+def _requeue_changed(wide: DataFrame, spark: SparkSession, lake: str, adds: list[AddAction],
+                     counts: dict) -> tuple[DataFrame, int]:
+    """The requeue_related delivery rows the pass wrote (read from only the files that may hold
+    one: the writers keep them in files apart) and those the rows it wrote replace (`stale`): all
+    a carried run changes of what the message kinds read (detectors/scoped.py); and at most how
+    many (the files' rows, and every replaced row)."""
+    flagged = adds_that_may_hold(adds, REQUEUE_RELATED)
+    # The replaced rows are few and spread over every partition of the wide table: one task
+    # gathers them, where each partition would be a task of every job that reads them.
+    stale = carried_rows(wide, "deliveries", STALE).where(F.col(REQUEUE_RELATED)).coalesce(1)
+    rows = read_written(spark, lake, "deliveries", flagged, TIMELINE_TABLES["deliveries"]).where(
+        F.col(REQUEUE_RELATED)).unionByName(stale)
+    return rows, sum(json.loads(add.stats)["numRecords"] for add in flagged) + counts.get(("deliveries", STALE), 0)
 
 
 def _role_is(role: str | None):

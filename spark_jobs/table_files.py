@@ -83,7 +83,19 @@ def files_that_may_hold(table: DeltaTable, column: str) -> set[str]:
     most = f"max.{column}"
     if most not in actions.column_names:
         return set(paths)
-    return {path for path, largest in zip(paths, actions.column(most).to_pylist()) if largest is not False}
+    return {path for path, largest in zip(paths, actions.column(most).to_pylist()) if _may_be_true(largest)}
+
+
+def adds_that_may_hold(adds: list[AddAction], column: str) -> list[AddAction]:
+    """Of files written and not committed yet (their add actions), those that may hold a row whose
+    boolean `column` is true, by the same rule as files_that_may_hold."""
+    return [add for add in adds if _may_be_true(json.loads(add.stats or "{}").get("maxValues", {}).get(column))]
+
+
+def _may_be_true(largest: bool | None) -> bool:
+    """A file's largest value of a boolean column, from its statistics (None: not kept): only a
+    false one says no row of the file is true."""
+    return largest is not False
 
 
 def relative_in_table(file_uri: str, base: str) -> str:

@@ -427,13 +427,41 @@ def test_an_old_checkpoint_or_refused_detectors_state_is_analysed_whole(spark, w
     assert _tables(lake_dir) == whole
 
 
+def _frames(rows: list[dict]) -> pa.Table:
+    from analyzer.rows import dicts_to_table
+    return dicts_to_table(rows, schema.FRAMES, {"ts": "ts_ns"}, "ts_ns")
+
+
+def _lakes_split_at(spark, tmp_path, a, b, held: int) -> tuple[str, str]:
+    """Two connections (test_timeline.Conv) in two lakes, each analysed: one with all their
+    frames, one without A's from the `held`th on (_carry_on appends them)."""
+    from analyzer.rows import dicts_to_table
+
+    connections = dicts_to_table([{"connection_id": c.id, "agent_id": "test", "first_ts_ns": c.rows[0]["ts_ns"],
+                                   "last_ts_ns": c.rows[-1]["ts_ns"]} for c in (a, b)],
+                                 schema.CONNECTIONS, schema.CONNECTION_TIMESTAMPS, schema.CONNECTION_DATE_FROM)
+    whole_dir, pieces_dir = str(tmp_path / "whole"), str(tmp_path / "pieces")
+    _append(whole_dir, "frames", _frames(a.rows + b.rows), schema.FRAMES, "all")
+    _append(pieces_dir, "frames", _frames(a.rows[:held] + b.rows), schema.FRAMES, "first")
+    for lake_dir in (whole_dir, pieces_dir):
+        _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
+        analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    return whole_dir, pieces_dir
+
+
+def _carry_on(spark, lake_dir: str, rows: list[dict]) -> None:
+    """These frame rows of one connection appended, and the run that carries it on."""
+    _append(lake_dir, "frames", _frames(rows), schema.FRAMES, "second")
+    report = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    assert report.scope == NEW_DATA and report.carried_connections == report.connections == 1, report.reason
+
+
 def test_a_first_delivery_settled_later_as_a_requeue_completes_a_loop_stored_elsewhere(spark, tmp_path):
-    """The rescoping of the message kinds (detectors/scoped.py) must start from every delivery row a
-    run wrote, not only from those that came back: consumer A holds the first delivery of a poison
+    """The rescoping of the message kinds (detectors/scoped.py) must start from every row a run
+    wrote that either kind reads, not only from those that came back: consumer A holds the first delivery of a poison
     message open when the first run ends (a provisional row), while consumer B's redeliveries of it,
     each requeued, are already in the lake (another agent appended them). The next run carries A on,
     A's nack settles that row as a requeue, and only with it does the loop reach the threshold."""
-    from analyzer.rows import dicts_to_table
     from .test_timeline import T0, Conv
 
     a, b = Conv("10.9.0.1:40001>10.9.0.9:5672@1", start=T0), Conv("10.9.0.2:40002>10.9.0.9:5672@2", start=T0 + 10**9)
@@ -447,25 +475,40 @@ def test_a_first_delivery_settled_later_as_a_requeue_completes_a_loop_stored_els
     for tag in range(1, bounces + 2):
         b.deliver(1, tag, msg="poison", redelivered=True)
         b.ack(1, tag, method="basic.nack" if tag <= bounces else "basic.ack", requeue=True if tag <= bounces else None)
-
-    def frames(rows):
-        return dicts_to_table(rows, schema.FRAMES, {"ts": "ts_ns"}, "ts_ns")
-
-    connections = dicts_to_table([{"connection_id": c.id, "agent_id": "test", "first_ts_ns": c.rows[0]["ts_ns"],
-                                   "last_ts_ns": c.rows[-1]["ts_ns"]} for c in (a, b)],
-                                 schema.CONNECTIONS, schema.CONNECTION_TIMESTAMPS, schema.CONNECTION_DATE_FROM)
-    whole_dir, pieces_dir = str(tmp_path / "whole"), str(tmp_path / "pieces")
-    _append(whole_dir, "frames", frames(a.rows + b.rows), schema.FRAMES, "all")
-    _append(pieces_dir, "frames", frames(a.rows[:held] + b.rows), schema.FRAMES, "first")
-    for lake_dir in (whole_dir, pieces_dir):
-        _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
-    analyze(spark, whole_dir, thresholds=LAB_THRESHOLDS)
+    whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
     assert _kinds(whole_dir)["requeue_loop"] == {b.id}
-    analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS)
     assert "requeue_loop" not in _kinds(pieces_dir)
-    _append(pieces_dir, "frames", frames(a.rows[held:]), schema.FRAMES, "second")
-    report = analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS)
-    assert report.scope == NEW_DATA and report.carried_connections == report.connections == 1, report.reason
+    _carry_on(spark, pieces_dir, a.rows[held:])
+    assert _tables(pieces_dir) == _tables(whole_dir)
+
+
+def test_a_delivery_left_at_a_close_then_unsettled_by_a_gap_takes_its_finding_away(spark, tmp_path):
+    """The rescoping must also start from the rows a run deletes: the broker closes consumer A's
+    channel with a delivery unacked, and the first run ends before A's close-ok, so A's row is
+    provisional and left at the close (a requeue_related row), and consumer B's redelivery of the
+    message makes it a redelivery_after_close. Then bytes from A are missing before its close-ok:
+    an ack may be among them, so the next run writes the row again with an unknown outcome, a row
+    neither kind reads. The finding must go, as in one run over everything."""
+    from .test_timeline import T0, Conv
+
+    a, b = Conv("10.9.0.3:40003>10.9.0.9:5672@1", start=T0), Conv("10.9.0.4:40004>10.9.0.9:5672@2", start=T0)
+    a.open(1)
+    a.consume(1)
+    a.deliver(1, 1, msg="twice")
+    a.b(1, "channel.close", reply_code=406, reply_text="PRECONDITION_FAILED", failing_method="queue.declare")
+    held = len(a.rows)
+    a.c(0, "capture.gap", gap_bytes=100)
+    a.c(1, "channel.close-ok")
+    b.ts = a.ts
+    b.open(1)
+    b.consume(1)
+    b.deliver(1, 1, msg="twice", redelivered=True)
+    b.ack(1, 1)
+    whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
+    assert "redelivery_after_close" not in _kinds(whole_dir)
+    assert _kinds(pieces_dir)["redelivery_after_close"] == {a.id}
+    _carry_on(spark, pieces_dir, a.rows[held:])
+    assert "redelivery_after_close" not in _kinds(pieces_dir)
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 

@@ -4,8 +4,15 @@ findings they replace: a scheduled run's detectors read what the run touched, no
 Most kinds are about one connection (analyzer/detectors): their findings depend on its own rows
 only, so the caller computes them again for the analysed connections (the pass for the connections
 it analysed whole, stored_findings.py for those it carried on) and hands them in.
-The two kinds that follow a message across connections (messages.py) depend on the deliveries of
-its messages, wherever they are: only the delivery rows the run wrote (`changed`) can change them.
+The two kinds that follow a message across connections (messages.py) read only the candidate
+deliveries of its messages (messages.candidate: in a loop, or left at a close), wherever they are.
+So a message's findings can change only where a run adds or deletes a candidate row of it: those
+rows are `changed`. A connection analysed whole has all its rows deleted and written again, so
+all the rows it wrote count (the ones deleted were rows of the same deliveries). A carried
+connection deletes only the rows it writes again (the same keys, the same messages: incremental.py),
+so its changed rows are the requeue_related ones among the rows it wrote and the rows they replace:
+a row can stop being a candidate (a delivery left at a close whose client's bytes then go missing
+is settled as unknown), and only the replaced row says where it was.
 - requeue_loop, one finding per message: computed again for every message identity of a changed
   delivery, from the deliveries of those identities that can be in a loop (messages.in_loop);
 - redelivery_after_close, one finding per closed channel incarnation: computed again for the
@@ -57,14 +64,14 @@ def rescoped_findings(tables: Tables, requeue_related: DataFrame, analysed: list
                       thresholds: Thresholds, changed_rows: int | None = None) -> RescopedFindings:
     """`tables`: the detectors' inputs (detectors.INPUTS) as stored after the run's timelines;
     `requeue_related`: the stored deliveries the kinds can read (requeue_related.py); `analysed`:
-    the connections the run analysed; `changed`: the delivery rows the run wrote (every row of a
-    connection analysed whole; a carried connection's new and rewritten rows: the rows they
-    replace have the same keys and messages), `changed_rows` of them if known. The findings about
-    one connection (analyzer.detectors.KINDS) of the analysed connections are the caller's;
-    common.finish_identified finishes `across`."""
+    the connections the run analysed; `changed`: the delivery rows the run added or deleted that
+    can change what the kinds read (the module's docstring: every row a connection analysed whole
+    wrote; a carried connection's requeue_related rows written and replaced), at most
+    `changed_rows` of them if known. The findings about one connection (analyzer.detectors.KINDS)
+    of the analysed connections are the caller's; common.finish_identified finishes `across`."""
     spark = changed.sparkSession
-    written = changed.filter(F.col("message_identity").isNotNull())
-    messages = written.groupBy("message_identity").agg(
+    changed = changed.filter(F.col("message_identity").isNotNull())
+    messages = changed.groupBy("message_identity").agg(
         F.max(F.coalesce(F.col("redelivered") == True, F.lit(False))).alias(CAME_BACK))  # noqa: E712
     candidates, candidate_rows = _candidates(requeue_related, messages)
     deliveries = [c for c in candidates.columns if c not in (TOUCHED, CAME_BACK)]
@@ -73,7 +80,7 @@ def rescoped_findings(tables: Tables, requeue_related: DataFrame, analysed: list
     loops = DETECTORS["requeue_loop"]({**tables, "deliveries": journeys}, thresholds)
 
     closed = candidates.filter(left_at_close())
-    places = (written.filter(left_at_close()).select(*INCARNATION)
+    places = (changed.filter(left_at_close()).select(*INCARNATION)
               .unionByName(closed.filter(F.col(CAME_BACK)).select(*INCARNATION)).distinct())
     closed_there = closed.join(places, on=INCARNATION, how="left_semi").select("message_identity").distinct()
     # Every closed and redelivered delivery of those messages: what the kind reads of them.
