@@ -1,7 +1,7 @@
-"""Every Spark job of an incremental run, one by one: its step, how long it took, its tasks and the
-Python line that started it. The run of bench/incremental.py (the head of a generated lake
-analysed, the last `--tail` appended, then analysed again), but in one warm process, so the
-figures are the jobs' own and not the JVM's start.
+"""Every Spark job of an incremental run, one by one: its step, how long it took, its tasks (and the
+longest one) and the Python line that started it. The run of bench/incremental.py (the head of a
+generated lake analysed, the last `--tail` appended, then analysed again), but in one warm process,
+so the figures are the jobs' own and not the JVM's start.
 
     .venv/bin/python bench/jobs.py [--frames 200000] [--hot-deliveries 60000] [--tail 0.05] [--check]
 
@@ -16,7 +16,8 @@ thread that asked for the job waits inside it). Broadcasts and checkpoints run a
 own, started from the action that needs them. Times come from the Spark UI's REST API (the UI is
 off in session.py for local runs; on here). The same thread samples the resident memory of the
 Python workers under this process (Spark's daemon and the workers it forks, from /proc) and
-prints each step's largest: what one task's Python holds.
+prints each step's largest: what one task's Python holds. Each step's CPU seconds of the whole
+process tree (tree_cpu_s) are taken as it starts and ends.
 """
 
 import argparse
@@ -63,8 +64,10 @@ class JobWatcher:
         self.step = "-"
         self.sites: dict[int, tuple[str, str]] = {}
         self.worker_peak_mb: dict[str, int] = {}   # step -> the largest Python worker's resident MB
+        self.cpu_s: dict[str, float] = {}          # step -> CPU seconds of this process's tree (tree_cpu_s)
 
     def __enter__(self):
+        self.cpu_s = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
@@ -95,11 +98,13 @@ class JobWatcher:
         @contextmanager
         def step(steps_self, name):
             self.step = name
+            cpu_before = tree_cpu_s(os.getpid())
             try:
                 with original(steps_self, name):
                     yield
             finally:
                 self.step = "-"
+                self.cpu_s[name] = self.cpu_s.get(name, 0.0) + tree_cpu_s(os.getpid()) - cpu_before
 
         steps.Steps.step = step
         try:
@@ -108,9 +113,8 @@ class JobWatcher:
             steps.Steps.step = original
 
 
-def python_worker_mb(root: int) -> int:
-    """The largest resident set (MB) among the PySpark Python processes under process `root`: the
-    daemon (DAEMONS) and the workers it forks (named after it)."""
+def _descendants(root: int) -> list[int]:
+    """The processes under process `root`, at this instant."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -120,10 +124,34 @@ def python_worker_mb(root: int) -> int:
             except (OSError, ValueError, IndexError):
                 continue
             children.setdefault(parent, []).append(int(entry))
-    largest, todo = 0, list(children.get(root, []))
+    found, todo = [], list(children.get(root, []))
     while todo:
         pid = todo.pop()
+        found.append(pid)
         todo += children.get(pid, [])
+    return found
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds used so far by process `root` and every process under it (the driver's JVM,
+    Spark's Python daemon and workers), with those of their children that have ended and been
+    waited for (a live child's are its own, counted once). Less shaken by other work on a shared
+    machine than wall clock."""
+    ticks = 0
+    for pid in [root, *_descendants(root)]:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                ticks += sum(int(field) for field in stat.read().rsplit(")", 1)[1].split()[11:15])
+        except (OSError, ValueError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def python_worker_mb(root: int) -> int:
+    """The largest resident set (MB) among the PySpark Python processes under process `root`: the
+    daemon (DAEMONS) and the workers it forks (named after it)."""
+    largest = 0
+    for pid in _descendants(root):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                 command = cmdline.read().split(b"\0")
@@ -153,11 +181,25 @@ def _call_sites(skip_thread: int, depth: int = 3) -> str:
     return " | ".join(sites) or "?"
 
 
-def rest_jobs(spark) -> list[dict]:
+def _rest(spark, path: str) -> list[dict]:
     context = spark.sparkContext
-    url = f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}/jobs"
-    with urllib.request.urlopen(url) as answer:
-        return sorted(json.load(answer), key=lambda job: job["jobId"])
+    with urllib.request.urlopen(f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}/{path}") as answer:
+        return json.load(answer)
+
+
+def rest_jobs(spark) -> list[dict]:
+    return sorted(_rest(spark, "jobs"), key=lambda job: job["jobId"])
+
+
+def longest_task_s(spark, job: dict) -> float:
+    """The job's longest task (s): a job waits for its slowest (the hot connection's, in the passes).
+    Skipped stages ran no task of this job and list none."""
+    longest = 0.0
+    for stage in job.get("stageIds", []):
+        for attempt in _rest(spark, f"stages/{stage}"):
+            for task in _rest(spark, f"stages/{stage}/{attempt['attemptId']}/taskList?sortBy=-runtime&length=1"):
+                longest = max(longest, task.get("duration", 0) / 1000)
+    return longest
 
 
 def _instant(stamp: str) -> float:
@@ -198,16 +240,18 @@ def listed_run(spark, watcher: JobWatcher, run) -> tuple:
     return report, [job for job in rest_jobs(spark) if job["jobId"] not in before]
 
 
-def print_jobs(report, jobs: list[dict], watcher: JobWatcher) -> None:
-    print(f"\n{'job':>4} {'step':<26} {'at s':>6} {'s':>6} {'tasks':>5}  started from")
+def print_jobs(spark, report, jobs: list[dict], watcher: JobWatcher) -> None:
+    print(f"\n{'job':>4} {'step':<26} {'at s':>6} {'s':>6} {'tasks':>5} {'max s':>6}  started from")
     start = min((_instant(job["submissionTime"]) for job in jobs), default=0.0)
     for job in jobs:
         step, site = watcher.sites.get(job["jobId"], ("?", "? (" + job["name"] + ")"))
         print(f"{job['jobId']:>4} {step:<26} {_instant(job['submissionTime']) - start:>6.2f} {_seconds(job):>6.2f} "
-              f"{job['numTasks']:>5}  {site}")
+              f"{job['numTasks']:>5} {longest_task_s(spark, job):>6.2f}  {site}")
     print("\nby step: " + ", ".join(
         f"{name} {seconds:.1f} s / {sum(1 for j in jobs if watcher.sites.get(j['jobId'], ('?',))[0] == name)} jobs"
         for name, seconds in report.seconds_by_step.items()))
+    print("CPU s of the process tree by step: " + ", ".join(
+        f"{name} {watcher.cpu_s.get(name, 0.0):.1f}" for name in report.seconds_by_step))
     print("largest Python worker by step (resident MB): " + ", ".join(
         f"{name} {watcher.worker_peak_mb.get(name, 0):,}" for name in report.seconds_by_step))
 
@@ -235,12 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     report, jobs = listed_run(spark, watcher, lambda: analyze(spark, work))
     print(f"incremental run: {report.scope}, {report.carried_connections} of {report.connections} connections "
           f"carried, {report.frames:,} frames read, {report.seconds:.1f} s, {report.spark_jobs} Spark jobs")
-    print_jobs(report, jobs, watcher)
+    print_jobs(spark, report, jobs, watcher)
     if args.check:
         incremental_tables = bench.tables_digest(work)
         report, jobs = listed_run(spark, watcher, lambda: analyze(spark, work, full=True))
         print(f"\nfull run: {report.frames:,} frames read, {report.seconds:.1f} s, {report.spark_jobs} Spark jobs")
-        print_jobs(report, jobs, watcher)
+        print_jobs(spark, report, jobs, watcher)
         same = bench.tables_digest(work) == incremental_tables
         print(f"tables identical to a --full run's: {'yes' if same else 'NO (MISMATCH)'}")
         return 0 if same else 1
