@@ -14,7 +14,6 @@ logged in `analysis_runs` last: a run cut short is simply done again by the next
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -50,7 +49,7 @@ from spark_jobs.requeue_related import REQUEUE_RELATED
 from spark_jobs.run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, finished_runs, plan_run, thresholds_json
 from spark_jobs.session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, expressions_for, use_lake
 from spark_jobs.steps import Steps
-from spark_jobs.table_files import commit
+from spark_jobs.table_files import commit, rows_in
 from spark_jobs.stored_findings import stored_raw_findings
 from spark_jobs.thresholds import Thresholds
 from spark_jobs.types import spark_schema
@@ -308,7 +307,7 @@ def _write_whole_lake(run: _Run, wide: DataFrame, summary: PassSummary, report: 
     for name, table_schema in {**in_files, **tables}.items():
         commit(os.path.join(run.lake, name), table_schema, adds.get(name, []), schema.PARTITION_BY,
                mode="overwrite", tag=commit_tag(run.spark))
-    report.rows = {name: sum(json.loads(add.stats)["numRecords"] for add in adds.get(name, []))
+    report.rows = {name: rows_in(adds.get(name, []))
                    for name in PER_CONNECTION_TABLES}
 
 

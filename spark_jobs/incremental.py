@@ -26,7 +26,6 @@ whole-connection path.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from deltalake.transaction import AddAction
@@ -39,7 +38,7 @@ from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
 from .delta_io import Listed, Match, connections_match, read_delta, read_files
 from .connection_pass import STATE_TABLE
 from .requeue_related import REQUEUE_RELATED
-from .table_files import adds_that_may_hold
+from .table_files import adds_that_may_hold, rows_in
 from .timeline.carried import CARRIED_TABLES, ROLES, STALE, WRITE, carried_rows, carry_on, without_fallbacks
 from .timeline.plans import measured, of_connections
 from .timeline.wide import RECORD, ROLE, column
@@ -95,7 +94,7 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
     counts = {key: seen[f"n{i}"] for i, key in enumerate(roles)}
     written = add_actions(seen["files"])
     for name in TIMELINE_TABLES:
-        counts[(name, WRITE)] = sum(json.loads(add.stats)["numRecords"] for add in written.get(name, []))
+        counts[(name, WRITE)] = rows_in(written.get(name, []))
 
     def written_rows(name: str, columns: list[str] | None = None) -> DataFrame:
         return read_written(spark, lake, name, written.get(name, []), TIMELINE_TABLES[name], columns)
@@ -124,7 +123,7 @@ def _requeue_changed(wide: DataFrame, spark: SparkSession, lake: str, adds: list
     stale = carried_rows(wide, "deliveries", STALE).where(F.col(REQUEUE_RELATED)).coalesce(1)
     rows = read_written(spark, lake, "deliveries", flagged, TIMELINE_TABLES["deliveries"]).where(
         F.col(REQUEUE_RELATED)).unionByName(stale)
-    return rows, sum(json.loads(add.stats)["numRecords"] for add in flagged) + counts.get(("deliveries", STALE), 0)
+    return rows, rows_in(flagged) + counts.get(("deliveries", STALE), 0)
 
 
 def _role_is(role: str | None):

@@ -92,6 +92,11 @@ def adds_that_may_hold(adds: list[AddAction], column: str) -> list[AddAction]:
     return [add for add in adds if _may_be_true(json.loads(add.stats or "{}").get("maxValues", {}).get(column))]
 
 
+def rows_in(adds: list[AddAction]) -> int:
+    """How many rows the files hold, from their statistics (the writers always keep numRecords)."""
+    return sum(json.loads(add.stats)["numRecords"] for add in adds)
+
+
 def _may_be_true(largest: bool | None) -> bool:
     """A file's largest value of a boolean column, from its statistics (None: not kept): only a
     false one says no row of the file is true."""

@@ -352,7 +352,7 @@ def test_rows_split_by_two_flags_and_read_from_the_files_that_may_hold_one(spark
     with its statistics: provisional.py, requeue_related.py), and read_delta's `files_where` reads
     the flag's true and null rows from only the files that may hold one: the others are not opened."""
     from analyzer.lake import TableWriter
-    from spark_jobs.table_files import adds_that_may_hold, commit, files_that_may_hold
+    from spark_jobs.table_files import adds_that_may_hold, commit, files_that_may_hold, rows_in
 
     flags = ("provisional", "flagged")
     table_schema = pa.schema([("date", pa.string()), ("provisional", pa.bool_()), ("flagged", pa.bool_()),
@@ -378,6 +378,7 @@ def test_rows_split_by_two_flags_and_read_from_the_files_that_may_hold_one(spark
     assert len(may_hold) == 3 and may_hold == {s["path"] for s in stats if s["max.flagged"] is not False}
     # Files not committed yet, by their add actions (a carried run's written deliveries): the same files.
     assert {add.path for add in adds_that_may_hold(writer.actions, "flagged")} == may_hold
+    assert rows_in(adds_that_may_hold(writer.actions, "flagged")) == 8 + 2 + 1 and rows_in(writer.actions) == 30
     read = read_delta(spark, lake_dir, "t", table_schema, files_where="flagged")
     opened = {os.path.relpath(r["file"].removeprefix("file://"), os.path.join(lake_dir, "t"))
               for r in read.select(F.input_file_name().alias("file")).distinct().collect()}
