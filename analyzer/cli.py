@@ -89,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "LAKE/analysis_runs. The same job runs on a cluster with --master, or through "
                     "spark-submit spark_jobs/analyze.py with these options.",
         epilog="Exit status: 0 done; 2 bad arguments, no frames table, or an S3 lake and no s3a connector in "
-               "Spark; 5 the analysis failed.")
+               f"Spark; {EXIT_ANALYSIS_FAILED} the analysis failed; {EXIT_PUSH_FAILED} its push failed. With --every: "
+               f"0 stopped by a signal; 2 as above; {EXIT_ANALYSIS_FAILED} the Spark driver is gone (a failed run "
+               "or push is reported and the runs go on).")
     analyze.add_argument("--lake", required=True, metavar="LAKE",
                          help="folder, or S3 URL (s3a://bucket/prefix; AWS_* variables and the hadoop-aws JARs, "
                               "docs/deployment.md), holding the Delta tables")
@@ -113,7 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--overdue-seconds", type=float, default=60.0, metavar="S",
                          help="a publish still unconfirmed this long when the data ends is overdue "
                               "(default %(default)s)")
-    analyze.add_argument("--json", action="store_true", help="print one JSON object")
+    analyze.add_argument("--json", action="store_true", help="print one JSON object (with --every: one a run)")
+    analyze.add_argument("--every", metavar="INTERVAL",
+                         help="keep the driver up and start a run every INTERVAL (e.g. 5m, 90s, 1h) until SIGTERM "
+                              "or Ctrl-C, which stop after the run in progress; a failed run is reported and the "
+                              "next one runs at its time. A warm driver runs a small append about twice as fast "
+                              "as a fresh one")
     add_push_options(analyze, "--pushgateway", "--push-job",
                      "at the end of the run, push its results (as `ackscope push` does), or "
                      "ackscope_analysis_failures=1 if it failed")
@@ -332,14 +339,13 @@ def sample_captures() -> list[str]:
 
 
 def run_analyze(args) -> int:
-    from spark_jobs.analyze import analyze, render_report
-    from spark_jobs.session import DriverDidNotStart, ObjectStoreUnavailable, get_spark, spark_log_path
+    from spark_jobs.schedule import driver_alive, parse_interval
+    from spark_jobs.session import DriverDidNotStart, get_spark
     from spark_jobs.thresholds import Thresholds
-
-    from .findings import read_findings, render_findings
 
     try:
         thresholds = Thresholds.from_pairs(args.threshold)
+        every_s = None if args.every is None else parse_interval(args.every)
     except ValueError as exc:
         print(f"ackscope analyze: {exc}", file=sys.stderr)
         return 2
@@ -352,12 +358,14 @@ def run_analyze(args) -> int:
     if args.full and (args.since or args.until):
         print("ackscope analyze: --full analyses every day: it takes no --since/--until", file=sys.stderr)
         return 2
+    if every_s is not None and (args.full or args.since or args.until):
+        print("ackscope analyze: --every schedules incremental runs: it takes no --full, --since or --until "
+              "(run those once, without --every)", file=sys.stderr)
+        return 2
     if args.bucket_seconds < 1 or args.overdue_seconds <= 0:
         print("ackscope analyze: --bucket-seconds and --overdue-seconds must be positive", file=sys.stderr)
         return 2
-    from .lake import is_dir
-
-    if not is_dir(os.path.join(args.lake, "frames")):
+    if every_s is None and not _has_frames(args.lake):
         print(f"ackscope analyze: no frames table in {args.lake}: run `ackscope ingest` first", file=sys.stderr)
         return 2
     try:
@@ -365,6 +373,29 @@ def run_analyze(args) -> int:
     except DriverDidNotStart as exc:  # no java, a bad --driver-memory: the JVM's own words
         print(f"ackscope analyze: {exc}", file=sys.stderr)
         return EXIT_ANALYSIS_FAILED
+    try:
+        if every_s is None:
+            return _analyze_once(args, spark, thresholds)
+        return _analyze_every(args, spark, thresholds, every_s)
+    finally:
+        if driver_alive(spark):  # a JVM that is gone has nothing to stop, and py4j would raise
+            spark.stop()
+
+
+def _has_frames(lake: str) -> bool:
+    from .lake import is_dir
+
+    return is_dir(os.path.join(lake, "frames"))
+
+
+def _analyze_once(args, spark, thresholds, scheduled: bool = False) -> int:
+    """One run, its push and its output: the report, and the findings table unless `scheduled`
+    (each scheduled run prints its report; --json: one JSON object a line)."""
+    from spark_jobs.analyze import analyze, render_report
+    from spark_jobs.session import ObjectStoreUnavailable, spark_log_path
+
+    from .findings import read_findings, render_findings
+
     try:
         report = analyze(spark, args.lake, since=args.since, until=args.until, delta_mode=args.delta_mode,
                          thresholds=thresholds, bucket_seconds=args.bucket_seconds,
@@ -378,17 +409,48 @@ def run_analyze(args) -> int:
         if args.pushgateway:
             _push_after_analysis(args, failed=True)
         return EXIT_ANALYSIS_FAILED
-    finally:
-        spark.stop()
     if args.pushgateway and not _push_after_analysis(args, failed=False):
         return EXIT_PUSH_FAILED
     if args.json:
-        print(json.dumps(report.as_json(), sort_keys=True))
+        print(json.dumps(report.as_json(), sort_keys=True), flush=True)
     else:
         print(render_report(report))
-        print()
-        print(render_findings(read_findings(args.lake)))
+        print(flush=True)
+        if not scheduled:
+            print(render_findings(read_findings(args.lake)))
     return EXIT_OK
+
+
+def _analyze_every(args, spark, thresholds, every_s: float) -> int:
+    """Runs on spark_jobs/schedule.py's schedule until a signal stops them (exit 0), the settings
+    turn out wrong (2), or the driver is gone (EXIT_ANALYSIS_FAILED); a run that fails otherwise is
+    reported (and pushed) and the next one runs at its time."""
+    from spark_jobs.schedule import driver_alive, release_run, run_every, stop_on_signals
+
+    exit_status = EXIT_OK
+
+    def one_run() -> bool:
+        nonlocal exit_status
+        if not _has_frames(args.lake):  # the agent has not committed its first frames yet
+            print(f"ackscope analyze: no frames table in {args.lake} yet: the next run at its time",
+                  file=sys.stderr, flush=True)
+            return True
+        status = _analyze_once(args, spark, thresholds, scheduled=True)
+        if status == 2:
+            exit_status = status
+            return False
+        release_run(spark)
+        if not driver_alive(spark):  # whatever the run's status: one with nothing new needs no Spark job
+            print("ackscope analyze: the Spark driver is gone: stopping", file=sys.stderr, flush=True)
+            exit_status = EXIT_ANALYSIS_FAILED
+            return False
+        return True
+
+    print(f"ackscope analyze: a run of {args.lake} every {every_s:g}s; SIGTERM or Ctrl-C stops after the "
+          "run in progress", file=sys.stderr, flush=True)
+    with stop_on_signals() as stopping:
+        run_every(every_s, one_run, stopping)
+    return exit_status
 
 
 def add_push_options(parser, url_option: str, job_option: str, url_help: str, required: bool = False) -> None:

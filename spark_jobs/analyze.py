@@ -381,6 +381,8 @@ def _own_findings_from_stored(run: _Run, inputs: dict[str, DataFrame], threshold
 
 
 def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: str) -> list[str]:
+    if plan.scope == NEW_DATA and not plan.new_files:  # a scheduled run with nothing new: no Spark job
+        return []
     if plan.scope == NEW_DATA:
         ids = read_files(spark, lake, "frames", plan.new_files, ["connection_id"])
     elif plan.scope == DAYS:

@@ -1,0 +1,107 @@
+"""`ackscope analyze --every`: one long-lived driver runs the analysis on a fixed schedule.
+
+Why a driver that stays up: a fresh process's first Spark work runs about twice as slow as the same
+work in a JVM that has run it before (class loading, the JIT, Python workers to fork), and a
+scheduled run after a small append is mostly such fixed work (bench/README.md, session 26). A
+CronJob pays that on every run; a Deployment running `--every` pays it once.
+
+The schedule is Structured Streaming's processing-time trigger: runs start every `interval` from the
+first, never overlap (an incremental run continues from the checkpoints of the one before), and a
+run that overruns its slot is followed at once by the next, the missed slots skipped, not queued.
+
+Stopping: the first SIGTERM or SIGINT lets the run in progress finish (its commits are each atomic,
+but a run cut short leaves its work to be redone) and ends the loop; a second one ends the process
+at once. A run that fails is reported and the next one runs at its time (runs are idempotent: the
+next one redoes what the failed one left), unless the driver itself is gone: then the command
+exits, for its supervisor to start a new one.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from py4j.protocol import Py4JError
+from pyspark.sql import SparkSession
+
+_INTERVAL = re.compile(r"(\d+(?:\.\d+)?)([smh]?)")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
+SHORTEST_INTERVAL_S = 1.0
+
+
+def parse_interval(text: str) -> float:
+    """Seconds from '90', '90s', '5m' or '1h'; at least SHORTEST_INTERVAL_S (a tighter loop would
+    only spin the plan step over a lake with nothing new)."""
+    match = _INTERVAL.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"--every {text!r} is not a duration: a number with s, m or h (e.g. 5m)")
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds < SHORTEST_INTERVAL_S:
+        raise ValueError(f"--every {text!r} is shorter than {SHORTEST_INTERVAL_S:g}s")
+    return seconds
+
+
+def next_start(previous_start: float, interval_s: float, now: float) -> float:
+    """When the run after one started at `previous_start` starts: one interval later, or now if
+    that time has passed (the slots it missed are skipped)."""
+    return max(previous_start + interval_s, now)
+
+
+def run_every(interval_s: float, one_run: Callable[[], bool], stopping: threading.Event,
+              clock: Callable[[], float] = time.monotonic) -> None:
+    """Calls `one_run` at the schedule's times until `stopping` is set, or `one_run` returns False
+    (the loop cannot go on)."""
+    start = clock()
+    while not stopping.is_set():
+        if not one_run():
+            return
+        start = next_start(start, interval_s, clock())
+        stopping.wait(max(0.0, start - clock()))
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by the first SIGTERM or SIGINT; the second gets the signal's usual effect
+    (SIGINT: KeyboardInterrupt; SIGTERM: the process ends)."""
+    stopping = threading.Event()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+
+    def on_signal(signum, frame) -> None:
+        stopping.set()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    for sig in signals:
+        signal.signal(sig, on_signal)
+    try:
+        yield stopping
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def driver_alive(spark: SparkSession) -> bool:
+    """Can this session still run a job? False when the JVM is gone or its SparkContext stopped
+    (an out-of-memory driver stops it)."""
+    try:
+        return not spark.sparkContext._jsc.sc().isStopped()
+    except Exception:  # noqa: BLE001 - py4j's own errors when the gateway is gone
+        return False
+
+
+def release_run(spark: SparkSession) -> None:
+    """Lets Spark delete what the run left on disk (its shuffle files, local checkpoints): the
+    ContextCleaner removes them once the JVM has collected the objects that held them, which the
+    run's Python references pin until Python collects them, and which the JVM does on its own only
+    every 30 minutes (spark.cleaner.periodicGC.interval) in a driver that allocates little."""
+    gc.collect()
+    try:
+        spark.sparkContext._jvm.System.gc()
+    except (Py4JError, OSError):  # the driver is gone: nothing to release (driver_alive says so)
+        pass

@@ -1,0 +1,209 @@
+"""`ackscope analyze --every`: the schedule (spark_jobs/schedule.py) with a fake clock, the signals,
+and the real command: one driver analysing a real lake as frames arrive, pushing each run to a real
+Pushgateway, stopped by SIGTERM after the run in progress; and exiting when its driver is killed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from analyzer.findings import read_findings
+from analyzer.ingest import ingest_file
+from analyzer.lake import open_table
+from spark_jobs.schedule import next_start, parse_interval, run_every, stop_on_signals
+
+from .conftest import ROOT
+from .prometheus_stack import pushgateway, pushgateway_series, settle
+
+ACKSCOPE = os.path.join(os.path.dirname(sys.executable), "ackscope")
+
+def _example(name: str) -> str:
+    return os.path.join(ROOT, "examples", f"{name}.pcapng")
+
+
+def test_intervals_are_a_number_and_a_unit_of_at_least_a_second():
+    assert [parse_interval(text) for text in ("90", "90s", "1.5m", "5m", "1h", " 2s ")] == \
+        [90, 90, 90, 300, 3600, 2]
+    for text, reason in (("5 minutes", "is not a duration"), ("-5s", "is not a duration"), ("5d", "is not a duration"),
+                         ("", "is not a duration"), ("0.5s", "shorter than 1s"), ("0", "shorter than 1s")):
+        with pytest.raises(ValueError, match=reason):
+            parse_interval(text)
+
+
+class _FakeTime:
+    """A clock the loop's waits advance, and a run that takes a given time."""
+
+    def __init__(self, run_seconds: list[float]):
+        self.now, self.run_seconds, self.starts = 100.0, run_seconds, []
+        self.stopping = self
+
+    def clock(self) -> float:
+        return self.now
+
+    def one_run(self) -> bool:
+        self.starts.append(self.now)
+        self.now += self.run_seconds[len(self.starts) - 1]
+        return len(self.starts) < len(self.run_seconds)
+
+    # the threading.Event the loop waits on
+    def is_set(self) -> bool:
+        return False
+
+    def wait(self, timeout: float) -> bool:
+        self.now += timeout
+        return False
+
+
+def test_runs_start_on_the_interval_and_a_long_run_is_followed_at_once_without_catching_up():
+    fake = _FakeTime([2, 3, 25, 1, 11, 1])
+    run_every(10, fake.one_run, fake.stopping, clock=fake.clock)
+    # 100, 110, 120; the third overran two slots (130, 140): the next starts when it ends (145), and
+    # the schedule goes on from there; so again after the fifth.
+    assert fake.starts == [100, 110, 120, 145, 155, 166]
+    assert next_start(100, 10, 104) == 110 and next_start(100, 10, 117) == 117
+
+
+def test_the_loop_does_not_start_a_run_once_stopping_is_set():
+    stopping, runs = threading.Event(), []
+
+    def one_run() -> bool:
+        runs.append(1)
+        stopping.set()  # as the first signal does, during a run
+        return True
+
+    run_every(3600, one_run, stopping)  # returns at once: no wait for the next slot
+    assert runs == [1]
+
+
+def test_the_first_signal_sets_stopping_and_the_second_has_its_usual_effect():
+    before = signal.getsignal(signal.SIGINT)
+    with stop_on_signals() as stopping:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stopping.wait(5)
+        with pytest.raises(KeyboardInterrupt):  # pytest's own SIGINT handler, back in place
+            os.kill(os.getpid(), signal.SIGINT)
+            stopping.wait(5)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_analyze_every_refuses_what_it_cannot_schedule(tmp_path):
+    for extra, message in ((["--every", "soon"], "--every 'soon' is not a duration"),
+                           (["--every", "0.2s"], "shorter than 1s"),
+                           (["--every", "5m", "--full"], "--every schedules incremental runs"),
+                           (["--every", "5m", "--since", "2026-11-01"], "--every schedules incremental runs")):
+        run = subprocess.run([ACKSCOPE, "analyze", "--lake", str(tmp_path), *extra], capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 2 and message in run.stderr, (extra, run.stderr)
+
+
+class _Command:
+    """`ackscope analyze --every 1s --json` in its own process; its lines as they come."""
+
+    def __init__(self, lake_dir: str, *extra: str):
+        self.process = subprocess.Popen([ACKSCOPE, "analyze", "--lake", lake_dir, "--master", "local[1]",
+                                         "--every", "1s", "--json", *extra], text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.out, self.err = [], []
+        self._readers = [threading.Thread(target=self._read, args=(pipe, lines), daemon=True)
+                         for pipe, lines in ((self.process.stdout, self.out), (self.process.stderr, self.err))]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(pipe, lines: list) -> None:
+        for line in pipe:
+            lines.append(line.rstrip("\n"))
+
+    def reports(self) -> list[dict]:
+        return [json.loads(line) for line in list(self.out)]
+
+    def errors(self) -> str:
+        return "\n".join(self.err)
+
+    def report_of_version(self, version: int, timeout: float = 180) -> dict:
+        def found():
+            return next((r for r in self.reports() if r["frames_version"] == version and r["connections"]), None)
+        return settle(found, f"no run of frames version {version}: {self.errors()[-2000:]}", timeout)
+
+    def wait(self, timeout: float = 180) -> int:
+        status = self.process.wait(timeout)
+        for reader in self._readers:
+            reader.join(10)
+        return status
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(30)
+
+
+def _frames_version(lake_dir: str) -> int:
+    return open_table(lake_dir, "frames").version()
+
+
+def test_analyze_every_waits_for_frames_analyses_each_append_and_stops_after_the_run_in_progress(tmp_path):
+    lake_dir = str(tmp_path / "lake")
+    with pushgateway(str(tmp_path)) as gateway:
+        command = _Command(lake_dir, "--pushgateway", gateway, "--push-job", "every")
+        try:
+            settle(lambda: "no frames table in" in command.errors(), "no word about the missing frames", 120)
+            ingest_file(_example("confirm_nacks"), lake_dir)
+            first = command.report_of_version(_frames_version(lake_dir))
+            assert first["scope"] == "full" and first["reason"] == "first run"
+            for name in ("flow_control", "lost_confirms"):
+                ingest_file(_example(name), lake_dir)
+            second = command.report_of_version(_frames_version(lake_dir))
+            assert second["scope"] == "new_data" and second["connections"] >= 1
+            # Each run pushed its results: the group holds the lake's findings as they are now.
+            total = sum(s["value"] for s in pushgateway_series(gateway)
+                        if s["name"] == "ackscope_findings" and s["labels"]["job"] == "every")
+            assert total == len(read_findings(lake_dir)) > 1, (total, read_findings(lake_dir))
+            # Runs with nothing new start no Spark job: the loop idles in the plan step.
+            idle = settle(lambda: [r for r in command.reports()[command.reports().index(second) + 1:]],
+                          "no run after the second", 60)
+            assert idle[0]["connections"] == 0 and idle[0]["spark_jobs"] == 0, idle[0]
+
+            # SIGTERM while a run is under way: that run finishes (its report, its commits), then the loop ends.
+            analysing = sum(" timelines (" in line or " carry on from checkpoints (" in line for line in command.err)
+            ingest_file(_example("requeue_loop"), lake_dir)
+            settle(lambda: sum(" timelines (" in line or " carry on from checkpoints (" in line
+                               for line in command.err) > analysing, "no run of the fourth capture", 180)
+            command.process.send_signal(signal.SIGTERM)
+            reported_before = len(command.out)
+            assert command.wait() == 0, command.errors()[-3000:]
+        finally:
+            command.stop()
+    last = command.reports()[-1]
+    assert len(command.out) == reported_before + 1 and last["frames_version"] == _frames_version(lake_dir)
+    assert last["scope"] == "new_data" and last["connections"] >= 1
+    runs = open_table(lake_dir, "analysis_runs").to_pyarrow_table().to_pylist()
+    assert max(run["frames_version"] for run in runs) == last["frames_version"]
+    assert "failed" not in command.errors(), command.errors()[-3000:]
+
+
+def _java_children(pid: int) -> list[int]:
+    children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    return [int(c) for c in children if open(f"/proc/{c}/comm").read().strip() == "java"]
+
+
+def test_analyze_every_exits_when_its_driver_is_gone(tmp_path):
+    """A JVM killed (out of memory, by the kernel) cannot run the next job: the command says so and
+    exits with 5, for its supervisor (Kubernetes) to start a new one, rather than fail every run."""
+    lake_dir = str(tmp_path / "lake")
+    ingest_file(_example("confirm_nacks"), lake_dir)
+    command = _Command(lake_dir)
+    try:
+        command.report_of_version(_frames_version(lake_dir))
+        [java] = _java_children(command.process.pid)
+        os.kill(java, signal.SIGKILL)
+        ingest_file(_example("flow_control"), lake_dir)  # so that the next run needs Spark
+        assert command.wait() == 5
+    finally:
+        command.stop()
+    # The last word is the command's own (py4j and pyspark's accumulator server print their
+    # connection errors before it, as the JVM goes).
+    assert command.err[-1] == "ackscope analyze: the Spark driver is gone: stopping", command.errors()[-3000:]
