@@ -528,7 +528,7 @@ def run_demo(args) -> int:
     status = run_analyze(argparse.Namespace(lake=args.lake, master=args.master, driver_memory=None, since=None,
                                             until=None, full=False, delta_mode="auto", threshold=[],
                                             bucket_seconds=10, overdue_seconds=60.0, json=False, pushgateway=None,
-                                            push_job=None))
+                                            push_job=None, every=None))
     if status != EXIT_OK:
         return status
     print("\nackscope demo: ", end="")

@@ -14,7 +14,8 @@ import pytest
 from analyzer.findings import read_findings
 from analyzer.ingest import ingest_file
 from analyzer.lake import open_table
-from spark_jobs.schedule import next_start, parse_interval, run_every, stop_on_signals
+from spark_jobs.analyze import analyze
+from spark_jobs.schedule import next_start, parse_interval, release_run, run_every, stop_on_signals
 
 from .conftest import ROOT
 from .prometheus_stack import pushgateway, pushgateway_series, settle
@@ -104,9 +105,11 @@ class _Command:
     """`ackscope analyze --every 1s --json` in its own process; its lines as they come."""
 
     def __init__(self, lake_dir: str, *extra: str):
+        # A session of its own, as a terminal's foreground job is a process group: Ctrl-C signals
+        # the command, its JVM and the JVM's Python workers.
         self.process = subprocess.Popen([ACKSCOPE, "analyze", "--lake", lake_dir, "--master", "local[1]",
                                          "--every", "1s", "--json", *extra], text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         self.out, self.err = [], []
         self._readers = [threading.Thread(target=self._read, args=(pipe, lines), daemon=True)
                          for pipe, lines in ((self.process.stdout, self.out), (self.process.stderr, self.err))]
@@ -145,7 +148,27 @@ def _frames_version(lake_dir: str) -> int:
     return open_table(lake_dir, "frames").version()
 
 
+def _stopped_during_a_run(command: _Command, lake_dir: str, capture: str, send) -> None:
+    """Appends a capture, sends the signal once the run that analyses it is under way, and checks
+    that this run finished (its steps after the signal, its report, its log row) and the loop ended."""
+    analysing = sum(" timelines (" in line or " carry on from checkpoints (" in line for line in command.err)
+    ingest_file(_example(capture), lake_dir)
+    settle(lambda: sum(" timelines (" in line or " carry on from checkpoints (" in line
+                       for line in command.err) > analysing, f"no run of {capture}", 180)
+    reported, progressed = len(command.out), len(command.err)
+    send(command.process.pid)
+    assert command.wait() == 0, command.errors()[-3000:]
+    assert any(" findings (" in line for line in command.err[progressed:]), "the run ended before the signal"
+    last = command.reports()[-1]
+    assert len(command.out) == reported + 1 and last["frames_version"] == _frames_version(lake_dir)
+    assert last["scope"] == "new_data" and last["connections"] >= 1
+    runs = open_table(lake_dir, "analysis_runs").to_pyarrow_table().to_pylist()
+    assert max(run["frames_version"] for run in runs) == last["frames_version"]
+    assert "failed" not in command.errors(), command.errors()[-3000:]
+
+
 def test_analyze_every_waits_for_frames_analyses_each_append_and_stops_after_the_run_in_progress(tmp_path):
+    """SIGTERM to the command, as Kubernetes and `docker stop` send it."""
     lake_dir = str(tmp_path / "lake")
     with pushgateway(str(tmp_path)) as gateway:
         command = _Command(lake_dir, "--pushgateway", gateway, "--push-job", "every")
@@ -166,23 +189,22 @@ def test_analyze_every_waits_for_frames_analyses_each_append_and_stops_after_the
             idle = settle(lambda: [r for r in command.reports()[command.reports().index(second) + 1:]],
                           "no run after the second", 60)
             assert idle[0]["connections"] == 0 and idle[0]["spark_jobs"] == 0, idle[0]
-
-            # SIGTERM while a run is under way: that run finishes (its report, its commits), then the loop ends.
-            analysing = sum(" timelines (" in line or " carry on from checkpoints (" in line for line in command.err)
-            ingest_file(_example("requeue_loop"), lake_dir)
-            settle(lambda: sum(" timelines (" in line or " carry on from checkpoints (" in line
-                               for line in command.err) > analysing, "no run of the fourth capture", 180)
-            command.process.send_signal(signal.SIGTERM)
-            reported_before = len(command.out)
-            assert command.wait() == 0, command.errors()[-3000:]
+            _stopped_during_a_run(command, lake_dir, "requeue_loop", lambda pid: os.kill(pid, signal.SIGTERM))
         finally:
             command.stop()
-    last = command.reports()[-1]
-    assert len(command.out) == reported_before + 1 and last["frames_version"] == _frames_version(lake_dir)
-    assert last["scope"] == "new_data" and last["connections"] >= 1
-    runs = open_table(lake_dir, "analysis_runs").to_pyarrow_table().to_pylist()
-    assert max(run["frames_version"] for run in runs) == last["frames_version"]
-    assert "failed" not in command.errors(), command.errors()[-3000:]
+
+
+def test_ctrl_c_stops_after_the_run_in_progress(tmp_path):
+    """SIGINT to the command's whole process group, as Ctrl-C in a terminal sends it: the JVM and
+    Spark's Python workers get it too, and the run still finishes."""
+    lake_dir = str(tmp_path / "lake")
+    ingest_file(_example("confirm_nacks"), lake_dir)
+    command = _Command(lake_dir)
+    try:
+        command.report_of_version(_frames_version(lake_dir))
+        _stopped_during_a_run(command, lake_dir, "requeue_loop", lambda pid: os.killpg(pid, signal.SIGINT))
+    finally:
+        command.stop()
 
 
 def _java_children(pid: int) -> list[int]:
@@ -207,3 +229,26 @@ def test_analyze_every_exits_when_its_driver_is_gone(tmp_path):
     # The last word is the command's own (py4j and pyspark's accumulator server print their
     # connection errors before it, as the JVM goes).
     assert command.err[-1] == "ackscope analyze: the Spark driver is gone: stopping", command.errors()[-3000:]
+
+
+def _spark_local_files(spark) -> list[str]:
+    """The files in the driver's Spark local folders: shuffle files, local checkpoints' blocks."""
+    folders = spark.sparkContext._jsc.sc().env().blockManager().diskBlockManager().localDirs()
+    return [os.path.join(path, name) for folder in folders
+            for path, _dirs, names in os.walk(folder.getAbsolutePath()) for name in names]
+
+
+def test_after_each_run_the_driver_lets_spark_delete_what_the_run_left_on_disk(spark, tmp_path):
+    """release_run, as the loop calls it after each run: the shuffle files and checkpointed blocks
+    of the run go at once, not at the JVM's next collection (every 30 minutes in a quiet driver)."""
+    lake_dir = str(tmp_path / "lake")
+    for name in ("confirm_nacks", "requeue_loop"):
+        ingest_file(_example(name), lake_dir)
+    analyze(spark, lake_dir)
+    ingest_file(_example("flow_control"), lake_dir)
+    analyze(spark, lake_dir)  # an incremental run: its local checkpoints and shuffles
+    left = set(_spark_local_files(spark))
+    assert any("shuffle_" in os.path.basename(path) for path in left), sorted(left)[:20]
+    release_run(spark)
+    gone = settle(lambda: left - set(_spark_local_files(spark)), "nothing deleted after release_run", 30)
+    assert any("shuffle_" in os.path.basename(path) for path in gone), sorted(gone)[:20]
