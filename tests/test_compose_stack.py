@@ -15,9 +15,10 @@ import sys
 import pytest
 import yaml
 
-from analyzer.cli import build_parser, run_capture
+from analyzer.cli import build_parser, run_analyze, run_capture
 from dashboards import rules
 from dashboards.alert_settings import AlertSettings
+from spark_jobs.schedule import parse_interval
 
 from .conftest import ROOT
 from .prometheus_stack import binary
@@ -88,6 +89,11 @@ def test_the_agent_shares_the_brokers_network_with_net_raw_only():
     assert (args.iface, args.port, args.metrics_addr, args.lake) == ("eth0", [5672], "0.0.0.0:9419", "/lake")
     assert "9419:9419" in services["rabbitmq"]["ports"]  # the agent's port lives in the broker's namespace
     assert "lake:/lake" in agent["volumes"] and "lake:/lake" in services["analysis"]["volumes"]
+    analysis = services["analysis"]
+    args = build_parser().parse_args(analysis["command"][1:])  # the image's entry point runs the command
+    assert analysis["command"][0] == "ackscope" and args.run is run_analyze and "entrypoint" not in analysis
+    assert (args.lake, args.pushgateway, parse_interval(args.every)) == ("/lake", "http://pushgateway:9091", 300)
+    assert analysis["restart"] == "unless-stopped" and analysis["stop_grace_period"] == "15m"
     for name in ("agent", "analysis"):
         assert os.path.exists(os.path.join(COMPOSE, services[name]["build"]["context"],
                                            services[name]["build"]["dockerfile"]))

@@ -22,6 +22,7 @@ import yaml
 
 from analyzer.cli import build_parser, run_analyze, run_capture
 from dashboards import kubernetes, rules
+from spark_jobs.schedule import parse_interval
 
 from .conftest import ROOT
 
@@ -350,6 +351,43 @@ def test_the_scheduled_spark_application_gets_the_lake_and_gateway_from_the_sett
     [binding] = find(objects, "RoleBinding")
     assert binding["subjects"][0]["name"] == account["metadata"]["name"]
     assert not find(objects, "CronJob")
+
+
+def test_the_warm_analysis_driver_as_the_docs_give_it(tmp_path):
+    """docs/deployment.md's swap of analysis-cronjob for analysis-every, in the broker-sidecar and the
+    object-storage overlays, rendered beside a copy of deploy/k8s: it validates, there is one driver
+    (no overlap: one replica, Recreate), `ackscope analyze --every` itself gets the pod's SIGTERM and
+    has time to finish its run, and the lake and settings reach it as they reach the CronJob."""
+    with open(os.path.join(ROOT, "docs", "deployment.md")) as f:
+        [swap] = re.findall(r"```yaml\n# A warm analysis driver.*?\ncomponents:\n(.*?)```", f.read(), re.S)
+    shutil.copytree(K8S, tmp_path / "k8s")
+    for name in ("broker-sidecar", "object-storage"):
+        path = tmp_path / "k8s" / "overlays" / name / "kustomization.yaml"
+        text = path.read_text()
+        assert "../../components/analysis-cronjob" in text
+        path.write_text(text.replace("  - ../../components/analysis-cronjob\n", swap))
+        objects = render(str(path.parent))
+        for obj in objects:
+            validate(obj)
+        assert not find(objects, "CronJob")
+        [deployment] = find(objects, "Deployment", "ackscope-analysis")
+        assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] >= 600
+        [container] = pod["containers"]
+        assert container["args"][:2] == ["ackscope", "analyze"] and "command" not in container
+        [cronjob] = find(overlay(name), "CronJob", "ackscope-analysis")
+        [scheduled] = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+        assert container["envFrom"] == scheduled["envFrom"] and container["resources"] == scheduled["resources"]
+        assert container["image"] == scheduled["image"] and container["volumeMounts"] == scheduled["volumeMounts"]
+        values = dict(settings(objects))
+        args = parsed(container["args"][1:], **values)
+        assert args.run is run_analyze and parse_interval(args.every) == 300
+        assert (args.master, args.driver_memory, args.pushgateway, args.push_job) == (
+            "local[*]", "2g", values["ACKSCOPE_PUSHGATEWAY"], "ackscope-analysis")
+        [broker] = find(objects, "StatefulSet")
+        assert args.lake == lake_of(objects, broker)
+        assert args.lake.startswith("s3a://") if name == "object-storage" else args.lake == "/lake"
 
 
 # -- the commands are ackscope's ------------------------------------------------------------------------
