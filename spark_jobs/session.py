@@ -97,6 +97,9 @@ AWS_SDK_V2_CLIENT = "software.amazon.awssdk.services.s3.S3Client"
 AWS_SDK_V1_CLIENT = "com.amazonaws.services.s3.AmazonS3"
 
 
+LISTING_JOB_THRESHOLD = "spark.sql.sources.parallelPartitionDiscovery.threshold"
+
+
 def use_lake(spark: SparkSession, lake: str) -> None:
     """Make the session able to read and write `lake`: on S3, check that the s3a connector is on
     Spark's classpath (before any work, so a missing JAR is one clear error, not a failure halfway)
@@ -104,7 +107,13 @@ def use_lake(spark: SparkSession, lake: str) -> None:
     the running context's Hadoop configuration, which every later read and write ships to its tasks,
     and not into SparkConf, which Spark's UI and event log list."""
     if not is_s3(lake):
+        # The bridge names every file a read takes, and past 32 paths Spark lists them in a Spark
+        # job of its own: a job a table read, and more of them as an analysis table's files pile up
+        # run after run (bench/README.md, session 26). In a folder, a file's status costs the driver
+        # microseconds. On S3 each is a request, which the job spreads over the executors.
+        spark.conf.set(LISTING_JOB_THRESHOLD, str(2**31 - 1))
         return
+    spark.conf.unset(LISTING_JOB_THRESHOLD)
     problem = _s3a_problem(spark)
     if problem is not None:
         raise ObjectStoreUnavailable(f"{lake} is on S3, and {problem}")

@@ -347,6 +347,32 @@ def test_provisional_rows_are_written_apart_and_only_their_files_searched(spark,
     assert results[False] == [("2026-11-24", 3, False)]
 
 
+def test_a_bridge_read_of_a_table_of_many_files_in_a_folder_starts_no_listing_job(spark, tmp_path):
+    """Past 32 paths Spark lists the files a read names in a job of its own; an analysis table gains
+    files with every scheduled run. For a lake in a folder the driver lists them (use_lake)."""
+    from spark_jobs.session import LISTING_JOB_THRESHOLD, use_lake
+    from spark_jobs.steps import Steps
+
+    from analyzer.lake import TableWriter
+    from spark_jobs.table_files import commit
+
+    lake_dir = str(tmp_path / "lake")
+    table_schema = pa.schema([("date", pa.string()), ("seq", pa.int64())])
+    writer = TableWriter(lake_dir, "t", table_schema)
+    for seq in range(40):  # a file each
+        writer.write(pa.Table.from_pylist([{"date": "2026-11-24", "seq": seq}], schema=table_schema))
+    commit(os.path.join(lake_dir, "t"), table_schema, writer.actions, schema.PARTITION_BY)
+    assert len(DeltaTable(os.path.join(lake_dir, "t")).file_uris()) == 40
+    steps = Steps(spark)
+    spark.conf.unset(LISTING_JOB_THRESHOLD)
+    read_delta(spark, lake_dir, "t", table_schema, "bridge")
+    assert steps.spark_jobs() == 1  # Spark's default: the listing job
+    use_lake(spark, lake_dir)
+    read = read_delta(spark, lake_dir, "t", table_schema, "bridge")
+    assert steps.spark_jobs() == 1
+    assert sorted(r["seq"] for r in read.collect()) == list(range(40))
+
+
 def test_rows_split_by_two_flags_and_read_from_the_files_that_may_hold_one(spark, tmp_path):
     """analyzer.lake.TableWriter splits a write by each flag column (a file per combination, each
     with its statistics: provisional.py, requeue_related.py), and read_delta's `files_where` reads
