@@ -7,10 +7,12 @@ then the last `--tail` share is appended, as the agent would, and analysed incre
 connections with new frames carried on from their checkpoints: only the new frames are read);
 then the same lake is analysed again with `--full`. Printed: wall clock of each, the ratio, how
 many connections each analysed (and carried), the frame rows each read, and whether the two left
-identical tables (they must: a fast wrong answer is not a result).
+identical tables (they must: a fast wrong answer is not a result). The three runs are made twice,
+side by side: each in a fresh `ackscope analyze` process (a CronJob's runs), then all in one
+driver kept up between them (`ackscope analyze --every`'s).
 
     .venv/bin/python bench/incremental.py [--frames 1000000] [--hot-deliveries 300000] [--tail 0.05]
-        [--master 'local[2]'] [--driver-memory 2g]
+        [--master 'local[2]'] [--driver-memory 2g] [--drivers fresh,warm]
 """
 
 import argparse
@@ -58,13 +60,6 @@ def run_analyze(lake_dir: str, master: str, driver_memory: str, *extra: str) -> 
     return seconds, json.loads(done.stdout)
 
 
-def timed_run(name: str, lake_dir: str, args, *extra: str) -> tuple[float, dict]:
-    """One run, its figures printed as soon as it ends: a later step that fails keeps them."""
-    seconds, report = run_analyze(lake_dir, args.master, args.driver_memory, *extra)
-    print(f"{name}: {seconds:.1f} s, {report['spark_jobs']} Spark jobs, {report['seconds_by_step']}", flush=True)
-    return seconds, report
-
-
 def tables_digest(lake_dir: str) -> dict[str, str]:
     """A digest of each output table's rows in a fixed order, hashed a slice at a time: the 10 M-frame
     lake's deliveries as one list of Python rows would not fit in memory."""
@@ -80,6 +75,55 @@ def tables_digest(lake_dir: str) -> dict[str, str]:
     return digests
 
 
+class OneDriver:
+    """The runs in this process's own Spark driver, kept up between them as `ackscope analyze
+    --every` keeps it (and released after each the same way): only the first pays the JVM's start."""
+
+    def __init__(self, master: str, driver_memory: str):
+        from spark_jobs.session import get_spark
+
+        self.spark = get_spark(master, "ackscope-bench-incremental", driver_memory=driver_memory)
+
+    def run(self, lake_dir: str, full: bool = False) -> tuple[float, dict]:
+        from spark_jobs.analyze import analyze
+        from spark_jobs.schedule import release_run
+
+        started = time.monotonic()
+        report = analyze(self.spark, lake_dir, full=full).as_json()
+        seconds = time.monotonic() - started
+        release_run(self.spark)
+        return seconds, report
+
+
+def runs_of(driver: str, work: str, head: pa.Table, tail: pa.Table, connections: pa.Table, args) -> tuple[list, bool]:
+    """The first run over the head, the incremental run after the tail's append, then a full run
+    over everything: each a process of its own (`fresh`), or all in one driver (`warm`)."""
+    shutil.rmtree(os.path.dirname(work), ignore_errors=True)
+    append(work, "frames", head, schema.FRAMES, "head")
+    append(work, "connections", connections, schema.CONNECTIONS, "all")
+    one = OneDriver(args.master, args.driver_memory) if driver == "warm" else None
+
+    def timed(name: str, full: bool = False) -> tuple[float, dict]:
+        if one is None:
+            seconds, report = run_analyze(work, args.master, args.driver_memory, *(["--full"] if full else []))
+        else:
+            seconds, report = one.run(work, full)
+        print(f"{driver} driver, {name}: {seconds:.1f} s, {report['spark_jobs']} Spark jobs, "
+              f"{report['seconds_by_step']}", flush=True)
+        return seconds, report
+
+    first = timed("first run")
+    append(work, "frames", tail, schema.FRAMES, "tail")
+    incremental = timed("incremental run")
+    after_incremental = tables_digest(work)
+    full = timed("full run", full=True)
+    same = tables_digest(work) == after_incremental
+    if one is not None:
+        one.spark.stop()
+    return [("first run (full, head only)", *first), ("incremental run after the append", *incremental),
+            ("full run over everything (--full)", *full)], same
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     generator.add_arguments(parser)
@@ -87,41 +131,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tail", type=float, default=0.05, help="share of the frames appended last (default %(default)s)")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--drivers", default="fresh,warm",
+                        help="fresh: each run an `ackscope analyze` process of its own (a CronJob's runs); warm: "
+                             "all in one driver (`ackscope analyze --every`'s); default %(default)s")
     parser.add_argument("--out", default=os.path.join(BENCH_DIR, "out"))
     args = parser.parse_args(argv)
+    drivers = args.drivers.split(",")
+    if not drivers or set(drivers) - {"fresh", "warm"}:
+        parser.error(f"--drivers {args.drivers!r}: fresh, warm or both")
 
     source, stats = generator.cached_lake(args.out, generator.params_from_args(args))
     frames = lake.read_table(source, "frames", schema.FRAMES)
     connections = lake.read_table(source, "connections", schema.CONNECTIONS)
     head, tail = generator.as_appended(frames, [1 - args.tail])
     work = os.path.join(args.out, "incremental", "lake")
-    shutil.rmtree(os.path.dirname(work), ignore_errors=True)
-    append(work, "frames", head, schema.FRAMES, "head")
-    append(work, "connections", connections, schema.CONNECTIONS, "all")
     print(f"lake: {frames.num_rows:,} generated frames; first {head.num_rows:,} committed, then {tail.num_rows:,} "
           f"appended ({args.tail:.0%}); {len(pc.unique(frames['connection_id']))} connections, "
           f"{len(pc.unique(tail['connection_id']))} of them with appended frames", flush=True)
 
-    first, first_report = timed_run("first run", work, args)
-    append(work, "frames", tail, schema.FRAMES, "tail")
-    incremental, report = timed_run("incremental run", work, args)
-    after_incremental = tables_digest(work)
-    full, full_report = timed_run("full run", work, args, "--full")
-    same = tables_digest(work) == after_incremental
-    rows = [("first run (full, head only)", first, first_report),
-            ("incremental run after the append", incremental, report),
-            ("full run over everything (--full)", full, full_report)]
-    print(f"\n{'run':<38} {'scope':<9} {'connections':>11} {'carried':>8} {'frames read':>12} {'wall s':>8}")
-    for name, seconds, r in rows:
-        print(f"{name:<38} {r['scope']:<9} {r['connections']:>11,} {r['carried_connections']:>8,} "
-              f"{r['frames']:>12,} {seconds:>8.1f}")
-    for name, _seconds, r in rows:
-        steps = ", ".join(f"{step} {s:.1f}" for step, s in r["seconds_by_step"].items())
-        print(f"  {name}: {r['spark_jobs']} Spark jobs; seconds by step: {steps}")
-    print(f"\nincremental run: {report['carried_records']:,} records carried in checkpoints; {report['reason']}")
-    print(f"\nincremental / full: {incremental / full:.2f} of the time; tables identical after both: "
-          f"{'yes' if same else 'NO (MISMATCH)'}")
-    return 0 if same else 1
+    results = {driver: runs_of(driver, work, head, tail, connections, args) for driver in drivers}
+    print(f"\n{'driver':<6} {'run':<38} {'scope':<9} {'connections':>11} {'carried':>8} {'frames read':>12} "
+          f"{'wall s':>8}")
+    for driver, (rows, _same) in results.items():
+        for name, seconds, r in rows:
+            print(f"{driver:<6} {name:<38} {r['scope']:<9} {r['connections']:>11,} {r['carried_connections']:>8,} "
+                  f"{r['frames']:>12,} {seconds:>8.1f}")
+    for driver, (rows, _same) in results.items():
+        for name, _seconds, r in rows:
+            steps = ", ".join(f"{step} {s:.1f}" for step, s in r["seconds_by_step"].items())
+            print(f"  {driver}, {name}: {r['spark_jobs']} Spark jobs; seconds by step: {steps}")
+    incremental_report = next(iter(results.values()))[0][1][2]
+    print(f"\nincremental run: {incremental_report['carried_records']:,} records carried in checkpoints; "
+          f"{incremental_report['reason']}")
+    for driver, (rows, same) in results.items():
+        incremental, full = rows[1][1], rows[2][1]
+        print(f"{driver} driver: incremental / full: {incremental / full:.2f} of the time; tables identical after "
+              f"both: {'yes' if same else 'NO (MISMATCH)'}")
+    return 0 if all(same for _rows, same in results.values()) else 1
 
 
 if __name__ == "__main__":
