@@ -48,6 +48,11 @@ bench-analyze: $(STAMP)
 bench-incremental: $(STAMP)
 	$(PY) bench/incremental.py
 
+# `ackscope analyze --every` in one driver while frames are appended: 40 runs, memory, disk, equal tables.
+.PHONY: bench-every
+bench-every: $(STAMP)
+	$(PY) bench/every.py
+
 # The live agent on loopback at rising rates beside dumpcap, then 10,000 connections of state (docs/agent.md).
 .PHONY: bench-capture
 bench-capture: $(STAMP) services
