@@ -40,6 +40,7 @@ from spark_jobs.delta_io import (Replacement, connections_match, read_delta, rea
                                  replace_matching, write_delta)
 from spark_jobs.evidence_packets import finished_findings, finished_together
 from spark_jobs.incremental import Carried, carry_on_connections
+from spark_jobs.compaction import compact, small_final_files
 from spark_jobs.detectors import detect, raw_findings
 from spark_jobs.detectors.common import measured_findings
 from spark_jobs.detectors.scoped import ACROSS_CONNECTIONS, message_kinds_deliveries, rescoped_findings
@@ -83,6 +84,7 @@ class AnalysisReport:
     seconds: float = 0.0
     seconds_by_step: dict = field(default_factory=dict)
     spark_jobs: int = 0                 # Spark jobs the run started
+    files_compacted: dict = field(default_factory=dict)   # small files merged, per table (compaction.py)
 
     def as_json(self) -> dict:
         return dict(self.__dict__)
@@ -160,6 +162,8 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
         with steps.step("findings"):
             _refresh_findings(run, analysed, all_frames, thresholds)
             report.rows["findings"] = _count_findings(lake, report)
+        if keys is not None and mode == "bridge":
+            _compact_tables(run, report)
         _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
     return _finished(report, started, steps)
 
@@ -380,6 +384,18 @@ def _own_findings_from_stored(run: _Run, inputs: dict[str, DataFrame], threshold
     return finished_findings(raw, inputs["frames"])
 
 
+def _compact_tables(run: _Run, report: AnalysisReport) -> None:
+    """A scoped run's patches leave small files behind; where enough have gathered, they are merged
+    (compaction.py), in a step of its own that only a run with something to merge has. A full run
+    rewrites every table whole; delta-spark's tables (native mode) are left to its OPTIMIZE."""
+    groups = {name: found for name in PER_CONNECTION_TABLES if (found := small_final_files(run.lake, name))}
+    if not groups:
+        return
+    with run.steps.step("compact tables"):
+        report.files_compacted = {name: compact(run.lake, name, found, commit_tag(run.spark))
+                                  for name, found in groups.items()}
+
+
 def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: str) -> list[str]:
     if plan.scope == NEW_DATA and not plan.new_files:  # a scheduled run with nothing new: no Spark job
         return []
@@ -430,6 +446,9 @@ def render_report(report: AnalysisReport) -> str:
              f"  scope: {report.scope} ({report.reason}); frames version {report.frames_version}"]
     if report.rows:
         lines.append("  wrote " + ", ".join(f"{name} {n:,}" for name, n in report.rows.items()))
+    if report.files_compacted:
+        lines.append("  compacted: " + ", ".join(f"{name} {n} small files merged"
+                                                 for name, n in report.files_compacted.items()))
     if report.findings_by_kind:
         lines.append("  findings: " + ", ".join(f"{k} {n}" for k, n in sorted(report.findings_by_kind.items())))
     else:

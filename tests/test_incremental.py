@@ -19,6 +19,7 @@ from deltalake import DeltaTable
 
 from analyzer import lake, schema
 from analyzer.ingest import ingest_file
+from spark_jobs import compaction
 from spark_jobs.analyze import FLAGGED_TABLES, OUTPUT_TABLES, PER_CONNECTION_TABLES, analyze
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
 from spark_jobs.requeue_related import REQUEUE_RELATED
@@ -237,19 +238,23 @@ MANY_APPENDS = 10
 def appended_many(spark, traffic, tmp_path_factory):
     """The same traffic in MANY_APPENDS pieces cut at random times (channels, open deliveries and
     publishes, and channel_metrics buckets cut by every run), analysed after each append; the
-    frames table compacted after every third run, as the agent compacts it."""
+    frames table compacted after every third run, as the agent compacts it; and the analysis
+    tables' final files merged by the runs as soon as three have gathered (compaction.py; its
+    default waits for 16, which ten runs of this traffic do not reach)."""
     frames, connections = traffic
     lake_dir = str(tmp_path_factory.mktemp("appended_many"))
     cuts = sorted(np.random.default_rng(7).uniform(0, 1, MANY_APPENDS - 1))
     reports = []
-    for number, piece in enumerate(gen.as_appended(frames, cuts)):
-        _append(lake_dir, "frames", piece, schema.FRAMES, f"piece-{number}")
-        if number == 0:
-            _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
-        if piece.num_rows:
-            reports.append((analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS), piece))
-            if len(reports) % 3 == 0:
-                DeltaTable(os.path.join(lake_dir, "frames")).optimize.compact()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compaction, "FILES_TO_MERGE", 3)
+        for number, piece in enumerate(gen.as_appended(frames, cuts)):
+            _append(lake_dir, "frames", piece, schema.FRAMES, f"piece-{number}")
+            if number == 0:
+                _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
+            if piece.num_rows:
+                reports.append((analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS), piece))
+                if len(reports) % 3 == 0:
+                    DeltaTable(os.path.join(lake_dir, "frames")).optimize.compact()
     return lake_dir, reports
 
 
@@ -283,9 +288,11 @@ def test_each_commit_names_its_run_and_provisional_rows_stay_in_files_of_their_o
     """provisional.py: every commit of the per-connection tables carries the id of a run that
     finished, so the next carried run may search only the files of provisional rows; no file holds
     both kinds (nor both requeue_related and other deliveries); and what the runs removed were
-    provisional files only."""
+    provisional files, but for the compactions (compaction.py): commits that change no row, each
+    merging final files of one partition and one value of every flag into as many rows."""
     lake_dir, _ = appended_many
     finished = finished_runs(lake_dir)
+    compactions = 0
     for name in PER_CONNECTION_TABLES:
         table = DeltaTable(os.path.join(lake_dir, name))
         assert last_written_by_finished_run(table, finished), name
@@ -294,18 +301,29 @@ def test_each_commit_names_its_run_and_provisional_rows_stay_in_files_of_their_o
             actions = [json.loads(line) for line in open(log) if line.strip()]
             info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
             adds = [a["add"] for a in actions if "add" in a]
+            removes = [a["remove"] for a in actions if "remove" in a]
             if adds:
                 assert info.get("userMetadata") in finished, (name, log, info)
             for add in adds:
                 stats = json.loads(add["stats"])
-                files[add["path"]] = (stats["minValues"][PROVISIONAL], stats["maxValues"][PROVISIONAL])
-            for remove in (a["remove"] for a in actions if "remove" in a):
-                assert files[remove["path"]] == (True, True), (name, log, remove["path"])
+                files[add["path"]] = (stats["minValues"][PROVISIONAL], stats["maxValues"][PROVISIONAL],
+                                      stats["numRecords"], add["partitionValues"]["date"])
+            if removes and not any(a["dataChange"] for a in [*adds, *removes]):
+                compactions += 1
+                merged = [files[r["path"]] for r in removes]
+                assert {(low, high, date) for low, high, _n, date in merged} == \
+                    {(False, False, date) for *_rest, date in merged}, (name, log)
+                assert sum(n for *_flags, n, _date in merged) == sum(files[a["path"]][2] for a in adds)
+                assert len(adds) < len(removes), (name, log)
+                continue
+            for remove in removes:
+                assert files[remove["path"]][:2] == (True, True), (name, log, remove["path"])
         live = pa.table(table.get_add_actions(flatten=True)).to_pylist()
         for flag in FLAGGED_TABLES[name]:  # and so are the deliveries a requeue touches (requeue_related.py)
             assert all(f[f"min.{flag}"] == f[f"max.{flag}"] for f in live), (name, flag)
             assert {f[f"max.{flag}"] for f in live} == set(table.to_pyarrow_table(columns=[flag])[flag].to_pylist()), \
                 (name, flag)
+    assert compactions >= 1
     deliveries = lake.read_table(lake_dir, "deliveries", OUTPUT_TABLES["deliveries"]).to_pylist()
     assert any(row[PROVISIONAL] for row in deliveries)
     assert 0 < sum(row[REQUEUE_RELATED] for row in deliveries) < len(deliveries) / 2

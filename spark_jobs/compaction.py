@@ -1,0 +1,126 @@
+"""Keeps the analysis tables from gathering small files run after run.
+
+Every scoped run adds files to the tables it patches (a file per partition and flag combination
+written), and a driver that runs every few minutes (`analyze --every`) adds hundreds a day: after
+40 runs of bench/every.py, 234 files in deliveries. Each read opens them all, or those the flags'
+statistics keep. So at the end of a scoped run, a table's small files are rewritten into one where
+there are enough of them to pay.
+
+Which files: those a later run never rewrites, the final ones (`provisional` false in their
+statistics: provisional.py), grouped by partition and by the value of every flag the writers keep
+files apart by (wide_writes.FILE_FLAGS), so the merged file has one value of each flag and its
+statistics still let a read skip it (table_files.files_that_may_hold). delta-rs's OPTIMIZE would
+merge across the flags and lose that. The rows are read and written as they are, with the writers'
+statistics (analyzer.lake.TableWriter), and the commit removes the old files and adds the new one
+with `dataChange` false (no row changed: a reader of changes skips it), tagged with the run's id,
+like the run's other commits (provisional.last_written_by_finished_run). Then, as the agent does
+for `frames`, a checkpoint of the log and a vacuum of the files removed over a week ago.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import replace
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake.transaction import RemoveAction
+
+from analyzer.lake import TableWriter, open_table
+from analyzer.schema import PARTITION_BY
+
+from .provisional import PROVISIONAL
+from .table_files import commit_properties
+from .wide_writes import FILE_FLAGS
+
+# A file this small is worth merging; a group of at least so many is worth a commit; a merged file
+# gathers at most about so many bytes of them (the driver holds one merged file's rows at a time).
+SMALL_FILE_BYTES = 16 * 1024 * 1024
+FILES_TO_MERGE = 16
+MERGED_FILE_BYTES = 64 * 1024 * 1024
+# A compacted table's files removed longer ago than this are deleted from the store (Delta's usual
+# 7 days): a reader of an older snapshot (a report, a push) has long finished with them.
+VACUUM_RETENTION_HOURS = 168
+
+
+def small_final_files(lake: str, name: str) -> list[list[str]]:
+    """The groups of files `compact` would merge (paths as the log names them): at least
+    FILES_TO_MERGE final files under SMALL_FILE_BYTES of one partition and one value of each flag."""
+    table = open_table(lake, name)
+    if table is None:
+        return []
+    groups = _final_small_files(table, _flags(table), SMALL_FILE_BYTES).values()
+    return [chunk for files in groups if len(files) >= FILES_TO_MERGE for chunk in _by_size(files) if len(chunk) > 1]
+
+
+def _by_size(files: list[tuple[str, int]]) -> list[list[str]]:
+    """A group's files (path, bytes) in runs of at most about MERGED_FILE_BYTES."""
+    chunks, size = [[]], 0
+    for path, nbytes in files:
+        if chunks[-1] and size + nbytes > MERGED_FILE_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(path)
+        size += nbytes
+    return chunks
+
+
+def compact(lake: str, name: str, groups: list[list[str]], tag: str | None) -> int:
+    """Merges each group of files (small_final_files) into one file, all in one commit; returns
+    how many files it removed."""
+    if not groups:
+        return 0
+    table = open_table(lake, name)
+    stored = pa.schema(table.schema().to_arrow())
+    logged = {action["path"]: action for action in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
+    writer = TableWriter(lake, name, stored, split_by=_flags(table))
+    for paths in groups:
+        writer.write(pa.concat_tables([_rows(writer, path, logged[path]["partition.date"]) for path in paths]))
+    now = int(time.time() * 1000)
+    removes = [RemoveAction(path, False, now, logged[path]["size_bytes"], {c: logged[path][f"partition.{c}"]
+                                                                            for c in PARTITION_BY})
+               for paths in groups for path in paths]
+    adds = [replace(add, data_change=False) for add in writer.actions]
+    # A concurrent writer removing one of these files makes this commit fail rather than lose its rows.
+    table.create_write_transaction([*removes, *adds], mode="append", schema=stored, partition_by=PARTITION_BY,
+                                   commit_properties=commit_properties(tag))
+    # As the agent does after its compactions: a checkpoint of the log (a run reads the table's log
+    # from the last one), then the files removed long enough ago, by every run's patches too.
+    table = open_table(lake, name)
+    table.create_checkpoint()
+    table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, enforce_retention_duration=False, dry_run=False)
+    return len(removes)
+
+
+def _flags(table) -> tuple[str, ...]:
+    names = pa.schema(table.schema().to_arrow()).names
+    return tuple(flag for flag in FILE_FLAGS if flag in names)
+
+
+def _rows(writer: TableWriter, path: str, date: str | None) -> pa.Table:
+    """A file's rows in the table's schema, its partition column from the log."""
+    rows = pq.read_table(f"{writer.root}/{unquote(path)}", filesystem=writer.fs, partitioning=None)
+    rows = rows.append_column("date", pa.array([date] * rows.num_rows, pa.string()))
+    return rows.select(writer.schema.names).cast(writer.schema)
+
+
+def _final_small_files(table, flags: tuple[str, ...], small_bytes: int) -> dict[tuple, list[tuple[str, int]]]:
+    """The table's small files (path, bytes) whose every row is final and whose every flag has one
+    value, by (partition, flag values); a file without statistics of a flag is left alone."""
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    groups: dict[tuple, list[tuple[str, int]]] = defaultdict(list)
+    for action in actions:
+        if action["size_bytes"] >= small_bytes:
+            continue
+        values = []
+        for flag in flags:
+            least, most = action.get(f"min.{flag}"), action.get(f"max.{flag}")
+            if least is None or least != most or action.get(f"null_count.{flag}"):
+                break
+            values.append(least)
+        else:
+            if PROVISIONAL not in flags or values[flags.index(PROVISIONAL)] is False:
+                groups[(tuple(action[f"partition.{c}"] for c in PARTITION_BY), tuple(values))].append((action["path"], action["size_bytes"]))
+    return groups
