@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((i, report, tree_rss_mb(loop.process.pid), files, mb))
             print(f"run {i + 1}: {report['scope']}, {report['connections']} connections, {report['frames']:,} frames, "
                   f"{report['seconds']:.1f} s, {report['spark_jobs']} jobs; process tree {rows[-1][2]:,.0f} MB; "
-                  f"Spark local folder {files} files, {mb:.1f} MB", flush=True)
+                  f"Spark local folder {files} files, {mb:.1f} MB"
+                  + "".join(f"; compacted {name} {n} files" for name, n in report.get("files_compacted", {}).items()),
+                  flush=True)
     finally:
         loop.process.send_signal(signal.SIGTERM)
         status = loop.process.wait(args.timeout)
