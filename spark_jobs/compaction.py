@@ -7,8 +7,9 @@ statistics keep. So at the end of a scoped run, a table's small files are rewrit
 there are enough of them to pay.
 
 Which files: those a later run never rewrites, the final ones (`provisional` false in their
-statistics: provisional.py), grouped by partition and by the value of every flag the writers keep
-files apart by (wide_writes.FILE_FLAGS), so the merged file has one value of each flag and its
+statistics: provisional.py; every file of findings and analysis_runs, which have no such flag),
+grouped by partition and by the value of every flag the writers keep files apart by
+(wide_writes.FILE_FLAGS), so the merged file has one value of each flag and its
 statistics still let a read skip it (table_files.files_that_may_hold). delta-rs's OPTIMIZE would
 merge across the flags and lose that. The rows are read and written as they are, with the writers'
 statistics (analyzer.lake.TableWriter), and the commit removes the old files and adds the new one

@@ -250,5 +250,6 @@ def test_after_each_run_the_driver_lets_spark_delete_what_the_run_left_on_disk(s
     left = set(_spark_local_files(spark))
     assert any("shuffle_" in os.path.basename(path) for path in left), sorted(left)[:20]
     release_run(spark)
-    gone = settle(lambda: left - set(_spark_local_files(spark)), "nothing deleted after release_run", 30)
-    assert any("shuffle_" in os.path.basename(path) for path in gone), sorted(gone)[:20]
+    # The cleaner works on its own thread: local checkpoints' blocks and shuffle files go one by one.
+    settle(lambda: {path for path in left - set(_spark_local_files(spark)) if "shuffle_" in os.path.basename(path)},
+           "no shuffle file of the runs deleted after release_run", 60)
