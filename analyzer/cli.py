@@ -119,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--every", metavar="INTERVAL",
                          help="keep the driver up and start a run every INTERVAL (e.g. 5m, 90s, 1h) until SIGTERM "
                               "or Ctrl-C, which stop after the run in progress; a failed run is reported and the "
-                              "next one runs at its time. A warm driver runs a small append about twice as fast "
-                              "as a fresh one")
+                              "next one runs at its time. A warm driver runs the analysis of a small append 1.4-2x "
+                              "as fast as a fresh one (bench/README.md)")
     add_push_options(analyze, "--pushgateway", "--push-job",
                      "at the end of the run, push its results (as `ackscope push` does), or "
                      "ackscope_analysis_failures=1 if it failed")
