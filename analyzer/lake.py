@@ -164,11 +164,15 @@ class TableWriter:
         schema (its `date` from the folder it was in)."""
         (action,) = [a for a in self.actions if a.path == relative]
         self.actions.remove(action)
-        full = f"{self.root}/{relative}"
-        rows = pq.read_table(full, filesystem=self.fs, partitioning=None)
-        self.fs.delete_file(full)
+        rows = self.read_file(relative, action.partition_values["date"])
+        self.fs.delete_file(f"{self.root}/{relative}")
         self.rows -= rows.num_rows
-        date = action.partition_values["date"]
+        return rows
+
+    def read_file(self, relative: str, date: str | None) -> pa.Table:
+        """The rows of a data file of this table (its path relative to the table, as the store
+        names it) in the writer's schema, with `date`, its partition value (the log's, not in the file)."""
+        rows = pq.read_table(f"{self.root}/{relative}", filesystem=self.fs, partitioning=None)
         rows = rows.append_column("date", pa.array([date] * rows.num_rows, pa.string()))
         return rows.select(self.schema.names).cast(self.schema)
 

@@ -389,7 +389,7 @@ def _compact_tables(run: _Run, report: AnalysisReport) -> None:
     (compaction.py), in a step of its own that only a run with something to merge has. A full run
     rewrites every table whole; delta-spark's tables (native mode) are left to its OPTIMIZE."""
     groups = {name: found for name in [*PER_CONNECTION_TABLES, "findings", RUNS_TABLE]
-              if (found := small_final_files(run.lake, name))}
+              if (found := small_final_files(run.lake, name)).groups}
     if not groups:
         return
     with run.steps.step("compact tables"):

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+from deltalake import DeltaTable
 from deltalake.transaction import RemoveAction
 
 from analyzer.lake import TableWriter, open_table
@@ -46,14 +46,25 @@ MERGED_FILE_BYTES = 64 * 1024 * 1024
 VACUUM_RETENTION_HOURS = 168
 
 
-def small_final_files(lake: str, name: str) -> list[list[str]]:
-    """The groups of files `compact` would merge (paths as the log names them): at least
-    FILES_TO_MERGE final files under SMALL_FILE_BYTES of one partition and one value of each flag."""
+@dataclass(frozen=True)
+class SmallFiles:
+    """A table's snapshot as one read of its log saw it, and the groups of its files `compact`
+    would merge in it (paths as the log names them)."""
+    table: DeltaTable | None
+    logged: dict[str, dict] = field(default_factory=dict)   # path -> its add action (flattened)
+    groups: list[list[str]] = field(default_factory=list)
+
+
+def small_final_files(lake: str, name: str) -> SmallFiles:
+    """The groups of at least FILES_TO_MERGE final files under SMALL_FILE_BYTES of one partition
+    and one value of each flag."""
     table = open_table(lake, name)
     if table is None:
-        return []
-    groups = _final_small_files(table, _flags(table), SMALL_FILE_BYTES).values()
-    return [chunk for files in groups if len(files) >= FILES_TO_MERGE for chunk in _by_size(files) if len(chunk) > 1]
+        return SmallFiles(None)
+    logged = {action["path"]: action for action in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
+    groups = _final_small_files(logged.values(), _flags(table), SMALL_FILE_BYTES).values()
+    return SmallFiles(table, logged, [chunk for files in groups if len(files) >= FILES_TO_MERGE
+                                      for chunk in _by_size(files) if len(chunk) > 1])
 
 
 def _by_size(files: list[tuple[str, int]]) -> list[list[str]]:
@@ -68,21 +79,21 @@ def _by_size(files: list[tuple[str, int]]) -> list[list[str]]:
     return chunks
 
 
-def compact(lake: str, name: str, groups: list[list[str]], tag: str | None) -> int:
-    """Merges each group of files (small_final_files) into one file, all in one commit; returns
-    how many files it removed."""
-    if not groups:
+def compact(lake: str, name: str, found: SmallFiles, tag: str | None) -> int:
+    """Merges each group of files (small_final_files) into one file, all in one commit on the
+    snapshot they were found in; returns how many files it removed."""
+    if not found.groups:
         return 0
-    table = open_table(lake, name)
+    table, logged = found.table, found.logged
     stored = pa.schema(table.schema().to_arrow())
-    logged = {action["path"]: action for action in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
     writer = TableWriter(lake, name, stored, split_by=_flags(table))
-    for paths in groups:
-        writer.write(pa.concat_tables([_rows(writer, path, logged[path]["partition.date"]) for path in paths]))
+    for paths in found.groups:
+        writer.write(pa.concat_tables([writer.read_file(unquote(path), logged[path]["partition.date"])
+                                       for path in paths]))
     now = int(time.time() * 1000)
     removes = [RemoveAction(path, False, now, logged[path]["size_bytes"], {c: logged[path][f"partition.{c}"]
                                                                             for c in PARTITION_BY})
-               for paths in groups for path in paths]
+               for paths in found.groups for path in paths]
     adds = [replace(add, data_change=False) for add in writer.actions]
     # A concurrent writer removing one of these files makes this commit fail rather than lose its rows.
     table.create_write_transaction([*removes, *adds], mode="append", schema=stored, partition_by=PARTITION_BY,
@@ -100,17 +111,9 @@ def _flags(table) -> tuple[str, ...]:
     return tuple(flag for flag in FILE_FLAGS if flag in names)
 
 
-def _rows(writer: TableWriter, path: str, date: str | None) -> pa.Table:
-    """A file's rows in the table's schema, its partition column from the log."""
-    rows = pq.read_table(f"{writer.root}/{unquote(path)}", filesystem=writer.fs, partitioning=None)
-    rows = rows.append_column("date", pa.array([date] * rows.num_rows, pa.string()))
-    return rows.select(writer.schema.names).cast(writer.schema)
-
-
-def _final_small_files(table, flags: tuple[str, ...], small_bytes: int) -> dict[tuple, list[tuple[str, int]]]:
-    """The table's small files (path, bytes) whose every row is final and whose every flag has one
-    value, by (partition, flag values); a file without statistics of a flag is left alone."""
-    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+def _final_small_files(actions, flags: tuple[str, ...], small_bytes: int) -> dict[tuple, list[tuple[str, int]]]:
+    """The small files (path, bytes) of these add actions whose every row is final and whose every
+    flag has one value, by (partition, flag values); a file without statistics of a flag is left alone."""
     groups: dict[tuple, list[tuple[str, int]]] = defaultdict(list)
     for action in actions:
         if action["size_bytes"] >= small_bytes:

@@ -45,7 +45,7 @@ def test_final_files_are_merged_by_partition_and_flag_and_provisional_ones_are_l
     rows_before = sorted(DeltaTable(os.path.join(lake_dir, "deliveries")).to_pyarrow_table().to_pylist(),
                          key=lambda r: r["seq"])
     groups = compaction.small_final_files(lake_dir, "deliveries")
-    assert sorted(len(g) for g in groups) == [3, 4]  # the next day's two are too few; provisional ones never
+    assert sorted(len(g) for g in groups.groups) == [3, 4]  # the next day's two are too few; provisional ones never
     assert compaction.compact(lake_dir, "deliveries", groups, "run-2") == 7
     table = DeltaTable(os.path.join(lake_dir, "deliveries"))
     after = _files(lake_dir)
@@ -67,7 +67,7 @@ def test_final_files_are_merged_by_partition_and_flag_and_provisional_ones_are_l
     actions = [json.loads(line) for line in open(log) if line.strip()]
     changes = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
     assert len(changes) == 9 and not any(change["dataChange"] for change in changes)
-    assert compaction.small_final_files(lake_dir, "deliveries") == []
+    assert compaction.small_final_files(lake_dir, "deliveries").groups == []
     # The log is checkpointed at the compaction; the merged files stay on disk for the retention.
     assert os.path.exists(os.path.join(lake_dir, "deliveries", "_delta_log",
                                        f"{table.version():020d}.checkpoint.parquet"))
@@ -95,7 +95,7 @@ def test_a_big_group_is_merged_into_files_of_a_bounded_size(tmp_path, monkeypatc
     size = max(f["size_bytes"] for f in _files(lake_dir))
     monkeypatch.setattr(compaction, "MERGED_FILE_BYTES", 3 * size)
     groups = compaction.small_final_files(lake_dir, "deliveries")
-    assert [len(g) for g in groups] == [3, 3]  # and the seventh file, alone, stays as it is
+    assert [len(g) for g in groups.groups] == [3, 3]  # and the seventh file, alone, stays as it is
     compaction.compact(lake_dir, "deliveries", groups, "run-2")
     assert sorted(f["num_records"] for f in _files(lake_dir)) == [1, 3, 3]
 
@@ -119,4 +119,4 @@ def test_files_whose_flags_are_not_known_to_be_one_value_are_left(tmp_path, monk
         assert all(f.get("min.provisional") is None for f in files)
     else:
         assert all((f["min.provisional"], f["max.provisional"]) == (False, True) for f in files)
-    assert compaction.small_final_files(lake_dir, "deliveries") == []
+    assert compaction.small_final_files(lake_dir, "deliveries").groups == []
