@@ -43,6 +43,7 @@ from pyspark import SparkConf  # noqa: E402
 from analyzer import lake, schema  # noqa: E402
 from spark_jobs import session, steps  # noqa: E402
 from spark_jobs.analyze import analyze  # noqa: E402
+from spark_jobs.schedule import release_run  # noqa: E402
 
 # Spark's Python daemon as local sessions run it (spark_jobs/python_daemon.py), or PySpark's own:
 # the module its command runs (`python -m ...`), which the workers it forks inherit.
@@ -67,7 +68,7 @@ class JobWatcher:
         self.cpu_s: dict[str, float] = {}          # step -> CPU seconds of this process's tree (tree_cpu_s)
 
     def __enter__(self):
-        self.cpu_s = {}
+        self.cpu_s, self.worker_peak_mb = {}, {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
@@ -265,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--out", default=os.path.join(BENCH_DIR, "out"))
     parser.add_argument("--fresh", action="store_true", help="analyse the head again for the base lake")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="the incremental run N times in the same driver, each on a new copy of the lake: "
+                             "the first is the JVM's first work, the later ones a warm driver's (analyze --every)")
     parser.add_argument("--check", action="store_true", help="then a --full run: are the tables the same?")
     args = parser.parse_args(argv)
 
@@ -272,14 +276,17 @@ def main(argv: list[str] | None = None) -> int:
     spark = session.get_spark(args.master, driver_memory=args.driver_memory)
     base = base_lake(args, spark)
     work = os.path.join(os.path.dirname(base), "work")
-    shutil.rmtree(work, ignore_errors=True)
-    shutil.copytree(base, work)
-
     watcher = JobWatcher(spark)
-    report, jobs = listed_run(spark, watcher, lambda: analyze(spark, work))
-    print(f"incremental run: {report.scope}, {report.carried_connections} of {report.connections} connections "
-          f"carried, {report.frames:,} frames read, {report.seconds:.1f} s, {report.spark_jobs} Spark jobs")
-    print_jobs(spark, report, jobs, watcher)
+    for attempt in range(1, args.repeat + 1):
+        if attempt > 1:
+            release_run(spark)  # as `analyze --every` does between its runs
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(base, work)
+        report, jobs = listed_run(spark, watcher, lambda: analyze(spark, work))
+        print(f"\nincremental run {attempt} of {args.repeat}: {report.scope}, {report.carried_connections} of "
+              f"{report.connections} connections carried, {report.frames:,} frames read, {report.seconds:.1f} s, "
+              f"{report.spark_jobs} Spark jobs")
+        print_jobs(spark, report, jobs, watcher)
     if args.check:
         incremental_tables = bench.tables_digest(work)
         report, jobs = listed_run(spark, watcher, lambda: analyze(spark, work, full=True))
