@@ -120,3 +120,20 @@ def test_files_whose_flags_are_not_known_to_be_one_value_are_left(tmp_path, monk
     else:
         assert all((f["min.provisional"], f["max.provisional"]) == (False, True) for f in files)
     assert compaction.small_final_files(lake_dir, "deliveries").groups == []
+
+
+def test_a_table_without_flags_is_merged_by_partition(tmp_path, monkeypatch):
+    """findings and analysis_runs keep no flag: every file of theirs is final, grouped by day."""
+    monkeypatch.setattr(compaction, "FILES_TO_MERGE", 3)
+    lake_dir = str(tmp_path)
+    plain = pa.schema([("date", pa.string()), ("seq", pa.int64())])
+    for seq, date in [(0, "2026-11-24"), (1, "2026-11-24"), (2, "2026-11-24"), (3, "2026-11-25")]:
+        writer = TableWriter(lake_dir, "findings", plain)
+        writer.write(pa.Table.from_pylist([{"date": date, "seq": seq}], schema=plain))
+        commit(os.path.join(lake_dir, "findings"), plain, writer.actions, PARTITION_BY, tag="run-1")
+    found = compaction.small_final_files(lake_dir, "findings")
+    assert [len(g) for g in found.groups] == [3]
+    assert compaction.compact(lake_dir, "findings", found, "run-2") == 3
+    table = DeltaTable(os.path.join(lake_dir, "findings"))
+    assert sorted(f["num_records"] for f in pa.table(table.get_add_actions(flatten=True)).to_pylist()) == [1, 3]
+    assert sorted(table.to_pyarrow_table()["seq"].to_pylist()) == [0, 1, 2, 3]
