@@ -42,7 +42,7 @@ from spark_jobs.evidence_packets import finished_findings, finished_together
 from spark_jobs.incremental import Carried, carry_on_connections
 from spark_jobs.compaction import compact, small_final_files
 from spark_jobs.detectors import detect, raw_findings
-from spark_jobs.detectors.common import measured_findings
+from spark_jobs.detectors.common import MAX_EVIDENCE, measured_findings
 from spark_jobs.detectors.scoped import ACROSS_CONNECTIONS, message_kinds_deliveries, rescoped_findings
 from spark_jobs.metrics_redo import pass_channel_metrics, with_metrics_redone
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
@@ -55,7 +55,8 @@ from spark_jobs.stored_findings import stored_raw_findings
 from spark_jobs.thresholds import Thresholds
 from spark_jobs.types import spark_schema
 from spark_jobs.connection_pass import STATE_TABLE, PassSummary, connection_pass, pass_rows, summarised_pass
-from spark_jobs.timeline.plans import first_day, first_seen, joined_by_shuffle, materialised, of_connections
+from spark_jobs.timeline.plans import (first_day, first_seen, joined_by_shuffle, of_connections,
+                                      sized_shuffles)
 from spark_jobs.timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 from spark_jobs.wide_writes import FILE_FLAGS, write_wide
 
@@ -340,14 +341,16 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
         carried_since = None
         if analysed.carried_findings_rows:
             carried_since = first_day(first_seen(run.connections, analysed.carried_keys).first(), analysed.carried_keys)
-        with joined_by_shuffle(run.spark):
+        # What is shuffled from here on: the candidates' findings, the raw ones, their packets.
+        own_rows = analysed.own.rows if analysed.own is not None else 0
+        shuffled = rescoped.candidates + (analysed.carried_findings_rows + own_rows) * MAX_EVIDENCE
+        with joined_by_shuffle(run.spark), sized_shuffles(run.spark, shuffled):
             # The carried connections' findings and the message kinds' meet their packets in one scan.
             findings = finished_together(analysed.carried_findings, analysed.carried_findings_rows, carried_since,
                                          rescoped.across, run.frames_since, run.connections)
             if analysed.own is not None:
                 findings = analysed.own.finished().unionByName(findings)
-            findings = materialised(findings)
-        replace_matching(findings, run.lake, "findings", schema.FINDINGS, rescoped.replaces)
+            replace_matching(findings, run.lake, "findings", schema.FINDINGS, rescoped.replaces)
     else:
         if analysed is not None and run.keys is None:
             _full_run_findings(run, analysed, inputs, requeue_related, thresholds)

@@ -39,7 +39,7 @@ from analyzer.detectors import KINDS
 from spark_jobs.delta_io import Listed, Match, connections_match
 from spark_jobs.session import expressions_for
 from spark_jobs.thresholds import Thresholds
-from spark_jobs.timeline.plans import joined_by_shuffle, measured
+from spark_jobs.timeline.plans import joined_by_shuffle, measured, sized_shuffles
 
 from . import DETECTORS
 from .common import INCARNATION, MeasuredFindings, measured_findings
@@ -58,6 +58,7 @@ TOUCHED, CAME_BACK = "_touched", "_came_back"
 class RescopedFindings:
     across: MeasuredFindings     # the message kinds' raw findings computed again
     replaces: list[Match | Listed]   # the stored findings they and the analysed connections' own take the place of
+    candidates: int              # the stored deliveries the kinds read
 
 
 def rescoped_findings(tables: Tables, requeue_related: DataFrame, analysed: list[str], changed: DataFrame,
@@ -88,14 +89,15 @@ def rescoped_findings(tables: Tables, requeue_related: DataFrame, analysed: list
     # Incarnations outside `places` may share a message with them: their findings would be partial.
     found = DETECTORS["redelivery_after_close"]({**tables, "deliveries": involved}, thresholds)
     # The kinds read only the candidates: when they are few, compiling the plans of their windows
-    # and aggregations costs the driver seconds that interpreting them over those rows does not.
-    with joined_by_shuffle(spark), expressions_for(spark, candidate_rows):
+    # and aggregations costs the driver seconds that interpreting them over those rows does not,
+    # and a task per partition of a table's size costs more than its share of them.
+    with joined_by_shuffle(spark), expressions_for(spark, candidate_rows), sized_shuffles(spark, candidate_rows):
         across = measured_findings(loops.unionByName(found.join(places, on=INCARNATION, how="left_semi")))
     replaces = [connections_match(spark, analysed, kind=KINDS),
                 Match(messages.select("message_identity").withColumn("kind", F.lit("requeue_loop")),
                       ("kind", "message_identity"), rows=changed_rows),
                 Match(places.withColumn("kind", F.lit("redelivery_after_close")), ("kind", *INCARNATION))]
-    return RescopedFindings(across, replaces)
+    return RescopedFindings(across, replaces, candidate_rows)
 
 
 def message_kinds_deliveries(deliveries: DataFrame) -> DataFrame:

@@ -19,6 +19,8 @@ BROADCAST_ROWS = 200_000
 # so no broadcast, which without adaptive execution is a Spark job of its own each time a query
 # runs it; and Parquet skips row groups by it. Above it, a broadcast semi-join.
 IN_LIST_CONNECTIONS = 10_000
+# Rows a shuffle partition of a small plan gets (sized_shuffles): a task's worth of a second or so.
+ROWS_PER_PARTITION = 1_000_000
 
 
 def materialised(df: DataFrame) -> DataFrame:
@@ -67,6 +69,20 @@ def joined_by_shuffle(spark: SparkSession) -> Iterator[None]:
     key = "spark.sql.autoBroadcastJoinThreshold"
     before = spark.conf.get(key)
     spark.conf.set(key, "-1")
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
+
+
+@contextmanager
+def sized_shuffles(spark: SparkSession, rows: int) -> Iterator[None]:
+    """Meanwhile a shuffle makes one partition per ROWS_PER_PARTITION of `rows` (at most how many
+    rows the plan shuffles), up to the session's number: without adaptive execution Spark splits a
+    few thousand rows into as many partitions as a whole table's, and each is a task of every stage."""
+    key = "spark.sql.shuffle.partitions"
+    before = spark.conf.get(key)
+    spark.conf.set(key, str(max(1, min(int(before), -(-rows // ROWS_PER_PARTITION)))))
     try:
         yield
     finally:
