@@ -97,13 +97,9 @@ class Loop:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    generator.add_arguments(parser)
-    parser.set_defaults(frames=200_000, hot_deliveries=60_000)
+    generator.add_spark_run_arguments(parser, frames=200_000, hot_deliveries=60_000)
     parser.add_argument("--appends", type=int, default=40, help="pieces the frames are cut into (default %(default)s)")
-    parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--timeout", type=float, default=900, help="per run, seconds (default %(default)s)")
-    parser.add_argument("--out", default=os.path.join(BENCH_DIR, "out"))
     args = parser.parse_args(argv)
 
     source, _stats = generator.cached_lake(args.out, generator.params_from_args(args))

@@ -1068,6 +1068,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="capture window in seconds; midnight UTC falls 2/3 of the way in (default %(default)s)")
 
 
+def add_spark_run_arguments(parser: argparse.ArgumentParser, frames: int, hot_deliveries: int) -> None:
+    """`add_arguments` with these defaults, and what a bench that runs Spark on the lake takes:
+    --master, --driver-memory and --out (where generated lakes are cached)."""
+    add_arguments(parser)
+    parser.set_defaults(frames=frames, hot_deliveries=hot_deliveries)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"),
+                        help="where generated lakes are cached (default %(default)s)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lake", metavar="DIR", help="lake folder to create (must not hold frames yet)")

@@ -126,15 +126,11 @@ def runs_of(driver: str, work: str, head: pa.Table, tail: pa.Table, connections:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    generator.add_arguments(parser)
-    parser.set_defaults(frames=1_000_000, hot_deliveries=300_000)
+    generator.add_spark_run_arguments(parser, frames=1_000_000, hot_deliveries=300_000)
     parser.add_argument("--tail", type=float, default=0.05, help="share of the frames appended last (default %(default)s)")
-    parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--drivers", default="fresh,warm",
                         help="fresh: each run an `ackscope analyze` process of its own (a CronJob's runs); warm: "
                              "all in one driver (`ackscope analyze --every`'s); default %(default)s")
-    parser.add_argument("--out", default=os.path.join(BENCH_DIR, "out"))
     args = parser.parse_args(argv)
     drivers = args.drivers.split(",")
     if not drivers or set(drivers) - {"fresh", "warm"}:

@@ -259,12 +259,8 @@ def print_jobs(spark, report, jobs: list[dict], watcher: JobWatcher) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    generator.add_arguments(parser)
-    parser.set_defaults(frames=200_000, hot_deliveries=60_000)
+    generator.add_spark_run_arguments(parser, frames=200_000, hot_deliveries=60_000)
     parser.add_argument("--tail", type=float, default=0.05)
-    parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--driver-memory", default="2g")
-    parser.add_argument("--out", default=os.path.join(BENCH_DIR, "out"))
     parser.add_argument("--fresh", action="store_true", help="analyse the head again for the base lake")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="the incremental run N times in the same driver, each on a new copy of the lake: "
