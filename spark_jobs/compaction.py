@@ -33,16 +33,15 @@ from analyzer.lake import TableWriter, open_table
 from analyzer.schema import PARTITION_BY
 
 from .provisional import PROVISIONAL
-from .table_files import commit_properties
+from .table_files import OPEN_COST_BYTES, commit_properties
 from .wide_writes import FILE_FLAGS
 
-# A file this small is worth merging: Spark's own estimate of what opening a file costs, in bytes it
-# could have read meanwhile (spark.sql.files.openCostInBytes), so below it a file costs a reader
-# more to open than to read. A larger file's bytes dominate its read and merging it saves little;
+# A file this small is worth merging: it costs a reader more to open than to read
+# (table_files.OPEN_COST_BYTES). A larger file's bytes dominate its read and merging it saves little;
 # so a full run's files (a pass writes wide_writes.FILE_ROWS rows a file: ~8 MB of deliveries) are
 # not rewritten by the run after it. A group of at least so many is worth a commit; a merged file
 # gathers at most about so many bytes of them (the driver holds one merged file's rows at a time).
-SMALL_FILE_BYTES = 4 * 1024 * 1024
+SMALL_FILE_BYTES = OPEN_COST_BYTES
 FILES_TO_MERGE = 16
 MERGED_FILE_BYTES = 64 * 1024 * 1024
 # A compacted table's files removed longer ago than this are deleted from the store (Delta's usual

@@ -28,7 +28,7 @@ from analyzer.schema import PARTITION_BY
 
 from . import session
 from .provisional import PROVISIONAL, files_with_provisional_rows
-from .table_files import (TRANSACTION_VERSION, commit, commit_properties, delete_staging, files_that_may_hold,
+from .table_files import (OPEN_COST_BYTES, TRANSACTION_VERSION, commit, commit_properties, delete_staging, files_that_may_hold,
                           files_to_read, new_staging_folder, place_written_files, relative_in_table, snapshot_files,
                           spark_location)
 from .timeline.plans import IN_LIST_CONNECTIONS, lookup, materialised
@@ -41,6 +41,11 @@ SAVE_MODES = ("append", "overwrite")
 # larger ones get the keys broadcast (a Spark job of its own for each query that runs it), so that
 # the table is never shuffled.
 SHUFFLED_SEARCH_BYTES = 16 << 20
+# A replace whose searched files hold no more bytes than opening one file costs Spark
+# (table_files.OPEN_COST_BYTES: the findings table, a carried run's provisional files, a small
+# lake's tables) rewrites them all: finding which of them hold a replaced row would cost a Spark
+# job, and a collect, more than rewriting the rest.
+REWRITTEN_WHOLE_BYTES = OPEN_COST_BYTES
 # The column a write of provisional and final rows is split by (a Spark partition, not a Delta one).
 SPLIT_BY_PROVISIONAL = "provisional_rows"
 
@@ -145,7 +150,8 @@ def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, mat
     """Delete the rows any of `matches` names and append the rows of `df`, in one commit.
 
     Copy-on-write, as Delta's MERGE does it: only the files holding such rows are rewritten
-    (their other rows copied), the rest of the table is untouched. Done the bridge's way (Parquet
+    (their other rows copied), the rest of the table is untouched; files too small to be worth the
+    search are all rewritten (REWRITTEN_WHOLE_BYTES). Done the bridge's way (Parquet
     written from Spark's tasks, delta-rs commits) on both paths: delta-spark reads the result like
     any commit. Every table is partitioned by PARTITION_BY (the one layout of ackscope's tables).
     `provisional_only`: the caller knows every such row is a provisional one
@@ -167,9 +173,9 @@ class Replacement:
 def replace_all(lake: str, replacements: dict[str, Replacement],
                 written: dict[str, list[AddAction]] | None = None) -> dict[str, int | None]:
     """`replace_matching` of several tables (by name) at once, in two Spark jobs whatever their
-    number: one finds the files holding a doomed row in every table, one writes every table's kept
-    and new rows (wide_writes.write_tables); then each table gets its commit (a missing table is
-    created by it). `written`: files of new rows already written into a table's folder (by a pass,
+    number: one finds the files holding a doomed row in every table (none when every table's are
+    rewritten whole), one writes every table's kept and new rows (wide_writes.write_tables); then
+    each table gets its commit (a missing table is created by it). `written`: files of new rows already written into a table's folder (by a pass,
     wide_writes.FilesWriter), committed with its new rows. Returns each table's new version, or
     None where there was nothing to do."""
     if not replacements:
@@ -178,35 +184,39 @@ def replace_all(lake: str, replacements: dict[str, Replacement],
     written = written or {}
     searches = {name: _Search(open_table(lake, name), os.path.join(lake, name), replaced,
                               spark_schema(replaced.schema)) for name, replaced in replacements.items()}
-    doomed = [search.doomed_files(name) for name, search in searches.items() if search.marked is not None]
+    doomed = [search.doomed_files(name) for name, search in searches.items()
+              if search.marked is not None and not search.whole]
     touched = {name: [] for name in searches}
     for row in (reduce(DataFrame.union, doomed).collect() if doomed else []):
         touched[row["table"]].append(row["_file"])
     adds = write_tables(lake, {name: (search.kept(sorted(touched[name])).unionByName(
                                           _schema_contract(search.replaced.rows, search.struct)), search.replaced.schema)
                                for name, search in searches.items()})
-    return {name: search.commit(sorted(touched[name]), adds[name] + written.get(name, []), session.commit_tag(spark))
+    return {name: search.commit(search.rewritten(sorted(touched[name])), adds[name] + written.get(name, []),
+                                session.commit_tag(spark))
             for name, search in searches.items()}
 
 
 class _Search:
     """One table of `replace_all`: its current rows marked doomed or not (`marked`; None when no
-    file can hold a doomed row)."""
+    file can hold a doomed row), of the files searched (`searched`, paths relative to the table);
+    `whole`: every searched file is rewritten, with no search for those holding a doomed row."""
 
     def __init__(self, table: DeltaTable | None, location: str, replaced: Replacement, struct: T.StructType):
         self.table, self.location, self.replaced, self.struct = table, location, replaced, struct
         self.logged = snapshot_files(table) if table is not None else {}
-        searched = files_with_provisional_rows(table) if table is not None and replaced.provisional_only else None
-        self.marked = None
-        if self.logged and replaced.matches and searched != set():
+        narrowed = files_with_provisional_rows(table) if table is not None and replaced.provisional_only else None
+        self.searched = [path for path in self.logged if narrowed is None or path in narrowed]
+        self.marked, self.whole = None, False
+        if self.searched and replaced.matches:
             spark = replaced.rows.sparkSession
-            current = (_read_bridge(spark, table, location, struct, None, None, searched)
+            current = (_read_bridge(spark, table, location, struct, None, None, narrowed)
                        .withColumn("_file", F.col("_metadata.file_path")))
-            searched_bytes = sum(file.size for path, file in self.logged.items()
-                                 if searched is None or path in searched)
+            searched_bytes = sum(self.logged[path].size for path in self.searched)
             shuffled = searched_bytes <= SHUFFLED_SEARCH_BYTES
+            self.whole = searched_bytes <= REWRITTEN_WHOLE_BYTES
             self.marked = _marked(current, replaced.matches, shuffled)
-            if shuffled and any(isinstance(match, Match) for match in replaced.matches):
+            if shuffled and not self.whole and any(isinstance(match, Match) for match in replaced.matches):
                 # Read twice (the files to rewrite, the rows they keep): the key joins once.
                 self.marked = materialised(self.marked)
 
@@ -215,22 +225,30 @@ class _Search:
         relative to the table), with the table's name."""
         return self.marked.where(F.col("_doomed")).select(F.lit(name).alias("table"), "_file").distinct()
 
+    def rewritten(self, touched: list[str]) -> list[str]:
+        """The files to rewrite (relative paths), of those found holding a doomed row (URIs)."""
+        if self.whole:
+            return self.searched
+        base = spark_location(self.location)
+        return [relative_in_table(uri, base) for uri in touched]
+
     def kept(self, touched: list[str]) -> DataFrame:
         """The rows the rewritten files keep."""
+        if self.whole:
+            return self.marked.where(~F.col("_doomed")).select(*self.struct.names)
         if not touched:
             return self.replaced.rows.sparkSession.createDataFrame([], self.struct)
         return self.marked.where(F.col("_file").isin(*touched) & ~F.col("_doomed")).select(*self.struct.names)
 
-    def commit(self, touched: list[str], adds: list[AddAction], tag: str | None) -> int | None:
+    def commit(self, rewritten: list[str], adds: list[AddAction], tag: str | None) -> int | None:
         if self.table is None:
             commit(self.location, self.replaced.schema, adds, PARTITION_BY, tag=tag)
             return self._version()
-        if not adds and not touched:
+        if not adds and not rewritten:
             return None
         now = int(time.time() * 1000)
-        base = spark_location(self.location)
         removes = [RemoveAction(path, True, now, self.logged[path].size, self.logged[path].partition_values)
-                   for path in (relative_in_table(uri, base) for uri in touched)]
+                   for path in rewritten]
         # A concurrent writer removing one of these files makes this commit fail rather than lose its rows.
         self.table.create_write_transaction([*removes, *adds], mode="append", schema=self.replaced.schema,
                                             partition_by=PARTITION_BY, commit_properties=commit_properties(tag))

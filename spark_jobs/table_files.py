@@ -38,6 +38,9 @@ from analyzer.lake import NULL_PARTITION, filesystem, is_local, is_s3, make_dir_
 
 # Where Spark writes before the commit; a leading underscore hides it from Delta and Spark readers.
 STAGING_DIR = "_ackscope_staging"
+# Spark's own estimate of what opening a file costs, in bytes it could have read meanwhile
+# (spark.sql.files.openCostInBytes): below it a file costs a reader more to open than to read.
+OPEN_COST_BYTES = 4 * 1024 * 1024
 # analyzer.lake.TableWriter commits app ids at version 1 too: an app id has landed or it has not.
 TRANSACTION_VERSION = 1
 # Reader features that leave a Parquet file meaning what it says. Anything else (deletion vectors

@@ -303,10 +303,13 @@ def test_listed_connections_filter_and_replace_as_the_join_does(spark, agent_lak
     assert results[0].equals(in_order(everything.filter(pc.invert(doomed))))
 
 
-def test_provisional_rows_are_written_apart_and_only_their_files_searched(spark, tmp_path):
+@pytest.mark.parametrize("searched", [True, False], ids=["searched", "rewritten-whole"])
+def test_provisional_rows_are_written_apart_and_only_their_files_searched(spark, tmp_path, monkeypatch, searched):
     """provisional.py: a write puts provisional rows in files of their own, whose Delta statistics
     say so; a replace told that only provisional rows can match searches just those files (a final
-    row that matches is left alone: the caller's promise decides), and otherwise every file."""
+    row that matches is left alone: the caller's promise decides), and otherwise every file; so
+    when those files are rewritten whole, too (delta_io.REWRITTEN_WHOLE_BYTES)."""
+    from spark_jobs import delta_io
     from spark_jobs.delta_io import Match, replace_matching
     from spark_jobs.provisional import PROVISIONAL, files_with_provisional_rows, stored_schema
     from spark_jobs.session import commits_tagged
@@ -315,6 +318,8 @@ def test_provisional_rows_are_written_apart_and_only_their_files_searched(spark,
     padding = [(f"pad_{i}", pa.int32()) for i in range(40)]
     table_schema = stored_schema(pa.schema([("date", pa.string()), ("connection_id", pa.string()),
                                             ("seq", pa.int64()), *padding]))
+    if searched:
+        monkeypatch.setattr(delta_io, "REWRITTEN_WHOLE_BYTES", 0)
     rows = [{"date": day, "connection_id": "c", "seq": seq, PROVISIONAL: seq % 3 == 0}
             for day in ("2026-11-24", "2026-11-25") for seq in range(1, 31)]
     data = spark.createDataFrame(pa.Table.from_pylist(rows, schema=table_schema)).repartition(3)
@@ -495,11 +500,17 @@ def test_tables_written_together_in_one_job_are_the_tables_written_alone(spark, 
     assert files_with_provisional_rows(table) == {s["path"] for s in stats if s["max.provisional"]}
 
 
-def test_tables_replaced_together_in_two_jobs_as_one_by_one(spark, agent_lake, tmp_path):
+@pytest.mark.parametrize("searched", [True, False], ids=["searched", "rewritten-whole"])
+def test_tables_replaced_together_in_two_jobs_as_one_by_one(spark, agent_lake, tmp_path, monkeypatch, searched):
     """delta_io.replace_all: several tables' rows deleted and appended in two Spark jobs (the files
     to rewrite in every table, then every table's rows), each table in its own commit, with the
-    tables replace_matching gives one by one."""
+    tables replace_matching gives one by one. Tables as small as these are rewritten whole, in one
+    job (REWRITTEN_WHOLE_BYTES); `searched` lowers that bound, so the files are searched."""
+    from spark_jobs import delta_io
     from spark_jobs.delta_io import Listed, Replacement, replace_all, replace_matching
+
+    if searched:
+        monkeypatch.setattr(delta_io, "REWRITTEN_WHOLE_BYTES", 0)
 
     tables = {"frames": schema.FRAMES, "connections": schema.CONNECTIONS}
     stored = {name: read_delta(spark, agent_lake, name, table_schema) for name, table_schema in tables.items()}
@@ -515,12 +526,12 @@ def test_tables_replaced_together_in_two_jobs_as_one_by_one(spark, agent_lake, t
             write_delta(stored[name], lake_dir, name, table_schema)
         versions = {name: table_version(lake_dir, name) for name in tables}
         if together:
-            group = "replace-all-test"
+            group = f"replace-all-test-{searched}"
             spark.sparkContext.setJobGroup(group, group)
             of_picked = [Listed({"connection_id": tuple(picked)})]
             replace_all(lake_dir, {name: Replacement(new[name], table_schema, of_picked)
                                    for name, table_schema in tables.items()})
-            assert len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == 2
+            assert len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == (2 if searched else 1)
         else:
             for name, table_schema in tables.items():
                 replace_matching(new[name], lake_dir, name, table_schema, [Listed({"connection_id": tuple(picked)})])
