@@ -187,7 +187,7 @@ class _Analysed:
     carried_keys: list[str]             # connections carried on from their checkpoints
     whole_deliveries: int = 0           # delivery rows written for the connections analysed whole
     carried_changed: DataFrame | None = None    # the requeue_related delivery rows the carried connections
-    carried_changed_rows: int = 0               # wrote and replaced (Carried.requeue_changed), at most so many
+    carried_changed_rows: int = 0               # wrote and replaced (Carried.requeue_changed), so many
     carried_findings: DataFrame | None = None     # their raw findings about one connection (RAW_FINDINGS)
     carried_findings_rows: int = 0
     summary: PassSummary | None = None  # a full run: what its pass holds

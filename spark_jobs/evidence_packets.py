@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import reduce
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -45,27 +46,34 @@ def finished_findings(raw: DataFrame, frames: DataFrame, raw_rows: int | None = 
     return _finished_with(raw, frames.select(*PACKETS).join(named, on=["connection_id", "seq"], how="left_semi"))
 
 
-def finished_together(raw: DataFrame | None, raw_rows: int, raw_since: str | None, across: MeasuredFindings,
+def finished_together(raw: DataFrame | None, raw_rows: int, raw_since: str | None, across: MeasuredFindings | None,
                       frames_since: Callable[[str | None], DataFrame], connections: DataFrame) -> DataFrame:
     """schema.FINDINGS rows of findings of both sorts: `raw`, the pass's raw findings (`raw_rows`
     of them) of connections whose frames start on the UTC day `raw_since` (None: the first day, or
-    unknown), and `across`, the message kinds' (detectors/common.py). `frames_since(day)`: the
-    frames table from that UTC day on (None: all of it)."""
-    firsts = [utc_day(across.first_ns)] if across.named else []
-    named = across.rows.select("connection_id", F.explode("evidence.seqs").alias("seq"))
+    unknown), and `across`, the message kinds' (detectors/common.py; None: none). `frames_since(day)`:
+    the frames table from that UTC day on (None: all of it)."""
+    firsts, named = [], []
+    if across is not None:
+        if across.named:
+            firsts.append(utc_day(across.first_ns))
+        named.append(across.rows.select("connection_id", F.explode("evidence.seqs").alias("seq")))
     if raw is not None and raw_rows:
         firsts.append(raw_since)
-        named = _named(raw).unionByName(named)
+        named.append(_named(raw))
     packets = frames_since(None).select(*PACKETS).limit(0)
     if firsts:
-        named = named.distinct()
-        if raw_rows * MAX_EVIDENCE + across.named <= BROADCAST_ROWS:
+        named = reduce(DataFrame.unionByName, named).distinct()
+        if raw_rows * MAX_EVIDENCE + (across.named if across is not None else 0) <= BROADCAST_ROWS:
             named = F.broadcast(named)
         since = None if None in firsts else min(firsts)
         packets = materialised(frames_since(since).select(*PACKETS)
                                .join(named, on=["connection_id", "seq"], how="left_semi"))
-    found = finish_identified(across.rows, packets, connections, located=True)
-    return found if raw is None else _finished_with(raw, packets).unionByName(found)
+    finished = [] if raw is None else [_finished_with(raw, packets)]
+    if across is not None:
+        finished.append(finish_identified(across.rows, packets, connections, located=True))
+    if not finished:
+        return packets.sparkSession.createDataFrame([], spark_schema(schema.FINDINGS))
+    return reduce(DataFrame.unionByName, finished)
 
 
 def _named(raw: DataFrame) -> DataFrame:

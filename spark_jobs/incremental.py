@@ -53,7 +53,7 @@ class Carried:
     tables: dict[str, DataFrame]          # rows to write as Spark rows, per table (channel_metrics, analysis_state)
     written: dict[str, list[AddAction]]   # the files of the timeline tables' rows to write, written by the pass
     requeue_changed: DataFrame            # the requeue_related delivery rows written and replaced
-    requeue_changed_rows: int             # at most how many
+    requeue_changed_rows: int             # how many
     rows: dict[str, int]                  # rows to write, per table
     matches: dict[str, list[Match | Listed]]   # the stored rows they replace
     fallbacks: dict[str, str]             # connection -> why it must be analysed whole
@@ -80,6 +80,8 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
         return measured(
             wide, **{f"n{i}": F.count(F.when((F.col(RECORD) == name) & _role_is(role), True))
                      for i, (name, role) in enumerate(roles)},
+            stale_requeue_related=F.count(F.when((F.col(RECORD) == "deliveries") & _role_is(STALE)
+                                                 & column("deliveries", REQUEUE_RELATED), True)),
             fallbacks=F.collect_list("fallback"), files=F.collect_list("files"),
             **{c: F.coalesce(F.sum(column("tally", c)), F.lit(0)) for c in ("frames", "carried_records")})
 
@@ -104,7 +106,8 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
     tables = {"channel_metrics": carried_rows(wide, "channel_metrics", WRITE), STATE_TABLE: carried_rows(wide, "state")}
     rows = {name: counts.get((name, WRITE), 0) for name in [*TIMELINE_TABLES, "channel_metrics"]}
     rows[STATE_TABLE] = counts.get(("state", None), 0)
-    requeue_changed, requeue_changed_rows = _requeue_changed(wide, spark, lake, written.get("deliveries", []), counts)
+    requeue_changed, requeue_changed_rows = _requeue_changed(wide, spark, lake, written.get("deliveries", []),
+                                                             seen["stale_requeue_related"])
     return Carried(tables, {name: written.get(name, []) for name in TIMELINE_TABLES}, requeue_changed,
                    requeue_changed_rows, rows, _matches(wide, written_rows, carried_keys, counts), fallbacks,
                    frames=read["frames"], connections=len(keys) - len(fallbacks), records=read["carried_records"],
@@ -112,18 +115,18 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
 
 
 def _requeue_changed(wide: DataFrame, spark: SparkSession, lake: str, adds: list[AddAction],
-                     counts: dict) -> tuple[DataFrame, int]:
+                     stale_rows: int) -> tuple[DataFrame, int]:
     """The requeue_related delivery rows the pass wrote (read from only the files that may hold
-    one: the writers keep them in files apart) and those the rows it wrote replace (`stale`): all
-    a carried run changes of what the message kinds read (detectors/scoped.py); and at most how
-    many (the files' rows, and every replaced row)."""
+    one: the writers keep them in files apart, so those hold nothing else) and those the rows it
+    wrote replace (`stale`, `stale_rows` of them): all a carried run changes of what the message
+    kinds read (detectors/scoped.py); and how many."""
     flagged = adds_that_may_hold(adds, REQUEUE_RELATED)
     # The replaced rows are few and spread over every partition of the wide table: one task
     # gathers them, where each partition would be a task of every job that reads them.
     stale = carried_rows(wide, "deliveries", STALE).where(F.col(REQUEUE_RELATED)).coalesce(1)
     rows = read_written(spark, lake, "deliveries", flagged, TIMELINE_TABLES["deliveries"]).where(
         F.col(REQUEUE_RELATED)).unionByName(stale)
-    return rows, rows_in(flagged) + counts.get(("deliveries", STALE), 0)
+    return rows, rows_in(flagged) + stale_rows
 
 
 def _role_is(role: str | None):

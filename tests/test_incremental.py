@@ -538,6 +538,38 @@ def test_a_delivery_left_at_a_close_then_unsettled_by_a_gap_takes_its_finding_aw
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 
+def test_a_run_that_changes_no_candidate_reads_no_deliveries_for_the_message_kinds(spark, tmp_path, monkeypatch):
+    """detectors/scoped.py: a run that adds or deletes no delivery either message kind reads (A's
+    next messages are acked) keeps their stored findings (B's requeue loop) without reading the
+    stored deliveries for them; the next run, whose rows hold a requeue, reads them. Both end as
+    one run over everything."""
+    from spark_jobs.detectors import scoped
+    from .test_timeline import T0, Conv
+
+    a, b = Conv("10.9.0.5:40005>10.9.0.9:5672@1", start=T0), Conv("10.9.0.6:40006>10.9.0.9:5672@2", start=T0)
+    for conv in (a, b):
+        conv.open(1)
+        conv.consume(1)
+    a.deliver(1, 1, msg="plain")
+    held = len(a.rows)   # the first run ends with A's delivery open: a provisional row, rewritten next
+    a.ack(1, 1)
+    quiet = len(a.rows)
+    a.deliver(1, 2, msg="bounced")
+    a.ack(1, 2, method="basic.nack", requeue=True)
+    for tag in range(1, LAB_THRESHOLDS.requeue_loop_deliveries + 1):
+        b.deliver(1, tag, msg="poison", redelivered=tag > 1)
+        b.ack(1, tag, method="basic.nack", requeue=True)
+    whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
+    assert _kinds(whole_dir)["requeue_loop"] == {b.id}
+    read, candidates = [], scoped._candidates
+    monkeypatch.setattr(scoped, "_candidates", lambda *args: read.append(args) or candidates(*args))
+    _carry_on(spark, pieces_dir, a.rows[held:quiet])
+    assert read == [] and _kinds(pieces_dir)["requeue_loop"] == {b.id}
+    _carry_on(spark, pieces_dir, a.rows[quiet:])
+    assert len(read) == 1
+    assert _tables(pieces_dir) == _tables(whole_dir)
+
+
 def test_a_connection_that_fails_a_check_after_its_rows_left_the_carried_pass_is_analysed_whole(
         spark, traffic, tmp_path, monkeypatch):
     """The carried pass lets records out in batches (here after every Arrow batch of 7 rows) and

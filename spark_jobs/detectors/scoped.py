@@ -19,7 +19,8 @@ is settled as unknown), and only the replaced row says where it was.
   incarnations with a changed closed delivery, and for those elsewhere whose unacked messages came
   back (redelivered) in a changed delivery, from their deliveries and every delivery of the same
   messages.
-Every other stored finding stays as it was.
+Every other stored finding stays as it was; so a run that changed no candidate (a lake without
+requeues or redeliveries: most runs of most lakes) reads no deliveries for them at all.
 
 Both kinds read the stored deliveries through one scan (`_candidates`, materialised): every
 delivery that is in a loop or was left at a close (messages.candidate), which is all either kind
@@ -56,7 +57,7 @@ TOUCHED, CAME_BACK = "_touched", "_came_back"
 
 @dataclass
 class RescopedFindings:
-    across: MeasuredFindings     # the message kinds' raw findings computed again
+    across: MeasuredFindings | None   # the message kinds' raw findings computed again (None: none can change)
     replaces: list[Match | Listed]   # the stored findings they and the analysed connections' own take the place of
     candidates: int              # the stored deliveries the kinds read
 
@@ -67,10 +68,16 @@ def rescoped_findings(tables: Tables, requeue_related: DataFrame, analysed: list
     `requeue_related`: the stored deliveries the kinds can read (requeue_related.py); `analysed`:
     the connections the run analysed; `changed`: the delivery rows the run added or deleted that
     can change what the kinds read (the module's docstring: every row a connection analysed whole
-    wrote; a carried connection's requeue_related rows written and replaced), at most
-    `changed_rows` of them if known. The findings about one connection (analyzer.detectors.KINDS)
-    of the analysed connections are the caller's; common.finish_identified finishes `across`."""
+    wrote; a carried connection's requeue_related rows written and replaced), `changed_rows` of
+    them if known (at most; none: nothing is read). The findings about one connection
+    (analyzer.detectors.KINDS) of the analysed connections are the caller's;
+    common.finish_identified finishes `across`."""
     spark = changed.sparkSession
+    own = connections_match(spark, analysed, kind=KINDS)
+    if changed_rows == 0:
+        # No candidate of any message was added or deleted: every message kind's finding stands,
+        # and the stored deliveries are not read.
+        return RescopedFindings(None, [own], 0)
     changed = changed.filter(F.col("message_identity").isNotNull())
     messages = changed.groupBy("message_identity").agg(
         F.max(F.coalesce(F.col("redelivered") == True, F.lit(False))).alias(CAME_BACK))  # noqa: E712
@@ -93,7 +100,7 @@ def rescoped_findings(tables: Tables, requeue_related: DataFrame, analysed: list
     # and a task per partition of a table's size costs more than its share of them.
     with joined_by_shuffle(spark), expressions_for(spark, candidate_rows), sized_shuffles(spark, candidate_rows):
         across = measured_findings(loops.unionByName(found.join(places, on=INCARNATION, how="left_semi")))
-    replaces = [connections_match(spark, analysed, kind=KINDS),
+    replaces = [own,
                 Match(messages.select("message_identity").withColumn("kind", F.lit("requeue_loop")),
                       ("kind", "message_identity"), rows=changed_rows),
                 Match(places.withColumn("kind", F.lit("redelivery_after_close")), ("kind", *INCARNATION))]
