@@ -42,6 +42,7 @@ exist (body_hash and the hash identities are hashes of a message number, not of 
 connection table's byte and frame counters are estimates.
 
     .venv/bin/python bench/frames_generator.py --lake DIR [--frames 10000000] [--hot-deliveries 3000000] [--seed 1]
+        [--quiet]   # no requeues and no channel closed with deliveries unacked
     .venv/bin/python bench/frames_generator.py --verify [--frames ...]   # the reference model over all of it
 """
 
@@ -136,11 +137,13 @@ class Params:
     midnight: str = "2026-03-15T00:00:00+00:00"  # the window crosses this midnight UTC, 2/3 of the way in:
                                                   # two date partitions, channels living in both
     commits: int = 3                          # Delta commits per table
+    quiet: bool = False                       # no requeue, and no channel closed with deliveries unacked:
+                                              # nothing the message kinds read (most lakes' traffic)
 
     def key(self) -> str:
         conns = "auto" if self.connections is None else self.connections
         return (f"f{self.frames}-h{self.hot_deliveries}-s{self.seed}-c{conns}-d{self.duration_s}"
-                f"-v{GENERATOR_VERSION}")
+                f"-v{GENERATOR_VERSION}" + ("-quiet" if self.quiet else ""))
 
 
 # -- small vectorised helpers --------------------------------------------------------------------
@@ -462,7 +465,7 @@ def plan(params: Params) -> list[ConnectionPlan]:
                 last = k == lives - 1
                 ending = "open" if (last and stays_open) else (
                     "close_unacked" if (not last and kind in CONSUMER_KINDS and kind != "consumer_auto"
-                                        and rng.random() < 0.1) else "close")
+                                        and rng.random() < 0.1 and not params.quiet) else "close")
                 slot.append(Incarnation(kind, 0, ending))
                 specs.append(slot[-1])
             slots.append(slot)
@@ -511,6 +514,8 @@ class Generator:
         """basic.deliver frames and the client's acks; (last time, peak unacked, carried msgs)."""
         if n <= 0:
             return start, 0, np.zeros(0, np.int64)
+        if self.params.quiet:
+            requeue_rate = 0.0
         ends = group_ends(rng, n, single, group)   # a burst of deliveries, then the ack(s) for it
         t = bursts(rng, start, span, ends, 50 * US)
         msg = self.messages(n)
@@ -1053,7 +1058,7 @@ def cached_lake(out_dir: str, params: Params, regenerate: bool = False, log=prin
 
 def params_from_args(args) -> Params:
     return Params(frames=args.frames, hot_deliveries=args.hot_deliveries, seed=args.seed,
-                  connections=args.connections, duration_s=args.duration)
+                  connections=args.connections, duration_s=args.duration, quiet=args.quiet)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -1066,6 +1071,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="connections besides the hot one (default: frames / 24,000, 5 to 250)")
     parser.add_argument("--duration", type=int, default=3600, metavar="S",
                         help="capture window in seconds; midnight UTC falls 2/3 of the way in (default %(default)s)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no nack or reject requeues and no channel closed with deliveries unacked: "
+                             "nothing the message kinds (requeue_loop, redelivery_after_close) read")
 
 
 def add_spark_run_arguments(parser: argparse.ArgumentParser, frames: int, hot_deliveries: int) -> None:
