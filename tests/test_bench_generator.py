@@ -2,6 +2,7 @@
 valid AMQP traffic in the agent's exact table format, and the reference model must derive from it
 the outcomes the generator says it made."""
 
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -115,6 +116,17 @@ def test_delivery_tags_and_the_hot_channel(generated):
     # Deliveries never exceed the prefetch the channel asked for.
     limited = channels.filter(pc.greater(channels["consumer_prefetch"], 0))
     assert limited.num_rows and pc.all(pc.less_equal(limited["peak_unacked"], limited["consumer_prefetch"])).as_py()
+
+
+def test_a_quiet_lake_has_nothing_the_message_kinds_read():
+    """--quiet (bench/README: an incremental run on a lake without requeues): the same traffic,
+    but no delivery requeued, redelivered or left at a channel's close."""
+    frames, stats = gen.frames_table(dataclasses.replace(PARAMS, quiet=True))
+    deliveries = replay_frames(frames)["deliveries"]
+    assert deliveries.num_rows > PARAMS.hot_deliveries and stats["deliveries"]["ack"]
+    assert pc.sum(deliveries["redelivered"]).as_py() == 0 == stats["redeliveries"]
+    assert not pc.any(pc.fill_null(frames["requeue"], False)).as_py()
+    assert "channel_closed" not in stats["deliveries"] and "channel_closed" not in deliveries["outcome"].to_pylist()
 
 
 def test_same_seed_same_data_other_seed_other_data():
