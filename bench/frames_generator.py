@@ -42,7 +42,7 @@ exist (body_hash and the hash identities are hashes of a message number, not of 
 connection table's byte and frame counters are estimates.
 
     .venv/bin/python bench/frames_generator.py --lake DIR [--frames 10000000] [--hot-deliveries 3000000] [--seed 1]
-        [--quiet]   # no requeues and no channel closed with deliveries unacked
+        [--quiet]   # no nack, reject, dead-lettering or channel closed with deliveries unacked
     .venv/bin/python bench/frames_generator.py --verify [--frames ...]   # the reference model over all of it
 """
 
@@ -137,8 +137,8 @@ class Params:
     midnight: str = "2026-03-15T00:00:00+00:00"  # the window crosses this midnight UTC, 2/3 of the way in:
                                                   # two date partitions, channels living in both
     commits: int = 3                          # Delta commits per table
-    quiet: bool = False                       # no requeue, and no channel closed with deliveries unacked:
-                                              # nothing the message kinds read (most lakes' traffic)
+    quiet: bool = False                       # no requeue or dead-lettering, no channel closed with deliveries
+                                              # unacked: nothing the message kinds read (most lakes' traffic)
 
     def key(self) -> str:
         conns = "auto" if self.connections is None else self.connections
@@ -730,7 +730,8 @@ class Generator:
             if consumer:
                 dlq = kind == "consumer_dlq"
                 x_death = headers = None
-                if dlq:  # dead-lettered 1-3 times: the x-death header (as the decoder writes it) and its count
+                # Dead-lettered 1-3 times: the x-death header (as the decoder writes it) and its count.
+                if dlq and not self.params.quiet:
                     x_death = rng.integers(1, 4, n)
                     variants = np.array([self.vocab(json.dumps(
                         {"x-death": [{"count": c, "exchange": "", "queue": f"{app}.work", "reason": "rejected"}]},
@@ -1072,8 +1073,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=int, default=3600, metavar="S",
                         help="capture window in seconds; midnight UTC falls 2/3 of the way in (default %(default)s)")
     parser.add_argument("--quiet", action="store_true",
-                        help="no nack or reject requeues and no channel closed with deliveries unacked: "
-                             "nothing the message kinds (requeue_loop, redelivery_after_close) read")
+                        help="no nack or reject, no dead-lettered message and no channel closed with deliveries "
+                             "unacked: nothing the message kinds (requeue_loop, redelivery_after_close) read")
 
 
 def add_spark_run_arguments(parser: argparse.ArgumentParser, frames: int, hot_deliveries: int) -> None:

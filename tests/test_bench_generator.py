@@ -15,6 +15,7 @@ import pytest
 
 from analyzer import lake, schema
 from analyzer.timeline import replay_frames
+from spark_jobs.requeue_related import REQUEUE_RELATED, with_flags
 
 from .conftest import ROOT
 
@@ -120,13 +121,17 @@ def test_delivery_tags_and_the_hot_channel(generated):
 
 def test_a_quiet_lake_has_nothing_the_message_kinds_read():
     """--quiet (bench/README: an incremental run on a lake without requeues): the same traffic,
-    but no delivery requeued, redelivered or left at a channel's close."""
+    but no delivery bounced, redelivered, dead-lettered before or left at a channel's close: none
+    the message kinds read (requeue_related.with_flags)."""
     frames, stats = gen.frames_table(dataclasses.replace(PARAMS, quiet=True))
     deliveries = replay_frames(frames)["deliveries"]
     assert deliveries.num_rows > PARAMS.hot_deliveries and stats["deliveries"]["ack"]
     assert pc.sum(deliveries["redelivered"]).as_py() == 0 == stats["redeliveries"]
     assert not pc.any(pc.fill_null(frames["requeue"], False)).as_py()
     assert "channel_closed" not in stats["deliveries"] and "channel_closed" not in deliveries["outcome"].to_pylist()
+    assert not {"nack", "reject"} & set(deliveries["outcome"].to_pylist())
+    assert pc.max(deliveries["x_death_count"]).as_py() in (None, 0)
+    assert not pc.any(with_flags(deliveries)[REQUEUE_RELATED]).as_py()
 
 
 def test_same_seed_same_data_other_seed_other_data():
