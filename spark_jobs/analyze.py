@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analyzer import schema
-from analyzer.lake import TableWriter, open_table, read_table
+from analyzer.lake import TableWriter, logged_rows, open_table, read_table
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
 from analyzer.connection_analysis import Settings
@@ -341,9 +341,11 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
         carried_since = None
         if analysed.carried_findings_rows:
             carried_since = first_day(first_seen(run.connections, analysed.carried_keys).first(), analysed.carried_keys)
-        # What is shuffled from here on: the candidates' findings, the raw ones, their packets.
+        # What is shuffled from here on: the candidates' findings, the raw ones, their packets, and
+        # every connection's row (the facts each finding takes of its connection).
         own_rows = analysed.own.rows if analysed.own is not None else 0
-        shuffled = rescoped.candidates + (analysed.carried_findings_rows + own_rows) * MAX_EVIDENCE
+        shuffled = (rescoped.candidates + (analysed.carried_findings_rows + own_rows) * MAX_EVIDENCE
+                    + _connection_rows(run))
         with joined_by_shuffle(run.spark), sized_shuffles(run.spark, shuffled):
             # The carried connections' findings and the message kinds' meet their packets in one scan.
             findings = finished_together(analysed.carried_findings, analysed.carried_findings_rows, carried_since,
@@ -359,6 +361,14 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
             {**inputs, "deliveries": message_kinds_deliveries(requeue_related)}, thresholds,
             kinds=ACROSS_CONNECTIONS))
         write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=run.mode)
+
+
+def _connection_rows(run: _Run) -> int:
+    """The connections table's rows, as its log counts them; where a file has no count, at most
+    one a frame."""
+    table = open_table(run.lake, "connections")
+    rows = logged_rows(table) if table is not None else 0
+    return rows if rows is not None else run.plan.frames_rows or 0
 
 
 def _full_run_findings(run: _Run, analysed: _Analysed, inputs: dict[str, DataFrame], requeue_related: DataFrame,
