@@ -28,9 +28,9 @@ from analyzer.schema import PARTITION_BY
 
 from . import session
 from .provisional import PROVISIONAL, files_with_provisional_rows
-from .table_files import (OPEN_COST_BYTES, TRANSACTION_VERSION, commit, commit_properties, delete_staging, files_that_may_hold,
-                          files_to_read, new_staging_folder, place_written_files, relative_in_table, snapshot_files,
-                          spark_location)
+from .table_files import (OPEN_COST_BYTES, TRANSACTION_VERSION, commit, commit_properties, delete_staging,
+                          files_that_may_hold, files_to_read, new_staging_folder, place_written_files,
+                          relative_in_table, snapshot_files, spark_location)
 from .timeline.plans import IN_LIST_CONNECTIONS, lookup, materialised
 from .types import spark_schema
 from .wide_writes import write_tables
@@ -175,9 +175,9 @@ def replace_all(lake: str, replacements: dict[str, Replacement],
     """`replace_matching` of several tables (by name) at once, in two Spark jobs whatever their
     number: one finds the files holding a doomed row in every table (none when every table's are
     rewritten whole), one writes every table's kept and new rows (wide_writes.write_tables); then
-    each table gets its commit (a missing table is created by it). `written`: files of new rows already written into a table's folder (by a pass,
-    wide_writes.FilesWriter), committed with its new rows. Returns each table's new version, or
-    None where there was nothing to do."""
+    each table gets its commit (a missing table is created by it). `written`: files of new rows
+    already written into a table's folder (by a pass, wide_writes.FilesWriter), committed with its
+    new rows. Returns each table's new version, or None where there was nothing to do."""
     if not replacements:
         return {}
     spark = next(iter(replacements.values())).rows.sparkSession
