@@ -19,6 +19,7 @@ exits, for its supervisor to start a new one.
 from __future__ import annotations
 
 import gc
+import logging
 import re
 import signal
 import threading
@@ -90,9 +91,32 @@ def driver_alive(spark: SparkSession) -> bool:
     """Can this session still run a job? False when the JVM is gone or its SparkContext stopped
     (an out-of-memory driver stops it)."""
     try:
-        return not spark.sparkContext._jsc.sc().isStopped()
+        with _py4j_logs_silenced():
+            return not spark.sparkContext._jsc.sc().isStopped()
     except Exception:  # noqa: BLE001 - py4j's own errors when the gateway is gone
         return False
+
+
+@contextmanager
+def _py4j_logs_silenced() -> Iterator[None]:
+    """Before it raises for a command the gone JVM did not answer, py4j logs a traceback on the root
+    logger, or not, as the socket happened to fail (a reset: yes, an empty answer: no): the probe's
+    answer is the exception, which the command reports once, in its own words."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
+def close_gone_driver(spark: SparkSession) -> None:
+    """pyspark's stop without its JVM part, which fails (a refused connection, a reset): shuts down
+    the Python side's accumulator server, and returns once that server's thread has finished, and
+    printed the JVM's lost connection, so the caller's last word comes after it."""
+    context = spark.sparkContext
+    context._jsc = None
+    context.stop()
 
 
 def release_run(spark: SparkSession) -> None:
@@ -102,6 +126,7 @@ def release_run(spark: SparkSession) -> None:
     every 30 minutes (spark.cleaner.periodicGC.interval) in a driver that allocates little."""
     gc.collect()
     try:
-        spark.sparkContext._jvm.System.gc()
+        with _py4j_logs_silenced():
+            spark.sparkContext._jvm.System.gc()
     except (Py4JError, OSError):  # the driver is gone: nothing to release (driver_alive says so)
         pass

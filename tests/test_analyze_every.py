@@ -226,8 +226,8 @@ def test_analyze_every_exits_when_its_driver_is_gone(tmp_path):
         assert command.wait() == 5
     finally:
         command.stop()
-    # The last word is the command's own (py4j and pyspark's accumulator server print their
-    # connection errors before it, as the JVM goes).
+    # The last word is the command's own: py4j's errors are silenced in its probes, and pyspark's
+    # accumulator server, whose thread prints its lost connection, is shut down before it.
     assert command.err[-1] == "ackscope analyze: the Spark driver is gone: stopping", command.errors()[-3000:]
 
 
