@@ -19,8 +19,9 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from contextlib import ExitStack
-from functools import reduce
+from functools import partial, reduce
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TextIO
@@ -327,9 +328,7 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
     # pass's output, which holds every table's rows together.
     stored = {name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in TIMELINE_TABLES}
     inputs = {**stored, "frames": all_frames, "connections": run.connections}
-    # All the message kinds read of the stored deliveries is among these (requeue_related.py).
-    requeue_related = read_delta(run.spark, run.lake, "deliveries", OUTPUT_TABLES["deliveries"], run.mode,
-                                 files_where=REQUEUE_RELATED)
+    requeue_related = partial(_stored_requeue_related, run)
     if run.keys and not run.plan.findings_stale:
         whole_keys = sorted(set(run.keys) - set(analysed.carried_keys))
         changed = [of_connections(inputs["deliveries"], whole_keys)] if whole_keys else []
@@ -358,9 +357,16 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
             _full_run_findings(run, analysed, inputs, requeue_related, thresholds)
             return
         findings = _own_findings_from_stored(run, inputs, thresholds).unionByName(detect(
-            {**inputs, "deliveries": message_kinds_deliveries(requeue_related)}, thresholds,
+            {**inputs, "deliveries": message_kinds_deliveries(requeue_related())}, thresholds,
             kinds=ACROSS_CONNECTIONS))
         write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=run.mode)
+
+
+def _stored_requeue_related(run: _Run) -> DataFrame:
+    """All the message kinds read of the stored deliveries (requeue_related.py), from only the files
+    that can hold it; read where they have something to find (a run may have nothing for them)."""
+    return read_delta(run.spark, run.lake, "deliveries", OUTPUT_TABLES["deliveries"], run.mode,
+                      files_where=REQUEUE_RELATED)
 
 
 def _connection_rows(run: _Run) -> int:
@@ -371,8 +377,8 @@ def _connection_rows(run: _Run) -> int:
     return rows if rows is not None else run.plan.frames_rows or 0
 
 
-def _full_run_findings(run: _Run, analysed: _Analysed, inputs: dict[str, DataFrame], requeue_related: DataFrame,
-                       thresholds: Thresholds) -> None:
+def _full_run_findings(run: _Run, analysed: _Analysed, inputs: dict[str, DataFrame],
+                       requeue_related: Callable[[], DataFrame], thresholds: Thresholds) -> None:
     """A full run's findings table: the pass's findings about one connection and the message kinds',
     their evidence packets looked up in one scan of `frames`. The pass counted what the message
     kinds can start from: without a delivery that came back they find nothing. `requeue_related`:
@@ -380,7 +386,7 @@ def _full_run_findings(run: _Run, analysed: _Analysed, inputs: dict[str, DataFra
     summary = analysed.summary
     with joined_by_shuffle(run.spark):
         if summary.came_back:
-            deliveries = message_kinds_deliveries(requeue_related)
+            deliveries = message_kinds_deliveries(requeue_related())
             across = measured_findings(raw_findings({**inputs, "deliveries": deliveries}, thresholds,
                                                     ACROSS_CONNECTIONS))
             findings = finished_together(analysed.own.raw, analysed.own.rows, None, across, run.frames_since,

@@ -543,7 +543,7 @@ def test_a_run_that_changes_no_candidate_reads_no_deliveries_for_the_message_kin
     next messages are acked) keeps their stored findings (B's requeue loop) without reading the
     stored deliveries for them; the next run, whose rows hold a requeue, reads them. Both end as
     one run over everything."""
-    from spark_jobs.detectors import scoped
+    from spark_jobs import analyze as analyze_module
     from .test_timeline import T0, Conv
 
     a, b = Conv("10.9.0.5:40005>10.9.0.9:5672@1", start=T0), Conv("10.9.0.6:40006>10.9.0.9:5672@2", start=T0)
@@ -561,8 +561,8 @@ def test_a_run_that_changes_no_candidate_reads_no_deliveries_for_the_message_kin
         b.ack(1, tag, method="basic.nack", requeue=True)
     whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
     assert _kinds(whole_dir)["requeue_loop"] == {b.id}
-    read, candidates = [], scoped._candidates
-    monkeypatch.setattr(scoped, "_candidates", lambda *args: read.append(args) or candidates(*args))
+    read, stored = [], analyze_module._stored_requeue_related
+    monkeypatch.setattr(analyze_module, "_stored_requeue_related", lambda run: read.append(run) or stored(run))
     _carry_on(spark, pieces_dir, a.rows[held:quiet])
     assert read == [] and _kinds(pieces_dir)["requeue_loop"] == {b.id}
     _carry_on(spark, pieces_dir, a.rows[quiet:])

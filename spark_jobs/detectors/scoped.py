@@ -31,6 +31,7 @@ execution each broadcast would be a Spark job of its own, and there would be one
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
@@ -62,14 +63,14 @@ class RescopedFindings:
     candidates: int              # the stored deliveries the kinds read
 
 
-def rescoped_findings(tables: Tables, requeue_related: DataFrame, analysed: list[str], changed: DataFrame,
-                      thresholds: Thresholds, changed_rows: int | None = None) -> RescopedFindings:
+def rescoped_findings(tables: Tables, requeue_related: Callable[[], DataFrame], analysed: list[str],
+                      changed: DataFrame, thresholds: Thresholds, changed_rows: int | None = None) -> RescopedFindings:
     """`tables`: the detectors' inputs (detectors.INPUTS) as stored after the run's timelines;
-    `requeue_related`: the stored deliveries the kinds can read (requeue_related.py); `analysed`:
+    `requeue_related`: reads the stored deliveries the kinds can read (requeue_related.py); `analysed`:
     the connections the run analysed; `changed`: the delivery rows the run added or deleted that
     can change what the kinds read (the module's docstring: every row a connection analysed whole
     wrote; a carried connection's requeue_related rows written and replaced), `changed_rows` of
-    them if known (at most; none: nothing is read). The findings about one connection
+    them if known (at most; 0: the kinds have nothing to do, and read nothing). The findings about one connection
     (analyzer.detectors.KINDS) of the analysed connections are the caller's;
     common.finish_identified finishes `across`."""
     spark = changed.sparkSession
@@ -81,7 +82,7 @@ def rescoped_findings(tables: Tables, requeue_related: DataFrame, analysed: list
     changed = changed.filter(F.col("message_identity").isNotNull())
     messages = changed.groupBy("message_identity").agg(
         F.max(F.coalesce(F.col("redelivered") == True, F.lit(False))).alias(CAME_BACK))  # noqa: E712
-    candidates, candidate_rows = _candidates(requeue_related, messages)
+    candidates, candidate_rows = _candidates(requeue_related(), messages)
     deliveries = [c for c in candidates.columns if c not in (TOUCHED, CAME_BACK)]
 
     journeys = candidates.filter(F.col(TOUCHED)).select(*deliveries)
