@@ -53,7 +53,7 @@ class Carried:
     tables: dict[str, DataFrame]          # rows to write as Spark rows, per table (channel_metrics, analysis_state)
     written: dict[str, list[AddAction]]   # the files of the timeline tables' rows to write, written by the pass
     requeue_changed: DataFrame            # the requeue_related delivery rows written and replaced
-    requeue_changed_rows: int             # how many
+    requeue_changed_rows: int             # how many, at most (a written file's rows count whole): 0 is exact
     rows: dict[str, int]                  # rows to write, per table
     matches: dict[str, list[Match | Listed]]   # the stored rows they replace
     fallbacks: dict[str, str]             # connection -> why it must be analysed whole
@@ -119,7 +119,7 @@ def _requeue_changed(wide: DataFrame, spark: SparkSession, lake: str, adds: list
     """The requeue_related delivery rows the pass wrote (read from only the files that may hold
     one: the writers keep them in files apart, so those hold nothing else) and those the rows it
     wrote replace (`stale`, `stale_rows` of them): all a carried run changes of what the message
-    kinds read (detectors/scoped.py); and how many."""
+    kinds read (detectors/scoped.py); and how many, at most: every row of a file that may hold one."""
     flagged = adds_that_may_hold(adds, REQUEUE_RELATED)
     # The replaced rows are few and spread over every partition of the wide table: one task
     # gathers them, where each partition would be a task of every job that reads them.
