@@ -39,7 +39,7 @@ from analyzer.connection_analysis import Settings
 # Absolute imports: spark-submit runs this file as a script, outside its package.
 from spark_jobs.delta_io import (Replacement, connections_match, read_delta, read_files, replace_all,
                                  replace_matching, write_delta)
-from spark_jobs.evidence_packets import finished_findings, finished_together
+from spark_jobs.evidence_packets import PACKETS, KnownPackets, finished_findings, finished_together
 from spark_jobs.incremental import Carried, carry_on_connections
 from spark_jobs.compaction import compact, small_final_files
 from spark_jobs.detectors import detect, raw_findings
@@ -111,9 +111,13 @@ class _Run:
         return Settings(self.bucket_seconds, self.overdue_ns, self.thresholds)
 
     def frames_of(self, keys: list[str]) -> DataFrame:
-        """Every frame of these connections: from the first day any of them was seen (the
-        connections table says), else from the start."""
-        return of_connections(self.frames_since(first_day(first_seen(self.connections, keys).first(), keys)), keys)
+        """Every frame of these connections: from the first day any of them was seen, else from the start."""
+        return of_connections(self.frames_since(self.first_day(keys)), keys)
+
+    def first_day(self, keys: list[str]) -> str | None:
+        """The UTC day the first of these connections was seen, as the connections table says
+        (None: it does not know them all): their frames are from that day on. One Spark job."""
+        return first_day(first_seen(self.connections, keys).first(), keys)
 
     def frames_since(self, day: str | None) -> DataFrame:
         """The run's snapshot of `frames` from this UTC day on (None: all of it)."""
@@ -337,9 +341,6 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
         changed = reduce(DataFrame.unionByName, changed) if changed else inputs["deliveries"].limit(0)
         rescoped = rescoped_findings(inputs, requeue_related, run.keys, changed, thresholds,
                                      analysed.whole_deliveries + analysed.carried_changed_rows)
-        carried_since = None
-        if analysed.carried_findings_rows:
-            carried_since = first_day(first_seen(run.connections, analysed.carried_keys).first(), analysed.carried_keys)
         # What is shuffled from here on: the candidates' findings, the raw ones, their packets, and
         # every connection's row (the facts each finding takes of its connection).
         own_rows = analysed.own.rows if analysed.own is not None else 0
@@ -347,8 +348,9 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
                     + _connection_rows(run))
         with joined_by_shuffle(run.spark), sized_shuffles(run.spark, shuffled):
             # The carried connections' findings and the message kinds' meet their packets in one scan.
-            findings = finished_together(analysed.carried_findings, analysed.carried_findings_rows, carried_since,
-                                         rescoped.across, run.frames_since, run.connections)
+            findings = finished_together(analysed.carried_findings, analysed.carried_findings_rows,
+                                         partial(run.first_day, analysed.carried_keys), rescoped.across,
+                                         run.frames_since, run.connections, _known_packets(run))
             if analysed.own is not None:
                 findings = analysed.own.finished().unionByName(findings)
             replace_matching(findings, run.lake, "findings", schema.FINDINGS, rescoped.replaces)
@@ -360,6 +362,13 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
             {**inputs, "deliveries": message_kinds_deliveries(requeue_related())}, thresholds,
             kinds=ACROSS_CONNECTIONS))
         write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=run.mode)
+
+
+def _known_packets(run: _Run) -> KnownPackets:
+    """The packets a scoped run's findings can take without a scan of `frames` (evidence_packets.py):
+    from the findings stored before it, and its new frames."""
+    new_frames = read_files(run.spark, run.lake, "frames", run.plan.new_files, PACKETS) if run.plan.new_files else None
+    return KnownPackets(read_delta(run.spark, run.lake, "findings", schema.FINDINGS, run.mode), new_frames)
 
 
 def _stored_requeue_related(run: _Run) -> DataFrame:
@@ -389,7 +398,7 @@ def _full_run_findings(run: _Run, analysed: _Analysed, inputs: dict[str, DataFra
             deliveries = message_kinds_deliveries(requeue_related())
             across = measured_findings(raw_findings({**inputs, "deliveries": deliveries}, thresholds,
                                                     ACROSS_CONNECTIONS))
-            findings = finished_together(analysed.own.raw, analysed.own.rows, None, across, run.frames_since,
+            findings = finished_together(analysed.own.raw, analysed.own.rows, lambda: None, across, run.frames_since,
                                          run.connections)
         else:
             findings = analysed.own.finished()

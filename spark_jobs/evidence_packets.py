@@ -12,13 +12,21 @@ full run, of the carried connections on a scoped one) and the message kinds' (de
 can be on (frames are partitioned by `date`): a carried connection's frames start on the day the
 connections table says it was first seen (as run.frames_of reads them), and a message kind's
 evidence frames are deliveries, no earlier than the finding's first instant.
+
+A scoped run knows most of its packets without that scan (`KnownPackets`): a carried connection's
+findings mostly name the frames its stored findings named, and the rest are among the run's new
+frames. A frame's packet never changes, and a stored finding's `source` is its first evidence
+frame's (every frame row names its source: the capture file or interface). So a finding whose every
+evidence frame is a new frame or has its packet in a stored finding, and whose first one has its
+source there too, is finished from those; `frames` is scanned only for the frames of the others.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from functools import reduce
+from dataclasses import dataclass
+from functools import partial, reduce
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -32,6 +40,7 @@ from .timeline.plans import BROADCAST_ROWS, lookup, materialised, utc_day
 from .types import spark_schema
 
 PACKETS = ["connection_id", "seq", "source_packet", "source"]
+PACKETS_SCHEMA = pa.schema([schema.FRAMES.field(name) for name in PACKETS])
 
 
 def finished_findings(raw: DataFrame, frames: DataFrame, raw_rows: int | None = None) -> DataFrame:
@@ -46,34 +55,99 @@ def finished_findings(raw: DataFrame, frames: DataFrame, raw_rows: int | None = 
     return _finished_with(raw, frames.select(*PACKETS).join(named, on=["connection_id", "seq"], how="left_semi"))
 
 
-def finished_together(raw: DataFrame | None, raw_rows: int, raw_since: str | None, across: MeasuredFindings | None,
-                      frames_since: Callable[[str | None], DataFrame], connections: DataFrame) -> DataFrame:
+@dataclass(frozen=True)
+class KnownPackets:
+    """Where a scoped run looks for its findings' packets before it scans `frames`."""
+    stored: DataFrame               # the findings table before the run (schema.FINDINGS)
+    new_frames: DataFrame | None    # the run's new frames (at least PACKETS); None: none
+
+
+def finished_together(raw: DataFrame | None, raw_rows: int, raw_since: Callable[[], str | None],
+                      across: MeasuredFindings | None, frames_since: Callable[[str | None], DataFrame],
+                      connections: DataFrame, known: KnownPackets | None = None) -> DataFrame:
     """schema.FINDINGS rows of findings of both sorts: `raw`, the pass's raw findings (`raw_rows`
-    of them) of connections whose frames start on the UTC day `raw_since` (None: the first day, or
-    unknown), and `across`, the message kinds' (detectors/common.py; None: none). `frames_since(day)`:
-    the frames table from that UTC day on (None: all of it)."""
-    firsts, named = [], []
-    if across is not None:
-        if across.named:
-            firsts.append(utc_day(across.first_ns))
-        named.append(across.rows.select("connection_id", F.explode("evidence.seqs").alias("seq")))
+    of them) of connections whose frames start on the UTC day `raw_since()` returns (None: the
+    first day, or unknown; asked only if `frames` is scanned), and `across`, the message kinds'
+    (detectors/common.py; None: none). `frames_since(day)`: the frames table from that UTC day on
+    (None: all of it). `known`: packets to take before scanning (the module's docstring)."""
+    sets, firsts = [], []   # the findings' evidence seqs; the first days of their frames, as functions
+    if across is not None and across.named:
+        sets.append(across.rows.select("connection_id", F.col("evidence.seqs").alias("seqs")))
+        firsts.append(partial(utc_day, across.first_ns))
     if raw is not None and raw_rows:
+        sets.append(raw.select("connection_id", "seqs"))
         firsts.append(raw_since)
-        named.append(_named(raw))
-    packets = frames_since(None).select(*PACKETS).limit(0)
-    if firsts:
-        named = reduce(DataFrame.unionByName, named).distinct()
-        if raw_rows * MAX_EVIDENCE + (across.named if across is not None else 0) <= BROADCAST_ROWS:
-            named = F.broadcast(named)
-        since = None if None in firsts else min(firsts)
-        packets = materialised(frames_since(since).select(*PACKETS)
-                               .join(named, on=["connection_id", "seq"], how="left_semi"))
+    named_rows = raw_rows * MAX_EVIDENCE + (across.named if across is not None else 0)
+    spark = connections.sparkSession
+    packets = spark.createDataFrame([], spark_schema(PACKETS_SCHEMA))
+    if sets:
+        sets = reduce(DataFrame.unionByName, sets)
+        if known is not None and named_rows <= BROADCAST_ROWS:
+            located, unknown = _known(sets, known)
+            packets = spark.createDataFrame(located, spark_schema(PACKETS_SCHEMA))
+        else:
+            unknown = sets.select("connection_id", F.explode("seqs").alias("seq")).distinct()
+            unknown = F.broadcast(unknown) if named_rows <= BROADCAST_ROWS else unknown
+        if unknown is not None:
+            days = [first() for first in firsts]
+            since = None if None in days else min(days)
+            scanned = materialised(frames_since(since).select(*PACKETS)
+                                   .join(unknown, on=["connection_id", "seq"], how="left_semi"))
+            packets = scanned if known is None else packets.unionByName(scanned)
     finished = [] if raw is None else [_finished_with(raw, packets)]
     if across is not None:
         finished.append(finish_identified(across.rows, packets, connections, located=True))
     if not finished:
-        return packets.sparkSession.createDataFrame([], spark_schema(schema.FINDINGS))
+        return spark.createDataFrame([], spark_schema(schema.FINDINGS))
     return reduce(DataFrame.unionByName, finished)
+
+
+def _known(sets: DataFrame, known: KnownPackets) -> tuple[pa.Table, DataFrame | None]:
+    """In one Spark job, for every finding (`sets`: its connection_id and evidence seqs): its
+    evidence frames' PACKETS where all are known (`known`) and the first's source too; the
+    (connection_id, seq) of the others' frames, to scan for (broadcast; None: there are none)."""
+    spark = sets.sparkSession
+    named = sets.where(F.size("seqs") > 0).distinct()
+    pairs = named.select("connection_id", "seqs", F.posexplode("seqs").alias("pos", "seq"))
+    info = _stored_packets(known.stored)
+    if known.new_frames is not None:
+        wanted = F.broadcast(pairs.select("connection_id", "seq").distinct())
+        new = known.new_frames.select(*PACKETS).join(wanted, on=["connection_id", "seq"], how="left_semi")
+        # A frame's packet and source are facts: where both sides have one, they are equal.
+        info = (new.unionByName(info).groupBy("connection_id", "seq")
+                .agg(F.max("source_packet").alias("source_packet"), F.max("source").alias("source")))
+    frames = pairs.join(info, on=["connection_id", "seq"], how="left")
+    findings = frames.groupBy("connection_id", "seqs").agg(
+        (F.count_if(F.col("source_packet").isNull()) == 0).alias("all_packets"),
+        F.max(F.when(F.col("pos") == 0, F.col("source").isNotNull())).alias("first_source"),
+        F.collect_list(F.struct("seq", "source_packet", "source")).alias("frames"))
+    located, unknown = {}, set()
+    for row in findings.collect():
+        connection_id = row["connection_id"]
+        if row["all_packets"] and row["first_source"]:
+            located.update(((connection_id, f["seq"]), (f["source_packet"], f["source"])) for f in row["frames"])
+        else:
+            unknown.update((connection_id, f["seq"]) for f in row["frames"])
+    # A frame to scan for is taken from the scan, with its source.
+    rows = [(*key, *value) for key, value in located.items() if key not in unknown]
+    table = pa.Table.from_pylist([dict(zip(PACKETS, row)) for row in rows], schema=PACKETS_SCHEMA)
+    if not unknown:
+        return table, None
+    return table, F.broadcast(spark.createDataFrame(sorted(unknown), spark_schema(
+        pa.schema([schema.FRAMES.field(c) for c in ("connection_id", "seq")]))))
+
+
+def _stored_packets(stored: DataFrame) -> DataFrame:
+    """PACKETS of the frames the stored findings name, as far as they tell: each located frame's
+    packet, and the source of each finding's first frame where that one was located."""
+    evidence = F.from_json("evidence", "struct<seqs: array<bigint>, source_packets: array<bigint>>")
+    named = stored.select("connection_id", "source", evidence.alias("e"))
+    frames = named.select("connection_id", "source", F.posexplode(F.arrays_zip(
+        F.col("e.seqs").alias("seq"), F.col("e.source_packets").alias("packet"))).alias("pos", "f"))
+    return (frames.where(F.col("f.packet").isNotNull())
+            .groupBy("connection_id", F.col("f.seq").alias("seq"))
+            .agg(F.max("f.packet").alias("source_packet"),
+                 F.max(F.when(F.col("pos") == 0, F.col("source"))).alias("source")))
 
 
 def _named(raw: DataFrame) -> DataFrame:

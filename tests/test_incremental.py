@@ -570,6 +570,47 @@ def test_a_run_that_changes_no_candidate_reads_no_deliveries_for_the_message_kin
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 
+def test_a_carried_runs_findings_take_their_packets_from_the_stored_findings_and_its_new_frames(
+        spark, tmp_path, monkeypatch):
+    """evidence_packets.KnownPackets: A's confirm_nack finding, stored with its packet, grows by a
+    nack among the new frames, and its unbounded_prefetch finding stands: their packets come without
+    a scan of `frames`. The next run's
+    unacked_buildup names A's delivery, which no stored finding named: `frames` is scanned for that
+    one. Both end as one run over everything."""
+    from spark_jobs import evidence_packets
+    from .test_timeline import T0, Conv
+
+    a, b = Conv("10.9.0.7:40007>10.9.0.9:5672@1", start=T0), Conv("10.9.0.8:40008>10.9.0.9:5672@2", start=T0)
+    b.open(1)
+    a.open(1)
+    a.c(1, "confirm.select")
+    a.b(1, "confirm.select-ok")
+    a.open(2)
+    a.consume(2)
+    a.deliver(2, 1)
+    a.publish(1, "p1")
+    a.confirm(1, 1, nack=True)
+    held = len(a.rows)
+    a.publish(1, "p2")
+    a.confirm(1, 2, nack=True)
+    nacked = len(a.rows)
+    a.ts += 2 * 10**9   # A's delivery, acked now, stayed unacked past unacked_age_seconds
+    a.ack(2, 1)
+    for conv in (a, b):   # each piece of A from a capture file of its own, as a rotated capture's
+        for row in conv.rows:
+            piece = 1 if conv is b or row["seq"] <= held else 2 if row["seq"] <= nacked else 3
+            row.update(source=f"{conv.id}-{piece}.pcap", source_packet=1000 + row["seq"])
+    whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
+    assert _kinds(whole_dir) == {"confirm_nack": {a.id}, "unbounded_prefetch": {a.id}, "unacked_buildup": {a.id}}
+    scans, scan = [], evidence_packets.materialised
+    monkeypatch.setattr(evidence_packets, "materialised", lambda df: scans.append(df) or scan(df))
+    _carry_on(spark, pieces_dir, a.rows[held:nacked])
+    assert scans == [] and _kinds(pieces_dir) == {"confirm_nack": {a.id}, "unbounded_prefetch": {a.id}}
+    _carry_on(spark, pieces_dir, a.rows[nacked:])
+    assert len(scans) == 1
+    assert _tables(pieces_dir) == _tables(whole_dir)
+
+
 def test_a_connection_that_fails_a_check_after_its_rows_left_the_carried_pass_is_analysed_whole(
         spark, traffic, tmp_path, monkeypatch):
     """The carried pass lets records out in batches (here after every Arrow batch of 7 rows) and
