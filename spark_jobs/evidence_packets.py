@@ -103,19 +103,22 @@ def finished_together(raw: DataFrame | None, raw_rows: int, raw_since: Callable[
 
 
 def _known(sets: DataFrame, known: KnownPackets) -> tuple[pa.Table, DataFrame | None]:
-    """In one Spark job, for every finding (`sets`: its connection_id and evidence seqs): its
-    evidence frames' PACKETS where all are known (`known`) and the first's source too; the
-    (connection_id, seq) of the others' frames, to scan for (broadcast; None: there are none)."""
+    """One collect (and the broadcast it joins with), for every finding (`sets`: its connection_id
+    and evidence seqs): its evidence frames' PACKETS where all are known (`known`) and the first's
+    source too; the (connection_id, seq) of the others' frames, to scan for (broadcast; None: there
+    are none)."""
     spark = sets.sparkSession
     named = sets.where(F.size("seqs") > 0).distinct()
     pairs = named.select("connection_id", "seqs", F.posexplode("seqs").alias("pos", "seq"))
-    info = _stored_packets(known.stored)
+    # The frames named, picked out of each source before anything is shuffled (one broadcast).
+    wanted = F.broadcast(pairs.select("connection_id", "seq").distinct())
+    sources = [_stored_packets(known.stored)]
     if known.new_frames is not None:
-        wanted = F.broadcast(pairs.select("connection_id", "seq").distinct())
-        new = known.new_frames.select(*PACKETS).join(wanted, on=["connection_id", "seq"], how="left_semi")
-        # A frame's packet and source are facts: where both sides have one, they are equal.
-        info = (new.unionByName(info).groupBy("connection_id", "seq")
-                .agg(F.max("source_packet").alias("source_packet"), F.max("source").alias("source")))
+        sources.append(known.new_frames.select(*PACKETS))
+    # A frame's packet and source are facts: where two sources have one, they are equal.
+    info = (reduce(DataFrame.unionByName, sources).join(wanted, on=["connection_id", "seq"], how="left_semi")
+            .groupBy("connection_id", "seq")
+            .agg(F.max("source_packet").alias("source_packet"), F.max("source").alias("source")))
     frames = pairs.join(info, on=["connection_id", "seq"], how="left")
     findings = frames.groupBy("connection_id", "seqs").agg(
         (F.count_if(F.col("source_packet").isNull()) == 0).alias("all_packets"),
@@ -139,15 +142,14 @@ def _known(sets: DataFrame, known: KnownPackets) -> tuple[pa.Table, DataFrame | 
 
 def _stored_packets(stored: DataFrame) -> DataFrame:
     """PACKETS of the frames the stored findings name, as far as they tell: each located frame's
-    packet, and the source of each finding's first frame where that one was located."""
+    packet, and the source of each finding's first frame where that one was located (else null)."""
     evidence = F.from_json("evidence", "struct<seqs: array<bigint>, source_packets: array<bigint>>")
     named = stored.select("connection_id", "source", evidence.alias("e"))
     frames = named.select("connection_id", "source", F.posexplode(F.arrays_zip(
         F.col("e.seqs").alias("seq"), F.col("e.source_packets").alias("packet"))).alias("pos", "f"))
-    return (frames.where(F.col("f.packet").isNotNull())
-            .groupBy("connection_id", F.col("f.seq").alias("seq"))
-            .agg(F.max("f.packet").alias("source_packet"),
-                 F.max(F.when(F.col("pos") == 0, F.col("source"))).alias("source")))
+    return frames.where(F.col("f.packet").isNotNull()).select(
+        "connection_id", F.col("f.seq").alias("seq"), F.col("f.packet").alias("source_packet"),
+        F.when(F.col("pos") == 0, F.col("source")).alias("source"))
 
 
 def _named(raw: DataFrame) -> DataFrame:
