@@ -347,7 +347,8 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
         shuffled = (rescoped.candidates + (analysed.carried_findings_rows + own_rows) * MAX_EVIDENCE
                     + _connection_rows(run))
         with joined_by_shuffle(run.spark), sized_shuffles(run.spark, shuffled):
-            # The carried connections' findings and the message kinds' meet their packets in one scan.
+            # The carried connections' findings and the message kinds' take their packets from what
+            # the lake knows, `frames` scanned only for the rest (evidence_packets.py).
             findings = finished_together(analysed.carried_findings, analysed.carried_findings_rows,
                                          partial(run.first_day, analysed.carried_keys), rescoped.across,
                                          run.frames_since, run.connections, _known_packets(run))

@@ -132,8 +132,9 @@ def _known(sets: DataFrame, known: KnownPackets) -> tuple[pa.Table, DataFrame | 
         else:
             unknown.update((connection_id, f["seq"]) for f in row["frames"])
     # A frame to scan for is taken from the scan, with its source.
-    rows = [(*key, *value) for key, value in located.items() if key not in unknown]
-    table = pa.Table.from_pylist([dict(zip(PACKETS, row)) for row in rows], schema=PACKETS_SCHEMA)
+    table = pa.Table.from_pylist([dict(connection_id=connection_id, seq=seq, source_packet=packet, source=source)
+                                  for (connection_id, seq), (packet, source) in located.items()
+                                  if (connection_id, seq) not in unknown], schema=PACKETS_SCHEMA)
     if not unknown:
         return table, None
     return table, F.broadcast(spark.createDataFrame(sorted(unknown), spark_schema(
