@@ -203,6 +203,19 @@ def longest_task_s(spark, job: dict) -> float:
     return longest
 
 
+def print_stages(spark, job: dict) -> None:
+    """The job's stages that ran (skipped ones read a shuffle an earlier job wrote): tasks, how
+    long each took and the tasks' summed run time; where a job's time goes among its stages."""
+    for stage in sorted(job.get("stageIds", [])):
+        for attempt in _rest(spark, f"stages/{stage}"):
+            if attempt["status"] == "SKIPPED":
+                continue
+            took = (_instant(attempt["completionTime"]) - _instant(attempt["submissionTime"])
+                    if attempt.get("completionTime") and attempt.get("submissionTime") else float("nan"))
+            print(f"{'':>11}stage {stage:>4} {attempt['numTasks']:>4} tasks {took:>6.2f} s, "
+                  f"tasks' run time {attempt['executorRunTime'] / 1000:>6.2f} s  {attempt['name'][:60]}")
+
+
 def _instant(stamp: str) -> float:
     return time.mktime(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) + int(stamp[20:23]) / 1000
 
@@ -241,13 +254,15 @@ def listed_run(spark, watcher: JobWatcher, run) -> tuple:
     return report, [job for job in rest_jobs(spark) if job["jobId"] not in before]
 
 
-def print_jobs(spark, report, jobs: list[dict], watcher: JobWatcher) -> None:
+def print_jobs(spark, report, jobs: list[dict], watcher: JobWatcher, stages: bool = False) -> None:
     print(f"\n{'job':>4} {'step':<26} {'at s':>6} {'s':>6} {'tasks':>5} {'max s':>6}  started from")
     start = min((_instant(job["submissionTime"]) for job in jobs), default=0.0)
     for job in jobs:
         step, site = watcher.sites.get(job["jobId"], ("?", "? (" + job["name"] + ")"))
         print(f"{job['jobId']:>4} {step:<26} {_instant(job['submissionTime']) - start:>6.2f} {_seconds(job):>6.2f} "
               f"{job['numTasks']:>5} {longest_task_s(spark, job):>6.2f}  {site}")
+        if stages:
+            print_stages(spark, job)
     print("\nby step: " + ", ".join(
         f"{name} {seconds:.1f} s / {sum(1 for j in jobs if watcher.sites.get(j['jobId'], ('?',))[0] == name)} jobs"
         for name, seconds in report.seconds_by_step.items()))
@@ -266,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the incremental run N times in the same driver, each on a new copy of the lake: "
                              "the first is the JVM's first work, the later ones a warm driver's (analyze --every)")
     parser.add_argument("--check", action="store_true", help="then a --full run: are the tables the same?")
+    parser.add_argument("--stages", action="store_true", help="under each job, the stages it ran")
     args = parser.parse_args(argv)
 
     session.SparkConf = _ConfWithUi
@@ -282,12 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nincremental run {attempt} of {args.repeat}: {report.scope}, {report.carried_connections} of "
               f"{report.connections} connections carried, {report.frames:,} frames read, {report.seconds:.1f} s, "
               f"{report.spark_jobs} Spark jobs")
-        print_jobs(spark, report, jobs, watcher)
+        print_jobs(spark, report, jobs, watcher, args.stages)
     if args.check:
         incremental_tables = bench.tables_digest(work)
         report, jobs = listed_run(spark, watcher, lambda: analyze(spark, work, full=True))
         print(f"\nfull run: {report.frames:,} frames read, {report.seconds:.1f} s, {report.spark_jobs} Spark jobs")
-        print_jobs(spark, report, jobs, watcher)
+        print_jobs(spark, report, jobs, watcher, args.stages)
         same = bench.tables_digest(work) == incremental_tables
         print(f"tables identical to a --full run's: {'yes' if same else 'NO (MISMATCH)'}")
         return 0 if same else 1
