@@ -59,6 +59,11 @@ _SESSION_CONF = {
     # Checkpointed steps (timeline.materialised) are stored on disk through this serializer; Java
     # serialization of millions of rows costs more than computing them.
     "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
+    # PySpark 4 otherwise records the Python call site of every DataFrame and Column function in
+    # the driver (a stack walk, a failed IPython import and several py4j round trips per call),
+    # only to name that line in an error's DataFrame context. Measured without it: `analyze --full`
+    # of the demo's lake in a new driver 18 s instead of 24 (bench/README.md, "Session 30").
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
 
