@@ -35,15 +35,15 @@ from analyzer.lake import TableWriter, logged_rows, open_table, read_table
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
 from analyzer.connection_analysis import Settings
+from analyzer.detectors import MAX_EVIDENCE
 
 # Absolute imports: spark-submit runs this file as a script, outside its package.
 from spark_jobs.delta_io import (Replacement, connections_match, read_delta, read_files, replace_all,
                                  replace_matching, write_delta)
-from spark_jobs.evidence_packets import PACKETS, KnownPackets, finished_findings, finished_together
+from spark_jobs.evidence_packets import PACKETS, KnownPackets, finished_findings, finished_together, measured_findings
 from spark_jobs.incremental import Carried, carry_on_connections
 from spark_jobs.compaction import compact, small_final_files
 from spark_jobs.detectors import detect, raw_findings
-from spark_jobs.detectors.common import MAX_EVIDENCE, measured_findings
 from spark_jobs.detectors.scoped import ACROSS_CONNECTIONS, message_kinds_deliveries, rescoped_findings
 from spark_jobs.metrics_redo import pass_channel_metrics, with_metrics_redone
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
@@ -326,7 +326,7 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
     a full run (or new thresholds) computes them all and replaces the table. The findings about one
     connection come from the pass for the connections it analysed whole, from the carried pass for
     those carried on from their checkpoints, and from the stored rows (stored_findings.py) when the
-    thresholds changed; the cross-connection kinds from the Spark aggregation by message
+    thresholds changed; the cross-connection kinds from the deliveries gathered by message
     (detectors/messages.py), from the delivery rows the run changed of what they read (detectors/scoped.py)."""
     # As written: read from their Parquet files, a run's tables cost a fraction of a scan of the
     # pass's output, which holds every table's rows together.
@@ -351,7 +351,7 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
             # the lake knows, `frames` scanned only for the rest (evidence_packets.py).
             findings = finished_together(analysed.carried_findings, analysed.carried_findings_rows,
                                          partial(run.first_day, analysed.carried_keys), rescoped.across,
-                                         run.frames_since, run.connections, _known_packets(run))
+                                         run.frames_since, run.spark, _known_packets(run))
             if analysed.own is not None:
                 findings = analysed.own.finished().unionByName(findings)
             replace_matching(findings, run.lake, "findings", schema.FINDINGS, rescoped.replaces)
@@ -400,7 +400,7 @@ def _full_run_findings(run: _Run, analysed: _Analysed, inputs: dict[str, DataFra
             across = measured_findings(raw_findings({**inputs, "deliveries": deliveries}, thresholds,
                                                     ACROSS_CONNECTIONS))
             findings = finished_together(analysed.own.raw, analysed.own.rows, lambda: None, across, run.frames_since,
-                                         run.connections)
+                                         run.spark)
         else:
             findings = analysed.own.finished()
         write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=run.mode)

@@ -31,6 +31,7 @@ from pyspark.sql import functions as F
 from analyzer import schema
 from analyzer.connection_analysis import ADVANCE_EVERY_ROWS, ANALYSIS_COLUMNS, ConnectionAnalysis, Settings
 from analyzer.detectors import evidence_seqs
+from analyzer.detectors.messages import came_back
 from analyzer.gcpause import cyclic_gc_spaced
 from analyzer.rows import dicts_to_table
 from analyzer.timeline.carry import FORMAT, Checkpoint, dump
@@ -38,7 +39,6 @@ from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.records import Delivery
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
-from .detectors.messages import came_back_record
 from .provisional import flagged, metric_flags, open_buckets
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES, as_stored
 from .timeline.plans import measured
@@ -93,14 +93,20 @@ def connection_pass(frames: DataFrame, connections: DataFrame, settings: Setting
 
 
 def headers(connections: DataFrame) -> DataFrame:
-    """One header row per connection: the row first seen (should two agents have seen it, as
-    detectors/common.py's `connection_facts` picks it), with the last time any of them saw it."""
+    """One header row per connection: its `connection_rows` row at seq HEADER_SEQ."""
+    return connection_rows(connections).select("connection_id", F.lit(HEADER_SEQ).cast("bigint").alias("seq"),
+                                               F.col("connection").alias(HEADER))
+
+
+def connection_rows(connections: DataFrame) -> DataFrame:
+    """(connection_id, connection): one schema.CONNECTIONS row per connection as JSON, what the
+    detectors' `finish` reads of it: the row first seen (should two agents have seen it), with the
+    last time any of them saw it."""
     first = connections.groupBy("connection_id").agg(
         F.min(F.struct("first_ts_ns", "agent_id", "connection_name", "client_addr", "client_port", "server_addr",
                        "server_port", "source")).alias("c"),
         F.max("last_ts_ns").alias("last_ts_ns"))
-    return first.select("connection_id", F.lit(HEADER_SEQ).cast("bigint").alias("seq"),
-                        F.to_json(F.struct("connection_id", "c.*", "last_ts_ns")).alias(HEADER))
+    return first.select("connection_id", F.to_json(F.struct("connection_id", "c.*", "last_ts_ns")).alias("connection"))
 
 
 def pass_rows(wide: DataFrame, name: str) -> DataFrame:
@@ -240,7 +246,7 @@ class _Partition(ConnectionsPartition):
         if not (self.records or self.open_records or self.metrics or any(self.rows.values())):
             return
         deliveries = [x for x in (*self.records, *self.open_records) if type(x) is Delivery]
-        parts = [("counts", None, pa.Table.from_pylist([{"came_back": sum(map(came_back_record, deliveries))}],
+        parts = [("counts", None, pa.Table.from_pylist([{"came_back": sum(map(came_back, deliveries))}],
                                                        schema=COUNTS))]
         for name, record_type in RECORD_TYPES.items():
             rows = pa.concat_tables([as_stored(name, to_table(self.records, record_type), False),

@@ -4,7 +4,7 @@ The pass sees each frame once, and which frames a finding names is known only at
 end, so the packets are looked up afterwards: the named (connection, seq) pairs pick their rows out
 of a scan of `frames` (a semi-join with the few pairs, broadcast when small: the frames table is
 never shuffled), and each connection's raw findings meet its packets in one grouped Arrow call
-that finishes them (analyzer/detectors/common.py's `finish`, the one implementation).
+that finishes them (analyzer/detectors/common.py's `finish`, the one implementation, for every kind).
 
 A run has findings of both sorts to finish, the pass's (its raw findings: of every connection on a
 full run, of the carried connections on a scoped one) and the message kinds' (detectors/):
@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from functools import partial, reduce
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analyzer import schema
 from analyzer.detectors import MAX_EVIDENCE, RawFinding, finish
 
-from .detectors.common import MeasuredFindings, finish_identified
-from .timeline.plans import BROADCAST_ROWS, lookup, materialised, utc_day
+from .connection_pass import RAW_FINDINGS
+from .timeline.plans import BROADCAST_ROWS, lookup, materialised, measured, utc_day
 from .types import spark_schema
 
 PACKETS = ["connection_id", "seq", "source_packet", "source"]
@@ -56,6 +56,21 @@ def finished_findings(raw: DataFrame, frames: DataFrame, raw_rows: int | None = 
 
 
 @dataclass(frozen=True)
+class MeasuredFindings:
+    """The message kinds' raw findings (detectors/messages.ACROSS_RAW, with `connection`)
+    materialised, with what the lookup of their packets needs."""
+    rows: DataFrame
+    named: int                  # evidence frames they name
+    first_ns: int | None        # the first instant of the first of them
+
+
+def measured_findings(raw: DataFrame) -> MeasuredFindings:
+    """Raw findings materialised, measured in the same Spark job."""
+    rows, seen = measured(raw, named=F.coalesce(F.sum(F.size("seqs")), F.lit(0)), first_ns=F.min("first_ts_ns"))
+    return MeasuredFindings(rows, seen["named"], seen["first_ns"])
+
+
+@dataclass(frozen=True)
 class KnownPackets:
     """Where a scoped run looks for its findings' packets before it scans `frames`."""
     stored: DataFrame               # the findings table before the run (schema.FINDINGS)
@@ -64,21 +79,20 @@ class KnownPackets:
 
 def finished_together(raw: DataFrame | None, raw_rows: int, raw_since: Callable[[], str | None],
                       across: MeasuredFindings | None, frames_since: Callable[[str | None], DataFrame],
-                      connections: DataFrame, known: KnownPackets | None = None) -> DataFrame:
+                      spark: SparkSession, known: KnownPackets | None = None) -> DataFrame:
     """schema.FINDINGS rows of findings of both sorts: `raw`, the pass's raw findings (`raw_rows`
     of them) of connections whose frames start on the UTC day `raw_since()` returns (None: the
     first day, or unknown; asked only if `frames` is scanned), and `across`, the message kinds'
-    (detectors/common.py; None: none). `frames_since(day)`: the frames table from that UTC day on
+    (detectors/messages.py, measured; None: none). `frames_since(day)`: the frames table from that UTC day on
     (None: all of it). `known`: packets to take before scanning (the module's docstring)."""
     sets, firsts = [], []   # the findings' evidence seqs; the first days of their frames, as functions
     if across is not None and across.named:
-        sets.append(across.rows.select("connection_id", F.col("evidence.seqs").alias("seqs")))
+        sets.append(across.rows.select("connection_id", "seqs"))
         firsts.append(partial(utc_day, across.first_ns))
     if raw is not None and raw_rows:
         sets.append(raw.select("connection_id", "seqs"))
         firsts.append(raw_since)
     named_rows = raw_rows * MAX_EVIDENCE + (across.named if across is not None else 0)
-    spark = connections.sparkSession
     packets = spark.createDataFrame([], spark_schema(PACKETS_SCHEMA))
     if sets:
         sets = reduce(DataFrame.unionByName, sets)
@@ -94,12 +108,12 @@ def finished_together(raw: DataFrame | None, raw_rows: int, raw_since: Callable[
             scanned = materialised(frames_since(since).select(*PACKETS)
                                    .join(unknown, on=["connection_id", "seq"], how="left_semi"))
             packets = scanned if known is None else packets.unionByName(scanned)
-    finished = [] if raw is None else [_finished_with(raw, packets)]
+    raws = [] if raw is None else [raw.select(*RAW_FINDINGS.names)]
     if across is not None:
-        finished.append(finish_identified(across.rows, packets, connections, located=True))
-    if not finished:
+        raws.append(across.rows.select(*RAW_FINDINGS.names))
+    if not raws:
         return spark.createDataFrame([], spark_schema(schema.FINDINGS))
-    return reduce(DataFrame.unionByName, finished)
+    return _finished_with(reduce(DataFrame.unionByName, raws), packets)
 
 
 def _known(sets: DataFrame, known: KnownPackets) -> tuple[pa.Table, DataFrame | None]:

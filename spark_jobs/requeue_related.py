@@ -19,7 +19,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .detectors.messages import BOUNCED_BY, CLOSED
+from analyzer.detectors.messages import BOUNCED_BY, CLOSED
 
 REQUEUE_RELATED = "requeue_related"
 

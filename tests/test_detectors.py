@@ -1,8 +1,10 @@
 """The findings of every kind, as the analysis computes them: the ten kinds about one connection by
 the Python detectors (analyzer.detectors, fed as the pass feeds them: tests/test_detectors_python.py),
-the two that follow a message across connections by the Spark aggregation (spark_jobs.detectors,
-on real Spark). On the recorded lab examples and the public corpus, ingested by the real agent and
-run through the reference timelines, and on the hand-built cases of tests/detector_cases.py.
+the two that follow a message across connections by the Spark job that gathers each message's
+deliveries for them (spark_jobs.detectors, on real Spark; the rules themselves without Spark:
+tests/test_message_kinds.py). On the recorded lab examples and the public corpus, ingested by the
+real agent and run through the reference timelines, and on the hand-built cases of
+tests/detector_cases.py.
 
 Lab captures last seconds, so everything here runs with the lab-scale thresholds of
 tests/findings_check.py (a delivery unacked 1.2 s is "stuck" in the lab; in production the
@@ -16,6 +18,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from collections import defaultdict
 from datetime import datetime, timezone
 from types import SimpleNamespace
 
@@ -24,15 +27,15 @@ import pytest
 
 from analyzer import lake, schema
 from analyzer.detectors import KINDS
-from analyzer.detectors.common import EVIDENCE as VOCABULARY
 from analyzer.ingest import ingest_file
 from analyzer.rows import dicts_to_table
 from analyzer.timeline import replay_frames
 from analyzer.timeline.records import DELIVERY_OUTCOMES
 from spark_jobs.detectors import DETECTORS, INPUTS, SEVERITY, detect
 from spark_jobs.detectors.scoped import message_kinds_deliveries
-from spark_jobs.detectors.common import EVIDENCE
-from spark_jobs.detectors.messages import came_back, came_back_record, candidate
+from analyzer.detectors.messages import came_back as came_back_record
+from analyzer.detectors.messages import in_loop as in_loop_row
+from spark_jobs.detectors.messages import came_back, candidate, in_loop
 from spark_jobs.detectors.scoped import ACROSS_CONNECTIONS
 from spark_jobs.thresholds import Thresholds
 from spark_jobs.types import spark_schema
@@ -41,7 +44,8 @@ from .conftest import CORPUS, ROOT
 from .detector_cases import TABLES, UNIT_EXPECTED, Case, hand_built_cases
 from .findings_check import LAB_THRESHOLDS as LAB
 from .findings_check import problems
-from .test_detectors_python import case_findings, findings_by_connection
+from .test_detectors_python import assert_same, case_findings, findings_by_connection
+from .test_message_kinds import message_findings
 
 EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))
 CLEAN_EXAMPLES = ("clean_async_confirms", "heartbeats")
@@ -148,10 +152,6 @@ def test_every_kind_is_decided_once_each_with_a_severity():
     assert set(SEVERITY) == set(schema.FINDING_KINDS) and set(SEVERITY.values()) <= set(schema.SEVERITIES)
 
 
-def test_the_spark_kinds_spell_their_evidence_in_the_one_vocabulary_and_order():
-    assert [name for name in VOCABULARY if name in EVIDENCE] == list(EVIDENCE)
-
-
 def test_output_schema_is_the_findings_schema_exactly(output):
     assert output.schema == spark_schema(schema.FINDINGS)
 
@@ -192,6 +192,21 @@ def test_the_deliveries_a_full_run_hands_the_message_kinds_give_their_findings_e
     assert {f["kind"] for f in expected} == set(DETECTORS)
     key = lambda f: f["finding_id"]  # noqa: E731
     assert sorted(again, key=key) == sorted(expected, key=key)
+
+
+def test_the_spark_job_gives_what_the_python_rules_give(everything, output):
+    """The message kinds' Spark job (the gathering by message, then by incarnation; the packets'
+    lookup) against the same rules run over the same rows in plain Python."""
+    located = defaultdict(dict)
+    for frame in everything["frames"].select(["connection_id", "seq", "source_packet", "source"]).to_pylist():
+        located[frame["connection_id"]][frame["seq"]] = (frame["source_packet"], frame["source"])
+    expected = message_findings(everything["deliveries"].to_pylist(), everything["connections"].to_pylist(),
+                                lambda cid: lambda seqs: [located[cid].get(seq) for seq in seqs], LAB)
+    assert {f["kind"] for f in expected} == set(ACROSS_CONNECTIONS)
+    # Spark hands timestamps back naive, in the session's time zone (UTC).
+    expected = [{**f, "first_ts": f["first_ts"].replace(tzinfo=None), "last_ts": f["last_ts"].replace(tzinfo=None)}
+                for f in expected]
+    assert_same([row.asDict() for row in output.collect()], expected)
 
 
 def test_detect_names_what_is_missing(spark):
@@ -307,22 +322,25 @@ def test_the_expectations_check_catches_misses_and_forbidden_kinds():
     assert problems([dict(finding, channel=2, count=9)], {"expect": expected["expect"]}) != []
 
 
-def test_the_pass_counts_deliveries_that_came_back_as_the_spark_column_picks_them(spark):
+def test_the_spark_columns_pick_the_deliveries_the_python_rules_pick(spark):
     """The pass counts the deliveries that came back on its records (a full run's pass writes them
-    as files, never as Spark rows; none, and the message kinds are not run); the kinds pick them
-    with the Spark column. Every combination of what the two read."""
+    as files, never as Spark rows; none, and the message kinds are not run); the kinds' job keeps
+    only the deliveries in a loop before it shuffles them to the Python rules. Both pick with Spark
+    columns what the Python rules pick: every combination of what they read."""
     rows = [dict(message_identity=identity, outcome=outcome, x_death_count=x_death, redelivered=redelivered)
             for identity in (None, "m1")
-            for outcome in DELIVERY_OUTCOMES
+            for outcome in (*DELIVERY_OUTCOMES, None)
             for x_death in (None, 0, 2)
             for redelivered in (None, False, True)]
     table = spark.createDataFrame(rows, "message_identity string, outcome string, x_death_count int, "
                                         "redelivered boolean")
-    picked = table.withColumn("picked", came_back()).orderBy(*table.columns).collect()
+    picked = (table.withColumn("came_back", came_back()).withColumn("in_loop", in_loop())
+              .orderBy(*table.columns).collect())
     assert len(picked) == len(rows)
-    assert {row["picked"] is True for row in picked} == {True, False}
-    for row in picked:
-        assert came_back_record(SimpleNamespace(**row.asDict())) is (row["picked"] is True), row
+    for column, rule in (("came_back", lambda row: came_back_record(SimpleNamespace(**row))), ("in_loop", in_loop_row)):
+        assert {row[column] is True for row in picked} == {True, False}
+        for row in picked:
+            assert rule({name: row[name] for name in table.columns}) is (row[column] is True), (column, row)
 
 
 def test_the_stored_requeue_related_flag_is_the_spark_columns_candidate(spark):

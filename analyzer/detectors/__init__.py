@@ -1,7 +1,7 @@
 """The findings about one connection, sans-IO: its timeline records and a few of its frames in,
 rows of schema.FINDINGS (dicts) out. The per-connection pass runs it beside the state machine
 (DESIGN.md, "Analysis"); requeue_loop and redelivery_after_close follow a message across
-connections and stay a Spark aggregation afterwards.
+connections (messages.py: each message's deliveries in, gathered by Spark afterwards).
 
     detectors = ConnectionDetectors(connection_row, thresholds)
     for row in frames:                       # in seq order
@@ -14,7 +14,8 @@ connections and stay a Spark aggregation afterwards.
 
 Modules: publisher.py (confirm-side kinds and unroutable_returned), consumer.py (ack-side kinds
 and unbounded_prefetch), flow.py (flow control), context.py (what is known at the connection's
-end, frames placed in incarnations), common.py (the raw finding, evidence, `finish`).
+end, frames placed in incarnations), common.py (the raw finding, evidence, `finish`), messages.py
+(the two kinds across connections).
 
 Memory: every kind keeps running aggregates (counts, spans, the first MAX_EVIDENCE items).
 unacked_buildup (its profile over time, profile.py) and synchronous_confirms (the idle times,

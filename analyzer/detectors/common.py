@@ -24,13 +24,9 @@ from ..schema import FINDING_SEVERITY
 # how many there are in all.
 MAX_EVIDENCE = 20
 
-# The kinds about one connection; the two that follow a message across connections are Spark's.
-SEVERITY = {kind: severity for kind, severity in FINDING_SEVERITY.items()
-            if kind not in ("requeue_loop", "redelivery_after_close")}
+SEVERITY = FINDING_SEVERITY
 
-# The evidence fields of every kind, in the order the JSON lists them: the one vocabulary. The Spark
-# aggregation of the cross-connection kinds (spark_jobs/detectors/common.py's EVIDENCE) types the
-# fields it uses, in this order (tests/test_detectors.py checks it).
+# The evidence fields of every kind, in the order the JSON lists them: the one vocabulary.
 EVIDENCE = (
     "seqs", "tags", "confirm_seqs", "message_identities", "message_id", "exchanges", "routing_keys",
     "ended_by", "end_seq", "close_code", "close_text", "violations", "methods", "evidence_from",
@@ -63,6 +59,7 @@ class RawFinding:
     evidence: dict
     value: float | None = None
     threshold: float | None = None
+    message_identity: str | None = None   # the message a finding follows (messages.py's kinds)
 
 
 # -- bounded running aggregates ------------------------------------------------------------------
@@ -198,7 +195,7 @@ def finish(raw: RawFinding, connection: dict, packets_of: PacketsOf) -> dict:
     connection_id = connection["connection_id"]
     return {
         "date": day(raw.first_ts_ns),
-        "finding_id": finding_id(raw.kind, connection_id, raw.channel, raw.incarnation),
+        "finding_id": finding_id(raw.kind, connection_id, raw.channel, raw.incarnation, raw.message_identity),
         "kind": raw.kind,
         "severity": SEVERITY[raw.kind],
         "connection_id": connection_id,
@@ -213,7 +210,7 @@ def finish(raw: RawFinding, connection: dict, packets_of: PacketsOf) -> dict:
         "count": raw.count,
         "value": None if raw.value is None else float(raw.value),
         "threshold": None if raw.threshold is None else float(raw.threshold),
-        "message_identity": None,
+        "message_identity": raw.message_identity,
         "summary": raw.summary,
         "evidence": evidence_json(raw.evidence, packets),
         "source": evidence_source if evidence_source is not None else connection.get("source"),

@@ -1,15 +1,15 @@
 """The findings that follow a message across connections: timeline tables in, `findings`
 (schema.FINDINGS) out.
 
-The kinds about one connection are decided once, in Python, beside the state machine
-(analyzer/detectors: the pass runs them per connection, stored_findings.py from stored rows). The
-two kinds here, requeue_loop and redelivery_after_close, need every delivery of a message wherever
-it went: one Spark aggregation by message identity each (messages.py), and `common.finish` gives
-every raw finding its id, connection facts, capture packet numbers and timestamps. They rely on the
-table schemas only (DELIVERIES, FRAMES, CONNECTIONS).
+The kinds about one connection are decided beside the state machine (analyzer/detectors: the pass
+runs them per connection, stored_findings.py from stored rows). The two kinds here, requeue_loop
+and redelivery_after_close, need every delivery of a message wherever it went: Spark gathers them
+by message identity and hands them to the same Python detectors' rules (messages.py), whose raw
+findings are finished as the pass's are (evidence_packets.py: id, connection facts, capture packet
+numbers, timestamps). They rely on the table schemas only (DELIVERIES, FRAMES, CONNECTIONS).
 
-Modules: messages.py (the two kinds), common.py (the raw-finding contract and `finish`), scoped.py
-(what a run that analysed some connections computes again).
+Modules: messages.py (the two kinds), scoped.py (what a run that analysed some connections
+computes again).
 """
 
 from __future__ import annotations
@@ -21,8 +21,12 @@ from pyspark.sql import DataFrame
 from analyzer import schema
 from spark_jobs.thresholds import Thresholds
 
-from .common import SEVERITY, finish
+from spark_jobs.connection_pass import RAW_FINDINGS
+from spark_jobs.evidence_packets import finished_findings
+
 from .messages import redelivery_after_close, requeue_loop
+
+SEVERITY = schema.FINDING_SEVERITY
 
 # kind -> detector, in schema.FINDING_KINDS order.
 DETECTORS = {
@@ -41,12 +45,13 @@ INPUTS = {
 def detect(tables: dict[str, DataFrame], thresholds: Thresholds | None = None, kinds=tuple(DETECTORS)) -> DataFrame:
     """Every finding of these kinds in `tables` (keys as in INPUTS; others are ignored), as a
     DataFrame of spark_schema(schema.FINDINGS)."""
-    return finish(raw_findings(tables, thresholds, kinds), tables["frames"], tables["connections"])
+    return finished_findings(raw_findings(tables, thresholds, kinds).select(*RAW_FINDINGS.names), tables["frames"])
 
 
 def raw_findings(tables: dict[str, DataFrame], thresholds: Thresholds | None = None,
                  kinds=tuple(DETECTORS)) -> DataFrame:
-    """`detect`'s findings before `finish`: the raw findings (common.py) of these kinds."""
+    """`detect`'s findings before their packets: the raw findings (messages.ACROSS_RAW, with each
+    one's `connection`) of these kinds."""
     check_inputs(tables)
     thresholds = thresholds if thresholds is not None else Thresholds()
     return reduce(DataFrame.unionByName, [DETECTORS[kind](tables, thresholds) for kind in kinds])

@@ -39,13 +39,13 @@ from pyspark.sql import functions as F
 
 from analyzer.detectors import KINDS
 from spark_jobs.delta_io import Listed, Match, connections_match
+from spark_jobs.evidence_packets import MeasuredFindings, measured_findings
 from spark_jobs.session import expressions_for
 from spark_jobs.thresholds import Thresholds
 from spark_jobs.timeline.plans import joined_by_shuffle, measured, sized_shuffles
 
 from . import DETECTORS
-from .common import INCARNATION, MeasuredFindings, measured_findings
-from .messages import candidate, left_at_close
+from .messages import INCARNATION, candidate, left_at_close
 
 ACROSS_CONNECTIONS = tuple(DETECTORS)
 
@@ -72,7 +72,7 @@ def rescoped_findings(tables: Tables, requeue_related: Callable[[], DataFrame], 
     wrote; a carried connection's requeue_related rows written and replaced), `changed_rows` of
     them if known (at most; 0: the kinds have nothing to do, and read nothing). The findings about one connection
     (analyzer.detectors.KINDS) of the analysed connections are the caller's;
-    common.finish_identified finishes `across`."""
+    evidence_packets.finished_together finishes `across`."""
     spark = changed.sparkSession
     own = connections_match(spark, analysed, kind=KINDS)
     if changed_rows == 0:
@@ -96,9 +96,9 @@ def rescoped_findings(tables: Tables, requeue_related: Callable[[], DataFrame], 
     involved = candidates.join(closed_there, on="message_identity", how="left_semi").select(*deliveries)
     # Incarnations outside `places` may share a message with them: their findings would be partial.
     found = DETECTORS["redelivery_after_close"]({**tables, "deliveries": involved}, thresholds)
-    # The kinds read only the candidates: when they are few, compiling the plans of their windows
-    # and aggregations costs the driver seconds that interpreting them over those rows does not,
-    # and a task per partition of a table's size costs more than its share of them.
+    # The kinds read only the candidates: when they are few, compiling the expressions of their
+    # plans costs the driver more than interpreting them over those rows, and a task per
+    # partition of a table's size costs more than its share of them.
     with joined_by_shuffle(spark), expressions_for(spark, candidate_rows), sized_shuffles(spark, candidate_rows):
         across = measured_findings(loops.unionByName(found.join(places, on=INCARNATION, how="left_semi")))
     replaces = [own,
