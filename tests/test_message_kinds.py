@@ -17,7 +17,7 @@ import pytest
 
 from analyzer.detectors import finish
 from analyzer.detectors.common import EVIDENCE, MAX_EVIDENCE
-from analyzer.detectors.messages import (COLUMNS, JOURNEY_ORDER, Journey, after_close_finding,
+from analyzer.detectors.messages import (COLUMNS, JOURNEY_ORDER, Journey, Redelivered, after_close_finding,
                                          redelivered_after_close)
 
 from .detector_cases import UNIT_EXPECTED, hand_built_cases
@@ -187,6 +187,12 @@ def test_a_delivery_left_at_a_close_counts_when_it_comes_back_elsewhere_after_th
     connection_id, raw = after_close_finding([match])
     assert (connection_id, raw.channel, raw.count, raw.evidence["ended_by"]) == ("c1", 1, 1, "channel_closed")
     assert raw.summary.startswith("1 deliveries left unacked on channel 1 when its channel closed")
+
+
+def test_the_spark_job_carries_every_field_of_a_match_between_its_shuffles():
+    from spark_jobs.detectors.messages import REDELIVERED
+
+    assert REDELIVERED.names == list(Redelivered.__dataclass_fields__)
 
 
 def test_no_redelivery_after_close_before_the_close_or_on_the_same_incarnation():

@@ -27,7 +27,7 @@ per place the message came back to; after_close_finding running aggregates.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .common import MAX_EVIDENCE, RawFinding, Tally, least, most
@@ -190,8 +190,8 @@ class Redelivered:
     outcome: str               # channel_closed or connection_closed
     delivery_tag: int
     message_identity: str
-    on: tuple[str, ...]        # connection_name (else connection_id) of each place it came back to, sorted
-    places: tuple[str, ...]    # those places as connection_id#channel, sorted
+    on: Sequence[str]          # connection_name (else connection_id) of each place it came back to, sorted
+    places: Sequence[str]      # those places as connection_id#channel, sorted
 
 
 def redelivered_after_close(deliveries: Iterable[Mapping]) -> list[Redelivered]:
