@@ -45,7 +45,7 @@ def examples_report(analysed_examples, tmp_path_factory) -> tuple[str, str]:
 # -- the advice: one source --------------------------------------------------------------------
 
 def test_readme_advice_table_is_finding_advice():
-    from spark_jobs.detectors.common import SEVERITY
+    from spark_jobs.detectors import SEVERITY
 
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as readme:
         text = readme.read()
