@@ -21,8 +21,8 @@ another message, wherever it falls between a bounce and its return.
 
 Rows are mappings with the schema.DELIVERIES columns in COLUMNS (and `connection_name`, the
 connection's, for redelivered_after_close). Memory: a journey keeps running aggregates per channel
-incarnation the message went through; redelivered_after_close one tuple per closed delivery and
-per place the message came back to; after_close_finding running aggregates.
+incarnation the message went through; redelivered_after_close the message's closed deliveries
+and one entry per place it came back to; after_close_finding running aggregates.
 """
 
 from __future__ import annotations
