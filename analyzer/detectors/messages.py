@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .common import MAX_EVIDENCE, RawFinding, Tally, least, most
+from .common import MAX_EVIDENCE, Firsts, RawFinding, Tally, least, most
 
 BOUNCED_BY = ("nack", "reject")
 CLOSED = ("channel_closed", "connection_closed")
@@ -76,7 +76,7 @@ class _Stay:
     def __init__(self):
         self.agent_id = self.x_death = self.first_ns = self.last_ns = self.message_id = None
         self.n = self.bounced = 0
-        self.items: list[tuple[int, int]] = []   # (seq, delivery_tag) of the first MAX_EVIDENCE by seq
+        self.items = Firsts()   # (seq, delivery_tag) of the first MAX_EVIDENCE by seq
 
     def add(self, d: Mapping, bounced: bool) -> None:
         self.agent_id = least(self.agent_id, d["agent_id"])
@@ -87,10 +87,7 @@ class _Stay:
         settled = d["settle_ts_ns"]
         self.last_ns = most(self.last_ns, settled if settled is not None else d["ts_ns"])
         self.message_id = least(self.message_id, d["message_id"])
-        self.items.append((d["seq"], d["delivery_tag"]))
-        if len(self.items) >= 4 * MAX_EVIDENCE:
-            self.items.sort()
-            del self.items[MAX_EVIDENCE:]
+        self.items.add(d["seq"], (d["seq"], d["delivery_tag"]))
 
     def pin_key(self, place: Place) -> tuple:
         """Pinned to the place that bounced it most, then the highest x-death, then the first."""
@@ -152,7 +149,7 @@ class Journey:
         message_id = None
         for stay in stays.values():
             message_id = least(message_id, stay.message_id)
-        items = sorted(here.items)[:MAX_EVIDENCE]
+        items = here.items.listed()
         dead = f" (dead-lettered {x_death} times)" if (x_death or 0) > 0 else ""
         summary = (f"Message {message_id if message_id is not None else self.identity} was delivered {loop} times "
                    f"and bounced back by basic.nack/basic.reject {bounces} times{dead}, most often on channel "
