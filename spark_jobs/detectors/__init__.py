@@ -19,10 +19,9 @@ from functools import reduce
 from pyspark.sql import DataFrame
 
 from analyzer import schema
-from spark_jobs.thresholds import Thresholds
-
 from spark_jobs.connection_pass import RAW_FINDINGS
 from spark_jobs.evidence_packets import finished_findings
+from spark_jobs.thresholds import Thresholds
 
 from .messages import redelivery_after_close, requeue_loop
 
