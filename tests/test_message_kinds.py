@@ -189,6 +189,29 @@ def test_a_delivery_left_at_a_close_counts_when_it_comes_back_elsewhere_after_th
     assert raw.summary.startswith("1 deliveries left unacked on channel 1 when its channel closed")
 
 
+def test_the_spark_jobs_python_takes_each_group_whole_where_it_spans_arrow_batches():
+    """The gathering's partition function (spark_jobs/detectors/messages.each_group): groups cut
+    by batch boundaries, a group alone in a batch, and more output than one batch holds."""
+    import pyarrow as pa
+
+    from spark_jobs.detectors import messages
+
+    keys = ["a"] * 5 + ["b"] + ["c"] * 3 + [f"d{n:05}" for n in range(messages.ROWS_PER_BATCH + 10)]
+    table = pa.table({"k": keys, "n": list(range(len(keys)))})
+    batches = [table.slice(0, 3), table.slice(3, 3), table.slice(6, 1), table.slice(7)]
+    out = pa.schema([("k", pa.string()), ("rows", pa.int64()), ("first", pa.int64())])
+
+    def decide(group):
+        rows = list(group)
+        return [{"k": rows[0]["k"], "rows": len(rows), "first": rows[0]["n"]}]
+
+    got = pa.Table.from_batches(list(messages.each_group(["k"], decide, out, iter(batches))), schema=out)
+    assert got.num_rows == len(set(keys)) and len(got.to_batches()) >= 2
+    assert got.slice(0, 3).to_pylist() == [{"k": "a", "rows": 5, "first": 0}, {"k": "b", "rows": 1, "first": 5},
+                                           {"k": "c", "rows": 3, "first": 6}]
+    assert set(got["rows"].to_pylist()[3:]) == {1}
+
+
 def test_the_spark_job_carries_every_field_of_a_match_between_its_shuffles():
     from spark_jobs.detectors.messages import REDELIVERED
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
+from functools import partial
 from itertools import chain, groupby
 from operator import itemgetter
 
@@ -120,17 +121,21 @@ def _by_group(rows: DataFrame, key: list[str], order: Sequence[str],
     groups one after the other, a group's rows as they stream (a grouped Arrow function would
     make every group an Arrow table and a call of its own: ~0.2 ms each, 30 s for the bench lake's
     83 k messages)."""
-    def run_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        found = []
-        for _, group in groupby(chain.from_iterable(map(batch_rows, batches)), key=itemgetter(*key)):
-            found += decide(group)
-            if len(found) >= ROWS_PER_BATCH:
-                yield pa.RecordBatch.from_pylist(found, schema=out)
-                found = []
-        yield pa.RecordBatch.from_pylist(found, schema=out)
-
     return (rows.repartition(*key).sortWithinPartitions(*key, *order)
-            .mapInArrow(run_partition, spark_schema(out)))
+            .mapInArrow(partial(each_group, key, decide, out), spark_schema(out)))
+
+
+def each_group(key: Sequence[str], decide: Callable[[Iterator[dict]], list[dict]], out: pa.Schema,
+               batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`decide(rows)` of each run of rows with the same `key` in `batches` (a partition sorted by
+    it; a run may span batches): `out` batches of up to about ROWS_PER_BATCH rows."""
+    found = []
+    for _, group in groupby(chain.from_iterable(map(batch_rows, batches)), key=itemgetter(*key)):
+        found += decide(group)
+        if len(found) >= ROWS_PER_BATCH:
+            yield pa.RecordBatch.from_pylist(found, schema=out)
+            found = []
+    yield pa.RecordBatch.from_pylist(found, schema=out)
 
 
 def _raw_rows(decide: Callable[[Iterator[dict]], list[tuple[str, RawFinding] | None]]):
