@@ -41,7 +41,7 @@ from analyzer.detectors import MAX_EVIDENCE
 from spark_jobs.delta_io import (Replacement, connections_match, read_delta, read_files, replace_all,
                                  replace_matching, write_delta)
 from spark_jobs.evidence_packets import PACKETS, KnownPackets, finished_findings, finished_together, measured_findings
-from spark_jobs.incremental import Carried, carry_on_connections
+from spark_jobs.incremental import CarriedPass, carry_on_connections
 from spark_jobs.compaction import compact, small_final_files
 from spark_jobs.detectors import detect, raw_findings
 from spark_jobs.detectors.scoped import ACROSS_CONNECTIONS, message_kinds_deliveries, rescoped_findings
@@ -192,7 +192,7 @@ class _Analysed:
     carried_keys: list[str]             # connections carried on from their checkpoints
     whole_deliveries: int = 0           # delivery rows written for the connections analysed whole
     carried_changed: DataFrame | None = None    # the requeue_related delivery rows the carried connections
-    carried_changed_rows: int = 0               # wrote and replaced (Carried.requeue_changed), so many
+    carried_changed_rows: int = 0               # wrote and replaced (CarriedPass.requeue_changed), so many
     carried_findings: DataFrame | None = None     # their raw findings about one connection (RAW_FINDINGS)
     carried_findings_rows: int = 0
     summary: PassSummary | None = None  # a full run: what its pass holds
@@ -241,7 +241,7 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
                      carried_findings=carried.raw_findings, carried_findings_rows=carried.raw_rows)
 
 
-def _write_tables(run: _Run, outputs: dict, written: dict, analysed_whole: list, carried: Carried | None,
+def _write_tables(run: _Run, outputs: dict, written: dict, analysed_whole: list, carried: CarriedPass | None,
                   report: AnalysisReport, whole_rows: dict[str, int]) -> None:
     """Each table's rows of these connections replaced, in its own commit; the files to rewrite
     found and every table's rows written in two Spark jobs for all of them (delta_io.replace_all),
@@ -274,7 +274,7 @@ def _provisional_only(run: _Run, analysed_whole: list) -> set[str]:
             if last_written_by_finished_run(open_table(run.lake, name), finished)}
 
 
-def _report_carried(carried: Carried, report: AnalysisReport) -> None:
+def _report_carried(carried: CarriedPass, report: AnalysisReport) -> None:
     report.frames, report.connections = carried.frames, carried.connections
     report.carried_connections, report.carried_records = carried.connections, carried.records
     if carried.fallbacks:

@@ -49,7 +49,9 @@ INCARNATION = ["connection_id", "channel", "incarnation"]
 
 
 @dataclass
-class Carried:
+class CarriedPass:
+    """What the carried pass gives the run, for all its carried connections (what carrying one
+    connection on gives: analyzer.connection_analysis.Carried)."""
     tables: dict[str, DataFrame]          # rows to write as Spark rows, per table (channel_metrics, analysis_state)
     written: dict[str, list[AddAction]]   # the files of the timeline tables' rows to write, written by the pass
     requeue_changed: DataFrame            # the requeue_related delivery rows written and replaced
@@ -69,7 +71,7 @@ class Carried:
 
 
 def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, ...], keys: list[str], mode: str,
-                         connections: DataFrame, settings: Settings, frames_version: int) -> Carried:
+                         connections: DataFrame, settings: Settings, frames_version: int) -> CarriedPass:
     new = read_files(spark, lake, "frames", new_files, list(ANALYSIS_COLUMNS))
     states = of_connections(read_delta(spark, lake, STATE_TABLE, schema.ANALYSIS_STATE, mode), keys)
     # What the wide table holds, taken while it is materialised: its rows by record and role, the
@@ -108,10 +110,11 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
     rows[STATE_TABLE] = counts.get(("state", None), 0)
     requeue_changed, requeue_changed_rows = _requeue_changed(wide, spark, lake, written.get("deliveries", []),
                                                              seen["stale_requeue_related"])
-    return Carried(tables, {name: written.get(name, []) for name in TIMELINE_TABLES}, requeue_changed,
-                   requeue_changed_rows, rows, _matches(wide, written_rows, carried_keys, counts), fallbacks,
-                   frames=read["frames"], connections=len(keys) - len(fallbacks), records=read["carried_records"],
-                   raw_findings=carried_rows(wide, "raw_findings"), raw_rows=counts.get(("raw_findings", None), 0))
+    return CarriedPass(tables, {name: written.get(name, []) for name in TIMELINE_TABLES}, requeue_changed,
+                       requeue_changed_rows, rows, _matches(wide, written_rows, carried_keys, counts), fallbacks,
+                       frames=read["frames"], connections=len(keys) - len(fallbacks),
+                       records=read["carried_records"], raw_findings=carried_rows(wide, "raw_findings"),
+                       raw_rows=counts.get(("raw_findings", None), 0))
 
 
 def _requeue_changed(wide: DataFrame, spark: SparkSession, lake: str, adds: list[AddAction],
