@@ -276,8 +276,13 @@ def batch_rows(batch: pa.RecordBatch) -> Iterator[dict]:
 def raw_finding_rows(connection: dict, raw_findings: list) -> list[dict]:
     """RAW_FINDINGS rows of one connection's raw findings; `connection`: its schema.CONNECTIONS row."""
     connection_json = json.dumps(connection)
-    return [{"connection_id": connection["connection_id"], "connection": connection_json,
-             "finding": json.dumps(asdict(raw)), "seqs": evidence_seqs([raw])} for raw in raw_findings]
+    return [{"connection_id": connection["connection_id"], "connection": connection_json, **finding_fields(raw)}
+            for raw in raw_findings]
+
+
+def finding_fields(raw) -> dict:
+    """A raw finding's RAW_FINDINGS fields of its own: the finding as JSON and the frames it names."""
+    return {"finding": json.dumps(asdict(raw)), "seqs": evidence_seqs([raw])}
 
 
 def state_row(checkpoint: Checkpoint | None, timeline, frames_version: int | None) -> dict:

@@ -10,7 +10,6 @@ its evidence seqs, its connection's row), with where they are (ACROSS_RAW), fini
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from functools import partial
@@ -24,7 +23,7 @@ from pyspark.sql import functions as F
 from analyzer.detectors import RawFinding
 from analyzer.detectors.messages import (BOUNCED_BY, CLOSED, COLUMNS, JOURNEY_ORDER, Journey, Redelivered,
                                          after_close_finding, redelivered_after_close)
-from spark_jobs.connection_pass import batch_rows, connection_rows
+from spark_jobs.connection_pass import batch_rows, connection_rows, finding_fields
 from spark_jobs.thresholds import Thresholds
 from spark_jobs.types import spark_schema
 
@@ -142,8 +141,7 @@ def _raw_rows(decide: Callable[[Iterator[dict]], list[tuple[str, RawFinding] | N
     """`decide`, its (connection_id, RawFinding) findings as ACROSS_RAW rows."""
     def rows(group: Iterator[dict]) -> list[dict]:
         return [{"connection_id": connection_id, "channel": raw.channel, "incarnation": raw.incarnation,
-                 "message_identity": raw.message_identity, "first_ts_ns": raw.first_ts_ns,
-                 "finding": json.dumps(asdict(raw)), "seqs": raw.evidence["seqs"]}
+                 "message_identity": raw.message_identity, "first_ts_ns": raw.first_ts_ns, **finding_fields(raw)}
                 for connection_id, raw in filter(None, decide(group))]
     return rows
 
