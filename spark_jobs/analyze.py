@@ -20,6 +20,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from functools import partial, reduce
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from datetime import datetime, timezone
 from typing import TextIO
 
 import pyarrow as pa
+from pyspark import inheritable_thread_target
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -38,8 +40,8 @@ from analyzer.connection_analysis import Settings
 from analyzer.detectors import MAX_EVIDENCE
 
 # Absolute imports: spark-submit runs this file as a script, outside its package.
-from spark_jobs.delta_io import (Replacement, connections_match, read_delta, read_files, replace_all,
-                                 replace_matching, write_delta)
+from spark_jobs.delta_io import (Listed, Match, Replacement, Rewrite, connections_match, read_delta, read_files,
+                                 replace_all, replace_matching, rewrite_all, write_delta)
 from spark_jobs.evidence_packets import PACKETS, KnownPackets, finished_findings, finished_together, measured_findings
 from spark_jobs.incremental import CarriedPass, carry_on_connections
 from spark_jobs.compaction import compact, small_final_files
@@ -208,15 +210,18 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
         with run.steps.step("write tables"):
             _write_whole_lake(run, wide, summary, report)
         return _Analysed(own, [], summary=summary)
-    carried = None
+    carried, ahead = None, {}
     if run.plan.scope == NEW_DATA:
         with run.steps.step("carry on from checkpoints"):
-            carried = carry_on_connections(run.spark, run.lake, run.plan.new_files, run.keys, run.mode,
-                                           run.connections, run.settings, run.plan.frames_version)
+            carried, ahead = _carried_with_rewrites(run)
             _report_carried(carried, report)
     whole_keys = run.keys if carried is None else carried.whole_keys
+    if whole_keys:
+        for rewrite in ahead.values():  # made for carried connections only
+            rewrite.discard()
+        ahead = {}
     outputs = {name: [] for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
-    written = {name: [] for name in TIMELINE_TABLES}     # the files the passes wrote
+    written = {name: [] for name in outputs}     # the files the passes wrote
     own, summary = None, None
     if whole_keys:
         with run.steps.step("timelines"):
@@ -226,13 +231,12 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
         for name, files in summary.written.items():
             written[name] += files
     if carried is not None:
-        for name, rows in carried.tables.items():
-            outputs[name].append(rows)
         for name, files in carried.written.items():
             written[name] += files
     analysed_whole = [connections_match(run.spark, whole_keys)] if whole_keys else []
     with run.steps.step("write tables"):
-        _write_tables(run, outputs, written, analysed_whole, carried, report, summary.rows if summary else {})
+        _write_tables(run, outputs, written, analysed_whole, carried, ahead, report,
+                      summary.rows if summary else {})
     carried_keys = sorted(set(run.keys) - set(whole_keys)) if carried is not None else []
     whole_deliveries = summary.rows["deliveries"] if summary else 0
     if carried is None or not carried_keys:
@@ -241,14 +245,50 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
                      carried_findings=carried.raw_findings, carried_findings_rows=carried.raw_rows)
 
 
+def _carried_with_rewrites(run: _Run) -> tuple[CarriedPass, dict[str, Rewrite]]:
+    """The carried pass, and beside it (`_rewritten_ahead`) the files holding the stored rows it
+    replaces rewritten without them: its longest task, a hot connection's Python, leaves the
+    driver and the other cores idle, and the rows it replaces are known before it when every
+    connection is carried on (none falls back). Then writing its tables is committing them."""
+    with ThreadPoolExecutor(1) as beside:
+        rewriting = beside.submit(inheritable_thread_target(run.spark)(_rewritten_ahead), run)
+        try:
+            carried = carry_on_connections(run.spark, run.lake, run.plan.new_files, run.keys, run.mode,
+                                           run.connections, run.settings, run.plan.frames_version)
+        except BaseException:
+            if rewriting.exception() is None:   # waits for it
+                for rewrite in rewriting.result().values():
+                    rewrite.discard()
+            raise
+    return carried, rewriting.result()
+
+
+def _rewritten_ahead(run: _Run) -> dict[str, Rewrite]:
+    """delta_io.rewrite_all of what a carried run replaces, should no connection fall back: every
+    analysis_state row of its connections, and in the tables where it can only replace provisional
+    rows (`_provisional_only`), those of its connections."""
+    def replacing(name: str, match: Match | Listed, provisional_only: bool = False) -> Replacement:
+        table_schema = OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE)
+        return Replacement(run.spark.createDataFrame([], spark_schema(table_schema)), table_schema, [match],
+                           provisional_only)
+
+    replacements = {name: replacing(name, connections_match(run.spark, run.keys, **{PROVISIONAL: (True,)}), True)
+                    for name in _provisional_only(run, [])}
+    replacements[STATE_TABLE] = replacing(STATE_TABLE, connections_match(run.spark, run.keys))
+    return rewrite_all(run.lake, replacements)
+
+
 def _write_tables(run: _Run, outputs: dict, written: dict, analysed_whole: list, carried: CarriedPass | None,
-                  report: AnalysisReport, whole_rows: dict[str, int]) -> None:
-    """Each table's rows of these connections replaced, in its own commit; the files to rewrite
+                  ahead: dict[str, Rewrite], report: AnalysisReport, whole_rows: dict[str, int]) -> None:
+    """Each table's rows of these connections replaced, in its own commit: the tables rewritten
+    `ahead` (`_carried_with_rewrites`) by their commit alone; for the rest, the files to rewrite
     found and every table's rows written in two Spark jobs for all of them (delta_io.replace_all),
     with the files the passes wrote (`written`)."""
     narrowed = _provisional_only(run, analysed_whole)
     replacements = {}
     for name, parts in outputs.items():
+        if name in ahead:
+            continue
         table_schema = OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE)
         rows = (reduce(DataFrame.unionByName, parts) if parts
                 else run.spark.createDataFrame([], spark_schema(table_schema)))
@@ -260,6 +300,8 @@ def _write_tables(run: _Run, outputs: dict, written: dict, analysed_whole: list,
             matches = analysed_whole + (carried.matches[name] if carried is not None else [])
             replacements[name] = Replacement(rows, table_schema, matches)
     replace_all(run.lake, replacements, written=written)
+    for name, rewrite in ahead.items():
+        rewrite.commit(written[name])
     report.rows = {name: whole_rows.get(name, 0) + (carried.rows[name] if carried is not None else 0)
                    for name in outputs if name != STATE_TABLE}
 

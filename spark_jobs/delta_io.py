@@ -23,7 +23,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from analyzer.lake import committed, open_table
+from analyzer.lake import committed, filesystem, open_table
 from analyzer.schema import PARTITION_BY
 
 from . import session
@@ -173,15 +173,41 @@ class Replacement:
 def replace_all(lake: str, replacements: dict[str, Replacement],
                 written: dict[str, list[AddAction]] | None = None) -> dict[str, int | None]:
     """`replace_matching` of several tables (by name) at once, in two Spark jobs whatever their
-    number: one finds the files holding a doomed row in every table (none when every table's are
-    rewritten whole), one writes every table's kept and new rows (wide_writes.write_tables); then
-    each table gets its commit (a missing table is created by it). `written`: files of new rows
-    already written into a table's folder (by a pass, wide_writes.FilesWriter), committed with its
-    new rows. Returns each table's new version, or None where there was nothing to do."""
+    number (`rewrite_all`); then each table gets its commit (a missing table is created by it).
+    `written`: files of new rows already written into a table's folder (by a pass,
+    wide_writes.FilesWriter), committed with its new rows. Returns each table's new version, or
+    None where there was nothing to do."""
+    written = written or {}
+    return {name: rewrite.commit(written.get(name, [])) for name, rewrite in rewrite_all(lake, replacements).items()}
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One table's part of `rewrite_all`, not committed yet: the files it removes (paths relative
+    to the table) and those it adds (written into the table's folder; no log names them yet)."""
+    search: "_Search"
+    removed: list[str]
+    adds: list[AddAction]
+
+    def commit(self, written: list[AddAction] = ()) -> int | None:
+        """Removed and added in one commit, with more files already written (`written`); the new
+        version, or None when there was nothing to do."""
+        spark = self.search.replaced.rows.sparkSession
+        return self.search.commit(self.removed, [*self.adds, *written], session.commit_tag(spark))
+
+    def discard(self) -> None:
+        """The files it wrote deleted (no log names them), the table left as it was."""
+        fs, root = filesystem(self.search.location)
+        for add in self.adds:
+            fs.delete_file(f"{root}/{add.path}")
+
+
+def rewrite_all(lake: str, replacements: dict[str, Replacement]) -> dict[str, Rewrite]:
+    """`replace_all` up to its commits, in two Spark jobs whatever the number of tables: one finds
+    the files holding a doomed row in every table (none when every table's are rewritten whole),
+    one writes every table's kept and new rows (wide_writes.write_tables)."""
     if not replacements:
         return {}
-    spark = next(iter(replacements.values())).rows.sparkSession
-    written = written or {}
     searches = {name: _Search(open_table(lake, name), os.path.join(lake, name), replaced,
                               spark_schema(replaced.schema)) for name, replaced in replacements.items()}
     doomed = [search.doomed_files(name) for name, search in searches.items()
@@ -192,8 +218,7 @@ def replace_all(lake: str, replacements: dict[str, Replacement],
     adds = write_tables(lake, {name: (search.kept(sorted(touched[name])).unionByName(
                                           _schema_contract(search.replaced.rows, search.struct)), search.replaced.schema)
                                for name, search in searches.items()})
-    return {name: search.commit(search.rewritten(sorted(touched[name])), adds[name] + written.get(name, []),
-                                session.commit_tag(spark))
+    return {name: Rewrite(search, search.rewritten(sorted(touched[name])), adds[name])
             for name, search in searches.items()}
 
 

@@ -13,9 +13,9 @@ their new frames are read. What they write, and which stored rows that replaces:
   connection whose new frames would change one to the whole-connection path.
 - analysis_state: the connection's checkpoint (its timeline and its detectors' state).
 
-The pass writes the rows of the four timeline tables to write as files itself (uncommitted, as a
-full run's pass does: `written`, committed by the caller with the rows they replace deleted); the
-rest are Spark rows of its wide table.
+The pass writes every row to write as files itself (uncommitted, as a full run's pass writes its
+timeline tables: `written`, committed by the caller with the rows they replace deleted); what it
+says of them and of the rows they replace are Spark rows of its wide table.
 
 Their findings about one connection come out of the same pass (`raw_findings`), from the
 detectors resumed from the checkpoint: nothing of the connection's history is read again.
@@ -39,7 +39,8 @@ from .delta_io import Listed, Match, connections_match, read_delta, read_files
 from .connection_pass import STATE_TABLE
 from .requeue_related import REQUEUE_RELATED
 from .table_files import adds_that_may_hold, rows_in
-from .timeline.carried import CARRIED_TABLES, ROLES, STALE, WRITE, carried_rows, carry_on, without_fallbacks
+from .timeline.carried import (CARRIED_TABLES, ROLES, STALE, WRITTEN_TABLES, carried_rows, carry_on,
+                               without_fallbacks)
 from .timeline.plans import measured, of_connections
 from .timeline.wide import RECORD, ROLE, column
 from .timeline.tables import TIMELINE_TABLES
@@ -52,8 +53,7 @@ INCARNATION = ["connection_id", "channel", "incarnation"]
 class CarriedPass:
     """What the carried pass gives the run, for all its carried connections (what carrying one
     connection on gives: analyzer.connection_analysis.Carried)."""
-    tables: dict[str, DataFrame]          # rows to write as Spark rows, per table (channel_metrics, analysis_state)
-    written: dict[str, list[AddAction]]   # the files of the timeline tables' rows to write, written by the pass
+    written: dict[str, list[AddAction]]   # the files of the rows to write, per table, written by the pass
     requeue_changed: DataFrame            # the requeue_related delivery rows written and replaced
     requeue_changed_rows: int             # how many, at most (a written file's rows count whole): 0 is exact
     rows: dict[str, int]                  # rows to write, per table
@@ -97,21 +97,17 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
         wide, seen = measured_carry(without_fallbacks(wide, streamed))
     counts = {key: seen[f"n{i}"] for i, key in enumerate(roles)}
     written = add_actions(seen["files"])
-    for name in TIMELINE_TABLES:
-        counts[(name, WRITE)] = rows_in(written.get(name, []))
+    rows = {name: rows_in(written.get(name, [])) for name in WRITTEN_TABLES}
 
     def written_rows(name: str, columns: list[str] | None = None) -> DataFrame:
         return read_written(spark, lake, name, written.get(name, []), TIMELINE_TABLES[name], columns)
 
     read = {c: seen[c] for c in ("frames", "carried_records")}
     carried_keys = [k for k in keys if k not in fallbacks]
-    tables = {"channel_metrics": carried_rows(wide, "channel_metrics", WRITE), STATE_TABLE: carried_rows(wide, "state")}
-    rows = {name: counts.get((name, WRITE), 0) for name in [*TIMELINE_TABLES, "channel_metrics"]}
-    rows[STATE_TABLE] = counts.get(("state", None), 0)
     requeue_changed, requeue_changed_rows = _requeue_changed(wide, spark, lake, written.get("deliveries", []),
                                                              seen["stale_requeue_related"])
-    return CarriedPass(tables, {name: written.get(name, []) for name in TIMELINE_TABLES}, requeue_changed,
-                       requeue_changed_rows, rows, _matches(wide, written_rows, carried_keys, counts), fallbacks,
+    return CarriedPass({name: written.get(name, []) for name in WRITTEN_TABLES}, requeue_changed,
+                       requeue_changed_rows, rows, _matches(wide, written_rows, carried_keys, counts, rows), fallbacks,
                        frames=read["frames"], connections=len(keys) - len(fallbacks),
                        records=read["carried_records"], raw_findings=carried_rows(wide, "raw_findings"),
                        raw_rows=counts.get(("raw_findings", None), 0))
@@ -136,12 +132,13 @@ def _role_is(role: str | None):
     return F.col(ROLE).isNull() if role is None else F.col(ROLE) == role
 
 
-def _matches(wide: DataFrame, written_rows, carried_keys: list[str], counts: dict) -> dict[str, list[Match | Listed]]:
+def _matches(wide: DataFrame, written_rows, carried_keys: list[str], counts: dict,
+             rows: dict[str, int]) -> dict[str, list[Match | Listed]]:
     """The stored rows each table's new rows replace; the key sets' sizes are known from `counts`
-    (rows of the wide table by record and role, and of the files written), so none is counted
-    again. `written_rows(name, columns)`: those columns of the rows the pass wrote to files."""
+    (rows of the wide table by record and role) and `rows` (of the files written), so none is
+    counted again. `written_rows(name, columns)`: those columns of the rows the pass wrote to files."""
     def written_or_stale(name: str) -> int:
-        return counts.get((name, WRITE), 0) + counts.get((name, STALE), 0)
+        return rows[name] + counts.get((name, STALE), 0)
 
     def keys(name: str, columns: list[str]) -> DataFrame:
         return written_rows(name, columns).unionByName(carried_rows(wide, name, STALE).select(*columns))

@@ -1,6 +1,6 @@
 """The carried pass (spark_jobs/timeline/carried.py) on a real local Spark: connections resumed
 from their checkpoints stream through the state machine, their records leaving in batches (the
-timeline tables' rows to write as files the tasks write); a connection that falls back after some
+rows to write as files the tasks write); a connection that falls back after some
 of its rows have left is named (`streamed`), takes its rows back out of the files, and the caller
 drops the rest of its rows (`without_fallbacks`): what remains is what the pass gives when nothing
 left early. That the carried tables equal one run over everything is tests/test_incremental.py's."""
@@ -16,8 +16,7 @@ from analyzer import lake, schema
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, ConnectionAnalysis, Settings
 from analyzer.ingest import ingest_file
 from spark_jobs.connection_pass import state_row, states_table
-from spark_jobs.timeline.carried import CARRIED_TABLES, carried_rows, carry_on, without_fallbacks
-from spark_jobs.timeline.tables import TIMELINE_TABLES
+from spark_jobs.timeline.carried import CARRIED_TABLES, WRITTEN_TABLES, carried_rows, carry_on, without_fallbacks
 from spark_jobs.timeline.wide import RECORD
 from spark_jobs.wide_writes import add_actions, read_written
 
@@ -38,13 +37,14 @@ def _checkpointed(rows: list[dict]) -> dict:
 
 
 def _rows_by_table(wide, lake_dir: str) -> dict[str, list[dict]]:
-    """Each table's rows but the fallbacks', in a canonical order: of the timeline tables, those in
-    the wide table (`stale`) and those in the files the pass wrote into `lake_dir`."""
+    """Each table's rows but the fallbacks', in a canonical order: those in the wide table (of the
+    timeline tables, `stale`) and those in the files the pass wrote into `lake_dir`."""
     adds = add_actions(carried_rows(wide, "files").collect())
     rows = {name: carried_rows(wide, name).toArrow().to_pylist() for name in CARRIED_TABLES
             if name not in ("fallback", "files")}
-    for name, table_schema in TIMELINE_TABLES.items():
-        rows[name] += read_written(wide.sparkSession, lake_dir, name, adds.get(name, []), table_schema).toArrow().to_pylist()
+    for name, table_schema in WRITTEN_TABLES.items():
+        written = read_written(wide.sparkSession, lake_dir, name, adds.get(name, []), table_schema)
+        rows[name] = rows.get(name, []) + written.toArrow().to_pylist()
     return {name: sorted(table, key=lambda row: json.dumps(row, default=str)) for name, table in rows.items()}
 
 

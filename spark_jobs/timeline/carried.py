@@ -7,15 +7,15 @@ read. As in the pass over whole connections (connection_pass.py), the rows are s
 connection and sorted by seq within each partition, each connection's stored state travelling
 first (a header row), and `mapInArrow` streams them through the machine: a connection with
 millions of new frames is never held whole, its records leave as Arrow batches as they become
-final. The rows to write of the four timeline tables are written as files by the tasks
-themselves (uncommitted, as the pass over whole connections writes them; a connection that
-falls back takes its rows back out). Out come, as one wide table (wide.py): those files
-(`files`), the other rows to write, the rows they replace (role `stale`), the channel_metrics
-rows of the incarnations whose metrics are recomputed from the boundary bucket on (`touched`:
-they replace those buckets), the connection's findings before their evidence packets
-(`raw_findings`, as the pass gives them), the next checkpoint (`state`), or why the connection
-must be analysed whole instead (`fallback`; if some of its rows had already left, `streamed`:
-the caller drops them, `without_fallbacks`).
+final. Every row to write, of the four timeline tables, channel_metrics and analysis_state (the next
+checkpoint), is written as files by the tasks themselves (WRITTEN_TABLES: uncommitted, as the pass
+over whole connections writes its timeline tables; a connection that falls back takes its rows
+back out), so the run's writes are commits (analyze.py). Out come, as one wide table (wide.py):
+those files (`files`), the timeline rows they replace (role `stale`), the incarnations whose
+channel_metrics are recomputed from the boundary bucket on (`touched`: their rows replace those
+buckets), the connection's findings before their evidence packets (`raw_findings`, as the pass
+gives them), or why the connection must be analysed whole instead (`fallback`; if some of its
+rows had already left, `streamed`: the caller drops them, `without_fallbacks`).
 
 Runs that analyse connections whole (the first, `--full`, `--since`, fallbacks) get their
 checkpoints from the same pass that writes their tables (connection_pass.py).
@@ -37,14 +37,14 @@ from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.tables import RECORD_TYPES, to_table
 
 from ..provisional import flagged, metric_flags, open_buckets
-from ..connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, ConnectionsPartition, headers,
-                               raw_finding_rows, state_row, states_table)
+from ..connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, STATE_TABLE, ConnectionsPartition,
+                               headers, raw_finding_rows, state_row, states_table)
 from ..types import spark_schema
-from ..wide_writes import FILE_ROWS, FILES
+from ..wide_writes import FILE_ROWS, FILES, FilesWriter
 from .tables import CHANNEL_METRICS, TIMELINE_TABLES, as_stored
 from .wide import column, from_wide, to_wide, wide_schema
 
-WRITE, STALE = "write", "stale"
+STALE = "stale"
 # A connection new to the run has no stored metrics: its incarnations' buckets are all computed here.
 FIRST_BUCKET = -(2**63)
 TOUCHED = pa.schema([("connection_id", pa.string()), ("channel", pa.int32()), ("incarnation", pa.int32()),
@@ -53,17 +53,18 @@ TOUCHED = pa.schema([("connection_id", pa.string()), ("channel", pa.int32()), ("
 FALLBACK = pa.schema([("connection_id", pa.string()), ("reason", pa.string()), ("streamed", pa.bool_())])
 # A carried connection's new frame rows, and the records its checkpoint held (the run's report).
 TALLY = pa.schema([("connection_id", pa.string()), ("frames", pa.int64()), ("carried_records", pa.int64())])
-CARRIED_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "state": schema.ANALYSIS_STATE,
-                  "touched": TOUCHED, "fallback": FALLBACK, "raw_findings": RAW_FINDINGS, "tally": TALLY,
-                  "files": FILES}
+# The tables whose rows to write the tasks write as files (the wide table holds none of them).
+WRITTEN_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, STATE_TABLE: schema.ANALYSIS_STATE}
+# The wide table's: the timeline tables' rows a carried connection's written rows replace.
+CARRIED_TABLES = {**TIMELINE_TABLES, "touched": TOUCHED, "fallback": FALLBACK, "raw_findings": RAW_FINDINGS,
+                  "tally": TALLY, "files": FILES}
 # The header row's column saying the connection has an analysis_state row (it may have only a connections row).
 STORED = "_stored"
 # The header row's columns of the connection's analysis_state row.
 STATE_COLUMNS = ("format", "checkpoint", "carried_records")
 WIDE = wide_schema(CARRIED_TABLES)
-# The roles a table's rows come in (the others' rows have none): the timeline tables' rows to
-# write are in the files the pass writes, not in the wide table.
-ROLES = {**{name: (STALE,) for name in RECORD_TYPES}, "channel_metrics": (WRITE,)}
+# The roles a table's rows come in (the others' rows have none).
+ROLES = {name: (STALE,) for name in RECORD_TYPES}
 
 
 def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, settings: Settings,
@@ -74,9 +75,9 @@ def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, s
     their schema.CONNECTIONS rows (for the findings, as the pass reads them: connection_pass.headers).
     Records leave every `flush_records` (None: FLUSH_RECORDS).
 
-    The rows to write of the four timeline tables never become Spark rows: the tasks write them
-    into those tables' folders of the lake `write_to` themselves, as the pass over whole
-    connections does (uncommitted files of `file_rows` rows, None: wide_writes.FILE_ROWS; their
+    The rows to write (WRITTEN_TABLES) never become Spark rows: the tasks write them into those
+    tables' folders of the lake `write_to` themselves, as the pass over whole connections does
+    its timeline tables (uncommitted files of `file_rows` rows, None: wide_writes.FILE_ROWS; their
     `files` rows in the wide table, for the caller to commit). A connection that falls back takes
     its rows back out of them (wide_writes.FilesWriter.drop)."""
     spark = new_frames.sparkSession
@@ -134,6 +135,8 @@ class _CarriedPartition(ConnectionsPartition):
 
     def __init__(self, settings: Settings, frames_version: int, flush_records: int, write_to: str, file_rows: int):
         super().__init__(flush_records, write_to, file_rows)
+        self.writers.update({name: FilesWriter(write_to, name, WRITTEN_TABLES[name], file_rows)
+                             for name in ("channel_metrics", STATE_TABLE)})
         self.settings, self.frames_version = settings, frames_version
         # Emptied in place by each flush, never replaced: a connection's machine keeps appending to them.
         self.final: list = []
@@ -141,7 +144,7 @@ class _CarriedPartition(ConnectionsPartition):
         self.stale: list = []
         self.metrics: list[dict] = []
         self.open_buckets: dict[str, tuple] = {}   # connection -> provisional.open_buckets, till the flush
-        self.rows: dict[str, list[dict]] = {name: [] for name in ("touched", "state", "tally", "raw_findings",
+        self.rows: dict[str, list[dict]] = {name: [] for name in ("touched", STATE_TABLE, "tally", "raw_findings",
                                                                    "fallback")}
 
     def _start(self, connection_id: str, first: dict, header: dict | None) -> _Carrying:
@@ -183,7 +186,7 @@ class _CarriedPartition(ConnectionsPartition):
         from_ns = FIRST_BUCKET if done.boundary_ns is None else done.boundary_ns
         self.rows["touched"] += [{"connection_id": connection_id, "channel": channel, "incarnation": incarnation,
                                   "from_ns": from_ns} for channel, incarnation in sorted(done.touched)]
-        self.rows["state"].append(state_row(done.checkpoint, done.timeline, self.frames_version))
+        self.rows[STATE_TABLE].append(state_row(done.checkpoint, done.timeline, self.frames_version))
         self.rows["tally"].append({"connection_id": connection_id, "frames": carrying.frames,
                                    "carried_records": carrying.carried_records})
         self.rows["raw_findings"] += raw_finding_rows(carrying.connection, done.raw_findings)
@@ -201,9 +204,9 @@ class _CarriedPartition(ConnectionsPartition):
                                         as_stored(name, to_table(self.opened, record_type), True)])
             self.writers[name].add(written.select(TIMELINE_TABLES[name].names))
             parts.append((name, STALE, as_stored(name, to_table(self.stale, record_type), True)))
-        parts += [("channel_metrics", WRITE, flagged(metrics_table(self.metrics),
-                                                     metric_flags(self.metrics, self.open_buckets))),
-                  ("state", None, states_table(self.rows["state"]))]
+        self.writers["channel_metrics"].add(flagged(metrics_table(self.metrics),
+                                                    metric_flags(self.metrics, self.open_buckets)))
+        self.writers[STATE_TABLE].add(states_table(self.rows[STATE_TABLE]))
         parts += [(name, None, pa.Table.from_pylist(self.rows[name], schema=CARRIED_TABLES[name]))
                   for name in ("touched", "tally", "raw_findings", "fallback")]
         wide = to_wide(WIDE, [part for part in parts if part[2].num_rows])
