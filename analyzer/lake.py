@@ -171,10 +171,14 @@ class TableWriter:
 
     def read_file(self, relative: str, date: str | None) -> pa.Table:
         """The rows of a data file of this table (its path relative to the table, as the store
-        names it) in the writer's schema, with `date`, its partition value (the log's, not in the file)."""
+        names it) in the writer's schema, with `date`, its partition value (the log's, not in the
+        file)."""
         rows = pq.read_table(f"{self.root}/{relative}", filesystem=self.fs, partitioning=None)
-        rows = rows.append_column("date", pa.array([date] * rows.num_rows, pa.string()))
-        return rows.select(self.schema.names).cast(self.schema)
+        n = rows.num_rows
+        # A column the file lacks (written before the table had it) reads as nulls, as in Spark.
+        return pa.Table.from_arrays([pa.array([date] * n, pa.string()) if f.name == "date"
+                                     else rows[f.name].cast(f.type) if f.name in rows.column_names
+                                     else pa.nulls(n, f.type) for f in self.schema], schema=self.schema)
 
     def files(self) -> list[tuple]:
         """The files written so far, as plain tuples another process can hand to `adopt()`."""

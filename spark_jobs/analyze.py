@@ -268,9 +268,8 @@ def _rewritten_ahead(run: _Run) -> dict[str, Rewrite]:
     analysis_state row of its connections, and in the tables where it can only replace provisional
     rows (`_provisional_only`), those of its connections."""
     def replacing(name: str, match: Match | Listed, provisional_only: bool = False) -> Replacement:
-        table_schema = OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE)
-        return Replacement(run.spark.createDataFrame([], spark_schema(table_schema)), table_schema, [match],
-                           provisional_only)
+        # No rows: the pass writes them all as files, committed with the rewrite (_write_tables).
+        return Replacement(None, OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE), [match], provisional_only)
 
     replacements = {name: replacing(name, connections_match(run.spark, run.keys, **{PROVISIONAL: (True,)}), True)
                     for name in _provisional_only(run, [])}

@@ -9,6 +9,7 @@ delta-spark's `txnAppId` would, so whichever path wrote a table, the other path,
 store's files (listing, sizes, commit logs) is in table_files.py, the same for a local and an S3 lake.
 """
 
+import operator
 import os
 import time
 from dataclasses import dataclass
@@ -17,13 +18,14 @@ from functools import reduce
 from math import prod
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from analyzer.lake import committed, filesystem, open_table
+from analyzer.lake import TableWriter, committed, filesystem, open_table
 from analyzer.schema import PARTITION_BY
 
 from . import session
@@ -33,7 +35,7 @@ from .table_files import (OPEN_COST_BYTES, TRANSACTION_VERSION, commit, commit_p
                           relative_in_table, snapshot_files, spark_location)
 from .timeline.plans import IN_LIST_CONNECTIONS, lookup, materialised
 from .types import spark_schema
-from .wide_writes import write_tables
+from .wide_writes import FILE_FLAGS, write_tables
 
 SAVE_MODES = ("append", "overwrite")
 # A replace that searches files of at most this many bytes (the findings table; a carried run's
@@ -163,8 +165,9 @@ def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, mat
 
 @dataclass(frozen=True)
 class Replacement:
-    """One table's part of `replace_all`: the rows `matches` names deleted, `rows` appended."""
-    rows: DataFrame
+    """One table's part of `replace_all`: the rows `matches` names deleted, `rows` appended (None:
+    none, but for files already written: replace_all's `written`)."""
+    rows: DataFrame | None
     schema: pa.Schema
     matches: list[Match | Listed]
     provisional_only: bool = False
@@ -192,8 +195,7 @@ class Rewrite:
     def commit(self, written: list[AddAction] = ()) -> int | None:
         """Removed and added in one commit, with more files already written (`written`); the new
         version, or None when there was nothing to do."""
-        spark = self.search.replaced.rows.sparkSession
-        return self.search.commit(self.removed, [*self.adds, *written], session.commit_tag(spark))
+        return self.search.commit(self.removed, [*self.adds, *written], session.commit_tag(self.search.spark))
 
     def discard(self) -> None:
         """The files it wrote deleted (no log names them), the table left as it was."""
@@ -205,19 +207,22 @@ class Rewrite:
 def rewrite_all(lake: str, replacements: dict[str, Replacement]) -> dict[str, Rewrite]:
     """`replace_all` up to its commits, in two Spark jobs whatever the number of tables: one finds
     the files holding a doomed row in every table (none when every table's are rewritten whole),
-    one writes every table's kept and new rows (wide_writes.write_tables)."""
+    one writes every table's kept and new rows (wide_writes.write_tables). A table rewritten whole
+    with no new rows and only literal lists to match (`Listed`) is rewritten by the driver: a few
+    small files, which a Spark job would cost more to plan and schedule than to read."""
     if not replacements:
         return {}
-    searches = {name: _Search(open_table(lake, name), os.path.join(lake, name), replaced,
-                              spark_schema(replaced.schema)) for name, replaced in replacements.items()}
-    doomed = [search.doomed_files(name) for name, search in searches.items()
+    searches = {name: _Search(open_table(lake, name), os.path.join(lake, name), replaced)
+                for name, replaced in replacements.items()}
+    in_spark = {name: search for name, search in searches.items() if not search.in_driver}
+    doomed = [search.doomed_files(name) for name, search in in_spark.items()
               if search.marked is not None and not search.whole]
     touched = {name: [] for name in searches}
     for row in (reduce(DataFrame.union, doomed).collect() if doomed else []):
         touched[row["table"]].append(row["_file"])
-    adds = write_tables(lake, {name: (search.kept(sorted(touched[name])).unionByName(
-                                          _schema_contract(search.replaced.rows, search.struct)), search.replaced.schema)
-                               for name, search in searches.items()})
+    adds = write_tables(lake, {name: (search.kept(sorted(touched[name])), search.replaced.schema)
+                               for name, search in in_spark.items()}) if in_spark else {}
+    adds.update({name: search.kept_in_driver(lake, name) for name, search in searches.items() if search.in_driver})
     return {name: Rewrite(search, search.rewritten(sorted(touched[name])), adds[name])
             for name, search in searches.items()}
 
@@ -225,21 +230,27 @@ def rewrite_all(lake: str, replacements: dict[str, Replacement]) -> dict[str, Re
 class _Search:
     """One table of `replace_all`: its current rows marked doomed or not (`marked`; None when no
     file can hold a doomed row), of the files searched (`searched`, paths relative to the table);
-    `whole`: every searched file is rewritten, with no search for those holding a doomed row."""
+    `whole`: every searched file is rewritten, with no search for those holding a doomed row;
+    `in_driver`: by the driver (rewrite_all), `marked` left unplanned."""
 
-    def __init__(self, table: DeltaTable | None, location: str, replaced: Replacement, struct: T.StructType):
-        self.table, self.location, self.replaced, self.struct = table, location, replaced, struct
+    def __init__(self, table: DeltaTable | None, location: str, replaced: Replacement):
+        self.table, self.location, self.replaced = table, location, replaced
+        self.spark = replaced.rows.sparkSession if replaced.rows is not None else SparkSession.active()
+        self.struct = spark_schema(replaced.schema)
         self.logged = snapshot_files(table) if table is not None else {}
         narrowed = files_with_provisional_rows(table) if table is not None and replaced.provisional_only else None
         self.searched = [path for path in self.logged if narrowed is None or path in narrowed]
-        self.marked, self.whole = None, False
+        self.marked, self.whole, self.in_driver = None, False, False
         if self.searched and replaced.matches:
-            spark = replaced.rows.sparkSession
-            current = (_read_bridge(spark, table, location, struct, None, None, narrowed)
-                       .withColumn("_file", F.col("_metadata.file_path")))
             searched_bytes = sum(self.logged[path].size for path in self.searched)
             shuffled = searched_bytes <= SHUFFLED_SEARCH_BYTES
             self.whole = searched_bytes <= REWRITTEN_WHOLE_BYTES
+            self.in_driver = (self.whole and replaced.rows is None
+                              and all(isinstance(match, Listed) for match in replaced.matches))
+            if self.in_driver:
+                return
+            current = (_read_bridge(self.spark, table, location, self.struct, None, None, narrowed)
+                       .withColumn("_file", F.col("_metadata.file_path")))
             self.marked = _marked(current, replaced.matches, shuffled)
             if shuffled and not self.whole and any(isinstance(match, Match) for match in replaced.matches):
                 # Read twice (the files to rewrite, the rows they keep): the key joins once.
@@ -258,12 +269,28 @@ class _Search:
         return [relative_in_table(uri, base) for uri in touched]
 
     def kept(self, touched: list[str]) -> DataFrame:
-        """The rows the rewritten files keep."""
+        """The rows the rewritten files keep, and the new rows."""
+        new = [] if self.replaced.rows is None else [_schema_contract(self.replaced.rows, self.struct)]
         if self.whole:
-            return self.marked.where(~F.col("_doomed")).select(*self.struct.names)
-        if not touched:
-            return self.replaced.rows.sparkSession.createDataFrame([], self.struct)
-        return self.marked.where(F.col("_file").isin(*touched) & ~F.col("_doomed")).select(*self.struct.names)
+            kept = self.marked.where(~F.col("_doomed")).select(*self.struct.names)
+        elif touched:
+            kept = self.marked.where(F.col("_file").isin(*touched) & ~F.col("_doomed")).select(*self.struct.names)
+        else:
+            kept = self.spark.createDataFrame([], self.struct)
+        return reduce(DataFrame.unionByName, [kept, *new])
+
+    def kept_in_driver(self, lake: str, name: str) -> list[AddAction]:
+        """`in_driver`: the rows the searched files keep, written as files (as wide_writes'
+        writers split them by flags) into the table's folder; their add actions."""
+        flags = tuple(flag for flag in FILE_FLAGS if flag in self.replaced.schema.names)
+        writer = TableWriter(lake, name, self.replaced.schema, split_by=flags)
+        doomed = reduce(operator.or_, [reduce(operator.and_, [pc.field(column).isin(list(values))
+                                                              for column, values in match.values.items()])
+                                       for match in self.replaced.matches])
+        for path in self.searched:
+            # A null matches no listed value (is_in's default), as in `_marked`.
+            writer.write(writer.read_file(path, self.logged[path].partition_values.get("date")).filter(~doomed))
+        return writer.actions
 
     def commit(self, rewritten: list[str], adds: list[AddAction], tag: str | None) -> int | None:
         if self.table is None:
@@ -290,7 +317,9 @@ def _marked(current: DataFrame, matches: list[Match | Listed], shuffled: bool = 
     doomed = F.lit(False)
     for i, match in enumerate(matches):
         if isinstance(match, Listed):
-            doomed = doomed | reduce(Column.__and__, [F.col(c).isin(list(v)) for c, v in match.values.items()])
+            # A null matches no listed value (so the row is kept, not dropped by a null `_doomed`).
+            listed = reduce(Column.__and__, [F.col(c).isin(list(v)) for c, v in match.values.items()])
+            doomed = doomed | F.coalesce(listed, F.lit(False))
             continue
         hit, since = f"_hit_{i}", f"_from_{i}"
         keys = (match.keys.groupBy(*match.on).agg(F.min(match.at_least[1]).alias(since)) if match.at_least

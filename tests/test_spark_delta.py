@@ -543,3 +543,62 @@ def test_tables_replaced_together_in_two_jobs_as_one_by_one(spark, agent_lake, t
         again = pc.equal(got["agent_id"], "again")
         assert set(got.filter(again)["connection_id"].to_pylist()) == set(picked)
         assert got.num_rows == agent_read(agent_lake, name).num_rows
+
+
+def test_a_small_rewrite_without_new_rows_is_the_drivers_and_equals_sparks(spark, agent_lake, tmp_path):
+    """delta_io.rewrite_all: a table rewritten whole with no new rows and literal lists to match is
+    rewritten by the driver (no Spark job), each file's kept rows as wide_writes' writers split
+    them; with the same replacement done by Spark (new rows given, none), the committed tables are
+    equal, and so is what the rewrite's files and a commit with more files written beside it add."""
+    from analyzer.lake import TableWriter
+    from spark_jobs.delta_io import Listed, Replacement, rewrite_all
+
+    tables = {"frames": schema.FRAMES, "connections": schema.CONNECTIONS}
+    stored = {name: read_delta(spark, agent_lake, name, table_schema) for name, table_schema in tables.items()}
+    ids = sorted(r["connection_id"] for r in stored["connections"].select("connection_id").collect())
+    # Rows of the first connections, of the control frames (channel 0) of the others too.
+    doomed = [Listed({"connection_id": tuple(ids[:2])}), Listed({"connection_id": tuple(ids), "channel": (0,)})]
+    results = {}
+    for in_driver in (True, False):
+        lake_dir = str(tmp_path / f"driver-{in_driver}")
+        for name, table_schema in tables.items():
+            write_delta(stored[name], lake_dir, name, table_schema)
+        group = f"rewrite-in-driver-{in_driver}"
+        spark.sparkContext.setJobGroup(group, group)
+        matches = {"frames": doomed, "connections": doomed[:1]}
+        rewrites = rewrite_all(lake_dir, {
+            name: Replacement(None if in_driver else spark.createDataFrame([], spark_schema(table_schema)),
+                              table_schema, matches[name]) for name, table_schema in tables.items()})
+        assert all(rewrite.search.in_driver == in_driver for rewrite in rewrites.values())
+        jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+        assert jobs == 0 if in_driver else jobs >= 1
+        # One more file, written beside the rewrite, goes into the same commit.
+        extra = TableWriter(lake_dir, "connections", schema.CONNECTIONS)
+        extra.write(agent_read(agent_lake, "connections").slice(0, 1))
+        versions = {name: table_version(lake_dir, name) for name in tables}
+        for name, rewrite in rewrites.items():
+            assert rewrite.commit(extra.actions if name == "connections" else []) == versions[name] + 1
+        results[in_driver] = {name: in_order(agent_read(lake_dir, name)) for name in tables}
+    for name in tables:
+        assert results[True][name].equals(results[False][name])
+    frames = results[True]["frames"]
+    assert frames.num_rows > 0
+    assert not set(frames["connection_id"].to_pylist()) & set(ids[:2])
+    assert 0 not in frames["channel"].to_pylist()
+    assert results[True]["connections"].num_rows == len(ids) - 2 + 1
+
+
+def test_a_discarded_rewrite_leaves_the_table_and_its_folder_as_they_were(spark, agent_lake, tmp_path):
+    from spark_jobs.delta_io import Listed, Replacement, rewrite_all
+
+    lake_dir = str(tmp_path / "lake")
+    write_delta(read_delta(spark, agent_lake, "connections", schema.CONNECTIONS), lake_dir, "connections",
+                schema.CONNECTIONS)
+    before = sorted(glob.glob(os.path.join(lake_dir, "connections", "**", "*.parquet"), recursive=True))
+    version = table_version(lake_dir, "connections")
+    rewrite = rewrite_all(lake_dir, {"connections": Replacement(None, schema.CONNECTIONS,
+                                                               [Listed({"connection_id": ("nobody",)})])})["connections"]
+    assert rewrite.adds and rewrite.removed
+    rewrite.discard()
+    assert sorted(glob.glob(os.path.join(lake_dir, "connections", "**", "*.parquet"), recursive=True)) == before
+    assert table_version(lake_dir, "connections") == version
