@@ -371,8 +371,12 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
     (detectors/messages.py), from the delivery rows the run changed of what they read (detectors/scoped.py)."""
     # As written: read from their Parquet files, a run's tables cost a fraction of a scan of the
     # pass's output, which holds every table's rows together.
-    stored = {name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in TIMELINE_TABLES}
-    inputs = {**stored, "frames": all_frames, "connections": run.connections}
+    def stored(names) -> dict[str, DataFrame]:
+        return {name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in names}
+
+    # The message kinds' inputs (detectors.INPUTS); the other timeline tables are read for new
+    # thresholds only (stored_findings.py): each read lists a table's files in the JVM.
+    inputs = {**stored(["deliveries"]), "frames": all_frames, "connections": run.connections}
     requeue_related = partial(_stored_requeue_related, run)
     if run.keys and not run.plan.findings_stale:
         whole_keys = sorted(set(run.keys) - set(analysed.carried_keys))
@@ -400,6 +404,7 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
         if analysed is not None and run.keys is None:
             _full_run_findings(run, analysed, inputs, requeue_related, thresholds)
             return
+        inputs.update(stored([name for name in TIMELINE_TABLES if name not in inputs]))
         findings = _own_findings_from_stored(run, inputs, thresholds).unionByName(detect(
             {**inputs, "deliveries": message_kinds_deliveries(requeue_related())}, thresholds,
             kinds=ACROSS_CONNECTIONS))

@@ -207,9 +207,10 @@ class Rewrite:
 def rewrite_all(lake: str, replacements: dict[str, Replacement]) -> dict[str, Rewrite]:
     """`replace_all` up to its commits, in two Spark jobs whatever the number of tables: one finds
     the files holding a doomed row in every table (none when every table's are rewritten whole),
-    one writes every table's kept and new rows (wide_writes.write_tables). A table rewritten whole
-    with no new rows and only literal lists to match (`Listed`) is rewritten by the driver: a few
-    small files, which a Spark job would cost more to plan and schedule than to read."""
+    one writes every table's kept and new rows (wide_writes.write_tables). A table with no new rows
+    is the driver's where no search is needed: no file to search, or a few small ones rewritten
+    whole with only literal lists to match (`Listed`), which a Spark job would cost more to plan
+    and schedule than to read."""
     if not replacements:
         return {}
     searches = {name: _Search(open_table(lake, name), os.path.join(lake, name), replaced)
@@ -240,15 +241,14 @@ class _Search:
         self.logged = snapshot_files(table) if table is not None else {}
         narrowed = files_with_provisional_rows(table) if table is not None and replaced.provisional_only else None
         self.searched = [path for path in self.logged if narrowed is None or path in narrowed]
-        self.marked, self.whole, self.in_driver = None, False, False
-        if self.searched and replaced.matches:
-            searched_bytes = sum(self.logged[path].size for path in self.searched)
+        searched_bytes = sum(self.logged[path].size for path in self.searched)
+        matched = bool(self.searched and replaced.matches)    # a searched file may hold a doomed row
+        self.marked, self.whole = None, matched and searched_bytes <= REWRITTEN_WHOLE_BYTES
+        # No Spark job where there is nothing for one to do.
+        self.in_driver = replaced.rows is None and (not matched or self.whole and all(
+            isinstance(match, Listed) for match in replaced.matches))
+        if matched and not self.in_driver:
             shuffled = searched_bytes <= SHUFFLED_SEARCH_BYTES
-            self.whole = searched_bytes <= REWRITTEN_WHOLE_BYTES
-            self.in_driver = (self.whole and replaced.rows is None
-                              and all(isinstance(match, Listed) for match in replaced.matches))
-            if self.in_driver:
-                return
             current = (_read_bridge(self.spark, table, location, self.struct, None, None, narrowed)
                        .withColumn("_file", F.col("_metadata.file_path")))
             self.marked = _marked(current, replaced.matches, shuffled)
@@ -282,6 +282,8 @@ class _Search:
     def kept_in_driver(self, lake: str, name: str) -> list[AddAction]:
         """`in_driver`: the rows the searched files keep, written as files (as wide_writes'
         writers split them by flags) into the table's folder; their add actions."""
+        if not self.whole:
+            return []
         flags = tuple(flag for flag in FILE_FLAGS if flag in self.replaced.schema.names)
         writer = TableWriter(lake, name, self.replaced.schema, split_by=flags)
         doomed = reduce(operator.or_, [reduce(operator.and_, [pc.field(column).isin(list(values))
