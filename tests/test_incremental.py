@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from datetime import datetime, timezone
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -482,6 +483,50 @@ def _carry_on(spark, lake_dir: str, rows: list[dict]) -> None:
     assert report.scope == NEW_DATA and report.carried_connections == report.connections == 1, report.reason
 
 
+def _stray_files(lake_dir: str) -> list[str]:
+    """Data files in a table's folder that no commit of its log added: a run's files are committed
+    or deleted, never left behind."""
+    stray = []
+    for log in glob.glob(os.path.join(lake_dir, "*", "_delta_log")):
+        table = os.path.dirname(log)
+        added = {unquote(action["add"]["path"]) for commit in glob.glob(os.path.join(log, "*.json"))
+                 for action in map(json.loads, open(commit)) if "add" in action}
+        stray += [path for path in glob.glob(os.path.join(table, "**", "*.parquet"), recursive=True)
+                  if not path.startswith(log) and os.path.relpath(path, table) not in added]
+    return stray
+
+
+def test_a_carried_runs_writes_are_commits_of_files_written_beside_its_pass(spark, tmp_path):
+    """analyze._carried_with_rewrites: when every connection is carried on, the carried pass writes
+    all its rows as files (channel_metrics and checkpoints too), and the files holding the rows they
+    replace are rewritten beside it, so writing the tables starts no Spark job; nothing is left
+    behind, and the tables are one run's over everything."""
+    import io
+
+    from .test_timeline import T0, Conv
+
+    a, b = Conv("10.9.0.11:40011>10.9.0.9:5672@1", start=T0), Conv("10.9.0.12:40012>10.9.0.9:5672@2", start=T0)
+    for conv in (a, b):
+        conv.open(1)
+        conv.consume(1)
+    for tag in range(1, 6):
+        a.deliver(1, tag, msg=f"m{tag}")
+        b.deliver(1, tag, msg=f"n{tag}")
+    held = len(a.rows)   # A's five deliveries open when the first run ends: provisional rows
+    for tag in range(1, 6):
+        a.ack(1, tag)
+    whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
+    _append(pieces_dir, "frames", _frames(a.rows[held:]), schema.FRAMES, "second")
+    progress = io.StringIO()
+    report = analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS, progress=progress)
+    assert report.carried_connections == report.connections == 1, report.reason
+    assert "write tables (" in progress.getvalue() and ", 0 Spark jobs)" in next(
+        line for line in progress.getvalue().splitlines() if "write tables (" in line)
+    assert report.rows["deliveries"] == 5 and report.rows["channel_metrics"] > 0
+    assert _stray_files(pieces_dir) == []
+    assert _tables(pieces_dir) == _tables(whole_dir)
+
+
 def test_a_first_delivery_settled_later_as_a_requeue_completes_a_loop_stored_elsewhere(spark, tmp_path):
     """The rescoping of the message kinds (detectors/scoped.py) must start from every row a run
     wrote that either kind reads, not only from those that came back: consumer A holds the first delivery of a poison
@@ -662,5 +707,7 @@ def test_a_connection_that_fails_a_check_after_its_rows_left_the_carried_pass_is
     assert report.scope == NEW_DATA
     assert f"{hot}: a new frame (seq {rows[late]['seq']}) is older than the carried bucket" in report.reason
     assert hot in dropped, "its rows had left the pass before the check failed"
+    # Nor is anything it wrote left behind: the rows taken back, the rewrite made beside the pass.
+    assert _stray_files(lake_dir) == []
     analyze(spark, full_dir, thresholds=LAB_THRESHOLDS, full=True)
     assert _tables(lake_dir) == _tables(full_dir)
