@@ -272,7 +272,7 @@ def _rewritten_ahead(run: _Run) -> dict[str, Rewrite]:
         return Replacement(None, OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE), [match], provisional_only)
 
     replacements = {name: replacing(name, connections_match(run.spark, run.keys, **{PROVISIONAL: (True,)}), True)
-                    for name in _provisional_only(run, [])}
+                    for name in _provisional_only(run)}
     replacements[STATE_TABLE] = replacing(STATE_TABLE, connections_match(run.spark, run.keys))
     return rewrite_all(run.lake, replacements)
 
@@ -281,9 +281,9 @@ def _write_tables(run: _Run, outputs: dict, written: dict, analysed_whole: list,
                   ahead: dict[str, Rewrite], report: AnalysisReport, whole_rows: dict[str, int]) -> None:
     """Each table's rows of these connections replaced, in its own commit: the tables rewritten
     `ahead` (`_carried_with_rewrites`) by their commit alone; for the rest, the files to rewrite
-    found and every table's rows written in two Spark jobs for all of them (delta_io.replace_all),
-    with the files the passes wrote (`written`)."""
-    narrowed = _provisional_only(run, analysed_whole)
+    found (the stored rows the whole pass's and `carried.matches` name) and every table's rows
+    written in two Spark jobs for all of them (delta_io.replace_all), with the files the passes
+    wrote (`written`)."""
     replacements = {}
     for name, parts in outputs.items():
         if name in ahead:
@@ -291,13 +291,8 @@ def _write_tables(run: _Run, outputs: dict, written: dict, analysed_whole: list,
         table_schema = OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE)
         rows = (reduce(DataFrame.unionByName, parts) if parts
                 else run.spark.createDataFrame([], spark_schema(table_schema)))
-        if name in narrowed:
-            # The rows named by carried.matches are then exactly these (provisional.py): no key join.
-            replacements[name] = Replacement(rows, table_schema, [
-                connections_match(run.spark, run.keys, **{PROVISIONAL: (True,)})], provisional_only=True)
-        else:
-            matches = analysed_whole + (carried.matches[name] if carried is not None else [])
-            replacements[name] = Replacement(rows, table_schema, matches)
+        matches = analysed_whole + (carried.matches[name] if carried is not None else [])
+        replacements[name] = Replacement(rows, table_schema, matches)
     replace_all(run.lake, replacements, written=written)
     for name, rewrite in ahead.items():
         rewrite.commit(written[name])
@@ -305,11 +300,9 @@ def _write_tables(run: _Run, outputs: dict, written: dict, analysed_whole: list,
                    for name in outputs if name != STATE_TABLE}
 
 
-def _provisional_only(run: _Run, analysed_whole: list) -> set[str]:
-    """The tables where the rows this run replaces can only be provisional ones (provisional.py):
-    every connection is carried on from its checkpoint, and no commit since a finished run's."""
-    if run.plan.scope != NEW_DATA or analysed_whole:
-        return set()
+def _provisional_only(run: _Run) -> set[str]:
+    """The tables where the rows a run that carries every connection on replaces can only be
+    provisional ones (provisional.py): no commit since a finished run's."""
     finished = finished_runs(run.lake)
     return {name for name in PER_CONNECTION_TABLES
             if last_written_by_finished_run(open_table(run.lake, name), finished)}

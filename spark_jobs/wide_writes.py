@@ -12,7 +12,8 @@ copy-on-write). Until then no log names a file: the files of a failed or repeate
 committed, and VACUUM removes them.
 
 The passes (connection_pass.py, timeline/carried.py) write their record tables the same way from
-their own tasks (`FilesWriter`), and hand on the files' rows (`add_actions`, `read_written`).
+their own tasks (`FilesWriter`; the carried pass its channel_metrics and checkpoints too), and hand
+on the files' rows (`add_actions`, `read_written`).
 """
 
 from __future__ import annotations
