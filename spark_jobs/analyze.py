@@ -20,7 +20,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from functools import partial, reduce
 from dataclasses import dataclass, field
@@ -66,6 +66,8 @@ from spark_jobs.wide_writes import FILE_FLAGS, write_wide
 OUTPUT_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "findings": schema.FINDINGS}
 # Kept per connection: a run replaces the rows of the connections it analysed.
 PER_CONNECTION_TABLES = [*TIMELINE_TABLES, "channel_metrics"]
+# Merged beside the findings step, which only reads them (and never writes analysis_runs).
+COMPACTED_BESIDE_FINDINGS = [*PER_CONNECTION_TABLES, RUNS_TABLE]
 # The columns of theirs a scoped run relies on (provisional.py, requeue_related.py): run_scope.plan_run.
 FLAGGED_TABLES = {name: tuple(flag for flag in FILE_FLAGS if flag in OUTPUT_TABLES[name].names)
                   for name in PER_CONNECTION_TABLES}
@@ -167,11 +169,16 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
             return _finished(report, started, steps)
 
         analysed = _per_connection_tables(run, all_frames, report) if keys != [] else None
-        with steps.step("findings"):
-            _refresh_findings(run, analysed, all_frames, thresholds)
-            report.rows["findings"] = _count_findings(lake, report)
-        if keys is not None and mode == "bridge":
-            _compact_tables(run, report)
+        with ThreadPoolExecutor(1) as beside:
+            # A scoped run's per-connection tables are written: their small files are merged while the
+            # findings, which only read them, are computed (the driver mostly waits on Spark meanwhile).
+            merged = (beside.submit(_compacted, lake, COMPACTED_BESIDE_FINDINGS, commit_tag(spark))
+                      if keys is not None and mode == "bridge" else None)
+            with steps.step("findings"):
+                _refresh_findings(run, analysed, all_frames, thresholds)
+                report.rows["findings"] = _count_findings(lake, report)
+            if merged is not None:
+                _compact_tables(run, report, merged)
         _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
     return _finished(report, started, steps)
 
@@ -452,17 +459,27 @@ def _own_findings_from_stored(run: _Run, inputs: dict[str, DataFrame], threshold
     return finished_findings(raw, inputs["frames"])
 
 
-def _compact_tables(run: _Run, report: AnalysisReport) -> None:
-    """A scoped run's patches leave small files behind; where enough have gathered, they are merged
-    (compaction.py), in a step of its own that only a run with something to merge has. A full run
-    rewrites every table whole; delta-spark's tables (native mode) are left to its OPTIMIZE."""
-    groups = {name: found for name in [*PER_CONNECTION_TABLES, "findings", RUNS_TABLE]
-              if (found := small_final_files(run.lake, name)).groups}
-    if not groups:
-        return
-    with run.steps.step("compact tables"):
-        report.files_compacted = {name: compact(run.lake, name, found, commit_tag(run.spark))
-                                  for name, found in groups.items()}
+def _compacted(lake: str, names: list[str], tag: str | None) -> dict[str, int]:
+    """A scoped run's patches leave small files behind; where enough have gathered in one of these
+    tables, they are merged (compaction.py): how many files were merged, per table merged. No Spark
+    job: it may run beside other steps (each table's files and commit are its own)."""
+    groups = {name: found for name in names if (found := small_final_files(lake, name)).groups}
+    return {name: compact(lake, name, found, tag) for name, found in groups.items()}
+
+
+def _compact_tables(run: _Run, report: AnalysisReport, beside: Future) -> None:
+    """The findings table's small files merged too, now that it is written, and with what was
+    merged `beside` the findings step (`_compacted`), reported; in a step of its own that only a
+    run with something to merge has, which counts what the run waited for. A full run rewrites
+    every table whole; delta-spark's tables (native mode) are left to its OPTIMIZE."""
+    started = time.monotonic()
+    merged = beside.result()
+    findings = small_final_files(run.lake, "findings")
+    if findings.groups:
+        merged["findings"] = compact(run.lake, "findings", findings, commit_tag(run.spark))
+    if merged:
+        run.steps.took("compact tables", time.monotonic() - started)
+    report.files_compacted = merged
 
 
 def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: str) -> list[str]:

@@ -24,11 +24,13 @@ class Steps:
     def step(self, name: str):
         jobs_before, started = self.spark_jobs(), time.monotonic()
         yield
-        took = time.monotonic() - started
-        self.seconds[name] = round(self.seconds.get(name, 0.0) + took, 2)
+        self.took(name, time.monotonic() - started, self.spark_jobs() - jobs_before)
+
+    def took(self, name: str, seconds: float, spark_jobs: int = 0) -> None:
+        """A step timed by its caller (one known to have taken place only once it is over)."""
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + seconds, 2)
         if self.progress is not None:
-            print(f"{self.label}: {name} ({took:.1f}s, {self.spark_jobs() - jobs_before} Spark jobs)",
-                  file=self.progress, flush=True)
+            print(f"{self.label}: {name} ({seconds:.1f}s, {spark_jobs} Spark jobs)", file=self.progress, flush=True)
 
     def spark_jobs(self) -> int:
         """Spark jobs this run started so far."""

@@ -280,6 +280,10 @@ def test_runs_carry_open_channels_and_read_only_new_frames(whole, appended_many,
             assert report.frames == piece.num_rows, (report.frames, piece.num_rows)
     carried = [report for report, _ in later if report.carried_connections == report.connections]
     assert len(carried) >= len(later) - 2, [report.reason for report, _ in later]
+    # The per-connection tables' merges, made beside the findings step, are reported with the
+    # findings' own; a step of its own only where something was merged.
+    assert any(set(report.files_compacted) & set(PER_CONNECTION_TABLES) for report in carried)
+    assert all(("compact tables" in report.seconds_by_step) == bool(report.files_compacted) for report, _ in later)
     assert max(report.carried_records for report in carried) > 0
     got = _tables(lake_dir)
     for name in OUTPUT_TABLES:
