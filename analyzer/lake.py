@@ -100,7 +100,7 @@ def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | Non
         n = part.num_rows
         by_name = dict(zip(PARTITION_BY, values))
         parts.append(pa.Table.from_arrays(
-            [pa.array([by_name[f.name]] * n, f.type) if f.name in by_name
+            [pa.repeat(pa.scalar(by_name[f.name], f.type), n) if f.name in by_name
              else part[f.name].cast(f.type) if f.name in part.column_names else pa.nulls(n, f.type)
              for f in wanted], schema=pa.schema(wanted)))
     if not parts:
@@ -176,7 +176,7 @@ class TableWriter:
         rows = pq.read_table(f"{self.root}/{relative}", filesystem=self.fs, partitioning=None)
         n = rows.num_rows
         # A column the file lacks (written before the table had it) reads as nulls, as in Spark.
-        return pa.Table.from_arrays([pa.array([date] * n, pa.string()) if f.name == "date"
+        return pa.Table.from_arrays([pa.repeat(pa.scalar(date, pa.string()), n) if f.name == "date"
                                      else rows[f.name].cast(f.type) if f.name in rows.column_names
                                      else pa.nulls(n, f.type) for f in self.schema], schema=self.schema)
 
