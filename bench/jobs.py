@@ -270,6 +270,8 @@ def print_jobs(spark, report, jobs: list[dict], watcher: JobWatcher, stages: boo
         f"{name} {watcher.cpu_s.get(name, 0.0):.1f}" for name in report.seconds_by_step))
     print("largest Python worker by step (resident MB): " + ", ".join(
         f"{name} {watcher.worker_peak_mb.get(name, 0):,}" for name in report.seconds_by_step))
+    if report.files_compacted:  # merged beside the findings step, the findings' own after it
+        print("small files merged: " + ", ".join(f"{name} {n}" for name, n in report.files_compacted.items()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -223,7 +223,7 @@ def rewrite_all(lake: str, replacements: dict[str, Replacement]) -> dict[str, Re
         touched[row["table"]].append(row["_file"])
     adds = write_tables(lake, {name: (search.kept(sorted(touched[name])), search.replaced.schema)
                                for name, search in in_spark.items()}) if in_spark else {}
-    adds.update({name: search.kept_in_driver(lake, name) for name, search in searches.items() if search.in_driver})
+    adds.update({name: search.kept_in_driver() for name, search in searches.items() if search.in_driver})
     return {name: Rewrite(search, search.rewritten(sorted(touched[name])), adds[name])
             for name, search in searches.items()}
 
@@ -279,13 +279,14 @@ class _Search:
             kept = self.spark.createDataFrame([], self.struct)
         return reduce(DataFrame.unionByName, [kept, *new])
 
-    def kept_in_driver(self, lake: str, name: str) -> list[AddAction]:
+    def kept_in_driver(self) -> list[AddAction]:
         """`in_driver`: the rows the searched files keep, written as files (as wide_writes'
         writers split them by flags) into the table's folder; their add actions."""
         if not self.whole:
             return []
         flags = tuple(flag for flag in FILE_FLAGS if flag in self.replaced.schema.names)
-        writer = TableWriter(lake, name, self.replaced.schema, split_by=flags)
+        writer = TableWriter(os.path.dirname(self.location), os.path.basename(self.location), self.replaced.schema,
+                             split_by=flags)
         doomed = reduce(operator.or_, [reduce(operator.and_, [pc.field(column).isin(list(values))
                                                               for column, values in match.values.items()])
                                        for match in self.replaced.matches])
