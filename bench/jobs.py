@@ -282,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="the incremental run N times in the same driver, each on a new copy of the lake: "
                              "the first is the JVM's first work, the later ones a warm driver's (analyze --every)")
+    parser.add_argument("--pause", type=float, default=0.0, metavar="S",
+                        help="seconds the driver idles before each run after the first, as `analyze --every` "
+                             "does between its runs (Spark stops a Python worker idle for a minute)")
     parser.add_argument("--check", action="store_true", help="then a --full run: are the tables the same?")
     parser.add_argument("--stages", action="store_true", help="under each job, the stages it ran")
     args = parser.parse_args(argv)
@@ -294,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     for attempt in range(1, args.repeat + 1):
         if attempt > 1:
             release_run(spark)  # as `analyze --every` does between its runs
+            time.sleep(args.pause)
         shutil.rmtree(work, ignore_errors=True)
         shutil.copytree(base, work)
         report, jobs = listed_run(spark, watcher, lambda: analyze(spark, work))
