@@ -53,7 +53,7 @@ from spark_jobs.requeue_related import REQUEUE_RELATED
 from spark_jobs.run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, finished_runs, plan_run, thresholds_json
 from spark_jobs.session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, expressions_for, use_lake
 from spark_jobs.steps import Steps
-from spark_jobs.table_files import commit, rows_in
+from spark_jobs.table_files import commit, distinct_strings, rows_in
 from spark_jobs.stored_findings import stored_raw_findings
 from spark_jobs.thresholds import Thresholds
 from spark_jobs.types import spark_schema
@@ -483,11 +483,10 @@ def _compact_tables(run: _Run, report: AnalysisReport, beside: Future) -> None:
 
 
 def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: str) -> list[str]:
-    if plan.scope == NEW_DATA and not plan.new_files:  # a scheduled run with nothing new: no Spark job
-        return []
     if plan.scope == NEW_DATA:
-        ids = read_files(spark, lake, "frames", plan.new_files, ["connection_id"])
-    elif plan.scope == DAYS:
+        # One column of the new files (a scheduled run's few): the driver reads it, no Spark job.
+        return distinct_strings(plan.new_files, "connection_id")
+    if plan.scope == DAYS:
         ids = read_delta(spark, lake, "frames", schema.FRAMES, mode, plan.since, plan.until,
                          version=plan.frames_version).select("connection_id")
     else:

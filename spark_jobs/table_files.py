@@ -177,6 +177,24 @@ def _check_partition_folders(relative: str, logged: dict) -> None:
                            f"{from_folders}; the bridge cannot read this table, --delta-mode native can")
 
 
+def distinct_strings(files: tuple[str, ...], column: str) -> list[str]:
+    """The distinct non-null values of a string column in these Parquet files (named as Spark
+    reads them: `spark_location`), sorted: read by the driver one row group at a time, as a
+    dictionary, so a column of few values (a frame's connection_id) costs it an index a row, not
+    a string, and no Spark job (whose planning and tasks would cost more than the read)."""
+    values: set[str] = set()
+    for location in files:
+        fs, path = filesystem(location)
+        with fs.open_input_file(path) as source:
+            parquet = pq.ParquetFile(source, read_dictionary=[column])
+            for group in range(parquet.metadata.num_row_groups):
+                for chunk in parquet.read_row_group(group, columns=[column]).column(0).chunks:
+                    if pa.types.is_dictionary(chunk.type):
+                        chunk = chunk.unique().dictionary_decode()
+                    values.update(chunk.unique().drop_null().to_pylist())
+    return sorted(values)
+
+
 # --- changes between versions ---------------------------------------------------------------------
 
 @dataclass(frozen=True)

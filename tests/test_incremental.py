@@ -524,8 +524,9 @@ def test_a_carried_runs_writes_are_commits_of_files_written_beside_its_pass(spar
     progress = io.StringIO()
     report = analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS, progress=progress)
     assert report.carried_connections == report.connections == 1, report.reason
-    assert "write tables (" in progress.getvalue() and ", 0 Spark jobs)" in next(
-        line for line in progress.getvalue().splitlines() if "write tables (" in line)
+    for step in ("plan", "write tables"):   # the new files' connections read by the driver; commits
+        assert f": {step} (" in progress.getvalue() and ", 0 Spark jobs)" in next(
+            line for line in progress.getvalue().splitlines() if f": {step} (" in line)
     assert report.rows["deliveries"] == 5 and report.rows["channel_metrics"] > 0
     assert _stray_files(pieces_dir) == []
     assert _tables(pieces_dir) == _tables(whole_dir)

@@ -602,3 +602,24 @@ def test_a_discarded_rewrite_leaves_the_table_and_its_folder_as_they_were(spark,
     rewrite.discard()
     assert sorted(glob.glob(os.path.join(lake_dir, "connections", "**", "*.parquet"), recursive=True)) == before
     assert table_version(lake_dir, "connections") == version
+
+
+def test_the_drivers_distinct_values_of_files_are_sparks(spark, tmp_path):
+    """table_files.distinct_strings (a scheduled run's connections in scope, read by the driver):
+    Spark's distinct non-null values of the same files, whether the writer kept a dictionary (one
+    file of several row groups) or wrote the values plain, with nulls and a file of nulls only."""
+    from spark_jobs.table_files import distinct_strings
+
+    ids = [f"conn-{i % 7}" if i % 5 else None for i in range(3000)]
+    files = {"dictionary.parquet": dict(use_dictionary=True, row_group_size=1000),
+             "plain.parquet": dict(use_dictionary=False), "nulls.parquet": {}}
+    for name, options in files.items():
+        values = [None] * 10 if name == "nulls.parquet" else ids[:2000] if name == "plain.parquet" else ids
+        pq.write_table(pa.table({"connection_id": pa.array(values, pa.string()), "seq": pa.array(range(len(values)))}),
+                       tmp_path / name, **options)
+    paths = tuple(str(tmp_path / name) for name in files)
+    assert pq.ParquetFile(paths[0]).metadata.num_row_groups == 3
+    expected = sorted(r[0] for r in spark.read.parquet(*paths).select("connection_id")
+                      .where(F.col("connection_id").isNotNull()).distinct().collect())
+    assert distinct_strings(paths, "connection_id") == expected == [f"conn-{i}" for i in range(7)]
+    assert distinct_strings(paths[2:], "connection_id") == [] and distinct_strings((), "connection_id") == []
