@@ -78,10 +78,11 @@ def open_table(lake: str, name: str) -> DeltaTable | None:
 
 
 def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | None = None,
-               where: pc.Expression | None = None) -> pa.Table | None:
+               where: pc.Expression | None = None, files: set[str] | None = None) -> pa.Table | None:
     """A table's current snapshot as Arrow, or None if there is no such table. `where` (on columns
     other than the partition) filters rows while the Parquet files are read, so a few rows of a big
-    table cost little memory.
+    table cost little memory; `files`: only these of the snapshot's files (paths relative to the
+    table, unquoted), where the caller knows the others hold none of the rows it wants.
 
     delta-rs resolves the snapshot (files and their partition values from the Delta log); pyarrow
     reads the Parquet files. Scanning through delta-rs's pyarrow dataset instead leaves threads
@@ -95,6 +96,8 @@ def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | Non
     actions = pa.table(table.get_add_actions(flatten=True))
     for path, values in zip(actions["path"].to_pylist(),
                             zip(*(actions[f"partition.{p}"].to_pylist() for p in PARTITION_BY))):
+        if files is not None and unquote(path) not in files:
+            continue
         part = pq.read_table(f"{root}/{unquote(path)}", filesystem=fs, partitioning=None,  # the log holds URI-encoded paths
                              columns=[f.name for f in wanted if f.name not in PARTITION_BY], filters=where)
         n = part.num_rows

@@ -32,8 +32,15 @@ def stored_schema(deliveries: pa.Schema) -> pa.Schema:
 
 def with_flags(deliveries: pa.Table) -> pa.Table:
     """Delivery rows (their columns as records.Delivery's) with `requeue_related`, where
-    stored_schema puts it: `messages.candidate()` in Arrow (tests/test_detectors.py holds the two
-    to one answer over every combination of what they read)."""
+    stored_schema puts it."""
+    where = deliveries.schema.get_field_index("provisional") + 1
+    return deliveries.add_column(where, pa.field(REQUEUE_RELATED, pa.bool_()), candidates(deliveries))
+
+
+def candidates(deliveries: pa.Table) -> pa.ChunkedArray:
+    """`messages.candidate()` in Arrow, true or false for each delivery row (its columns as
+    records.Delivery's; tests/test_detectors.py holds the two to one answer over every combination
+    of what they read)."""
     def known(values: pa.ChunkedArray) -> pa.ChunkedArray:
         return pc.fill_null(values, False)
 
@@ -42,6 +49,4 @@ def with_flags(deliveries: pa.Table) -> pa.Table:
                        pc.or_(known(deliveries["redelivered"]), known(pc.greater(deliveries["x_death_count"], 0))))
     left_at_close = pc.and_(known(pc.is_in(outcome, value_set=pa.array(CLOSED))),
                             pc.is_valid(deliveries["settle_ts_ns"]))
-    flags = pc.and_(pc.is_valid(deliveries["message_identity"]), pc.or_(returning, left_at_close))
-    where = deliveries.schema.get_field_index("provisional") + 1
-    return deliveries.add_column(where, pa.field(REQUEUE_RELATED, pa.bool_()), flags)
+    return pc.and_(pc.is_valid(deliveries["message_identity"]), pc.or_(returning, left_at_close))
