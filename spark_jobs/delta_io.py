@@ -9,7 +9,6 @@ delta-spark's `txnAppId` would, so whichever path wrote a table, the other path,
 store's files (listing, sizes, commit logs) is in table_files.py, the same for a local and an S3 lake.
 """
 
-import operator
 import os
 import time
 from dataclasses import dataclass
@@ -137,6 +136,15 @@ class Listed:
     values: dict[str, tuple]
 
 
+@dataclass(frozen=True)
+class Keyed:
+    """Rows whose columns `on` hold one of `keys`, tuples the driver holds (a null matches none):
+    for a table the driver rewrites (`_Search.in_driver`), where a DataFrame of them (`Match`)
+    would cost a Spark job to plan and run."""
+    on: tuple[str, ...]
+    keys: frozenset[tuple]
+
+
 def connections_match(spark: SparkSession, keys: list[str], **also: tuple) -> Match | Listed:
     """The rows of these connections (and, per column of `also`, one of its values)."""
     if len(keys) <= IN_LIST_CONNECTIONS:
@@ -166,10 +174,12 @@ def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, mat
 @dataclass(frozen=True)
 class Replacement:
     """One table's part of `replace_all`: the rows `matches` names deleted, `rows` appended (None:
-    none, but for files already written: replace_all's `written`)."""
-    rows: DataFrame | None
+    none, but for files already written: replace_all's `written`). Rows in Arrow and `Keyed`
+    matches are the driver's: only for a table small enough to be rewritten whole
+    (REWRITTEN_WHOLE_BYTES), matched by literals (`Listed`, `Keyed`)."""
+    rows: DataFrame | pa.Table | None
     schema: pa.Schema
-    matches: list[Match | Listed]
+    matches: list[Match | Listed | Keyed]
     provisional_only: bool = False
 
 
@@ -236,7 +246,7 @@ class _Search:
 
     def __init__(self, table: DeltaTable | None, location: str, replaced: Replacement):
         self.table, self.location, self.replaced = table, location, replaced
-        self.spark = replaced.rows.sparkSession if replaced.rows is not None else SparkSession.active()
+        self.spark = replaced.rows.sparkSession if isinstance(replaced.rows, DataFrame) else SparkSession.active()
         self.struct = spark_schema(replaced.schema)
         self.logged = snapshot_files(table) if table is not None else {}
         narrowed = files_with_provisional_rows(table) if table is not None and replaced.provisional_only else None
@@ -245,8 +255,13 @@ class _Search:
         matched = bool(self.searched and replaced.matches)    # a searched file may hold a doomed row
         self.marked, self.whole = None, matched and searched_bytes <= REWRITTEN_WHOLE_BYTES
         # No Spark job where there is nothing for one to do.
-        self.in_driver = replaced.rows is None and (not matched or self.whole and all(
-            isinstance(match, Listed) for match in replaced.matches))
+        self.in_driver = not isinstance(replaced.rows, DataFrame) and (not matched or self.whole and all(
+            isinstance(match, (Listed, Keyed)) for match in replaced.matches))
+        if not self.in_driver and (isinstance(replaced.rows, pa.Table)
+                                   or any(isinstance(match, Keyed) for match in replaced.matches)):
+            raise ValueError(f"{location}: rows in Arrow and Keyed matches need a table the driver rewrites "
+                             f"whole ({searched_bytes} bytes searched, at most {REWRITTEN_WHOLE_BYTES}) "
+                             "matched by literals only")
         if matched and not self.in_driver:
             shuffled = searched_bytes <= SHUFFLED_SEARCH_BYTES
             current = (_read_bridge(self.spark, table, location, self.struct, None, None, narrowed)
@@ -280,19 +295,20 @@ class _Search:
         return reduce(DataFrame.unionByName, [kept, *new])
 
     def kept_in_driver(self) -> list[AddAction]:
-        """`in_driver`: the rows the searched files keep, written as files (as wide_writes'
-        writers split them by flags) into the table's folder; their add actions."""
-        if not self.whole:
-            return []
+        """`in_driver`: the rows the searched files keep, and the new rows, written as files (as
+        wide_writes' writers split them by flags) into the table's folder; their add actions."""
         flags = tuple(flag for flag in FILE_FLAGS if flag in self.replaced.schema.names)
         writer = TableWriter(os.path.dirname(self.location), os.path.basename(self.location), self.replaced.schema,
                              split_by=flags)
-        doomed = reduce(operator.or_, [reduce(operator.and_, [pc.field(column).isin(list(values))
-                                                              for column, values in match.values.items()])
-                                       for match in self.replaced.matches])
-        for path in self.searched:
-            # A null matches no listed value (is_in's default), as in `_marked`.
-            writer.write(writer.read_file(path, self.logged[path].partition_values.get("date")).filter(~doomed))
+        rows = []
+        if self.whole:
+            for path in self.searched:
+                current = writer.read_file(path, self.logged[path].partition_values.get("date"))
+                rows.append(current.filter(pc.invert(_doomed_in_driver(current, self.replaced.matches))))
+        if self.replaced.rows is not None:
+            rows.append(self.replaced.rows.select(self.replaced.schema.names).cast(self.replaced.schema))
+        if rows:
+            writer.write(pa.concat_tables(rows))
         return writer.actions
 
     def commit(self, rewritten: list[str], adds: list[AddAction], tag: str | None) -> int | None:
@@ -311,6 +327,21 @@ class _Search:
 
     def _version(self) -> int:
         return open_table(os.path.dirname(self.location), os.path.basename(self.location)).version()
+
+
+def _doomed_in_driver(rows: pa.Table, matches: list[Listed | Keyed]) -> pa.Array:
+    """`_marked`'s `_doomed` in Arrow, for the driver's rewrite: does any match name the row (a null
+    matches no listed value, nor any key)."""
+    doomed = pa.array([False] * rows.num_rows, pa.bool_())
+    for match in matches:
+        if isinstance(match, Listed):
+            hit = reduce(pc.and_, [pc.is_in(rows[column], value_set=pa.array(list(values), rows[column].type))
+                                   for column, values in match.values.items()])
+        else:
+            columns = [rows[column].to_pylist() for column in match.on]
+            hit = pa.array([None not in key and key in match.keys for key in zip(*columns)], pa.bool_())
+        doomed = pc.or_(doomed, hit)
+    return doomed
 
 
 def _marked(current: DataFrame, matches: list[Match | Listed], shuffled: bool = False) -> DataFrame:

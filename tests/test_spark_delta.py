@@ -588,6 +588,49 @@ def test_a_small_rewrite_without_new_rows_is_the_drivers_and_equals_sparks(spark
     assert results[True]["connections"].num_rows == len(ids) - 2 + 1
 
 
+def test_a_small_rewrite_with_rows_and_keys_in_the_driver_equals_sparks(spark, agent_lake, tmp_path, monkeypatch):
+    """delta_io: new rows in Arrow and `Keyed` matches (detectors/in_driver.py's findings) are the
+    driver's rewrite, no Spark job; the same replacement by Spark (the rows a DataFrame, the keys a
+    `Match`) commits an equal table. A null matches no key. Such a replacement of a table too big
+    to be rewritten whole is refused before anything is written."""
+    from spark_jobs import delta_io
+    from spark_jobs.delta_io import Keyed, Match, Replacement, replace_all
+
+    stored = agent_read(agent_lake, "connections")
+    rows = stored.to_pylist()
+    keys = [(row["connection_id"], row["agent_id"]) for row in rows[:2]] + [(rows[2]["connection_id"], None)]
+    new = pa.Table.from_pylist([{**row, "connection_name": "again"} for row in rows[:1]], schema=schema.CONNECTIONS)
+    results = {}
+    for in_driver in (True, False):
+        lake_dir = str(tmp_path / f"driver-{in_driver}")
+        write_delta(spark.createDataFrame(stored), lake_dir, "connections", schema.CONNECTIONS)
+        group = f"keyed-in-driver-{in_driver}"
+        spark.sparkContext.setJobGroup(group, group)
+        if in_driver:
+            replaced = Replacement(new, schema.CONNECTIONS,
+                                   [Keyed(("connection_id", "agent_id"), frozenset(keys))])
+        else:
+            key_rows = spark.createDataFrame(keys, "connection_id string, agent_id string")
+            replaced = Replacement(spark.createDataFrame(new), schema.CONNECTIONS,
+                                   [Match(key_rows, ("connection_id", "agent_id"))])
+        replace_all(lake_dir, {"connections": replaced})
+        jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+        assert jobs == 0 if in_driver else jobs >= 1
+        results[in_driver] = in_order(agent_read(lake_dir, "connections"))
+    assert results[True].equals(results[False])
+    kept = results[True].to_pylist()
+    assert len(kept) == len(rows) - 2 + 1 and {"again"} == {row["connection_name"] for row in kept
+                                                             if row["connection_id"] == rows[0]["connection_id"]}
+    monkeypatch.setattr(delta_io, "REWRITTEN_WHOLE_BYTES", 0)
+    lake_dir = str(tmp_path / "too-big")
+    write_delta(spark.createDataFrame(stored), lake_dir, "connections", schema.CONNECTIONS)
+    version = table_version(lake_dir, "connections")
+    with pytest.raises(ValueError, match="rewrites whole"):
+        replace_all(lake_dir, {"connections": Replacement(new, schema.CONNECTIONS,
+                                                          [Keyed(("connection_id",), frozenset())])})
+    assert table_version(lake_dir, "connections") == version
+
+
 def test_a_discarded_rewrite_leaves_the_table_and_its_folder_as_they_were(spark, agent_lake, tmp_path):
     from spark_jobs.delta_io import Listed, Replacement, rewrite_all
 
