@@ -46,6 +46,7 @@ from spark_jobs.evidence_packets import PACKETS, KnownPackets, finished_findings
 from spark_jobs.incremental import CarriedPass, carry_on_connections
 from spark_jobs.compaction import compact, small_final_files
 from spark_jobs.detectors import detect, raw_findings
+from spark_jobs.detectors.in_driver import findings_in_driver
 from spark_jobs.detectors.scoped import ACROSS_CONNECTIONS, message_kinds_deliveries, rescoped_findings
 from spark_jobs.metrics_redo import pass_channel_metrics, with_metrics_redone
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
@@ -205,6 +206,7 @@ class _Analysed:
     carried_findings: DataFrame | None = None     # their raw findings about one connection (RAW_FINDINGS)
     carried_findings_rows: int = 0
     summary: PassSummary | None = None  # a full run: what its pass holds
+    carried: CarriedPass | None = None  # the carried pass, when it carried every connection on
 
 
 def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisReport) -> _Analysed:
@@ -249,7 +251,8 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     if carried is None or not carried_keys:
         return _Analysed(own, carried_keys, whole_deliveries)
     return _Analysed(own, carried_keys, whole_deliveries, carried.requeue_changed, carried.requeue_changed_rows,
-                     carried_findings=carried.raw_findings, carried_findings_rows=carried.raw_rows)
+                     carried_findings=carried.raw_findings, carried_findings_rows=carried.raw_rows,
+                     carried=carried if not whole_keys else None)
 
 
 def _carried_with_rewrites(run: _Run) -> tuple[CarriedPass, dict[str, Rewrite]]:
@@ -368,7 +371,8 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
     connection come from the pass for the connections it analysed whole, from the carried pass for
     those carried on from their checkpoints, and from the stored rows (stored_findings.py) when the
     thresholds changed; the cross-connection kinds from the deliveries gathered by message
-    (detectors/messages.py), from the delivery rows the run changed of what they read (detectors/scoped.py)."""
+    (detectors/messages.py), from the delivery rows the run changed of what they read (detectors/scoped.py).
+    A run that carried every connection on does all that in the driver when it is small (detectors/in_driver.py)."""
     # As written: read from their Parquet files, a run's tables cost a fraction of a scan of the
     # pass's output, which holds every table's rows together.
     def stored(names) -> dict[str, DataFrame]:
@@ -376,6 +380,9 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
 
     # The message kinds' inputs (detectors.INPUTS); the other timeline tables are read for new
     # thresholds only (stored_findings.py): each read lists a table's files in the JVM.
+    if run.keys and not run.plan.findings_stale and analysed.carried is not None and findings_in_driver(
+            run.lake, analysed.carried, run.keys, run.plan.new_files, thresholds):
+        return
     inputs = {**stored(["deliveries"]), "frames": all_frames, "connections": run.connections}
     requeue_related = partial(_stored_requeue_related, run)
     if run.keys and not run.plan.findings_stale:

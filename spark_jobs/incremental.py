@@ -28,15 +28,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analyzer import schema
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
+from analyzer.detectors.messages import COLUMNS
+from analyzer.lake import TableWriter
 
 from .delta_io import Listed, Match, connections_match, read_delta, read_files
-from .connection_pass import STATE_TABLE
+from .connection_pass import RAW_FINDINGS, STATE_TABLE
 from .requeue_related import REQUEUE_RELATED
 from .table_files import adds_that_may_hold, rows_in
 from .timeline.carried import (CARRIED_TABLES, ROLES, STALE, WRITTEN_TABLES, carried_rows, carry_on,
@@ -64,10 +68,32 @@ class CarriedPass:
     records: int                          # records their checkpoints held
     raw_findings: DataFrame               # their findings about one connection (connection_pass.RAW_FINDINGS)
     raw_rows: int                         # how many
+    wide: DataFrame                       # the pass's wide table, materialised (timeline/carried.py)
+    stale_requeue_related: int            # of requeue_changed_rows, those of rows the pass replaces (in `wide`)
 
     @property
     def whole_keys(self) -> list[str]:
         return sorted(self.fallbacks)
+
+    def in_driver(self, lake: str) -> tuple[pa.Table, pa.Table]:
+        """`raw_findings` and `requeue_changed` (its message kinds' COLUMNS) in Arrow, for the
+        driver: the wide table's rows of both in one Spark job, the written files' by the driver."""
+        stale = (F.col(RECORD) == "deliveries") & (F.col(ROLE) == STALE) & column("deliveries", REQUEUE_RELATED)
+        rows = self.wide.where((F.col(RECORD) == "raw_findings") | stale).select(
+            RECORD, "raw_findings", "deliveries").toArrow()
+        of = {name: rows.filter(pc.equal(rows[RECORD], name)).column(name).combine_chunks()
+              for name in ("raw_findings", "deliveries")}
+        raw = pa.Table.from_arrays([pc.struct_field(of["raw_findings"], field.name).cast(field.type)
+                                    for field in RAW_FINDINGS], schema=RAW_FINDINGS)
+        deliveries = TIMELINE_TABLES["deliveries"]
+        columns = pa.schema([deliveries.field(name) for name in COLUMNS])
+        replaced = pa.Table.from_arrays([pc.struct_field(of["deliveries"], field.name).cast(field.type)
+                                         for field in columns], schema=columns)
+        writer = TableWriter(lake, "deliveries", deliveries)
+        written = [writer.read_file(add.path, add.partition_values["date"])
+                   for add in adds_that_may_hold(self.written.get("deliveries", []), REQUEUE_RELATED)]
+        return raw, pa.concat_tables([replaced, *[part.filter(pc.fill_null(part[REQUEUE_RELATED], False))
+                                                  .select(COLUMNS) for part in written]])
 
 
 def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, ...], keys: list[str], mode: str,
@@ -110,7 +136,8 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
                        requeue_changed_rows, rows, _matches(wide, written_rows, carried_keys, counts, rows), fallbacks,
                        frames=read["frames"], connections=len(keys) - len(fallbacks),
                        records=read["carried_records"], raw_findings=carried_rows(wide, "raw_findings"),
-                       raw_rows=counts.get(("raw_findings", None), 0))
+                       raw_rows=counts.get(("raw_findings", None), 0), wide=wide,
+                       stale_requeue_related=seen["stale_requeue_related"])
 
 
 def _requeue_changed(wide: DataFrame, spark: SparkSession, lake: str, adds: list[AddAction],

@@ -588,6 +588,59 @@ def test_a_delivery_left_at_a_close_then_unsettled_by_a_gap_takes_its_finding_aw
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 
+@pytest.mark.parametrize("findings_by", ["driver", "spark"])
+def test_a_carried_runs_findings_are_the_drivers_when_few_and_the_same_as_sparks(spark, tmp_path, monkeypatch,
+                                                                                findings_by):
+    """detectors/in_driver.py: a run that carried every connection on and has few findings to
+    compute again computes them in the driver, after one Spark job for the carried pass's rows:
+    here A's new frames make a requeue loop and leave a delivery at a close that B, already in the
+    lake, got again (redelivered); A's delivery open when the first run ended, of a message that
+    came back, is written again settled (a replaced requeue_related row). Spark's path (forced by
+    a bound of -1) gives the same tables, both one run's over everything."""
+    import io
+
+    from spark_jobs.detectors import in_driver
+    from .test_timeline import T0, Conv
+
+    if findings_by == "spark":
+        monkeypatch.setattr(in_driver, "DRIVER_ROWS", -1)
+    a, b = Conv("10.9.0.13:40013>10.9.0.9:5672@1", start=T0), Conv("10.9.0.14:40014>10.9.0.9:5672@2", start=T0)
+    a.open(1)
+    a.consume(1)
+    a.deliver(1, 1, msg="again", redelivered=True)
+    held = len(a.rows)   # its delivery open: a provisional, requeue_related row
+    a.ack(1, 1)
+    for tag in range(2, LAB_THRESHOLDS.requeue_loop_deliveries + 2):
+        a.deliver(1, tag, msg="poison", redelivered=tag > 2)
+        a.ack(1, tag, method="basic.nack", requeue=True)
+    a.open(2)
+    a.consume(2)
+    a.deliver(2, 1, msg="twice")
+    a.close(2, by="broker", code=406, text="PRECONDITION_FAILED", failing="queue.declare")
+    b.ts = a.ts
+    b.open(1)
+    b.consume(1)
+    b.deliver(1, 1, msg="twice", redelivered=True)
+    b.ack(1, 1)
+    for conv in (a, b):   # as captured: packets the findings' evidence names, known without a scan
+        for row in conv.rows:
+            row.update(source=f"{conv.id}.pcap", source_packet=1000 + row["seq"])
+    whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
+    assert _kinds(whole_dir) == {"requeue_loop": {a.id}, "redelivery_after_close": {a.id},
+                                 "unbounded_prefetch": {a.id, b.id}}
+    assert not {"requeue_loop", "redelivery_after_close"} & set(_kinds(pieces_dir))
+    _append(pieces_dir, "frames", _frames(a.rows[held:]), schema.FRAMES, "second")
+    progress = io.StringIO()
+    report = analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS, progress=progress)
+    assert report.carried_connections == report.connections == 1, report.reason
+    findings_line = next(line for line in progress.getvalue().splitlines() if ": findings (" in line)
+    if findings_by == "driver":
+        assert findings_line.endswith(", 1 Spark jobs)"), findings_line
+    else:
+        assert int(findings_line.rsplit(", ", 1)[1].split()[0]) >= 3, findings_line
+    assert _tables(pieces_dir) == _tables(whole_dir)
+
+
 def test_a_run_that_changes_no_candidate_reads_no_deliveries_for_the_message_kinds(spark, tmp_path, monkeypatch):
     """detectors/scoped.py: a run that adds or deletes no delivery either message kind reads (A's
     next messages are acked) keeps their stored findings (B's requeue loop) without reading the

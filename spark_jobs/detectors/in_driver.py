@@ -1,0 +1,210 @@
+"""A scheduled run's findings computed by the driver, when they are few: one small Spark job
+instead of five.
+
+A run that carried every connection on from its checkpoint (incremental.py) computes again only
+what its rows can change (scoped.py): its connections' own findings, which the carried pass gave
+as raw findings, and the message kinds' findings of the messages its changed delivery rows name,
+read from the stored requeue_related deliveries (a few in a hundred: requeue_related.py). On
+Spark that is the candidates' scan, the kinds' shuffles, the packets' lookup and the findings'
+replace: five jobs and their planning, seconds for a few thousand rows. Here the driver does the
+same selections with pyarrow, and hands the rows to the same rules (analyzer/detectors: Journey,
+redelivered_after_close, after_close_finding, finish): the carried pass's rows come in one Spark
+job (CarriedPass.in_driver), the rest is read from the lake's files.
+
+Only when it is small: at most DRIVER_ROWS raw findings and changed rows, CANDIDATE_BYTES of
+files to read for the candidates, a findings table the driver rewrites whole
+(delta_io.REWRITTEN_WHOLE_BYTES), and every finding's evidence packets known without a scan of
+`frames` (evidence_packets.KnownPackets: the stored findings' and the new frames'). Otherwise
+`findings_in_driver` says no and the run takes Spark's path. tests/test_incremental.py holds the
+two paths to the same tables.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from itertools import groupby, zip_longest
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from analyzer import schema
+from analyzer.detectors import KINDS, RawFinding, finish
+from analyzer.detectors.messages import (COLUMNS, JOURNEY_ORDER, Journey, Redelivered, after_close_finding,
+                                         left_at_close, redelivered_after_close)
+from analyzer.lake import filesystem, open_table, read_table
+from spark_jobs.connection_pass import finding_fields
+from spark_jobs import delta_io
+from spark_jobs.delta_io import Keyed, Listed, Replacement, replace_all
+from spark_jobs.evidence_packets import PACKETS
+from spark_jobs.incremental import CarriedPass
+from spark_jobs.requeue_related import REQUEUE_RELATED, candidates
+from spark_jobs.table_files import files_that_may_hold, snapshot_files
+from spark_jobs.thresholds import Thresholds
+from spark_jobs.timeline.tables import TIMELINE_TABLES
+
+# Raw findings, and changed delivery rows, the driver takes at most (each a few hundred bytes).
+DRIVER_ROWS = 100_000
+# The stored requeue_related deliveries' files it reads at most (bench/jobs.py's 10 M-frame lake: 4.4 MB).
+CANDIDATE_BYTES = 64 << 20
+# The connections row's columns the findings take, in the order the first row seen is picked by
+# (connection_pass.connection_rows).
+CONNECTION_FIELDS = ("first_ts_ns", "agent_id", "connection_name", "client_addr", "client_port", "server_addr",
+                     "server_port", "source")
+
+Place = tuple[str, int, int]
+
+
+def findings_in_driver(lake: str, carried: CarriedPass, keys: list[str], new_files: tuple[str, ...],
+                       thresholds: Thresholds) -> bool:
+    """The findings table after a run that carried on every one of `keys` (`carried`), its new
+    frames in `new_files`, replaced by the driver in one commit; False (nothing done) when it is
+    not small enough, or a packet is missing, for the driver (the module's docstring)."""
+    findings = open_table(lake, "findings")
+    deliveries = open_table(lake, "deliveries")
+    if findings is None or deliveries is None or max(carried.raw_rows, carried.requeue_changed_rows) > DRIVER_ROWS:
+        return False
+    if sum(f.size for f in snapshot_files(findings).values()) > delta_io.REWRITTEN_WHOLE_BYTES:
+        return False
+    files = files_that_may_hold(deliveries, REQUEUE_RELATED) if carried.requeue_changed_rows else set()
+    logged = snapshot_files(deliveries) if files else {}
+    if sum(logged[path].size for path in files) > CANDIDATE_BYTES:
+        return False
+    raw, changed = carried.in_driver(lake)
+    raw_rows = raw.to_pylist()
+    replaces = [Listed({"connection_id": tuple(keys), "kind": KINDS})]
+    if carried.requeue_changed_rows:
+        across, messages, places = _message_kinds(lake, changed, files, thresholds)
+        raw_rows += across
+        replaces += [Listed({"kind": ("requeue_loop",), "message_identity": tuple(sorted(messages))}),
+                     Keyed(("kind", "connection_id", "channel", "incarnation"),
+                           frozenset(("redelivery_after_close", *place) for place in places))]
+    stored = read_table(lake, "findings", schema.FINDINGS)
+    located = _located(raw_rows, stored, lake, new_files)
+    if located is None:
+        return False
+    rows = [finish(RawFinding(**json.loads(row["finding"])), json.loads(row["connection"]),
+                   lambda seqs, c=row["connection_id"]: [located.get((c, seq)) for seq in seqs])
+            for row in raw_rows]
+    replace_all(lake, {"findings": Replacement(pa.Table.from_pylist(rows, schema=schema.FINDINGS), schema.FINDINGS,
+                                               replaces)})
+    return True
+
+
+def _message_kinds(lake: str, changed: pa.Table, files: set[str],
+                   thresholds: Thresholds) -> tuple[list[dict], set[str], set[Place]]:
+    """scoped.rescoped_findings's message kinds: their raw findings (RAW_FINDINGS rows) computed
+    again from the stored candidates, the messages and closed incarnations they replace."""
+    came_back: dict[str, bool] = {}   # each changed message: did it come back (redelivered) in a changed row
+    changed_rows = [d for d in changed.to_pylist() if d["message_identity"] is not None]
+    for d in changed_rows:
+        came_back[d["message_identity"]] = came_back.get(d["message_identity"], False) or d["redelivered"] is True
+    stored = read_table(lake, "deliveries", TIMELINE_TABLES["deliveries"], columns=[*COLUMNS, REQUEUE_RELATED],
+                        where=pc.field(REQUEUE_RELATED).is_null() | pc.field(REQUEUE_RELATED), files=files)
+    rows = stored.filter(candidates(stored)).select(COLUMNS).to_pylist()
+
+    journeys = [d for d in rows if d["message_identity"] in came_back]
+    loops = [found for _, group in groupby(sorted(journeys, key=_ordered(("message_identity", *JOURNEY_ORDER))),
+                                            key=lambda d: d["message_identity"])
+             if (found := _journey(group, thresholds)) is not None]
+
+    closed = [d for d in rows if left_at_close(d)]
+    places = ({_place(d) for d in changed_rows if left_at_close(d)}
+              | {_place(d) for d in closed if came_back.get(d["message_identity"], False)})
+    closed_there = {d["message_identity"] for d in closed if _place(d) in places}
+    connections = _connections(lake, {d["connection_id"] for d in rows})
+    involved = [{**d, "connection_name": connections.get(d["connection_id"], {}).get("connection_name")}
+                for d in rows if d["message_identity"] in closed_there
+                and (left_at_close(d) or d["redelivered"] is True)]
+    matches = [m for _, group in groupby(sorted(involved, key=_ordered(("message_identity",))),
+                                         key=lambda d: d["message_identity"])
+               for m in redelivered_after_close(group)]
+    by_place = sorted(matches, key=lambda m: tuple((v is not None, v) for v in (*_as_place(m), m.seq)))
+    after_close = [found for place, group in groupby(by_place, key=_as_place)
+                   if place in places and (found := after_close_finding(group)) is not None]
+    raw = []
+    for connection_id, finding in [*loops, *after_close]:
+        connection = connections.get(connection_id, {"connection_id": connection_id})
+        raw.append({"connection_id": connection_id, "connection": json.dumps(connection), **finding_fields(finding)})
+    return raw, set(came_back), places
+
+
+def _journey(deliveries: Iterable[dict], thresholds: Thresholds) -> tuple[str, RawFinding] | None:
+    journey = Journey()
+    for d in deliveries:
+        journey.add(d)
+    return journey.finding(thresholds)
+
+
+def _place(d: dict) -> Place:
+    return d["connection_id"], d["channel"], d["incarnation"]
+
+
+def _as_place(m: Redelivered) -> Place:
+    return m.connection_id, m.channel, m.incarnation
+
+
+def _ordered(columns: tuple[str, ...]):
+    """A sort key on these columns as Spark sorts them ascending: nulls first."""
+    return lambda d: tuple((d[c] is not None, d[c]) for c in columns)
+
+
+def _connections(lake: str, ids: set[str]) -> dict[str, dict]:
+    """connection_pass.connection_rows of these connections, as the dicts their JSON reads back as:
+    the row first seen (CONNECTION_FIELDS' order, nulls first), with the last time any agent saw it."""
+    table = read_table(lake, "connections", schema.CONNECTIONS, columns=["connection_id", *CONNECTION_FIELDS,
+                                                                          "last_ts_ns"],
+                       where=pc.field("connection_id").isin(sorted(ids))) if ids else None
+    rows = table.to_pylist() if table is not None else []
+    out = {}
+    for connection_id, group in groupby(sorted(rows, key=_ordered(("connection_id", *CONNECTION_FIELDS))),
+                                        key=lambda row: row["connection_id"]):
+        group = list(group)
+        last = [row["last_ts_ns"] for row in group if row["last_ts_ns"] is not None]
+        first = {"connection_id": connection_id, **{c: group[0][c] for c in CONNECTION_FIELDS},
+                 "last_ts_ns": max(last) if last else None}
+        out[connection_id] = {k: v for k, v in first.items() if v is not None}   # to_json leaves nulls out
+    return out
+
+
+def _located(raw_rows: list[dict], stored: pa.Table | None, lake: str,
+             new_files: tuple[str, ...]) -> dict[tuple[str, int], tuple] | None:
+    """evidence_packets._known in the driver: the (packet, source) of every frame the findings name,
+    from the stored findings and the new frames; None if a finding's frames are not all located, or
+    its first one's source is not (Spark's path then scans `frames` for them)."""
+    named = {(row["connection_id"], tuple(row["seqs"])) for row in raw_rows if row["seqs"]}
+    wanted = {(connection_id, seq) for connection_id, seqs in named for seq in seqs}
+    if not wanted:
+        return {}
+    packets: dict[tuple[str, int], int] = {}
+    sources: dict[tuple[str, int], str] = {}
+
+    def seen(key: tuple[str, int], packet: int | None, source: str | None) -> None:
+        # A frame's packet and source are facts: where two places have one, they are equal (max, as Spark).
+        if packet is not None:
+            packets[key] = max(packets.get(key, packet), packet)
+        if source is not None:
+            sources[key] = max(sources.get(key, source), source)
+
+    for row in (stored.select(["connection_id", "source", "evidence"]).to_pylist() if stored is not None else []):
+        evidence = json.loads(row["evidence"]) if row["evidence"] is not None else {}
+        seqs, located = evidence.get("seqs"), evidence.get("source_packets")
+        if not isinstance(seqs, list) or not isinstance(located, list):
+            continue
+        for pos, (seq, packet) in enumerate(zip_longest(seqs, located)):
+            if packet is not None and (row["connection_id"], seq) in wanted:
+                seen((row["connection_id"], seq), packet, row["source"] if pos == 0 else None)
+    ids = sorted({connection_id for connection_id, _ in wanted})
+    for location in new_files:
+        fs, path = filesystem(location)
+        frames = pq.read_table(path, filesystem=fs, columns=PACKETS, partitioning=None,
+                               filters=pc.field("connection_id").isin(ids))
+        for row in frames.to_pylist():
+            key = (row["connection_id"], row["seq"])
+            if key in wanted:
+                seen(key, row["source_packet"], row["source"])
+    for connection_id, seqs in named:
+        if any((connection_id, seq) not in packets for seq in seqs) or (connection_id, seqs[0]) not in sources:
+            return None
+    return {key: (packet, sources.get(key)) for key, packet in packets.items()}
