@@ -78,11 +78,13 @@ def open_table(lake: str, name: str) -> DeltaTable | None:
 
 
 def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | None = None,
-               where: pc.Expression | None = None, files: set[str] | None = None) -> pa.Table | None:
-    """A table's current snapshot as Arrow, or None if there is no such table. `where` (on columns
-    other than the partition) filters rows while the Parquet files are read, so a few rows of a big
-    table cost little memory; `files`: only these of the snapshot's files (paths relative to the
-    table, unquoted), where the caller knows the others hold none of the rows it wants.
+               where: pc.Expression | None = None, files: set[str] | None = None,
+               version: int | None = None) -> pa.Table | None:
+    """A table's current snapshot (or the one at `version`) as Arrow, or None if there is no such
+    table. `where` (on columns other than the partition) filters rows while the Parquet files are
+    read, so a few rows of a big table cost little memory; `files`: only these of the snapshot's
+    files (paths relative to the table, unquoted), where the caller knows from that snapshot that
+    the others hold none of the rows it wants.
 
     delta-rs resolves the snapshot (files and their partition values from the Delta log); pyarrow
     reads the Parquet files. Scanning through delta-rs's pyarrow dataset instead leaves threads
@@ -90,6 +92,8 @@ def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | Non
     table = open_table(lake, name)
     if table is None:
         return None
+    if version is not None:
+        table.load_as_version(version)
     wanted = [f for f in schema if columns is None or f.name in columns]
     parts = []
     fs, root = filesystem(os.path.join(lake, name))

@@ -76,6 +76,27 @@ def test_final_files_are_merged_by_partition_and_flag_and_provisional_ones_are_l
     assert len(removed) == 7 and all(os.path.exists(path) for path in removed)
 
 
+def test_a_reader_of_the_snapshot_before_a_compaction_reads_its_files(tmp_path, monkeypatch):
+    """A run's driver picks files in one snapshot and reads them while the compaction beside it
+    commits (detectors/in_driver.py): read at that version, the files it picked hold their rows."""
+    from analyzer.lake import open_table, read_table
+    from spark_jobs.table_files import files_that_may_hold
+
+    monkeypatch.setattr(compaction, "FILES_TO_MERGE", 3)
+    lake_dir = str(tmp_path)
+    _commit_files(lake_dir, [[_row(s, requeue=True)] for s in range(10, 13)] + [[_row(s)] for s in range(0, 3)])
+    table = open_table(lake_dir, "deliveries")
+    picked, version = files_that_may_hold(table, "requeue_related"), table.version()
+    assert len(picked) == 3
+    assert compaction.compact(lake_dir, "deliveries", compaction.small_final_files(lake_dir, "deliveries"), "r") == 6
+
+    def seqs(**at) -> list[int]:
+        return sorted(read_table(lake_dir, "deliveries", SCHEMA, files=picked, **at)["seq"].to_pylist())
+
+    assert seqs(version=version) == [10, 11, 12]
+    assert seqs() == []   # the current snapshot holds none of those files
+
+
 def test_files_removed_longer_ago_than_the_retention_are_deleted(tmp_path, monkeypatch):
     monkeypatch.setattr(compaction, "FILES_TO_MERGE", 3)
     monkeypatch.setattr(compaction, "VACUUM_RETENTION_HOURS", 0)

@@ -75,13 +75,13 @@ def findings_in_driver(lake: str, carried: CarriedPass, keys: list[str], new_fil
     raw_rows = raw.to_pylist()
     replaces = [Listed({"connection_id": tuple(keys), "kind": KINDS})]
     if carried.requeue_changed_rows:
-        across, messages, places = _message_kinds(lake, changed, files, thresholds)
+        across, messages, places = _message_kinds(lake, changed, files, deliveries.version(), thresholds)
         raw_rows += across
         replaces += [Listed({"kind": ("requeue_loop",), "message_identity": tuple(sorted(messages))}),
                      Keyed(("kind", "connection_id", "channel", "incarnation"),
                            frozenset(("redelivery_after_close", *place) for place in places))]
     stored = read_table(lake, "findings", schema.FINDINGS)
-    located = _located(raw_rows, stored, lake, new_files)
+    located = _located(raw_rows, stored, new_files)
     if located is None:
         return False
     rows = [finish(RawFinding(**json.loads(row["finding"])), json.loads(row["connection"]),
@@ -92,16 +92,19 @@ def findings_in_driver(lake: str, carried: CarriedPass, keys: list[str], new_fil
     return True
 
 
-def _message_kinds(lake: str, changed: pa.Table, files: set[str],
+def _message_kinds(lake: str, changed: pa.Table, files: set[str], version: int,
                    thresholds: Thresholds) -> tuple[list[dict], set[str], set[Place]]:
     """scoped.rescoped_findings's message kinds: their raw findings (RAW_FINDINGS rows) computed
-    again from the stored candidates, the messages and closed incarnations they replace."""
+    again from the stored candidates (in `files` of the deliveries at `version`: the snapshot they
+    were picked in, whatever the compaction beside commits), the messages and closed incarnations
+    they replace."""
     came_back: dict[str, bool] = {}   # each changed message: did it come back (redelivered) in a changed row
     changed_rows = [d for d in changed.to_pylist() if d["message_identity"] is not None]
     for d in changed_rows:
         came_back[d["message_identity"]] = came_back.get(d["message_identity"], False) or d["redelivered"] is True
     stored = read_table(lake, "deliveries", TIMELINE_TABLES["deliveries"], columns=[*COLUMNS, REQUEUE_RELATED],
-                        where=pc.field(REQUEUE_RELATED).is_null() | pc.field(REQUEUE_RELATED), files=files)
+                        where=pc.field(REQUEUE_RELATED).is_null() | pc.field(REQUEUE_RELATED), files=files,
+                        version=version)
     rows = stored.filter(candidates(stored)).select(COLUMNS).to_pylist()
 
     journeys = [d for d in rows if d["message_identity"] in came_back]
@@ -168,7 +171,7 @@ def _connections(lake: str, ids: set[str]) -> dict[str, dict]:
     return out
 
 
-def _located(raw_rows: list[dict], stored: pa.Table | None, lake: str,
+def _located(raw_rows: list[dict], stored: pa.Table | None,
              new_files: tuple[str, ...]) -> dict[tuple[str, int], tuple] | None:
     """evidence_packets._known in the driver: the (packet, source) of every frame the findings name,
     from the stored findings and the new frames; None if a finding's frames are not all located, or
