@@ -9,7 +9,8 @@ findings are finished as the pass's are (evidence_packets.py: id, connection fac
 numbers, timestamps). They rely on the table schemas only (DELIVERIES, FRAMES, CONNECTIONS).
 
 Modules: messages.py (the two kinds), scoped.py (what a run that analysed some connections
-computes again).
+computes again), in_driver.py (the same for a run that carried every connection on, by the driver
+when it is small).
 """
 
 from __future__ import annotations
