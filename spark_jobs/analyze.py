@@ -151,7 +151,7 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
          full: bool, progress: TextIO | None) -> AnalysisReport:
     steps = Steps(spark, progress)
     with ExitStack() as sized:
-        with steps.step("plan"):
+        with steps.step("plan") as planned:
             mode = resolve_delta_mode(spark, delta_mode)
             plan = plan_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds,
                             [*OUTPUT_TABLES, STATE_TABLE], flagged_tables=FLAGGED_TABLES)
@@ -159,6 +159,8 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
             all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
             connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)
             keys = None if plan.scope == FULL else _connections_in_scope(spark, lake, plan, mode)
+            # What the run is about to do, said before it does it (a watcher knows a run is under way).
+            planned.detail = f"{plan.scope}, " + ("every connection" if keys is None else f"{len(keys)} connection(s)")
         report = AnalysisReport(lake=lake, delta_mode=mode, scope=plan.scope, reason=plan.reason,
                                 frames_version=plan.frames_version)
         run = _Run(spark, lake, mode, plan, keys, connections, bucket_seconds, overdue_ns, thresholds, steps)

@@ -11,6 +11,11 @@ from typing import TextIO
 from pyspark.sql import SparkSession
 
 
+class Step:
+    """What a step says of itself on its progress line, after its time (`detail`, set while it runs)."""
+    detail: str = ""
+
+
 class Steps:
     def __init__(self, spark: SparkSession, progress: TextIO | None = None, label: str = "ackscope analyze"):
         self.context = spark.sparkContext
@@ -22,15 +27,17 @@ class Steps:
 
     @contextmanager
     def step(self, name: str):
-        jobs_before, started = self.spark_jobs(), time.monotonic()
-        yield
-        self.took(name, time.monotonic() - started, self.spark_jobs() - jobs_before)
+        jobs_before, started, step = self.spark_jobs(), time.monotonic(), Step()
+        yield step
+        self.took(name, time.monotonic() - started, self.spark_jobs() - jobs_before, step.detail)
 
-    def took(self, name: str, seconds: float, spark_jobs: int = 0) -> None:
+    def took(self, name: str, seconds: float, spark_jobs: int = 0, detail: str = "") -> None:
         """A step timed by its caller (one known to have taken place only once it is over)."""
         self.seconds[name] = round(self.seconds.get(name, 0.0) + seconds, 2)
         if self.progress is not None:
-            print(f"{self.label}: {name} ({seconds:.1f}s, {spark_jobs} Spark jobs)", file=self.progress, flush=True)
+            said = f": {detail}" if detail else ""
+            print(f"{self.label}: {name} ({seconds:.1f}s, {spark_jobs} Spark jobs){said}", file=self.progress,
+                  flush=True)
 
     def spark_jobs(self) -> int:
         """Spark jobs this run started so far."""

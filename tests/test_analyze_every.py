@@ -4,10 +4,12 @@ Pushgateway, stopped by SIGTERM after the run in progress; and exiting when its 
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -149,12 +151,16 @@ def _frames_version(lake_dir: str) -> int:
 
 
 def _stopped_during_a_run(command: _Command, lake_dir: str, capture: str, send) -> None:
-    """Appends a capture, sends the signal once the run that analyses it is under way, and checks
-    that this run finished (its steps after the signal, its report, its log row) and the loop ended."""
-    analysing = sum(" timelines (" in line or " carry on from checkpoints (" in line for line in command.err)
+    """Appends a capture, sends the signal once the run that analyses it is under way (its plan
+    step's line names the connections it is about to analyse: a Spark job or more follow), and
+    checks that this run finished (its steps after the signal, its report, its log row) and the
+    loop ended."""
+    before = len(command.err)
     ingest_file(_example(capture), lake_dir)
-    settle(lambda: sum(" timelines (" in line or " carry on from checkpoints (" in line
-                       for line in command.err) > analysing, f"no run of {capture}", 180)
+    deadline = time.monotonic() + 180
+    while not any(re.search(r": plan \(.*\): new_data, [1-9][0-9]* connection", line) for line in command.err[before:]):
+        assert time.monotonic() < deadline, f"no run of {capture}: {command.errors()[-2000:]}"
+        time.sleep(0.02)   # the signal must come while the run is under way: watched closely
     reported, progressed = len(command.out), len(command.err)
     send(command.process.pid)
     assert command.wait() == 0, command.errors()[-3000:]
