@@ -101,8 +101,8 @@ class JobWatcher:
             self.step = name
             cpu_before = tree_cpu_s(os.getpid())
             try:
-                with original(steps_self, name):
-                    yield
+                with original(steps_self, name) as said:
+                    yield said
             finally:
                 self.step = "-"
                 self.cpu_s[name] = self.cpu_s.get(name, 0.0) + tree_cpu_s(os.getpid()) - cpu_before
