@@ -383,7 +383,7 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
     # The message kinds' inputs (detectors.INPUTS); the other timeline tables are read for new
     # thresholds only (stored_findings.py): each read lists a table's files in the JVM.
     if run.keys and not run.plan.findings_stale and analysed.carried is not None and findings_in_driver(
-            run.lake, analysed.carried, run.keys, run.plan.new_files, thresholds):
+            run.lake, analysed.carried, run.keys, run.plan.new_files, thresholds, run.frames_since):
         return
     inputs = {**stored(["deliveries"]), "frames": all_frames, "connections": run.connections}
     requeue_related = partial(_stored_requeue_related, run)

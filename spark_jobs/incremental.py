@@ -69,7 +69,6 @@ class CarriedPass:
     raw_findings: DataFrame               # their findings about one connection (connection_pass.RAW_FINDINGS)
     raw_rows: int                         # how many
     wide: DataFrame                       # the pass's wide table, materialised (timeline/carried.py)
-    stale_requeue_related: int            # of requeue_changed_rows, those of rows the pass replaces (in `wide`)
 
     @property
     def whole_keys(self) -> list[str]:
@@ -136,8 +135,7 @@ def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, .
                        requeue_changed_rows, rows, _matches(wide, written_rows, carried_keys, counts, rows), fallbacks,
                        frames=read["frames"], connections=len(keys) - len(fallbacks),
                        records=read["carried_records"], raw_findings=carried_rows(wide, "raw_findings"),
-                       raw_rows=counts.get(("raw_findings", None), 0), wide=wide,
-                       stale_requeue_related=seen["stale_requeue_related"])
+                       raw_rows=counts.get(("raw_findings", None), 0), wide=wide)
 
 
 def _requeue_changed(wide: DataFrame, spark: SparkSession, lake: str, adds: list[AddAction],

@@ -641,12 +641,15 @@ def test_a_carried_runs_findings_are_the_drivers_when_few_and_the_same_as_sparks
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 
-def test_a_run_that_changes_no_candidate_reads_no_deliveries_for_the_message_kinds(spark, tmp_path, monkeypatch):
+@pytest.mark.parametrize("findings_by", ["driver", "spark"])
+def test_a_run_that_changes_no_candidate_reads_no_deliveries_for_the_message_kinds(spark, tmp_path, monkeypatch,
+                                                                                  findings_by):
     """detectors/scoped.py: a run that adds or deletes no delivery either message kind reads (A's
     next messages are acked) keeps their stored findings (B's requeue loop) without reading the
     stored deliveries for them; the next run, whose rows hold a requeue, reads them. Both end as
-    one run over everything."""
+    one run over everything, with the findings the driver's (detectors/in_driver.py) or Spark's."""
     from spark_jobs import analyze as analyze_module
+    from spark_jobs.detectors import in_driver
     from .test_timeline import T0, Conv
 
     a, b = Conv("10.9.0.5:40005>10.9.0.9:5672@1", start=T0), Conv("10.9.0.6:40006>10.9.0.9:5672@2", start=T0)
@@ -664,8 +667,14 @@ def test_a_run_that_changes_no_candidate_reads_no_deliveries_for_the_message_kin
         b.ack(1, tag, method="basic.nack", requeue=True)
     whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
     assert _kinds(whole_dir)["requeue_loop"] == {b.id}
-    read, stored = [], analyze_module._stored_requeue_related
-    monkeypatch.setattr(analyze_module, "_stored_requeue_related", lambda run: read.append(run) or stored(run))
+    read = []
+    if findings_by == "spark":
+        monkeypatch.setattr(in_driver, "DRIVER_ROWS", -1)
+        stored = analyze_module._stored_requeue_related
+        monkeypatch.setattr(analyze_module, "_stored_requeue_related", lambda run: read.append(run) or stored(run))
+    else:
+        kinds = in_driver._message_kinds
+        monkeypatch.setattr(in_driver, "_message_kinds", lambda *args: read.append(args) or kinds(*args))
     _carry_on(spark, pieces_dir, a.rows[held:quiet])
     assert read == [] and _kinds(pieces_dir)["requeue_loop"] == {b.id}
     _carry_on(spark, pieces_dir, a.rows[quiet:])
@@ -673,14 +682,17 @@ def test_a_run_that_changes_no_candidate_reads_no_deliveries_for_the_message_kin
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 
+@pytest.mark.parametrize("findings_by", ["driver", "spark"])
 def test_a_carried_runs_findings_take_their_packets_from_the_stored_findings_and_its_new_frames(
-        spark, tmp_path, monkeypatch):
+        spark, tmp_path, monkeypatch, findings_by):
     """evidence_packets.KnownPackets: A's confirm_nack finding, stored with its packet, grows by a
     nack among the new frames, and its unbounded_prefetch finding stands: their packets come without
     a scan of `frames`. The next run's
     unacked_buildup names A's delivery, which no stored finding named: `frames` is scanned for that
-    one. Both end as one run over everything."""
+    one. Both end as one run over everything, with the findings the driver's (detectors/in_driver.py)
+    or Spark's."""
     from spark_jobs import evidence_packets
+    from spark_jobs.detectors import in_driver
     from .test_timeline import T0, Conv
 
     a, b = Conv("10.9.0.7:40007>10.9.0.9:5672@1", start=T0), Conv("10.9.0.8:40008>10.9.0.9:5672@2", start=T0)
@@ -705,12 +717,21 @@ def test_a_carried_runs_findings_take_their_packets_from_the_stored_findings_and
             row.update(source=f"{conv.id}-{piece}.pcap", source_packet=1000 + row["seq"])
     whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
     assert _kinds(whole_dir) == {"confirm_nack": {a.id}, "unbounded_prefetch": {a.id}, "unacked_buildup": {a.id}}
-    scans, scan = [], evidence_packets.materialised
-    monkeypatch.setattr(evidence_packets, "materialised", lambda df: scans.append(df) or scan(df))
+    scans = []
+    if findings_by == "spark":
+        monkeypatch.setattr(in_driver, "DRIVER_ROWS", -1)
+        scan = evidence_packets.materialised
+        monkeypatch.setattr(evidence_packets, "materialised", lambda df: scans.append(df) or scan(df))
+    else:
+        scan = in_driver._scanned
+        monkeypatch.setattr(in_driver, "_scanned",
+                            lambda frames, unknown: scans.append(unknown) or scan(frames, unknown))
     _carry_on(spark, pieces_dir, a.rows[held:nacked])
     assert scans == [] and _kinds(pieces_dir) == {"confirm_nack": {a.id}, "unbounded_prefetch": {a.id}}
     _carry_on(spark, pieces_dir, a.rows[nacked:])
     assert len(scans) == 1
+    if findings_by == "driver":   # only the frames of the finding that names one no stored finding named
+        assert {connection_id for connection_id, _ in scans[0]} == {a.id} and len(scans[0]) <= 5, scans
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 

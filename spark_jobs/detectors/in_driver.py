@@ -1,5 +1,5 @@
-"""A scheduled run's findings computed by the driver, when they are few: one small Spark job
-instead of five.
+"""A scheduled run's findings computed by the driver, when they are few: one or two small Spark
+jobs instead of five or six.
 
 A run that carried every connection on from its checkpoint (incremental.py) computes again only
 what its rows can change (scoped.py): its connections' own findings, which the carried pass gave
@@ -11,23 +11,27 @@ same selections with pyarrow, and hands the rows to the same rules (analyzer/det
 redelivered_after_close, after_close_finding, finish): the carried pass's rows come in one Spark
 job (CarriedPass.in_driver), the rest is read from the lake's files.
 
+The evidence packets are found as Spark's path finds them (evidence_packets.KnownPackets): in
+the stored findings and the new frames, and for the findings not all of whose frames are there,
+by a scan of `frames` (one more Spark job) for just those frames.
+
 Only when it is small: at most DRIVER_ROWS raw findings and changed rows, CANDIDATE_BYTES of
-files to read for the candidates, a findings table the driver rewrites whole
-(delta_io.REWRITTEN_WHOLE_BYTES), and every finding's evidence packets known without a scan of
-`frames` (evidence_packets.KnownPackets: the stored findings' and the new frames'). Otherwise
-`findings_in_driver` says no and the run takes Spark's path. tests/test_incremental.py holds the
-two paths to the same tables.
+files to read for the candidates, SCANNED_FRAMES frames to scan for, and a findings table the
+driver rewrites whole (delta_io.REWRITTEN_WHOLE_BYTES). Otherwise `findings_in_driver` says no
+and the run takes Spark's path. tests/test_incremental.py holds the two paths to the same tables.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import groupby, zip_longest
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from analyzer import schema
 from analyzer.detectors import KINDS, RawFinding, finish
@@ -42,10 +46,13 @@ from spark_jobs.incremental import CarriedPass
 from spark_jobs.requeue_related import REQUEUE_RELATED, candidates
 from spark_jobs.table_files import files_that_may_hold, snapshot_files
 from spark_jobs.thresholds import Thresholds
+from spark_jobs.timeline.plans import first_day, utc_day
 from spark_jobs.timeline.tables import TIMELINE_TABLES
 
 # Raw findings, and changed delivery rows, the driver takes at most (each a few hundred bytes).
 DRIVER_ROWS = 100_000
+# Evidence frames it scans `frames` for at most (literal lists in one filter).
+SCANNED_FRAMES = 10_000
 # The stored requeue_related deliveries' files it reads at most (bench/jobs.py's 10 M-frame lake: 4.4 MB).
 CANDIDATE_BYTES = 64 << 20
 # The connections row's columns the findings take, in the order the first row seen is picked by
@@ -54,13 +61,15 @@ CONNECTION_FIELDS = ("first_ts_ns", "agent_id", "connection_name", "client_addr"
                      "server_port", "source")
 
 Place = tuple[str, int, int]
+Frame = tuple[str, int]   # (connection_id, seq)
 
 
 def findings_in_driver(lake: str, carried: CarriedPass, keys: list[str], new_files: tuple[str, ...],
-                       thresholds: Thresholds) -> bool:
+                       thresholds: Thresholds, frames_since: Callable[[str | None], DataFrame]) -> bool:
     """The findings table after a run that carried on every one of `keys` (`carried`), its new
     frames in `new_files`, replaced by the driver in one commit; False (nothing done) when it is
-    not small enough, or a packet is missing, for the driver (the module's docstring)."""
+    not small enough for the driver (the module's docstring). `frames_since(day)`: the run's
+    `frames` from that UTC day on (None: all of it), scanned for the packets nothing else has."""
     findings = open_table(lake, "findings")
     deliveries = open_table(lake, "deliveries")
     if findings is None or deliveries is None or max(carried.raw_rows, carried.requeue_changed_rows) > DRIVER_ROWS:
@@ -72,18 +81,19 @@ def findings_in_driver(lake: str, carried: CarriedPass, keys: list[str], new_fil
     if sum(logged[path].size for path in files) > CANDIDATE_BYTES:
         return False
     raw, changed = carried.in_driver(lake)
-    raw_rows = raw.to_pylist()
+    raw_rows, across = raw.to_pylist(), []
     replaces = [Listed({"connection_id": tuple(keys), "kind": KINDS})]
     if carried.requeue_changed_rows:
         across, messages, places = _message_kinds(lake, changed, files, deliveries.version(), thresholds)
-        raw_rows += across
         replaces += [Listed({"kind": ("requeue_loop",), "message_identity": tuple(sorted(messages))}),
                      Keyed(("kind", "connection_id", "channel", "incarnation"),
                            frozenset(("redelivery_after_close", *place) for place in places))]
-    stored = read_table(lake, "findings", schema.FINDINGS)
-    located = _located(raw_rows, stored, new_files)
-    if located is None:
+    located, unknown = _known(raw_rows + across, read_table(lake, "findings", schema.FINDINGS), new_files)
+    if len(unknown) > SCANNED_FRAMES:
         return False
+    if unknown:
+        located.update(_scanned(frames_since(_first_day(lake, raw_rows, across)), unknown))
+    raw_rows += across
     rows = [finish(RawFinding(**json.loads(row["finding"])), json.loads(row["connection"]),
                    lambda seqs, c=row["connection_id"]: [located.get((c, seq)) for seq in seqs])
             for row in raw_rows]
@@ -171,15 +181,16 @@ def _connections(lake: str, ids: set[str]) -> dict[str, dict]:
     return out
 
 
-def _located(raw_rows: list[dict], stored: pa.Table | None,
-             new_files: tuple[str, ...]) -> dict[tuple[str, int], tuple] | None:
-    """evidence_packets._known in the driver: the (packet, source) of every frame the findings name,
-    from the stored findings and the new frames; None if a finding's frames are not all located, or
-    its first one's source is not (Spark's path then scans `frames` for them)."""
+def _known(raw_rows: list[dict], stored: pa.Table | None,
+           new_files: tuple[str, ...]) -> tuple[dict[Frame, tuple], set[Frame]]:
+    """evidence_packets._known in the driver: the (packet, source) of the frames the findings name,
+    from the stored findings and the new frames, for every finding whose frames are all located so
+    and its first one's source too; the frames of the others, to scan for (the scan gives all of
+    theirs)."""
     named = {(row["connection_id"], tuple(row["seqs"])) for row in raw_rows if row["seqs"]}
     wanted = {(connection_id, seq) for connection_id, seqs in named for seq in seqs}
     if not wanted:
-        return {}
+        return {}, set()
     packets: dict[tuple[str, int], int] = {}
     sources: dict[tuple[str, int], str] = {}
 
@@ -207,7 +218,35 @@ def _located(raw_rows: list[dict], stored: pa.Table | None,
             key = (row["connection_id"], row["seq"])
             if key in wanted:
                 seen(key, row["source_packet"], row["source"])
-    for connection_id, seqs in named:
-        if any((connection_id, seq) not in packets for seq in seqs) or (connection_id, seqs[0]) not in sources:
-            return None
-    return {key: (packet, sources.get(key)) for key, packet in packets.items()}
+    unknown = {(connection_id, seq) for connection_id, seqs in named
+               if any((connection_id, seq) not in packets for seq in seqs) or (connection_id, seqs[0]) not in sources
+               for seq in seqs}
+    return {key: (packet, sources.get(key)) for key, packet in packets.items() if key not in unknown}, unknown
+
+
+def _scanned(frames: DataFrame, unknown: set[Frame]) -> dict[Frame, tuple]:
+    """The (packet, source) of these frames, from a scan of `frames` (one Spark job): picked by
+    literal lists, whose bounds Parquet skips row groups by, and no broadcast (a job of its own)."""
+    ids, seqs = sorted({c for c, _ in unknown}), sorted({seq for _, seq in unknown})
+    rows = frames.select(*PACKETS).where(F.col("connection_id").isin(ids) & F.col("seq").isin(seqs)).collect()
+    return {(row["connection_id"], row["seq"]): (row["source_packet"], row["source"]) for row in rows
+            if (row["connection_id"], row["seq"]) in unknown}
+
+
+def _first_day(lake: str, raw_rows: list[dict], across: list[dict]) -> str | None:
+    """evidence_packets.finished_together's first day to scan `frames` from: the day the first
+    carried connection with findings was seen (they were all carried: their frames start then),
+    and the first instant of the message kinds' findings (their evidence frames are deliveries
+    no earlier); None (all of `frames`) where the connections table does not know one of them."""
+    days = []
+    if any(row["seqs"] for row in across):
+        days.append(utc_day(min(json.loads(row["finding"])["first_ts_ns"] for row in across)))
+    if raw_rows:
+        # All the carried connections', as run.first_day reads them.
+        keys = sorted({row["connection_id"] for row in raw_rows})
+        seen = read_table(lake, "connections", schema.CONNECTIONS, columns=["connection_id", "first_ts_ns"],
+                          where=pc.field("connection_id").isin(keys))
+        first = pc.min(seen["first_ts_ns"]).as_py() if seen is not None else None
+        known = len(set(seen["connection_id"].to_pylist())) if seen is not None else 0
+        days.append(first_day({"known": known, "first_ns": first}, keys))
+    return None if None in days else min(days)
