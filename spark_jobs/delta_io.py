@@ -332,7 +332,7 @@ class _Search:
 def _doomed_in_driver(rows: pa.Table, matches: list[Listed | Keyed]) -> pa.Array:
     """`_marked`'s `_doomed` in Arrow, for the driver's rewrite: does any match name the row (a null
     matches no listed value, nor any key)."""
-    doomed = pa.array([False] * rows.num_rows, pa.bool_())
+    doomed = pa.repeat(pa.scalar(False), rows.num_rows)
     for match in matches:
         if isinstance(match, Listed):
             hit = reduce(pc.and_, [pc.is_in(rows[column], value_set=pa.array(list(values), rows[column].type))

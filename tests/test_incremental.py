@@ -487,6 +487,12 @@ def _carry_on(spark, lake_dir: str, rows: list[dict]) -> None:
     assert report.scope == NEW_DATA and report.carried_connections == report.connections == 1, report.reason
 
 
+def _spy(monkeypatch, module, name: str, calls: list) -> None:
+    """`module.name` called as before, each call's arguments kept in `calls`."""
+    original = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *args: calls.append(args) or original(*args))
+
+
 def _stray_files(lake_dir: str) -> list[str]:
     """Data files in a table's folder that no commit of its log added: a run's files are committed
     or deleted, never left behind."""
@@ -667,14 +673,12 @@ def test_a_run_that_changes_no_candidate_reads_no_deliveries_for_the_message_kin
         b.ack(1, tag, method="basic.nack", requeue=True)
     whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
     assert _kinds(whole_dir)["requeue_loop"] == {b.id}
-    read = []
+    read = []   # the stored deliveries read for the message kinds, by either path
     if findings_by == "spark":
         monkeypatch.setattr(in_driver, "DRIVER_ROWS", -1)
-        stored = analyze_module._stored_requeue_related
-        monkeypatch.setattr(analyze_module, "_stored_requeue_related", lambda run: read.append(run) or stored(run))
+        _spy(monkeypatch, analyze_module, "_stored_requeue_related", read)
     else:
-        kinds = in_driver._message_kinds
-        monkeypatch.setattr(in_driver, "_message_kinds", lambda *args: read.append(args) or kinds(*args))
+        _spy(monkeypatch, in_driver, "_message_kinds", read)
     _carry_on(spark, pieces_dir, a.rows[held:quiet])
     assert read == [] and _kinds(pieces_dir)["requeue_loop"] == {b.id}
     _carry_on(spark, pieces_dir, a.rows[quiet:])
@@ -717,21 +721,19 @@ def test_a_carried_runs_findings_take_their_packets_from_the_stored_findings_and
             row.update(source=f"{conv.id}-{piece}.pcap", source_packet=1000 + row["seq"])
     whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
     assert _kinds(whole_dir) == {"confirm_nack": {a.id}, "unbounded_prefetch": {a.id}, "unacked_buildup": {a.id}}
-    scans = []
+    scans = []   # the scans of `frames`, by either path
     if findings_by == "spark":
         monkeypatch.setattr(in_driver, "DRIVER_ROWS", -1)
-        scan = evidence_packets.materialised
-        monkeypatch.setattr(evidence_packets, "materialised", lambda df: scans.append(df) or scan(df))
+        _spy(monkeypatch, evidence_packets, "materialised", scans)
     else:
-        scan = in_driver._scanned
-        monkeypatch.setattr(in_driver, "_scanned",
-                            lambda frames, unknown: scans.append(unknown) or scan(frames, unknown))
+        _spy(monkeypatch, in_driver, "_scanned", scans)
     _carry_on(spark, pieces_dir, a.rows[held:nacked])
     assert scans == [] and _kinds(pieces_dir) == {"confirm_nack": {a.id}, "unbounded_prefetch": {a.id}}
     _carry_on(spark, pieces_dir, a.rows[nacked:])
     assert len(scans) == 1
     if findings_by == "driver":   # only the frames of the finding that names one no stored finding named
-        assert {connection_id for connection_id, _ in scans[0]} == {a.id} and len(scans[0]) <= 5, scans
+        _, unknown = scans[0]
+        assert {connection_id for connection_id, _ in unknown} == {a.id} and len(unknown) <= 5, unknown
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 

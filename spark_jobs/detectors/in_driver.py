@@ -67,8 +67,8 @@ Frame = tuple[str, int]   # (connection_id, seq)
 def findings_in_driver(lake: str, carried: CarriedPass, keys: list[str], new_files: tuple[str, ...],
                        thresholds: Thresholds, frames_since: Callable[[str | None], DataFrame]) -> bool:
     """The findings table after a run that carried on every one of `keys` (`carried`), its new
-    frames in `new_files`, replaced by the driver in one commit; False (nothing done) when it is
-    not small enough for the driver (the module's docstring). `frames_since(day)`: the run's
+    frames in `new_files`, replaced by the driver in one commit; False (nothing written) when it
+    is not small enough for the driver (the module's docstring). `frames_since(day)`: the run's
     `frames` from that UTC day on (None: all of it), scanned for the packets nothing else has."""
     findings = open_table(lake, "findings")
     deliveries = open_table(lake, "deliveries")
