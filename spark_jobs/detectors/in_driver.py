@@ -242,7 +242,7 @@ def _first_day(lake: str, raw_rows: list[dict], across: list[dict]) -> str | Non
     if any(row["seqs"] for row in across):
         days.append(utc_day(min(json.loads(row["finding"])["first_ts_ns"] for row in across)))
     if raw_rows:
-        # All the carried connections', as run.first_day reads them.
+        # Those with findings (Spark's path takes every carried connection's: an earlier day, the same packets).
         keys = sorted({row["connection_id"] for row in raw_rows})
         seen = read_table(lake, "connections", schema.CONNECTIONS, columns=["connection_id", "first_ts_ns"],
                           where=pc.field("connection_id").isin(keys))
