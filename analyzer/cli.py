@@ -369,7 +369,8 @@ def run_analyze(args) -> int:
         print(f"ackscope analyze: no frames table in {args.lake}: run `ackscope ingest` first", file=sys.stderr)
         return 2
     try:
-        spark = get_spark(args.master, "ackscope-analyze", driver_memory=args.driver_memory)
+        spark = get_spark(args.master, "ackscope-analyze", driver_memory=args.driver_memory,
+                          quick_start=_quick_start(args, thresholds, every_s))
     except DriverDidNotStart as exc:  # no java, a bad --driver-memory: the JVM's own words
         print(f"ackscope analyze: {exc}", file=sys.stderr)
         return EXIT_ANALYSIS_FAILED
@@ -380,6 +381,23 @@ def run_analyze(args) -> int:
     finally:
         if driver_alive(spark):  # a JVM that is gone has nothing to stop, and py4j would raise
             spark.stop()
+
+
+def _quick_start(args, thresholds, every_s: float | None) -> bool:
+    """Does the command run once, over few frame rows (a scheduled run's append, a small lake)?
+    Its driver JVM then favours start-up (session.QUICK_START); a long-lived --every driver does
+    not. The run is planned as it will plan itself (no Spark) to count the rows it reads."""
+    from spark_jobs.analyze import planned_run
+    from spark_jobs.session import QUICK_START_UP_TO_ROWS
+
+    if every_s is not None:
+        return False
+    try:
+        rows = planned_run(args.lake, args.since, args.until, args.full, args.bucket_seconds,
+                           int(args.overdue_seconds * 1e9), thresholds).rows_to_read
+    except Exception:  # noqa: BLE001 - the run plans again, and reports what stops it there
+        return False
+    return rows is not None and rows <= QUICK_START_UP_TO_ROWS
 
 
 def _has_frames(lake: str) -> bool:

@@ -115,10 +115,14 @@ def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | Non
     return pa.concat_tables(parts)
 
 
-def logged_rows(table: DeltaTable) -> int | None:
-    """The snapshot's rows as its log counts them (each file's numRecords), without reading a file:
-    frames can be billions of rows. None when some file was committed without the count."""
+def logged_rows(table: DeltaTable, files: set[str] | None = None) -> int | None:
+    """The snapshot's rows (or those of `files`, paths relative to the table) as its log counts them
+    (each file's numRecords), without reading a file: frames can be billions of rows. None when
+    some file counted was committed without the count."""
     actions = pa.table(table.get_add_actions(flatten=True))
+    if files is not None:
+        actions = actions.filter(pa.array([unquote(path) in files for path in actions["path"].to_pylist()],
+                                          pa.bool_()))
     if "num_records" not in actions.column_names or actions["num_records"].null_count:
         return None
     return sum(actions["num_records"].to_pylist())

@@ -130,6 +130,14 @@ class _Run:
                           version=self.plan.frames_version)
 
 
+def planned_run(lake: str, since: str | None, until: str | None, full: bool, bucket_seconds: int, overdue_ns: int,
+                thresholds: Thresholds) -> RunScope:
+    """What a run with these options would analyse now (run_scope.py), without Spark: its first
+    step, and what a one-shot command reads before it starts Spark (its `rows_to_read`)."""
+    return plan_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds, [*OUTPUT_TABLES, STATE_TABLE],
+                    flagged_tables=FLAGGED_TABLES)
+
+
 def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str | None = None,
             delta_mode: str = "auto", thresholds: Thresholds | None = None, bucket_seconds: int = 10,
             overdue_ns: int = DEFAULT_OVERDUE_NS, full: bool = False,
@@ -153,8 +161,7 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
     with ExitStack() as sized:
         with steps.step("plan") as planned:
             mode = resolve_delta_mode(spark, delta_mode)
-            plan = plan_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds,
-                            [*OUTPUT_TABLES, STATE_TABLE], flagged_tables=FLAGGED_TABLES)
+            plan = planned_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds)
             sized.enter_context(expressions_for(spark, plan.frames_rows))  # the rest of the run
             all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
             connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)

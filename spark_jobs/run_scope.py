@@ -21,6 +21,7 @@ Scopes:
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, replace
 
 import pyarrow as pa
@@ -29,7 +30,7 @@ from deltalake import DeltaTable
 from analyzer import schema
 from analyzer.lake import logged_rows, open_table, read_table
 
-from .table_files import changes_between
+from .table_files import changes_between, relative_in_table, spark_location
 from .thresholds import Thresholds
 
 RUNS_TABLE = "analysis_runs"
@@ -48,6 +49,14 @@ class RunScope:
     until: str | None = None
     findings_stale: bool = False         # nothing new, but the findings need the detectors again
     frames_rows: int | None = None       # rows in that snapshot, from the Delta log (None: a file has no count)
+    new_rows: int | None = None          # new_data: rows in the new files, from the Delta log
+
+    @property
+    def rows_to_read(self) -> int | None:
+        """The frame rows the run reads, as the log counts them (None: not known): a new_data run
+        its new files' (more only if a connection must be analysed whole), any other run at most
+        the snapshot's."""
+        return self.new_rows if self.scope == NEW_DATA else self.frames_rows
 
 
 def plan_run(lake: str, since: str | None, until: str | None, full: bool, bucket_seconds: int,
@@ -62,7 +71,9 @@ def plan_run(lake: str, since: str | None, until: str | None, full: bool, bucket
     version = frames.version()
     scope = _scope(lake, frames, version, since, until, full, bucket_seconds, overdue_ns, thresholds,
                    output_tables, flagged_tables or {})
-    return replace(scope, frames_rows=logged_rows(frames))
+    new_files = {relative_in_table(path, spark_location(os.path.join(lake, "frames"))) for path in scope.new_files}
+    return replace(scope, frames_rows=logged_rows(frames),
+                   new_rows=logged_rows(frames, new_files) if scope.scope == NEW_DATA else None)
 
 
 def _scope(lake: str, frames: DeltaTable, version: int, since: str | None, until: str | None, full: bool,

@@ -68,6 +68,17 @@ _SESSION_CONF = {
 
 
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
+# A driver JVM for one small run spends most of its life starting and warming up: the JIT's
+# optimising compiler (C2) compiles Spark's code on the cores the run's Python workers need, for
+# code that runs too briefly to pay it back. Stopping at the quick compiler (C1) starts sooner and
+# competes less, but Spark's code runs slower once warm. On the 10 M-frame bench lake, each run in
+# a new process (bench/README.md, session 35): a scheduled run over a 5% append (0.5 M new frame
+# rows) 19.7-20.1 s with it against 22.9-23.9 s without; a full run over all 10 M rows 159.8 s
+# against 149.5. A long-lived driver (`analyze --every`, the tests) keeps C2.
+QUICK_START = "-XX:TieredStopAtLevel=1"
+# A one-shot run reading at most this many frame rows gets a QUICK_START driver: from the two
+# measurements above the crossover lies near 3 M rows, and the gain is ~4 s at the start.
+QUICK_START_UP_TO_ROWS = 1_000_000
 # A local driver runs the tasks too, in a heap of a few GB. Spark allocates a buffer of 1-4 MB for
 # every broadcast, task binary and collected result (ChunkedByteBufferOutputStream); G1 takes each
 # as a humongous object, and such allocations start its concurrent marking cycles: 103 of them,
@@ -195,10 +206,11 @@ def commit_tag(spark: SparkSession) -> str | None:
 
 
 def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memory: str | None = None,
-              extra_java_options: str = "", class_archive: bool = True) -> SparkSession:
-    """The session for a job; `driver_memory` (e.g. "8g"), `extra_java_options` and
-    `class_archive` (a local driver maps the CDS archive of Spark's classes, if one was made:
-    jvm_archive.py) count only if this call starts the driver JVM."""
+              extra_java_options: str = "", class_archive: bool = True, quick_start: bool = False) -> SparkSession:
+    """The session for a job; `driver_memory` (e.g. "8g"), `extra_java_options`, `class_archive`
+    (a local driver maps the CDS archive of Spark's classes, if one was made: jvm_archive.py) and
+    `quick_start` (a local driver for one small run: QUICK_START) count only if this call starts
+    the driver JVM."""
     conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(_SESSION_CONF.items()))
     cores = _local_cores(master)
     if cores is not None:
@@ -222,6 +234,8 @@ def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memor
         java_options.append(jvm_archive.java_options())
     if cores is not None:
         java_options += local_gc(java_options)
+    if cores is not None and quick_start:
+        java_options.append(QUICK_START)
     conf.set("spark.driver.extraJavaOptions", " ".join(option for option in java_options if option))
     if _delta_jars_in_driver(conf):
         conf.set("spark.sql.extensions", DELTA_EXTENSION).set("spark.sql.catalog.spark_catalog", DELTA_CATALOG)

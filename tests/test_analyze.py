@@ -12,10 +12,12 @@ import sys
 import pyspark
 import pytest
 
-from analyzer import lake, schema
+from analyzer import cli, lake, schema
+from analyzer.cli import build_parser
 from analyzer.timeline import replay_frames
 from spark_jobs import session
 from spark_jobs.analyze import OUTPUT_TABLES, analyze
+from spark_jobs.thresholds import Thresholds
 
 from .conftest import ROOT
 from .findings_check import LAB_THRESHOLDS, findings_of_capture, problems
@@ -135,6 +137,24 @@ def test_analyze_command_on_the_bundled_sample(tmp_path):
     # Spark's own log goes to its file, and so does what the JVM itself prints (its line about
     # incubator modules, before any logging starts): the progress lines are all there is.
     assert run.stderr.splitlines() == progress, run.stderr[-2000:]
+
+
+def test_one_run_over_few_frame_rows_gets_a_quick_start_driver(tmp_path, monkeypatch):
+    """`ackscope analyze` plans its run before it starts Spark, as the run will plan itself: one
+    run over few frame rows gets a driver JVM that favours start-up (session.QUICK_START); more
+    rows, a long-lived --every driver, or a lake it cannot plan (the run then says why) do not."""
+    lake_dir = _sample_lake(tmp_path)
+    rows = lake.logged_rows(lake.open_table(lake_dir, "frames"))
+    args = build_parser().parse_args(["analyze", "--lake", lake_dir])
+    thresholds = Thresholds()
+    assert cli._quick_start(args, thresholds, None)
+    assert not cli._quick_start(args, thresholds, 60.0)
+    monkeypatch.setattr(session, "QUICK_START_UP_TO_ROWS", rows - 1)
+    assert not cli._quick_start(args, thresholds, None)
+    monkeypatch.setattr(session, "QUICK_START_UP_TO_ROWS", rows)
+    assert cli._quick_start(args, thresholds, None)
+    shutil.rmtree(os.path.join(lake_dir, "frames", "_delta_log"))
+    assert not cli._quick_start(args, thresholds, None)
 
 
 def test_spark_submit_runs_the_job_file_as_the_deployments_do(tmp_path):

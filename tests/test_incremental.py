@@ -208,6 +208,9 @@ def test_scope_planner(tmp_path, traffic):
     plan = _plan(lake_dir)
     assert plan.scope == NEW_DATA and plan.baseline_version == 1 and plan.frames_version == 2
     assert len(plan.new_files) >= 1 and all(os.path.isfile(f) for f in plan.new_files)
+    # What the run reads, from the log alone (the command line starts its driver JVM by it).
+    assert (plan.new_rows, plan.rows_to_read, plan.frames_rows) == (100, 100, 300)
+    assert _plan(lake_dir, full=True).rows_to_read == _plan(lake_dir, since="2026-03-15").rows_to_read == 300
     # A days run does not move the baseline; a complete one does.
     _log(lake_dir, 2, scope=DAYS)
     assert _plan(lake_dir).baseline_version == 1
@@ -217,11 +220,13 @@ def test_scope_planner(tmp_path, traffic):
     frames_table = os.path.join(lake_dir, "frames")
     assert DeltaTable(frames_table).optimize.compact()["numFilesRemoved"] >= 2
     plan = _plan(lake_dir)
-    assert (plan.scope, plan.new_files, plan.frames_version, plan.frames_rows) == (NEW_DATA, (), 3, 300)
+    assert (plan.scope, plan.new_files, plan.frames_version, plan.frames_rows, plan.rows_to_read) == (
+        NEW_DATA, (), 3, 300, 0)
     # New rows compacted with older ones before a run read them cannot be read alone.
     _append(lake_dir, "frames", traffic[0].slice(300, 50), schema.FRAMES, "three")
     _append(lake_dir, "frames", traffic[0].slice(350, 50), schema.FRAMES, "four")
-    assert len(_plan(lake_dir).new_files) >= 2
+    plan = _plan(lake_dir)
+    assert len(plan.new_files) >= 2 and plan.rows_to_read == 100
     DeltaTable(frames_table).optimize.compact()
     plan = _plan(lake_dir)
     assert plan.scope == FULL and "rewritten" in plan.reason, plan.reason
