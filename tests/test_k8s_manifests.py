@@ -272,8 +272,8 @@ def test_the_object_storage_analysis_cronjob_analyses_the_agents_s3_lake():
     [settings_ref] = [s["configMapRef"]["name"] for s in container["envFrom"] if "configMapRef" in s]
     [config] = find(objects, "ConfigMap", settings_ref)
     assert config["data"]["AWS_REGION"] and "env" not in container
-    script = container["args"].index("/opt/ackscope/spark_jobs/analyze.py")
-    args = parsed(["analyze", *container["args"][script + 1:]], **config["data"])
+    assert container["args"][0] == "ackscope"
+    args = parsed(container["args"][1:], **config["data"])
     assert args.run is run_analyze
     assert args.lake == agents_lake and agents_lake.startswith("s3a://")
     assert args.pushgateway == config["data"]["ACKSCOPE_PUSHGATEWAY"]
@@ -318,7 +318,9 @@ def test_the_spark_operator_overlay_on_s3_as_the_docs_give_it(tmp_path):
     assert "volumes" not in template and not find(objects, "PersistentVolumeClaim")
 
 
-def test_the_analysis_cronjob_runs_spark_submit_on_the_lake_and_pushes():
+def test_the_analysis_cronjob_runs_ackscope_analyze_on_the_lake_and_pushes():
+    """`ackscope analyze` starts its local driver JVM itself, with ackscope's options for it
+    (spark-submit would start it first, with none of them)."""
     objects = overlay("broker-sidecar")
     [cronjob] = find(objects, "CronJob", "ackscope-analysis")
     assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
@@ -326,10 +328,10 @@ def test_the_analysis_cronjob_runs_spark_submit_on_the_lake_and_pushes():
     [container] = pod["containers"]
     assert "command" not in container  # the image's entry point runs it
     args = container["args"]
-    assert args[0] == "spark-submit"
-    script = args.index("/opt/ackscope/spark_jobs/analyze.py")
-    assert "--master=local[*]" in args[:script] and "--master=local[*]" in args[script:]
-    assert {"--lake=$(ACKSCOPE_LAKE)", "--pushgateway=$(ACKSCOPE_PUSHGATEWAY)"} <= set(args[script:])
+    assert args[:2] == ["ackscope", "analyze"]
+    assert {"--master=local[*]", "--driver-memory=2g", "--lake=$(ACKSCOPE_LAKE)",
+            "--pushgateway=$(ACKSCOPE_PUSHGATEWAY)"} <= set(args[2:])
+    assert "--every" not in " ".join(args)   # one run a pod: the schedule is the CronJob's
     [source] = container["envFrom"]
     assert source["configMapRef"]["name"].startswith("ackscope-settings-")
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/lake", "/tmp"}
@@ -413,11 +415,11 @@ def test_the_agent_arguments_are_ackscope_captures(name):
 def test_the_analysis_arguments_are_ackscope_analyzes():
     [cronjob] = find(overlay("broker-sidecar"), "CronJob")
     [container] = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
-    script = container["args"].index("/opt/ackscope/spark_jobs/analyze.py")
-    args = parsed(["analyze", *container["args"][script + 1:]])
+    assert container["args"][0] == "ackscope"
+    args = parsed(container["args"][1:])
     assert args.run is run_analyze
-    assert (args.master, args.lake, args.pushgateway, args.push_job) == (
-        "local[*]", "/lake", "http://pushgateway:9091", "ackscope-analysis")
+    assert (args.master, args.driver_memory, args.lake, args.pushgateway, args.push_job, args.every) == (
+        "local[*]", "2g", "/lake", "http://pushgateway:9091", "ackscope-analysis", None)
     [application] = find(overlay("spark-operator"), "ScheduledSparkApplication")
     args = parsed(["analyze", *application["spec"]["template"]["arguments"]])
     assert args.run is run_analyze and args.lake == "/lake" and args.master.startswith("k8s://")
