@@ -189,9 +189,10 @@ def distinct_strings(files: tuple[str, ...], column: str) -> list[str]:
             parquet = pq.ParquetFile(source, read_dictionary=[column])
             for group in range(parquet.metadata.num_row_groups):
                 for chunk in parquet.read_row_group(group, columns=[column]).column(0).chunks:
+                    chunk = chunk.unique()
                     if pa.types.is_dictionary(chunk.type):
-                        chunk = chunk.unique().dictionary_decode()
-                    values.update(chunk.unique().drop_null().to_pylist())
+                        chunk = chunk.dictionary_decode()
+                    values.update(chunk.drop_null().to_pylist())
     return sorted(values)
 
 
