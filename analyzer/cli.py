@@ -4,6 +4,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections import Counter
 from datetime import date
 from importlib import resources
@@ -368,9 +369,12 @@ def run_analyze(args) -> int:
     if every_s is None and not _has_frames(args.lake):
         print(f"ackscope analyze: no frames table in {args.lake}: run `ackscope ingest` first", file=sys.stderr)
         return 2
+    plan = _planned(args, thresholds) if every_s is None else None
+    if plan is not None and (unchanged := _unchanged(args, *plan)) is not None:
+        return unchanged  # nothing new: the report, without starting Spark
     try:
         spark = get_spark(args.master, "ackscope-analyze", driver_memory=args.driver_memory,
-                          quick_start=_quick_start(args, thresholds, every_s))
+                          quick_start=plan is not None and _quick_start(plan[0]))
     except DriverDidNotStart as exc:  # no java, a bad --driver-memory: the JVM's own words
         print(f"ackscope analyze: {exc}", file=sys.stderr)
         return EXIT_ANALYSIS_FAILED
@@ -383,21 +387,38 @@ def run_analyze(args) -> int:
             spark.stop()
 
 
-def _quick_start(args, thresholds, every_s: float | None) -> bool:
-    """Does the command run once, over few frame rows (a scheduled run's append, a small lake)?
-    Its driver JVM then favours start-up (session.QUICK_START); a long-lived --every driver does
-    not. The run is planned as it will plan itself (no Spark) to count the rows it reads."""
+def _planned(args, thresholds):
+    """A one-shot command's run, planned as it will plan itself (no Spark), and the seconds that took;
+    None where planning fails (the run plans again, with Spark, and reports what stops it there)."""
     from spark_jobs.analyze import planned_run
+
+    started = time.monotonic()
+    try:
+        plan = planned_run(args.lake, args.since, args.until, args.full, args.bucket_seconds,
+                           int(args.overdue_seconds * 1e9), thresholds)
+    except Exception:  # noqa: BLE001 - see above
+        return None
+    return plan, time.monotonic() - started
+
+
+def _unchanged(args, plan, planned_seconds: float) -> int | None:
+    """A run with nothing new (a scheduled run over an idle lake) needs no Spark: its report and
+    push, and the command's exit status; None where the run needs Spark."""
+    from spark_jobs.analyze import analyze_without_spark
+
+    try:
+        report = analyze_without_spark(args.lake, plan, planned_seconds, progress=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - reported as a failed analysis, as with Spark
+        return _failed(args, exc, spark_log=False)
+    return None if report is None else _reported(args, report)
+
+
+def _quick_start(plan) -> bool:
+    """Does the run read few frame rows (a scheduled run's append, a small lake)? Its driver JVM
+    then favours start-up (session.QUICK_START); a long-lived --every driver does not."""
     from spark_jobs.session import QUICK_START_UP_TO_ROWS
 
-    if every_s is not None:
-        return False
-    try:
-        rows = planned_run(args.lake, args.since, args.until, args.full, args.bucket_seconds,
-                           int(args.overdue_seconds * 1e9), thresholds).rows_to_read
-    except Exception:  # noqa: BLE001 - the run plans again, and reports what stops it there
-        return False
-    return rows is not None and rows <= QUICK_START_UP_TO_ROWS
+    return plan.rows_to_read is not None and plan.rows_to_read <= QUICK_START_UP_TO_ROWS
 
 
 def _has_frames(lake: str) -> bool:
@@ -407,12 +428,9 @@ def _has_frames(lake: str) -> bool:
 
 
 def _analyze_once(args, spark, thresholds, scheduled: bool = False) -> int:
-    """One run, its push and its output: the report, and the findings table unless `scheduled`
-    (each scheduled run prints its report; --json: one JSON object a line)."""
-    from spark_jobs.analyze import analyze, render_report
-    from spark_jobs.session import ObjectStoreUnavailable, spark_log_path
-
-    from .findings import read_findings, render_findings
+    """One run with Spark, its push and its output (_reported)."""
+    from spark_jobs.analyze import analyze
+    from spark_jobs.session import ObjectStoreUnavailable
 
     try:
         report = analyze(spark, args.lake, since=args.since, until=args.until, delta_mode=args.delta_mode,
@@ -422,11 +440,28 @@ def _analyze_once(args, spark, thresholds, scheduled: bool = False) -> int:
         print(f"ackscope analyze: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - the job's own failure, reported once, with its cause
-        print(f"ackscope analyze: the analysis of {args.lake} failed: {exc}\n"
-              f"  Spark's log: {spark_log_path()}", file=sys.stderr)
-        if args.pushgateway:
-            _push_after_analysis(args, failed=True)
-        return EXIT_ANALYSIS_FAILED
+        return _failed(args, exc, spark_log=True)
+    return _reported(args, report, scheduled)
+
+
+def _failed(args, exc: Exception, spark_log: bool) -> int:
+    """A failed run: said once with its cause (and where Spark's log is, when Spark ran), and pushed."""
+    from spark_jobs.session import spark_log_path
+
+    print(f"ackscope analyze: the analysis of {args.lake} failed: {exc}"
+          + (f"\n  Spark's log: {spark_log_path()}" if spark_log else ""), file=sys.stderr)
+    if args.pushgateway:
+        _push_after_analysis(args, failed=True)
+    return EXIT_ANALYSIS_FAILED
+
+
+def _reported(args, report, scheduled: bool = False) -> int:
+    """A finished run's push and output: the report, and the findings table unless `scheduled`
+    (each scheduled run prints its report; --json: one JSON object a line)."""
+    from spark_jobs.analyze import render_report
+
+    from .findings import read_findings, render_findings
+
     if args.pushgateway and not _push_after_analysis(args, failed=False):
         return EXIT_PUSH_FAILED
     if args.json:

@@ -74,10 +74,13 @@ FLAGGED_TABLES = {name: tuple(flag for flag in FILE_FLAGS if flag in OUTPUT_TABL
                   for name in PER_CONNECTION_TABLES}
 
 
+NO_SPARK = "none"  # the delta_mode of a run that did not start Spark (analyze_without_spark)
+
+
 @dataclass
 class AnalysisReport:
     lake: str
-    delta_mode: str
+    delta_mode: str                     # how Spark reached the tables: native or bridge (NO_SPARK: it did not)
     scope: str = FULL
     reason: str = ""
     frames_version: int | None = None
@@ -138,6 +141,23 @@ def planned_run(lake: str, since: str | None, until: str | None, full: bool, buc
                     flagged_tables=FLAGGED_TABLES)
 
 
+def analyze_without_spark(lake: str, plan: RunScope, planned_seconds: float,
+                          progress: TextIO | None = None) -> AnalysisReport | None:
+    """The report of a run that has nothing for Spark to do, made without starting Spark: no frames
+    file added since the last complete run, and findings up to date with the thresholds (a scheduled
+    run over an idle lake). None when the run needs Spark. `plan`: planned_run's, `planned_seconds`
+    what planning it took. Like such a run with Spark, it writes nothing."""
+    if plan.scope != NEW_DATA or plan.new_files or plan.findings_stale:
+        return None
+    started = time.monotonic() - planned_seconds
+    steps = Steps(None, progress)
+    steps.took("plan", planned_seconds, detail=f"{plan.scope}, 0 connection(s): no Spark")
+    report = AnalysisReport(lake=lake, delta_mode=NO_SPARK, scope=plan.scope, reason=plan.reason,
+                            frames_version=plan.frames_version)
+    _nothing_to_analyse(lake, report)
+    return _finished(report, started, steps)
+
+
 def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str | None = None,
             delta_mode: str = "auto", thresholds: Thresholds | None = None, bucket_seconds: int = 10,
             overdue_ns: int = DEFAULT_OVERDUE_NS, full: bool = False,
@@ -172,8 +192,7 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
                                 frames_version=plan.frames_version)
         run = _Run(spark, lake, mode, plan, keys, connections, bucket_seconds, overdue_ns, thresholds, steps)
         if keys == [] and not plan.findings_stale:
-            report.reason += "; nothing to analyse"
-            _count_findings(lake, report)
+            _nothing_to_analyse(lake, report)
             if plan.new_files or plan.scope != NEW_DATA:
                 _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
             return _finished(report, started, steps)
@@ -523,6 +542,11 @@ def _log_run(lake: str, run_id: str, plan: RunScope, report: AnalysisReport, sta
     writer.commit(row["run_id"])
 
 
+def _nothing_to_analyse(lake: str, report: AnalysisReport) -> None:
+    report.reason += "; nothing to analyse"
+    _count_findings(lake, report)
+
+
 def _count_findings(lake: str, report: AnalysisReport) -> int:
     """The findings table as stored, by kind and severity (small: read without Spark); its rows."""
     stored = read_table(lake, "findings", schema.FINDINGS, columns=["kind", "severity"])
@@ -540,8 +564,9 @@ def _finished(report: AnalysisReport, started: float, steps: Steps) -> AnalysisR
 
 
 def render_report(report: AnalysisReport) -> str:
+    access = "Spark not started" if report.delta_mode == NO_SPARK else f"{report.delta_mode} Delta access"
     lines = [f"analysed {report.frames:,} frame rows of {report.connections} connection(s) in {report.lake} "
-             f"({report.delta_mode} Delta access, {report.seconds:.1f}s, {report.spark_jobs} Spark jobs)",
+             f"({access}, {report.seconds:.1f}s, {report.spark_jobs} Spark jobs)",
              f"  carried on from checkpoints: {report.carried_connections} connection(s), only their new frames read "
              f"({report.carried_records:,} open or boundary records carried)",
              f"  scope: {report.scope} ({report.reason}); frames version {report.frames_version}"]

@@ -17,12 +17,15 @@ class Step:
 
 
 class Steps:
-    def __init__(self, spark: SparkSession, progress: TextIO | None = None, label: str = "ackscope analyze"):
-        self.context = spark.sparkContext
+    """`spark`: None for a run that starts no Spark (its steps start no Spark job)."""
+
+    def __init__(self, spark: SparkSession | None, progress: TextIO | None = None, label: str = "ackscope analyze"):
+        self.context = spark.sparkContext if spark is not None else None
         self.progress, self.label = progress, label
         # Every job of this run carries the group, so the status tracker can count them.
         self.group = f"ackscope-{uuid.uuid4().hex[:12]}"
-        self.context.setJobGroup(self.group, label)
+        if self.context is not None:
+            self.context.setJobGroup(self.group, label)
         self.seconds: dict[str, float] = {}
 
     @contextmanager
@@ -41,4 +44,6 @@ class Steps:
 
     def spark_jobs(self) -> int:
         """Spark jobs this run started so far."""
+        if self.context is None:
+            return 0
         return len(self.context.statusTracker().getJobIdsForGroup(self.group))

@@ -138,6 +138,25 @@ def test_analyze_command_on_the_bundled_sample(tmp_path):
     # incubator modules, before any logging starts): the progress lines are all there is.
     assert run.stderr.splitlines() == progress, run.stderr[-2000:]
 
+    # Nothing new since (a scheduled run over an idle lake): the same findings, and no Spark. A
+    # driver that cannot start (the heap size "2x") would fail any run that started one.
+    versions = {name: lake.open_table(lake_dir, name).version() for name in ("findings", "analysis_runs")}
+    again = _ackscope("analyze", "--lake", lake_dir, "--driver-memory", "2x", "--json")
+    assert again.returncode == 0, again.stderr[-3000:]
+    unchanged = json.loads(again.stdout)
+    assert unchanged["delta_mode"] == "none" and unchanged["spark_jobs"] == 0
+    assert unchanged["scope"] == "new_data" and unchanged["reason"].endswith("; nothing to analyse")
+    assert unchanged["findings_by_kind"] == report["findings_by_kind"] and unchanged["rows"] == {}
+    assert list(unchanged["seconds_by_step"]) == ["plan"]
+    assert again.stderr.startswith("ackscope analyze: plan (") and again.stderr.endswith(": no Spark\n")
+    assert {name: lake.open_table(lake_dir, name).version() for name in versions} == versions
+    text = _ackscope("analyze", "--lake", lake_dir, "--driver-memory", "2x")
+    assert text.returncode == 0 and "(Spark not started, " in text.stdout
+    assert "lab-lost_confirms-tcp-cut" in text.stdout  # the findings table follows the report
+    # New thresholds redo the findings: that run needs Spark.
+    stale = _ackscope("analyze", "--lake", lake_dir, "--driver-memory", "2x", "--threshold", "requeue_loop_deliveries=7")
+    assert stale.returncode == 5 and "Invalid maximum heap size" in stale.stderr, stale.stderr[-2000:]
+
 
 def test_one_run_over_few_frame_rows_gets_a_quick_start_driver(tmp_path, monkeypatch):
     """`ackscope analyze` plans its run before it starts Spark, as the run will plan itself: one
@@ -146,15 +165,15 @@ def test_one_run_over_few_frame_rows_gets_a_quick_start_driver(tmp_path, monkeyp
     lake_dir = _sample_lake(tmp_path)
     rows = lake.logged_rows(lake.open_table(lake_dir, "frames"))
     args = build_parser().parse_args(["analyze", "--lake", lake_dir])
-    thresholds = Thresholds()
-    assert cli._quick_start(args, thresholds, None)
-    assert not cli._quick_start(args, thresholds, 60.0)
+    plan, seconds = cli._planned(args, Thresholds())
+    assert plan.scope == "full" and plan.rows_to_read == rows and seconds > 0
+    assert cli._quick_start(plan)
     monkeypatch.setattr(session, "QUICK_START_UP_TO_ROWS", rows - 1)
-    assert not cli._quick_start(args, thresholds, None)
+    assert not cli._quick_start(plan)
     monkeypatch.setattr(session, "QUICK_START_UP_TO_ROWS", rows)
-    assert cli._quick_start(args, thresholds, None)
+    assert cli._quick_start(plan)
     shutil.rmtree(os.path.join(lake_dir, "frames", "_delta_log"))
-    assert not cli._quick_start(args, thresholds, None)
+    assert cli._planned(args, Thresholds()) is None
 
 
 def test_spark_submit_runs_the_job_file_as_the_deployments_do(tmp_path):
