@@ -74,12 +74,13 @@ LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 # competes less, but Spark's code runs slower once warm. On the 10 M-frame bench lake, each run in
 # a new process (bench/README.md, session 35): a scheduled run over a 5% append (0.5 M new frame
 # rows) 19.7-20.1 s with it against 22.9-23.9 s without; a full run of a 1 M-frame lake 25.2-26.7 s
-# against 30.2-31.9; a full run over all 10 M rows 159.8 s against 149.5. A long-lived driver
-# (`analyze --every`, the tests) keeps C2.
+# against 30.2-31.9; a full run over all 10 M rows 159.8 s against 149.5. Session 36, on a slower
+# machine: full runs of a 3 M-frame lake 110.2-122.8 s against 119.5-132.4, of a 5 M-frame lake
+# 171.4-183.0 against 173.6-176.1 (even). A long-lived driver (`analyze --every`, the tests) keeps C2.
 QUICK_START = "-XX:TieredStopAtLevel=1"
 # A one-shot run reading at most this many frame rows gets a QUICK_START driver: the largest run
-# measured to gain (the crossover lies between 1 M and 10 M rows).
-QUICK_START_UP_TO_ROWS = 1_000_000
+# measured to gain (the crossover lies near 5 M rows).
+QUICK_START_UP_TO_ROWS = 3_000_000
 # A local driver runs the tasks too, in a heap of a few GB. Spark allocates a buffer of 1-4 MB for
 # every broadcast, task binary and collected result (ChunkedByteBufferOutputStream); G1 takes each
 # as a humongous object, and such allocations start its concurrent marking cycles: 103 of them,
