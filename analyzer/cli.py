@@ -380,7 +380,7 @@ def run_analyze(args) -> int:
         return EXIT_ANALYSIS_FAILED
     try:
         if every_s is None:
-            return _analyze_once(args, spark, thresholds)
+            return _analyze_once(args, spark, thresholds, plan=plan[0] if plan is not None else None)
         return _analyze_every(args, spark, thresholds, every_s)
     finally:
         if driver_alive(spark):  # a JVM that is gone has nothing to stop, and py4j would raise
@@ -388,8 +388,9 @@ def run_analyze(args) -> int:
 
 
 def _planned(args, thresholds):
-    """A one-shot command's run, planned as it will plan itself (no Spark), and the seconds that took;
-    None where planning fails (the run plans again, with Spark, and reports what stops it there)."""
+    """A one-shot command's run, planned before Spark starts (its driver is sized on it, and the run
+    then analyses that plan), and the seconds that took; None where planning fails (the run plans
+    itself, with Spark, and reports what stops it there)."""
     from spark_jobs.analyze import planned_run
 
     started = time.monotonic()
@@ -427,15 +428,17 @@ def _has_frames(lake: str) -> bool:
     return is_dir(os.path.join(lake, "frames"))
 
 
-def _analyze_once(args, spark, thresholds, scheduled: bool = False) -> int:
-    """One run with Spark, its push and its output (_reported)."""
+def _analyze_once(args, spark, thresholds, scheduled: bool = False, plan=None) -> int:
+    """One run with Spark, its push and its output (_reported). `plan`: the command's, made before
+    Spark started (None: the run plans itself)."""
     from spark_jobs.analyze import analyze
     from spark_jobs.session import ObjectStoreUnavailable
 
     try:
         report = analyze(spark, args.lake, since=args.since, until=args.until, delta_mode=args.delta_mode,
                          thresholds=thresholds, bucket_seconds=args.bucket_seconds,
-                         overdue_ns=int(args.overdue_seconds * 1e9), full=args.full, progress=sys.stderr)
+                         overdue_ns=int(args.overdue_seconds * 1e9), full=args.full, progress=sys.stderr,
+                         plan=plan)
     except ObjectStoreUnavailable as exc:  # a configuration error, found before the run starts
         print(f"ackscope analyze: {exc}", file=sys.stderr)
         return 2

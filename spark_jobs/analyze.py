@@ -161,27 +161,32 @@ def analyze_without_spark(lake: str, plan: RunScope, planned_seconds: float,
 def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str | None = None,
             delta_mode: str = "auto", thresholds: Thresholds | None = None, bucket_seconds: int = 10,
             overdue_ns: int = DEFAULT_OVERDUE_NS, full: bool = False,
-            progress: TextIO | None = None) -> AnalysisReport:
+            progress: TextIO | None = None, plan: RunScope | None = None) -> AnalysisReport:
     """One run: plan its scope (run_scope.py); carry the connections with new frames on from their
     checkpoints, or analyse them whole where that cannot be done exactly; patch or replace their
     rows; then the findings they can change (all of them on a full run or new thresholds).
-    `progress`: where one line per step goes (the command line: stderr)."""
+    `progress`: where one line per step goes (the command line: stderr). `plan`: planned_run's
+    with these same options, when the caller planned the run before it started Spark (the command
+    line, to size its driver): the run analyses that snapshot; frames appended since wait for the
+    next run. None: the run plans itself."""
     started, started_ts = time.monotonic(), datetime.now(timezone.utc)
     use_lake(spark, lake)  # a lake Spark cannot reach fails here, before any step
     run_id = uuid.uuid4().hex
     with commits_tagged(spark, run_id):  # every commit of the run names it (provisional.py)
         return _run(spark, lake, run_id, started, started_ts, since, until, delta_mode,
-                    thresholds if thresholds is not None else Thresholds(), bucket_seconds, overdue_ns, full, progress)
+                    thresholds if thresholds is not None else Thresholds(), bucket_seconds, overdue_ns, full, progress,
+                    plan)
 
 
 def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts: datetime, since: str | None,
          until: str | None, delta_mode: str, thresholds: Thresholds, bucket_seconds: int, overdue_ns: int,
-         full: bool, progress: TextIO | None) -> AnalysisReport:
+         full: bool, progress: TextIO | None, plan: RunScope | None) -> AnalysisReport:
     steps = Steps(spark, progress)
     with ExitStack() as sized:
         with steps.step("plan") as planned:
             mode = resolve_delta_mode(spark, delta_mode)
-            plan = planned_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds)
+            if plan is None:
+                plan = planned_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds)
             sized.enter_context(expressions_for(spark, plan.frames_rows))  # the rest of the run
             all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
             connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)

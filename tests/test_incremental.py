@@ -20,8 +20,9 @@ from deltalake import DeltaTable
 
 from analyzer import lake, schema
 from analyzer.ingest import ingest_file
+from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 from spark_jobs import compaction, delta_io
-from spark_jobs.analyze import FLAGGED_TABLES, OUTPUT_TABLES, PER_CONNECTION_TABLES, analyze
+from spark_jobs.analyze import FLAGGED_TABLES, OUTPUT_TABLES, PER_CONNECTION_TABLES, analyze, planned_run
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
 from spark_jobs.requeue_related import REQUEUE_RELATED
 from spark_jobs.run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, finished_runs, plan_run
@@ -155,6 +156,26 @@ def test_a_run_with_nothing_new_writes_nothing(spark, whole, appended):
     assert _versions(lake_dir) == versions
     assert DeltaTable(os.path.join(lake_dir, RUNS_TABLE)).version() == runs
     assert _tables(lake_dir) == whole
+
+
+def test_a_run_analyses_the_snapshot_it_was_planned_on(spark, traffic, tmp_path):
+    """The command line plans its run before it starts Spark (to size the driver) and hands the plan
+    on: frames appended meanwhile are left to the next run, which finds them as new."""
+    frames, connections = traffic
+    first, second, *_ = _pieces(frames)
+    lake_dir = str(tmp_path / "lake")
+    _append(lake_dir, "frames", first, schema.FRAMES, "first")
+    _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
+    assert analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS).scope == FULL
+    plan = planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS, LAB_THRESHOLDS)
+    _append(lake_dir, "frames", second, schema.FRAMES, "second")
+    runs = DeltaTable(os.path.join(lake_dir, RUNS_TABLE)).version()
+    held = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS, plan=plan)
+    assert held.frames_version == plan.frames_version and held.reason.endswith("nothing to analyse")
+    assert DeltaTable(os.path.join(lake_dir, RUNS_TABLE)).version() == runs
+    later = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    assert later.scope == NEW_DATA and later.frames_version == plan.frames_version + 1
+    assert later.connections == len(set(second["connection_id"].to_pylist())) > 0
 
 
 def test_analysing_days_again_changes_nothing(spark, whole, appended, traffic):
