@@ -369,18 +369,18 @@ def run_analyze(args) -> int:
     if every_s is None and not _has_frames(args.lake):
         print(f"ackscope analyze: no frames table in {args.lake}: run `ackscope ingest` first", file=sys.stderr)
         return 2
-    plan = _planned(args, thresholds) if every_s is None else None
-    if plan is not None and (unchanged := _unchanged(args, *plan)) is not None:
+    plan, planned_seconds = _planned(args, thresholds) if every_s is None else (None, 0.0)
+    if plan is not None and (unchanged := _unchanged(args, plan, planned_seconds)) is not None:
         return unchanged  # nothing new: the report, without starting Spark
     try:
         spark = get_spark(args.master, "ackscope-analyze", driver_memory=args.driver_memory,
-                          quick_start=plan is not None and _quick_start(plan[0]))
+                          quick_start=plan is not None and _quick_start(plan))
     except DriverDidNotStart as exc:  # no java, a bad --driver-memory: the JVM's own words
         print(f"ackscope analyze: {exc}", file=sys.stderr)
         return EXIT_ANALYSIS_FAILED
     try:
         if every_s is None:
-            return _analyze_once(args, spark, thresholds, plan=plan[0] if plan is not None else None)
+            return _analyze_once(args, spark, thresholds, plan=plan)
         return _analyze_every(args, spark, thresholds, every_s)
     finally:
         if driver_alive(spark):  # a JVM that is gone has nothing to stop, and py4j would raise
@@ -389,7 +389,7 @@ def run_analyze(args) -> int:
 
 def _planned(args, thresholds):
     """A one-shot command's run, planned before Spark starts (its driver is sized on it, and the run
-    then analyses that plan), and the seconds that took; None where planning fails (the run plans
+    then analyses that plan), and the seconds that took; no plan where planning fails (the run plans
     itself, with Spark, and reports what stops it there)."""
     from spark_jobs.analyze import planned_run
 
@@ -398,7 +398,7 @@ def _planned(args, thresholds):
         plan = planned_run(args.lake, args.since, args.until, args.full, args.bucket_seconds,
                            int(args.overdue_seconds * 1e9), thresholds)
     except Exception:  # noqa: BLE001 - see above
-        return None
+        return None, 0.0
     return plan, time.monotonic() - started
 
 

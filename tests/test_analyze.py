@@ -173,7 +173,7 @@ def test_one_run_over_few_frame_rows_gets_a_quick_start_driver(tmp_path, monkeyp
     monkeypatch.setattr(session, "QUICK_START_UP_TO_ROWS", rows)
     assert cli._quick_start(plan)
     shutil.rmtree(os.path.join(lake_dir, "frames", "_delta_log"))
-    assert cli._planned(args, Thresholds()) is None
+    assert cli._planned(args, Thresholds()) == (None, 0.0)
 
 
 def test_spark_submit_runs_the_job_file_as_the_deployments_do(tmp_path):
