@@ -147,7 +147,7 @@ def analyze_without_spark(lake: str, plan: RunScope, planned_seconds: float,
     file added since the last complete run, and findings up to date with the thresholds (a scheduled
     run over an idle lake). None when the run needs Spark. `plan`: planned_run's, `planned_seconds`
     what planning it took. Like such a run with Spark, it writes nothing."""
-    if plan.scope != NEW_DATA or plan.new_files or plan.findings_stale:
+    if not plan.nothing_new:
         return None
     started = time.monotonic() - planned_seconds
     steps = Steps(None, progress)
@@ -198,7 +198,7 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
         run = _Run(spark, lake, mode, plan, keys, connections, bucket_seconds, overdue_ns, thresholds, steps)
         if keys == [] and not plan.findings_stale:
             _nothing_to_analyse(lake, report)
-            if plan.new_files or plan.scope != NEW_DATA:
+            if not plan.nothing_new:  # new files without a connection's frames, or days: logged
                 _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
             return _finished(report, started, steps)
 

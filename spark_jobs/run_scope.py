@@ -52,6 +52,11 @@ class RunScope:
     new_rows: int | None = None          # new_data: rows in the new files, from the Delta log
 
     @property
+    def nothing_new(self) -> bool:
+        """A new_data run with no frames file added and findings up to date: it changes nothing."""
+        return self.scope == NEW_DATA and not self.new_files and not self.findings_stale
+
+    @property
     def rows_to_read(self) -> int | None:
         """The frame rows the run reads, as the log counts them (None: not known): a new_data run
         its new files' (more only if a connection must be analysed whole), any other run at most
