@@ -1,9 +1,13 @@
-"""The native lane (analyzer/_lane.c) is the only thing setup.py adds to pyproject.toml. It is
-optional: where it does not compile, the decoder runs its Python path (analyzer/native.py), and
-tests/test_native_lane.py fails under CI=true so that this never goes unnoticed there."""
+"""The two C modules are the only thing setup.py adds to pyproject.toml: the native decode lane
+(analyzer/_lane.c) and the connection pass's Arrow conversions (analyzer/_columns.c). Both are
+optional: where they do not compile, the Python paths do the work (analyzer/native.py,
+analyzer/columns.py), and tests/test_native_lane.py and tests/test_columns.py fail under CI=true so
+that this never goes unnoticed there."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("analyzer._lane", ["analyzer/_lane.c"], optional=True,
-                             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
-                                                 "-Wno-missing-field-initializers", "-Wno-cast-function-type"])])
+FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
+         "-Wno-cast-function-type"]
+
+setup(ext_modules=[Extension("analyzer._lane", ["analyzer/_lane.c"], optional=True, extra_compile_args=FLAGS),
+                   Extension("analyzer._columns", ["analyzer/_columns.c"], optional=True, extra_compile_args=FLAGS)])

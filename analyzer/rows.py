@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .columns import record_column
 from .schema import FRAMES
 
 DIRECTION_NAMES = ("to_broker", "to_client")
@@ -284,7 +285,10 @@ def objects_to_table(items: list, reader, schema: pa.Schema, ts_columns: dict[st
         if field.name in ts_columns or field.name == "date":
             continue
         name = field.name
-        columns[name] = pa.array(list(map(reader(name), items)), type=field.type) if n else pa.nulls(0, field.type)
+        column = record_column(items, name, field.type) if reader is operator.attrgetter else None
+        if column is None:
+            column = pa.array(list(map(reader(name), items)), type=field.type) if n else pa.nulls(0, field.type)
+        columns[name] = column
     for name, source in ts_columns.items():
         columns[name] = _ns_to_timestamp(columns[source])
     columns["date"] = _ns_to_timestamp(columns[date_from]).cast(pa.date32()).cast(pa.string())

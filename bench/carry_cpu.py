@@ -25,7 +25,8 @@ import frames_generator as generator  # noqa: E402
 from pass_cpu import SPARK_BATCH_ROWS, pass_input  # noqa: E402
 
 from analyzer.timeline.carry import WholeConnection, continue_connection, dump, load  # noqa: E402
-from spark_jobs.connection_pass import HEADER_SEQ, batch_rows  # noqa: E402
+from analyzer.columns import batch_rows  # noqa: E402
+from spark_jobs.connection_pass import HEADER_SEQ  # noqa: E402
 
 BUCKET_NS = 10 * 10**9
 

@@ -20,10 +20,11 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from analyzer.columns import batch_rows
 from analyzer.detectors import RawFinding
 from analyzer.detectors.messages import (BOUNCED_BY, CLOSED, COLUMNS, JOURNEY_ORDER, Journey, Redelivered,
                                          after_close_finding, redelivered_after_close)
-from spark_jobs.connection_pass import batch_rows, connection_rows, finding_fields
+from spark_jobs.connection_pass import connection_rows, finding_fields
 from spark_jobs.thresholds import Thresholds
 from spark_jobs.types import spark_schema
 

@@ -1,0 +1,318 @@
+/* Arrow columns to and from Python objects, in C (see analyzer/columns.py).
+ *
+ * The connection pass spends a third of its Python outside the rules: making a dict per frame row
+ * out of each Arrow batch, and reading every record's fields back into Arrow columns. These two
+ * loops do the same conversions as pyarrow's `to_pylist` + `dict(zip(...))` and `pa.array(...)`,
+ * without a Python list per column in between. They take only what they know exactly (the plain
+ * Arrow layouts of the frames' columns; exact int, bool and str values in a record's slots) and
+ * otherwise say "not taken" (None), so that the caller does the general conversion, which stays
+ * the reference (tests/test_columns.py compares the two). Every read is bounds-checked against the
+ * buffers: a buffer shorter than its column claims is a ValueError, never a read past its end.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Column kinds, as columns.py names them. */
+enum { K_INT64, K_INT32, K_INT16, K_INT8, K_BOOL, K_UTF8, K_LARGE_UTF8, K_NULL, K_COUNT };
+static const int WIDTH[K_COUNT] = {8, 4, 2, 1, 0, 4, 8, 0};
+
+static inline int bit(const uint8_t *bits, Py_ssize_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
+
+/* ---- Arrow batch -> row dicts ------------------------------------------------------------------ */
+
+typedef struct {
+    int kind;
+    Py_ssize_t offset;                 /* the array's offset into its buffers */
+    Py_buffer validity, data, offsets; /* .obj NULL when absent */
+    PyObject *last;                    /* strings: the previous row's value, reused while equal */
+    const char *last_ptr;
+    Py_ssize_t last_len;
+} Column;
+
+static void column_release(Column *c) {
+    if (c->validity.obj) PyBuffer_Release(&c->validity);
+    if (c->data.obj) PyBuffer_Release(&c->data);
+    if (c->offsets.obj) PyBuffer_Release(&c->offsets);
+    Py_CLEAR(c->last);
+}
+
+static int get_buffer(PyObject *obj, Py_buffer *view) {
+    if (obj == Py_None) return 0;
+    return PyObject_GetBuffer(obj, view, PyBUF_SIMPLE);
+}
+
+static int too_short(const char *what, Py_ssize_t have, Py_ssize_t need) {
+    PyErr_Format(PyExc_ValueError, "%s buffer holds %zd bytes, the column needs %zd", what, have, need);
+    return -1;
+}
+
+/* Checks the buffers against `length` rows from the column's offset. */
+static int column_open(Column *c, PyObject *spec, Py_ssize_t length) {
+    PyObject *validity, *data, *offsets;
+    if (!PyArg_ParseTuple(spec, "inOOO", &c->kind, &c->offset, &validity, &data, &offsets)) return -1;
+    if (c->kind < 0 || c->kind >= K_COUNT || c->offset < 0) {
+        PyErr_SetString(PyExc_ValueError, "unknown column kind or negative offset");
+        return -1;
+    }
+    if (get_buffer(validity, &c->validity) < 0 || get_buffer(data, &c->data) < 0 || get_buffer(offsets, &c->offsets) < 0)
+        return -1;
+    Py_ssize_t end = c->offset + length;
+    if (c->validity.obj && c->validity.len < (end + 7) / 8) return too_short("validity", c->validity.len, (end + 7) / 8);
+    if (c->kind == K_NULL) return 0;
+    if (!c->data.obj) {
+        PyErr_SetString(PyExc_ValueError, "a column without its data buffer");
+        return -1;
+    }
+    if (c->kind == K_BOOL) return c->data.len < (end + 7) / 8 ? too_short("data", c->data.len, (end + 7) / 8) : 0;
+    if (c->kind == K_UTF8 || c->kind == K_LARGE_UTF8) {
+        Py_ssize_t need = (end + 1) * WIDTH[c->kind];
+        if (!c->offsets.obj) {
+            PyErr_SetString(PyExc_ValueError, "a string column without its offsets buffer");
+            return -1;
+        }
+        return c->offsets.len < need ? too_short("offsets", c->offsets.len, need) : 0;
+    }
+    return c->data.len < end * WIDTH[c->kind] ? too_short("data", c->data.len, end * WIDTH[c->kind]) : 0;
+}
+
+static PyObject *string_at(Column *c, Py_ssize_t i) {
+    int64_t start, stop;
+    if (c->kind == K_UTF8) {
+        const int32_t *o = (const int32_t *)c->offsets.buf;
+        start = o[i], stop = o[i + 1];
+    } else {
+        const int64_t *o = (const int64_t *)c->offsets.buf;
+        start = o[i], stop = o[i + 1];
+    }
+    if (start < 0 || stop < start || stop > c->data.len) {
+        PyErr_Format(PyExc_ValueError, "string offsets %lld..%lld outside a data buffer of %zd bytes",
+                     (long long)start, (long long)stop, c->data.len);
+        return NULL;
+    }
+    const char *p = (const char *)c->data.buf + start;
+    Py_ssize_t n = (Py_ssize_t)(stop - start);
+    /* Runs of one value (a connection's id, a method, a direction) share one str object. */
+    if (c->last && n == c->last_len && memcmp(p, c->last_ptr, (size_t)n) == 0) {
+        Py_INCREF(c->last);
+        return c->last;
+    }
+    PyObject *s = PyUnicode_DecodeUTF8(p, n, "strict");
+    if (!s) return NULL;
+    Py_XSETREF(c->last, Py_NewRef(s));
+    c->last_ptr = p, c->last_len = n;
+    return s;
+}
+
+static PyObject *value_at(Column *c, Py_ssize_t row) {
+    Py_ssize_t i = c->offset + row;
+    if (c->kind == K_NULL || (c->validity.obj && !bit(c->validity.buf, i))) Py_RETURN_NONE;
+    const void *d = c->data.buf;
+    switch (c->kind) {
+    case K_INT64: return PyLong_FromLongLong(((const int64_t *)d)[i]);
+    case K_INT32: return PyLong_FromLong(((const int32_t *)d)[i]);
+    case K_INT16: return PyLong_FromLong(((const int16_t *)d)[i]);
+    case K_INT8: return PyLong_FromLong(((const int8_t *)d)[i]);
+    case K_BOOL: return PyBool_FromLong(bit(d, i));
+    default: return string_at(c, i);
+    }
+}
+
+/* rows(names, columns, length) -> [dict]: row i maps names[k] to column k's value i.
+ * columns[k] = (kind, offset, validity, data, offsets), buffers as pyarrow gives them (or None). */
+static PyObject *rows(PyObject *self, PyObject *args) {
+    PyObject *names, *specs;
+    Py_ssize_t length;
+    if (!PyArg_ParseTuple(args, "O!O!n", &PyTuple_Type, &names, &PyTuple_Type, &specs, &length)) return NULL;
+    Py_ssize_t width = PyTuple_GET_SIZE(names);
+    if (PyTuple_GET_SIZE(specs) != width || length < 0) {
+        PyErr_SetString(PyExc_ValueError, "one column per name, and a length of at least 0");
+        return NULL;
+    }
+    PyObject *out = NULL, *keys = PyTuple_New(width);
+    Column *columns = PyMem_Calloc((size_t)(width ? width : 1), sizeof(Column));
+    if (!keys || !columns) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < width; k++) {
+        PyObject *key = PyTuple_GET_ITEM(names, k);
+        if (!PyUnicode_CheckExact(key)) {
+            PyErr_SetString(PyExc_TypeError, "column names must be str");
+            goto done;
+        }
+        Py_INCREF(key);
+        PyUnicode_InternInPlace(&key);  /* the rules' literal keys find it by identity */
+        PyTuple_SET_ITEM(keys, k, key);
+        if (column_open(&columns[k], PyTuple_GET_ITEM(specs, k), length) < 0) goto done;
+    }
+    out = PyList_New(length);
+    if (!out) goto done;
+    for (Py_ssize_t row = 0; row < length; row++) {
+        PyObject *dict = _PyDict_NewPresized(width);
+        if (!dict) goto fail;
+        PyList_SET_ITEM(out, row, dict);
+        for (Py_ssize_t k = 0; k < width; k++) {
+            PyObject *value = value_at(&columns[k], row);
+            if (!value || PyDict_SetItem(dict, PyTuple_GET_ITEM(keys, k), value) < 0) {
+                Py_XDECREF(value);
+                goto fail;
+            }
+            Py_DECREF(value);
+        }
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    if (columns)
+        for (Py_ssize_t k = 0; k < width; k++) column_release(&columns[k]);
+    PyMem_Free(columns);
+    Py_XDECREF(keys);
+    return out;
+}
+
+/* ---- records -> Arrow buffers ----------------------------------------------------------------- */
+
+/* A growable byte buffer, handed over as bytes. */
+typedef struct { char *data; Py_ssize_t len, cap; } Bytes;
+
+static int bytes_reserve(Bytes *b, Py_ssize_t more) {
+    if (b->len + more <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 1024;
+    while (cap < b->len + more) cap *= 2;
+    char *p = PyMem_Realloc(b->data, (size_t)cap);
+    if (!p) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = p, b->cap = cap;
+    return 0;
+}
+
+static PyObject *bytes_take(Bytes *b) {
+    PyObject *out = PyBytes_FromStringAndSize(b->data ? b->data : "", b->len);
+    PyMem_Free(b->data);
+    b->data = NULL, b->len = b->cap = 0;
+    return out;
+}
+
+/* record_column(items, slot, kind) -> (validity bytes or None, data bytes, offsets bytes or None,
+ * null count), or None when it does not take them: an item not of the slot's class, an unset slot,
+ * a value other than an exact int (in range), bool or str for its kind. `slot`: the member
+ * descriptor of a __slots__ field (Class.__dict__[name]). kind: int64, int32, bool or utf8. */
+static PyObject *record_column(PyObject *self, PyObject *args) {
+    PyObject *items, *slot;
+    int kind;
+    if (!PyArg_ParseTuple(args, "O!Oi", &PyList_Type, &items, &slot, &kind)) return NULL;
+    if (!Py_IS_TYPE(slot, &PyMemberDescr_Type) || !(kind == K_INT64 || kind == K_INT32 || kind == K_BOOL || kind == K_UTF8))
+        Py_RETURN_NONE;
+    PyMemberDef *member = ((PyMemberDescrObject *)slot)->d_member;
+    PyTypeObject *owner = PyDescr_TYPE(slot);
+    if (member->type != T_OBJECT_EX) Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(items), nulls = 0, at = member->offset;
+    Bytes validity = {0}, data = {0}, offsets = {0};
+    int taken = 0;
+    if (bytes_reserve(&validity, (n + 7) / 8) < 0) goto done;
+    memset(validity.data, 0, (size_t)((n + 7) / 8));
+    validity.len = (n + 7) / 8;
+    if (kind == K_BOOL) {
+        if (bytes_reserve(&data, (n + 7) / 8) < 0) goto done;
+        memset(data.data, 0, (size_t)((n + 7) / 8));
+        data.len = (n + 7) / 8;
+    } else if (kind == K_UTF8) {
+        if (bytes_reserve(&offsets, (n + 1) * 4) < 0) goto done;
+        memset(offsets.data, 0, 4);
+        offsets.len = (n + 1) * 4;
+    } else if (bytes_reserve(&data, n * WIDTH[kind]) < 0) {
+        goto done;
+    } else {
+        data.len = n * WIDTH[kind];
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (Py_TYPE(item) != owner) goto done;
+        PyObject *value = *(PyObject **)((char *)item + at);
+        if (!value) goto done;  /* an unset slot: the general path raises its AttributeError */
+        int present = value != Py_None;
+        if (present) validity.data[i >> 3] |= (char)(1 << (i & 7));
+        else nulls++;
+        if (kind == K_UTF8) {
+            if (present) {
+                Py_ssize_t len;
+                const char *s;
+                if (!PyUnicode_CheckExact(value) || !(s = PyUnicode_AsUTF8AndSize(value, &len))) {
+                    PyErr_Clear();  /* not a str, or one that is not valid UTF-8 (surrogates) */
+                    goto done;
+                }
+                if (len > INT32_MAX - data.len || bytes_reserve(&data, len) < 0) {
+                    PyErr_Clear();  /* over 2 GiB of text: the general path knows what to do */
+                    goto done;
+                }
+                memcpy(data.data + data.len, s, (size_t)len);
+                data.len += len;
+            }
+            int32_t end = (int32_t)data.len;
+            memcpy(offsets.data + (i + 1) * 4, &end, 4);
+        } else if (kind == K_BOOL) {
+            if (present && value != Py_True && value != Py_False) goto done;
+            if (value == Py_True) data.data[i >> 3] |= (char)(1 << (i & 7));
+        } else {
+            long long v = 0;
+            if (present) {
+                int overflow;
+                if (!PyLong_CheckExact(value)) goto done;
+                v = PyLong_AsLongLongAndOverflow(value, &overflow);
+                if (overflow || (kind == K_INT32 && (v < INT32_MIN || v > INT32_MAX))) goto done;
+            }
+            if (kind == K_INT64) {
+                int64_t x = v;
+                memcpy(data.data + i * 8, &x, 8);
+            } else {
+                int32_t x = (int32_t)v;
+                memcpy(data.data + i * 4, &x, 4);
+            }
+        }
+    }
+    taken = 1;
+done:;
+    PyObject *out = NULL;
+    if (taken && !PyErr_Occurred()) {
+        PyObject *v = nulls ? bytes_take(&validity) : Py_NewRef(Py_None);
+        PyObject *d = bytes_take(&data);
+        PyObject *o = kind == K_UTF8 ? bytes_take(&offsets) : Py_NewRef(Py_None);
+        if (v && d && o) out = Py_BuildValue("(OOOn)", v, d, o, nulls);
+        Py_XDECREF(v);
+        Py_XDECREF(d);
+        Py_XDECREF(o);
+    }
+    PyMem_Free(validity.data);
+    PyMem_Free(data.data);
+    PyMem_Free(offsets.data);
+    if (out || PyErr_Occurred()) return out;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"rows", rows, METH_VARARGS, "rows(names, columns, length) -> a dict per row of an Arrow batch's columns."},
+    {"record_column", record_column, METH_VARARGS,
+     "record_column(items, slot, kind) -> one field of slotted records as Arrow buffers, or None if not taken."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_columns", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__columns(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    if (PyModule_AddIntConstant(m, "INT64", K_INT64) < 0 || PyModule_AddIntConstant(m, "INT32", K_INT32) < 0 ||
+        PyModule_AddIntConstant(m, "INT16", K_INT16) < 0 || PyModule_AddIntConstant(m, "INT8", K_INT8) < 0 ||
+        PyModule_AddIntConstant(m, "BOOL", K_BOOL) < 0 || PyModule_AddIntConstant(m, "UTF8", K_UTF8) < 0 ||
+        PyModule_AddIntConstant(m, "LARGE_UTF8", K_LARGE_UTF8) < 0 || PyModule_AddIntConstant(m, "NULL", K_NULL) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

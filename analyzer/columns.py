@@ -1,0 +1,102 @@
+"""Arrow columns to and from Python objects: the two edges of the connection pass, in C where it is built.
+
+The pass hands every frame to the state machine as a dict and every record back to Arrow a column
+at a time (spark_jobs/connection_pass.py). In Python, the dicts cost ~1.5 µs per frame and the
+columns ~1.5 µs per frame, a third of the pass outside the rules. `analyzer/_columns.c` does both
+conversions without a Python list per column in between; it takes only the layouts and values it
+knows exactly and leaves everything else to pyarrow's own conversion, which stays the reference
+(tests/test_columns.py compares the two on the same batches and records). Nothing here knows a rule.
+
+ACKSCOPE_PURE_PYTHON=1 switches the compiled paths off (as for the decode lane, analyzer/native.py);
+without the compiled module there are none.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from functools import partial
+
+import pyarrow as pa
+
+try:
+    from . import _columns
+except ImportError:  # not compiled (setup.py marks it optional): pyarrow converts everything
+    _columns = None
+
+
+def available() -> bool:
+    return _columns is not None
+
+
+def enabled() -> bool:
+    return _columns is not None and os.environ.get("ACKSCOPE_PURE_PYTHON", "") in ("", "0")
+
+
+# -- batches in: a dict per row ----------------------------------------------------------------------
+
+def batch_rows(batch: pa.RecordBatch) -> Iterator[dict] | list[dict]:
+    """The batch's rows as dicts, equal to `batch.to_pylist()`'s."""
+    if enabled():
+        columns = _row_columns(batch)
+        if columns is not None:
+            return _columns.rows(tuple(batch.schema.names), columns, batch.num_rows)
+    return python_batch_rows(batch)
+
+
+def python_batch_rows(batch: pa.RecordBatch) -> Iterator[dict]:
+    """The reference: each column to Python at once, then one dict per row from the zipped values
+    (a third less CPU than `to_pylist`)."""
+    names = batch.schema.names
+    return map(dict, map(partial(zip, names), zip(*[column.to_pylist() for column in batch.columns])))
+
+
+def _row_kind(arrow_type: pa.DataType) -> int | None:
+    """The C loop's name for a column type, None for one it does not read (pyarrow does it all)."""
+    if pa.types.is_string(arrow_type):
+        return _columns.UTF8
+    if pa.types.is_large_string(arrow_type):
+        return _columns.LARGE_UTF8
+    return {pa.int64(): _columns.INT64, pa.int32(): _columns.INT32, pa.int16(): _columns.INT16,
+            pa.int8(): _columns.INT8, pa.bool_(): _columns.BOOL, pa.null(): _columns.NULL}.get(arrow_type)
+
+
+def _row_columns(batch: pa.RecordBatch) -> tuple | None:
+    specs = []
+    for column in batch.columns:
+        kind = _row_kind(column.type)
+        if kind is None:
+            return None
+        buffers = column.buffers()
+        if kind == _columns.NULL:
+            specs.append((kind, 0, None, None, None))
+        elif kind in (_columns.UTF8, _columns.LARGE_UTF8):
+            specs.append((kind, column.offset, buffers[0], buffers[2], buffers[1]))
+        else:
+            specs.append((kind, column.offset, buffers[0], buffers[1], None))
+    return tuple(specs)
+
+
+# -- records out: a column per field -----------------------------------------------------------------
+
+def record_column(items: list, name: str, arrow_type: pa.DataType) -> pa.Array | None:
+    """Field `name` of `items` (records of one slotted class, such as timeline/records.py's) as an
+    Arrow array of `arrow_type`, equal to `pa.array([x.<name> for x in items], type=arrow_type)`;
+    None where the C loop does not take them (the caller converts them itself)."""
+    if not enabled() or not items:
+        return None
+    kind = _RECORD_KINDS.get(arrow_type)
+    slot = type(items[0]).__dict__.get(name)
+    if kind is None or slot is None:
+        return None
+    taken = _columns.record_column(items, slot, kind)
+    if taken is None:
+        return None
+    validity, data, offsets, nulls = taken
+    buffers = [None if validity is None else pa.py_buffer(validity)]
+    buffers += [pa.py_buffer(offsets), pa.py_buffer(data)] if offsets is not None else [pa.py_buffer(data)]
+    return pa.Array.from_buffers(arrow_type, len(items), buffers, null_count=nulls)
+
+
+_RECORD_KINDS = {} if _columns is None else {
+    pa.int64(): _columns.INT64, pa.int32(): _columns.INT32, pa.bool_(): _columns.BOOL, pa.string(): _columns.UTF8}
