@@ -10,4 +10,6 @@ FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field
          "-Wno-cast-function-type"]
 
 setup(ext_modules=[Extension("analyzer._lane", ["analyzer/_lane.c"], optional=True, extra_compile_args=FLAGS),
-                   Extension("analyzer._columns", ["analyzer/_columns.c"], optional=True, extra_compile_args=FLAGS)])
+                   Extension("analyzer._columns", ["analyzer/_columns.c"], optional=True, extra_compile_args=FLAGS),
+                   Extension("analyzer.timeline._records", ["analyzer/timeline/_records.c"], optional=True,
+                             extra_compile_args=FLAGS)])

@@ -1,12 +1,19 @@
 """The timeline's records stay frozen dataclasses with their columns, whatever builds them
-(records.py gives them a cheaper `__init__` than the dataclass's own)."""
+(records.py gives them a cheaper `__init__` than the dataclass's own, and `Record.new`, made in C
+where it is built, which must make the very record the class call makes)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
+import random
+import subprocess
+import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analyzer.timeline import records as r
 
@@ -96,3 +103,83 @@ def test_refuses_a_field_with_a_default():
         @r.record
         class WithDefault:
             seq: int = 0
+
+
+# -- Record.new: records made in C (timeline/_records.c) ------------------------------------------
+
+MADE_IN_C = all(cls.new is not cls for cls in RECORD_TYPES)
+
+
+def test_new_is_made_in_c_in_ci():
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes") and not MADE_IN_C:
+        pytest.fail("analyzer/timeline/_records.c is not built: CI=true requires it")
+    if not MADE_IN_C:
+        pytest.skip("analyzer/timeline/_records.c is not built")
+
+
+needs_c = pytest.mark.skipif(not MADE_IN_C and not os.environ.get("CI"), reason="_records.c is not built")
+
+
+@needs_c
+@pytest.mark.parametrize("cls", RECORD_TYPES)
+def test_new_makes_the_record_the_class_makes(cls):
+    kwargs = values(cls)
+    expected = cls(**kwargs)
+    items = list(kwargs.items())
+    for made in (cls.new(**kwargs), cls.new(*kwargs.values()), cls.new(*[v for _, v in items[:3]], **dict(items[3:])),
+                 cls.new(**dict(reversed(items)))):
+        assert type(made) is cls and made == expected and hash(made) == hash(expected)
+        assert dataclasses.asdict(made) == kwargs and not hasattr(made, "__dict__")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(made, items[0][0], "changed")
+
+
+@needs_c
+@pytest.mark.parametrize("cls", RECORD_TYPES)
+def test_new_refuses_what_the_class_refuses(cls):
+    kwargs = values(cls)
+    last = list(kwargs)[-1]
+    bad_calls = [((), {**kwargs, "not_a_field": 1}), ((), {k: v for k, v in kwargs.items() if k != last}),
+                 ((0,), kwargs), (tuple(kwargs.values()) + (0,), {}), ((), {})]
+    for args, given_kwargs in bad_calls:
+        with pytest.raises(TypeError) as by_class:
+            cls(*args, **given_kwargs)
+        with pytest.raises(TypeError) as by_new:
+            cls.new(*args, **given_kwargs)
+        for word in ("unexpected keyword", "missing", "multiple values", "takes"):
+            assert (word in str(by_class.value)) == (word in str(by_new.value)), (by_class.value, by_new.value)
+        assert by_class.value.args[0].split("(")[0].split(".")[0] == by_new.value.args[0].split("(")[0] == cls.__name__
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(RECORD_TYPES), st.data())
+def test_new_binds_any_split_and_order_like_the_class(cls, data):
+    names = [f.name for f in dataclasses.fields(cls)]
+    field_values = data.draw(st.lists(st.none() | st.integers() | st.text(max_size=4) | st.booleans(),
+                                      min_size=len(names), max_size=len(names)))
+    positional = data.draw(st.integers(0, len(names)))
+    keywords = list(zip(names[positional:], field_values[positional:]))
+    random.Random(data.draw(st.integers(0, 2**32))).shuffle(keywords)
+    args, kwargs = field_values[:positional], dict(keywords)
+    made, expected = cls.new(*args, **kwargs), cls(*args, **kwargs)
+    assert type(made) is cls and made == expected and dataclasses.astuple(made) == tuple(field_values)
+
+
+@needs_c
+def test_new_holds_its_values_once():
+    value = object()
+    before = sys.getrefcount(value)
+    made = [r.Violation.new(*([value] * 16)) for _ in range(100)]
+    assert sys.getrefcount(value) == before + 1600
+    del made
+    assert sys.getrefcount(value) == before
+    from analyzer.timeline import _records
+    with pytest.raises(TypeError, match="not one of its own __slots__"):
+        _records.maker(r.Delivery, ("seq", "nope"))
+
+
+def test_new_is_the_class_itself_in_pure_python():
+    code = ("from analyzer.timeline import records as r; "
+            "assert all(c.new is c for c in (r.Delivery, r.Publish, r.ChannelFacts, r.Violation))")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "ACKSCOPE_PURE_PYTHON": "1"})

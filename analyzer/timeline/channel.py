@@ -161,7 +161,7 @@ class ChannelLife:
     def facts(self) -> r.ChannelFacts:
         end, c = self.end_facts, self.connection
         consumer, publisher = self.consumer, self.publisher
-        return r.ChannelFacts(
+        return r.ChannelFacts.new(
             connection_id=c.id, agent_id=c.agent_id, channel=self.channel, incarnation=self.incarnation,
             open_seq=self.open_row["seq"], open_ts_ns=self.open_row["ts_ns"], history_known=self.history_known,
             gap_seen=self.gap_seen, end_seq=end.get("end_seq"), end_ts_ns=end.get("end_ts_ns"),
@@ -175,5 +175,5 @@ class ChannelLife:
 
     def violation_records(self) -> list[r.Violation]:
         c = self.connection
-        return [r.Violation(connection_id=c.id, agent_id=c.agent_id, channel=self.channel,
+        return [r.Violation.new(connection_id=c.id, agent_id=c.agent_id, channel=self.channel,
                             incarnation=self.incarnation, **v) for v in self.consumer.violations]

@@ -312,7 +312,7 @@ class ConsumerSide:
         c = life.connection
         settle_seq, settle_ts = settle_point(row, at, outcome not in (r.OPEN, r.UNKNOWN))
         by_ack = frame is not None and frame["method"] in SETTLE_OUTCOMES
-        life.out(r.Delivery(
+        life.out(r.Delivery.new(
             connection_id=c.id, agent_id=c.agent_id, channel=life.channel, incarnation=life.incarnation,
             channel_open_seq=life.open_row["seq"], seq=row["seq"], ts_ns=row["ts_ns"], method=row["method"],
             delivery_tag=d.tag, consumer_tag=d.consumer_tag, queue=d.queue, exchange=row.get("exchange"),

@@ -227,7 +227,7 @@ class PublisherSide:
         persistent = (delivery_mode == 2) if delivery_mode is not None else (
             None if row.get("body_size") is None else False)
         ret = p.returned or {}
-        life.out(r.Publish(
+        life.out(r.Publish.new(
             connection_id=c.id, agent_id=c.agent_id, channel=life.channel, incarnation=life.incarnation,
             channel_open_seq=life.open_row["seq"], seq=row["seq"], ts_ns=row["ts_ns"],
             exchange=row.get("exchange"), routing_key=row.get("routing_key"), mandatory=row.get("mandatory"),
