@@ -7,7 +7,9 @@ and of the bench generator, sliced at odd offsets, with their strings as large s
 random columns of every kind the C loop reads. Records out: the four timeline tables of the same
 frames come out identical, and random field values, including those the C loop must decline
 (out-of-range ints, bools among ints, surrogates, floats), give the same array or the same error.
-Buffers shorter than their column claims are refused with ValueError, never read past.
+Buffers shorter than their column claims are refused with ValueError, never read past. And the
+whole connection pass gives the same output with every C part (these, and records.py's makers)
+and with none (ACKSCOPE_PURE_PYTHON=1).
 
 Under CI=true the module must be built: a machine where it does not compile fails here, loudly,
 instead of testing the Python path twice.
@@ -16,6 +18,7 @@ instead of testing the Python path twice.
 import glob
 import importlib.util
 import os
+import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -290,3 +293,20 @@ def test_spark_hands_the_pass_batches_the_c_loop_takes(spark, example_frames, tm
     seen = spark.read.parquet(path).mapInArrow(probe, "taken boolean, rows long, types string").collect()
     assert sum(row["rows"] for row in seen) == example_frames.num_rows
     assert all(row["taken"] for row in seen), {row["types"] for row in seen}
+
+
+@needs_module
+@pytest.mark.parametrize("shape", [["--frames", "30000", "--hot-deliveries", "6000", "--seed", "7"],
+                                   ["--frames", "20000", "--hot-deliveries", "2000", "--seed", "11", "--quiet"]])
+def test_the_pass_gives_the_same_output_with_and_without_its_c_parts(shape):
+    """Every output of the connection pass (bench/pass_cpu.py's digest of the timeline tables,
+    channel_metrics, raw findings and checkpoints) with the C conversions and record makers, and
+    with ACKSCOPE_PURE_PYTHON=1 in a new process (the makers are chosen at import)."""
+    outputs = []
+    for pure in ("0", "1"):
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "pass_cpu.py"), *shape, "--repeat", "1"],
+                              env={**os.environ, "ACKSCOPE_PURE_PYTHON": pure}, capture_output=True, text=True,
+                              check=True)
+        outputs.append([line for line in done.stdout.splitlines() if line.startswith("output:")])
+    assert len(outputs[0]) == 1 and "digest" in outputs[0][0]
+    assert outputs[0] == outputs[1]

@@ -36,10 +36,13 @@ def settle_point(item_row, at, timed: bool):
 class _Delivery:
     __slots__ = ("row", "tag", "consumer_tag", "queue", "no_ack", "consumer_prefetch", "channel_prefetch")
 
-    def __init__(self, row, consumer_tag, queue, no_ack, consumer_prefetch, channel_prefetch):
-        self.row, self.tag = row, row["delivery_tag"]
+    def __init__(self, row, tag, consumer_tag, queue, no_ack, consumer_prefetch, channel_prefetch):
+        self.row, self.tag = row, tag
         self.consumer_tag, self.queue, self.no_ack = consumer_tag, queue, no_ack
         self.consumer_prefetch, self.channel_prefetch = consumer_prefetch, channel_prefetch
+
+
+_new_delivery = r.maker(_Delivery, _Delivery.__slots__)  # one per delivery: made in C where built
 
 
 class _EarlyAck:
@@ -120,11 +123,11 @@ class ConsumerSide:
         if row["method"] == "basic.get-ok":
             queue, no_ack = self.pending_get or (None, None)
             self.pending_get = None
-            d = _Delivery(row, None, queue, no_ack, None, None)
+            d = _new_delivery(row, tag, None, queue, no_ack, None, None)
         else:
             consumer_tag = row.get("consumer_tag")
             queue, no_ack, prefetch = self.consumers.get(consumer_tag, (None, None, None))
-            d = _Delivery(row, consumer_tag, queue, no_ack, prefetch, self.channel_prefetch)
+            d = _new_delivery(row, tag, consumer_tag, queue, no_ack, prefetch, self.channel_prefetch)
         self.deliveries += 1
         self.first_tag = self.first_tag or tag
         self.max_tag = tag
