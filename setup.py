@@ -1,8 +1,9 @@
-"""The two C modules are the only thing setup.py adds to pyproject.toml: the native decode lane
-(analyzer/_lane.c) and the connection pass's Arrow conversions (analyzer/_columns.c). Both are
-optional: where they do not compile, the Python paths do the work (analyzer/native.py,
-analyzer/columns.py), and tests/test_native_lane.py and tests/test_columns.py fail under CI=true so
-that this never goes unnoticed there."""
+"""The C modules are the only thing setup.py adds to pyproject.toml: the native decode lane
+(analyzer/_lane.c), the connection pass's Arrow conversions (analyzer/_columns.c) and the
+records' maker (analyzer/timeline/_records.c). All are optional: where they do not compile, the
+Python paths do the work (analyzer/native.py, analyzer/columns.py, records.py's class call), and
+tests/test_native_lane.py, test_columns.py and test_records.py fail under CI=true so that this
+never goes unnoticed there."""
 
 from setuptools import Extension, setup
 
