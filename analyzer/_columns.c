@@ -131,7 +131,7 @@ static PyObject *rows(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "one column per name, and a length of at least 0");
         return NULL;
     }
-    PyObject *out = NULL, *keys = PyTuple_New(width);
+    PyObject *out = NULL, *template = NULL, *keys = PyTuple_New(width);
     Column *columns = PyMem_Calloc((size_t)(width ? width : 1), sizeof(Column));
     if (!keys || !columns) {
         PyErr_NoMemory();
@@ -148,16 +148,23 @@ static PyObject *rows(PyObject *self, PyObject *args) {
         PyTuple_SET_ITEM(keys, k, key);
         if (column_open(&columns[k], PyTuple_GET_ITEM(specs, k), length) < 0) goto done;
     }
+    /* Each row starts as a copy of a dict of every name to None (a copy of its table, keys in
+     * order), then only its non-null values are set: most of a frame's columns are null. */
+    template = _PyDict_NewPresized(width);
+    if (!template) goto done;
+    for (Py_ssize_t k = 0; k < width; k++)
+        if (PyDict_SetItem(template, PyTuple_GET_ITEM(keys, k), Py_None) < 0) goto done;
     out = PyList_New(length);
     if (!out) goto done;
     for (Py_ssize_t row = 0; row < length; row++) {
-        PyObject *dict = _PyDict_NewPresized(width);
+        PyObject *dict = PyDict_Copy(template);
         if (!dict) goto fail;
         PyList_SET_ITEM(out, row, dict);
         for (Py_ssize_t k = 0; k < width; k++) {
             PyObject *value = value_at(&columns[k], row);
-            if (!value || PyDict_SetItem(dict, PyTuple_GET_ITEM(keys, k), value) < 0) {
-                Py_XDECREF(value);
+            if (!value) goto fail;
+            if (value != Py_None && PyDict_SetItem(dict, PyTuple_GET_ITEM(keys, k), value) < 0) {
+                Py_DECREF(value);
                 goto fail;
             }
             Py_DECREF(value);
@@ -170,6 +177,7 @@ done:
     if (columns)
         for (Py_ssize_t k = 0; k < width; k++) column_release(&columns[k]);
     PyMem_Free(columns);
+    Py_XDECREF(template);
     Py_XDECREF(keys);
     return out;
 }

@@ -37,10 +37,11 @@ def enabled() -> bool:
 
 def batch_rows(batch: pa.RecordBatch) -> Iterator[dict] | list[dict]:
     """The batch's rows as dicts, equal to `batch.to_pylist()`'s."""
-    if enabled():
+    names = batch.schema.names
+    if enabled() and len(set(names)) == len(names):  # a name twice: the last value wins, even a null
         columns = _row_columns(batch)
         if columns is not None:
-            return _columns.rows(tuple(batch.schema.names), columns, batch.num_rows)
+            return _columns.rows(tuple(names), columns, batch.num_rows)
     return python_batch_rows(batch)
 
 

@@ -117,6 +117,14 @@ def test_a_batch_with_a_type_it_does_not_read_goes_to_pyarrow(monkeypatch):
     assert _typed(rows) == _typed(batch.to_pylist())
 
 
+@needs_module
+def test_a_batch_with_a_name_twice_goes_to_pyarrow():
+    batch = pa.RecordBatch.from_arrays([pa.array([1, 2]), pa.array([None, 3])], names=["seq", "seq"])
+    rows = columns.batch_rows(batch)
+    assert not isinstance(rows, list)
+    assert list(rows) == [{"seq": None}, {"seq": 3}] == list(columns.python_batch_rows(batch))
+
+
 def test_pure_python_switch_turns_it_off(example_frames, monkeypatch):
     monkeypatch.setenv("ACKSCOPE_PURE_PYTHON", "1")
     batch = example_frames.to_batches(max_chunksize=100)[0]
