@@ -12,6 +12,7 @@ from deltalake import DeltaTable
 from analyzer import lake, schema
 from analyzer.ingest import decode, fingerprint
 
+from .conftest import ROOT
 from .test_capture_files import traffic
 from .wire import PASSWORD, write_pcap
 
@@ -164,6 +165,25 @@ def test_data_files_leave_partition_values_to_the_delta_log(tmp_path, corpus_dir
         for uri in table.file_uris():
             assert "date" not in pq.read_schema(uri).names
             assert "/date=" in uri
+
+
+def test_data_files_dictionary_encode_only_the_strings_that_repeat(tmp_path):
+    """lake.dictionary_columns: a dictionary for connection ids, methods, queues...; none for the
+    numbers (mostly unique) or the message ids (unique)."""
+    import pyarrow.parquet as pq
+
+    assert not ackscope("ingest", os.path.join(ROOT, "examples", "requeue_loop.pcapng"), "--lake",
+                        str(tmp_path)).returncode
+    checked = set()
+    for uri in DeltaTable(os.path.join(tmp_path, "frames")).file_uris():
+        meta = pq.ParquetFile(uri).metadata
+        for i in range(meta.num_columns):
+            column = meta.row_group(0).column(i)
+            dictionary = column.dictionary_page_offset is not None
+            string = column.physical_type == "BYTE_ARRAY"
+            assert dictionary == (string and column.path_in_schema not in lake.UNIQUE_STRINGS), column.path_in_schema
+            checked.add((column.path_in_schema, dictionary))
+    assert {("method", True), ("seq", False), ("message_id", False)} <= checked
 
 
 def test_demo_runs_the_bundled_sample_and_exits_cleanly(tmp_path):
