@@ -37,7 +37,7 @@ from analyzer.rows import dicts_to_table
 from analyzer.timeline.carry import FORMAT, Checkpoint, dump
 from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.records import Delivery
-from analyzer.timeline.tables import RECORD_TYPES, to_table
+from analyzer.timeline.tables import RECORD_TYPES, to_tables
 
 from .provisional import flagged, metric_flags, open_buckets
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES, as_stored
@@ -245,12 +245,12 @@ class _Partition(ConnectionsPartition):
     def _flush(self) -> Iterator[pa.RecordBatch]:
         if not (self.records or self.open_records or self.metrics or any(self.rows.values())):
             return
+        final, opened = to_tables(self.records), to_tables(self.open_records)
         deliveries = [x for x in (*self.records, *self.open_records) if type(x) is Delivery]
         parts = [("counts", None, pa.Table.from_pylist([{"came_back": sum(map(came_back, deliveries))}],
                                                        schema=COUNTS))]
-        for name, record_type in RECORD_TYPES.items():
-            rows = pa.concat_tables([as_stored(name, to_table(self.records, record_type), False),
-                                     as_stored(name, to_table(self.open_records, record_type), True)])
+        for name in RECORD_TYPES:
+            rows = pa.concat_tables([as_stored(name, final[name], False), as_stored(name, opened[name], True)])
             if self.writers is None:
                 parts.append((name, None, rows))
             else:

@@ -78,9 +78,12 @@ TABLES = {
 
 def to_table(records: Iterable, record_type) -> pa.Table:
     """The records of one type as an Arrow table of its schema, sorted by its key."""
+    return _sorted_table([x for x in records if type(x) is record_type], record_type)
+
+
+def _sorted_table(chosen: list, record_type) -> pa.Table:
     table_schema, timestamps, date_from, key = TABLES[record_type]
-    chosen = sorted((x for x in records if type(x) is record_type), key=attrgetter(*key))
-    return objects_to_table(chosen, attrgetter, table_schema, timestamps, date_from)
+    return objects_to_table(sorted(chosen, key=attrgetter(*key)), attrgetter, table_schema, timestamps, date_from)
 
 
 # table name -> the record type of its rows
@@ -88,8 +91,14 @@ RECORD_TYPES = {"deliveries": r.Delivery, "publishes": r.Publish, "channels": r.
 
 
 def to_tables(records: Iterable) -> dict[str, pa.Table]:
-    records = list(records)
-    return {name: to_table(records, record_type) for name, record_type in RECORD_TYPES.items()}
+    """The four tables (empty ones too) of any mix of records, sorted into types in one pass;
+    anything that is not a timeline record is left out."""
+    grouped = {record_type: [] for record_type in TABLES}
+    for x in records:
+        of_type = grouped.get(type(x))
+        if of_type is not None:
+            of_type.append(x)
+    return {name: _sorted_table(grouped[record_type], record_type) for name, record_type in RECORD_TYPES.items()}
 
 
 def replay_frames(frames: pa.Table, overdue_ns: int = r.DEFAULT_OVERDUE_NS) -> dict[str, pa.Table]:

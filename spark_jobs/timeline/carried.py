@@ -34,7 +34,7 @@ from analyzer import schema
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, CarriedAnalysis, Settings
 from analyzer.timeline.carry import FORMAT, StateError, load
 from analyzer.timeline.metrics import to_table as metrics_table
-from analyzer.timeline.tables import RECORD_TYPES, to_table
+from analyzer.timeline.tables import RECORD_TYPES, to_tables
 
 from ..provisional import flagged, metric_flags, open_buckets
 from ..connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, STATE_TABLE, ConnectionsPartition,
@@ -199,11 +199,11 @@ class _CarriedPartition(ConnectionsPartition):
         if not (self.final or self.opened or self.stale or self.metrics or any(self.rows.values())):
             return
         parts = []
-        for name, record_type in RECORD_TYPES.items():
-            written = pa.concat_tables([as_stored(name, to_table(self.final, record_type), False),
-                                        as_stored(name, to_table(self.opened, record_type), True)])
+        final, opened, stale = to_tables(self.final), to_tables(self.opened), to_tables(self.stale)
+        for name in RECORD_TYPES:
+            written = pa.concat_tables([as_stored(name, final[name], False), as_stored(name, opened[name], True)])
             self.writers[name].add(written.select(TIMELINE_TABLES[name].names))
-            parts.append((name, STALE, as_stored(name, to_table(self.stale, record_type), True)))
+            parts.append((name, STALE, as_stored(name, stale[name], True)))
         self.writers["channel_metrics"].add(flagged(metrics_table(self.metrics),
                                                     metric_flags(self.metrics, self.open_buckets)))
         self.writers[STATE_TABLE].add(states_table(self.rows[STATE_TABLE]))
