@@ -7,6 +7,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "..", "shared", "corpus", "public")
 
 
+def check_built(available: bool, missing: str) -> None:
+    """A C module's own test: under CI=true it must be built (a machine where it does not compile
+    fails loudly instead of testing the Python path twice); elsewhere a missing one skips."""
+    if not available:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(missing + ": CI=true requires it")
+        pytest.skip(missing)
+
+
+def needs_built(available: bool, missing: str):
+    """Marks tests of a C module against its Python path: they skip where it is not built, unless
+    in CI (where they then fail on it)."""
+    return pytest.mark.skipif(not available and not os.environ.get("CI"), reason=missing)
+
+
 @pytest.fixture(scope="session")
 def corpus_dir() -> str:
     if not os.path.isdir(CORPUS):

@@ -34,19 +34,16 @@ from analyzer.timeline import records as r
 from analyzer.timeline.connection import replay
 from analyzer.timeline.tables import INPUT_COLUMNS, to_tables
 
-from .conftest import ROOT
+from .conftest import ROOT, check_built, needs_built
 
 MISSING = "analyzer/_columns.c is not built (pip install -e . compiles it)"
 
 
 def test_the_module_is_built_in_ci():
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes") and not columns.available():
-        pytest.fail(MISSING + ": CI=true requires it")
-    if not columns.available():
-        pytest.skip(MISSING)
+    check_built(columns.available(), MISSING)
 
 
-needs_module = pytest.mark.skipif(not columns.available() and not os.environ.get("CI"), reason=MISSING)
+needs_module = needs_built(columns.available(), MISSING)
 
 
 def _typed(rows) -> list:
@@ -229,20 +226,28 @@ def _general(items: list, name: str, arrow_type: pa.DataType):
         return type(error)
 
 
-@needs_module
-@settings(max_examples=400, deadline=None)
-@given(st.lists(st.tuples(ANY_VALUE, ANY_VALUE, ANY_VALUE, ANY_VALUE), max_size=30))
-def test_record_fields_give_the_same_array_or_are_declined(values):
+def assert_fields_as_pyarrow(values: list, must_take: bool) -> None:
+    """Each field of Items made of `values` as record_column gives it, if it takes it (it must,
+    with `must_take`, unless there are none), equal to pyarrow's own conversion of it."""
     items = [Item(*v) for v in values]
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.delenv("ACKSCOPE_PURE_PYTHON", raising=False)
         for name, arrow_type in FIELD_TYPES.items():
             fast = columns.record_column(items, name, arrow_type)
-            expected = _general(items, name, arrow_type)
+            if must_take:
+                assert (fast is None) == (not items), name
             if fast is not None:
+                expected = _general(items, name, arrow_type)
                 assert isinstance(expected, pa.Array), (name, expected)
                 fast.validate(full=True)
                 assert fast.equals(expected) and fast.null_count == expected.null_count, name
+
+
+@needs_module
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(ANY_VALUE, ANY_VALUE, ANY_VALUE, ANY_VALUE), max_size=30))
+def test_record_fields_give_the_same_array_or_are_declined(values):
+    assert_fields_as_pyarrow(values, must_take=False)
 
 
 TYPED_VALUES = st.tuples(st.none() | st.integers(-2**63, 2**63 - 1), st.none() | st.integers(-2**31, 2**31 - 1),
@@ -253,18 +258,7 @@ TYPED_VALUES = st.tuples(st.none() | st.integers(-2**63, 2**63 - 1), st.none() |
 @settings(max_examples=300, deadline=None)
 @given(st.lists(TYPED_VALUES, max_size=40))
 def test_record_fields_of_their_own_types_are_taken(values):
-    items = [Item(*v) for v in values]
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.delenv("ACKSCOPE_PURE_PYTHON", raising=False)
-        for name, arrow_type in FIELD_TYPES.items():
-            fast = columns.record_column(items, name, arrow_type)
-            if not items:
-                assert fast is None
-                continue
-            assert fast is not None, name
-            fast.validate(full=True)
-            expected = _general(items, name, arrow_type)
-            assert fast.equals(expected) and fast.null_count == expected.null_count, name
+    assert_fields_as_pyarrow(values, must_take=True)
 
 
 @needs_module

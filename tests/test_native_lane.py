@@ -25,7 +25,7 @@ from analyzer import native
 from analyzer.ingest import decode
 from analyzer.packets import Segment
 
-from .conftest import CORPUS, ROOT
+from .conftest import CORPUS, ROOT, check_built, needs_built
 from .test_fast_paths import _damaged, busy_conversations
 from .test_fuzz import FUZZ, Wire, conversations, isns, mutate
 
@@ -33,13 +33,10 @@ LANE_MISSING = "the native lane is not built (pip install -e . compiles analyzer
 
 
 def test_the_lane_is_built_in_ci():
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes") and not native.available():
-        pytest.fail(LANE_MISSING + ": CI=true requires it")
-    if not native.available():
-        pytest.skip(LANE_MISSING)
+    check_built(native.available(), LANE_MISSING)
 
 
-needs_lane = pytest.mark.skipif(not native.available() and not os.environ.get("CI"), reason=LANE_MISSING)
+needs_lane = needs_built(native.available(), LANE_MISSING)
 
 
 def _decoded(path: str, lane: bool, monkeypatch) -> tuple:

@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 from analyzer.timeline import records as r
 
+from .conftest import check_built, needs_built
+
 RECORD_TYPES = (r.Delivery, r.Publish, r.ChannelFacts, r.Violation)
 
 
@@ -110,14 +112,14 @@ def test_refuses_a_field_with_a_default():
 MADE_IN_C = all(cls.new is not cls for cls in RECORD_TYPES)
 
 
+MAKER_MISSING = "analyzer/timeline/_records.c is not built (pip install -e . compiles it)"
+
+
 def test_new_is_made_in_c_in_ci():
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes") and not MADE_IN_C:
-        pytest.fail("analyzer/timeline/_records.c is not built: CI=true requires it")
-    if not MADE_IN_C:
-        pytest.skip("analyzer/timeline/_records.c is not built")
+    check_built(MADE_IN_C, MAKER_MISSING)
 
 
-needs_c = pytest.mark.skipif(not MADE_IN_C and not os.environ.get("CI"), reason="_records.c is not built")
+needs_c = needs_built(MADE_IN_C, MAKER_MISSING)
 
 
 @needs_c
