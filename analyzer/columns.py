@@ -35,8 +35,8 @@ def enabled() -> bool:
 
 # -- batches in: a dict per row ----------------------------------------------------------------------
 
-def batch_rows(batch: pa.RecordBatch) -> Iterator[dict] | list[dict]:
-    """The batch's rows as dicts, equal to `batch.to_pylist()`'s."""
+def batch_rows(batch: pa.RecordBatch | pa.Table) -> Iterator[dict] | list[dict]:
+    """The batch's (or table's) rows as dicts, equal to `batch.to_pylist()`'s."""
     names = batch.schema.names
     if enabled() and len(set(names)) == len(names):  # a name twice: the last value wins, even a null
         columns = _row_columns(batch)
@@ -62,9 +62,13 @@ def _row_kind(arrow_type: pa.DataType) -> int | None:
             pa.int8(): _columns.INT8, pa.bool_(): _columns.BOOL, pa.null(): _columns.NULL}.get(arrow_type)
 
 
-def _row_columns(batch: pa.RecordBatch) -> tuple | None:
+def _row_columns(batch: pa.RecordBatch | pa.Table) -> tuple | None:
     specs = []
     for column in batch.columns:
+        if isinstance(column, pa.ChunkedArray):  # a table's: read whole only as one chunk
+            if column.num_chunks != 1:
+                return None
+            column = column.chunk(0)
         kind = _row_kind(column.type)
         if kind is None:
             return None

@@ -115,6 +115,16 @@ def test_a_batch_with_a_type_it_does_not_read_goes_to_pyarrow(monkeypatch):
 
 
 @needs_module
+def test_a_table_is_read_like_its_batches(example_frames, monkeypatch):
+    one_chunk = example_frames.slice(5, 300).combine_chunks()
+    rows = columns.batch_rows(one_chunk)
+    assert isinstance(rows, list) and _typed(rows) == _typed(one_chunk.to_pylist())
+    chunks = pa.concat_tables([one_chunk.slice(0, 7), one_chunk.slice(7)])
+    assert _typed(columns.batch_rows(chunks)) == _typed(one_chunk.to_pylist())
+    assert list(columns.batch_rows(one_chunk.slice(0, 0).combine_chunks())) == []
+
+
+@needs_module
 def test_a_batch_with_a_name_twice_goes_to_pyarrow():
     batch = pa.RecordBatch.from_arrays([pa.array([1, 2]), pa.array([None, 3])], names=["seq", "seq"])
     rows = columns.batch_rows(batch)
