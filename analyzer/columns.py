@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from functools import partial
-from operator import attrgetter
 
 import pyarrow as pa
 
@@ -106,18 +105,3 @@ def record_column(items: list, name: str, arrow_type: pa.DataType) -> pa.Array |
 
 _RECORD_KINDS = {} if _columns is None else {
     pa.int64(): _columns.INT64, pa.int32(): _columns.INT32, pa.bool_(): _columns.BOOL, pa.string(): _columns.UTF8}
-
-
-# -- records in order ---------------------------------------------------------------------------------
-
-def sort_by(items: list, names: tuple) -> list:
-    """`sorted(items, key=attrgetter(*names))` for records of one slotted class: in C where it
-    takes them (exact ints and strs: every record key), without a key tuple per record."""
-    if enabled() and items:
-        cls = type(items[0])
-        slots = tuple(cls.__dict__.get(name) for name in names)
-        if None not in slots:
-            ordered = _columns.sort_by(items, slots)
-            if ordered is not None:
-                return ordered
-    return sorted(items, key=attrgetter(*names))

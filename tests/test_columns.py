@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from operator import attrgetter
 
 import pyarrow as pa
 import pytest
@@ -323,40 +322,3 @@ def test_the_pass_gives_the_same_output_with_and_without_its_c_parts(shape):
         outputs.append([line for line in done.stdout.splitlines() if line.startswith("output:")])
     assert len(outputs[0]) == 1 and "digest" in outputs[0][0]
     assert outputs[0] == outputs[1]
-
-
-KEY_VALUE = st.none() | st.integers(-2**64, 2**64) | st.text(max_size=3) | st.booleans()
-
-
-@needs_module
-@settings(max_examples=400, deadline=None)
-@given(st.lists(st.tuples(KEY_VALUE, st.integers(0, 3), st.sampled_from(["a", "b", "é", "\U0001f600"]), st.integers()),
-                max_size=60), st.sampled_from([("number",), ("small", "flag"), ("flag", "small", "number")]))
-def test_records_sorted_by_key_as_sorted_sorts_them(values, names):
-    """Stable, and in Python's order; or declined, where `sorted` takes what C does not (or raises)."""
-    items = [Item(*v) for v in values]
-    try:
-        expected = sorted(items, key=attrgetter(*names))
-    except TypeError:
-        expected = TypeError
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.delenv("ACKSCOPE_PURE_PYTHON", raising=False)
-        if expected is TypeError:
-            with pytest.raises(TypeError):
-                columns.sort_by(items, names)
-        else:
-            assert [id(x) for x in columns.sort_by(items, names)] == [id(x) for x in expected]
-
-
-@needs_module
-def test_records_sorted_in_c_where_the_keys_are_ints_and_strs():
-    from analyzer import _columns
-
-    def slots(*names):
-        return tuple(Item.__dict__[name] for name in names)
-
-    items = [Item(n % 3, "x" if n % 2 else "é", n % 2 == 0, n) for n in range(50)][::-1]
-    for names in (("small", "number"), ("number", "text"), ("text",)):
-        assert _columns.sort_by(items, slots(*names)) == sorted(items, key=attrgetter(*names))
-    assert _columns.sort_by(items, slots("flag", "number")) is None  # bools are no exact ints: Python sorts them
-    assert _columns.sort_by(items + [r.Violation(*([None] * 16))], slots("number")) is None  # another class

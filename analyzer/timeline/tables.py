@@ -13,7 +13,6 @@ from operator import attrgetter
 import pyarrow as pa
 
 from .. import schema
-from ..columns import sort_by
 from ..rows import objects_to_table
 from . import records as r
 from .connection import replay
@@ -84,7 +83,7 @@ def to_table(records: Iterable, record_type) -> pa.Table:
 
 def _sorted_table(chosen: list, record_type) -> pa.Table:
     table_schema, timestamps, date_from, key = TABLES[record_type]
-    return objects_to_table(sort_by(chosen, key), attrgetter, table_schema, timestamps, date_from)
+    return objects_to_table(sorted(chosen, key=attrgetter(*key)), attrgetter, table_schema, timestamps, date_from)
 
 
 # table name -> the record type of its rows
