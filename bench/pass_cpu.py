@@ -7,6 +7,8 @@ in this process: the state machine, channel_metrics, the detectors and the recor
 everything the pass's Python does per connection. Spark's own part (shuffle, sort, Arrow to and
 from the JVM) is not in it. Prints the CPU seconds of each repeat (process time) and the best, and
 a digest of the output rows, which a change that should alter no output must leave as it was.
+The C parts (analyzer/columns.py, records.py's makers) run in it where they are built;
+ACKSCOPE_PURE_PYTHON=1 runs the Python paths alone, to the same digest.
 
     .venv/bin/python bench/pass_cpu.py [--frames 200000] [--hot-deliveries 60000] [--repeat 3]
         [--profile [--top 30] [--sort tottime]]
