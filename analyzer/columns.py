@@ -45,7 +45,7 @@ def batch_rows(batch: pa.RecordBatch | pa.Table) -> Iterator[dict] | list[dict]:
     return python_batch_rows(batch)
 
 
-def python_batch_rows(batch: pa.RecordBatch) -> Iterator[dict]:
+def python_batch_rows(batch: pa.RecordBatch | pa.Table) -> Iterator[dict]:
     """The reference: each column to Python at once, then one dict per row from the zipped values
     (a third less CPU than `to_pylist`)."""
     names = batch.schema.names
