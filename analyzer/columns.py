@@ -13,11 +13,12 @@ without the compiled module there are none.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from functools import partial
 
 import pyarrow as pa
+
+from . import pure_python
 
 try:
     from . import _columns
@@ -30,7 +31,7 @@ def available() -> bool:
 
 
 def enabled() -> bool:
-    return _columns is not None and os.environ.get("ACKSCOPE_PURE_PYTHON", "") in ("", "0")
+    return _columns is not None and not pure_python()
 
 
 # -- batches in: a dict per row ----------------------------------------------------------------------
@@ -52,16 +53,6 @@ def python_batch_rows(batch: pa.RecordBatch | pa.Table) -> Iterator[dict]:
     return map(dict, map(partial(zip, names), zip(*[column.to_pylist() for column in batch.columns])))
 
 
-def _row_kind(arrow_type: pa.DataType) -> int | None:
-    """The C loop's name for a column type, None for one it does not read (pyarrow does it all)."""
-    if pa.types.is_string(arrow_type):
-        return _columns.UTF8
-    if pa.types.is_large_string(arrow_type):
-        return _columns.LARGE_UTF8
-    return {pa.int64(): _columns.INT64, pa.int32(): _columns.INT32, pa.int16(): _columns.INT16,
-            pa.int8(): _columns.INT8, pa.bool_(): _columns.BOOL, pa.null(): _columns.NULL}.get(arrow_type)
-
-
 def _row_columns(batch: pa.RecordBatch | pa.Table) -> tuple | None:
     specs = []
     for column in batch.columns:
@@ -69,7 +60,7 @@ def _row_columns(batch: pa.RecordBatch | pa.Table) -> tuple | None:
             if column.num_chunks != 1:
                 return None
             column = column.chunk(0)
-        kind = _row_kind(column.type)
+        kind = _ROW_KINDS.get(column.type)  # None: a type the C loop does not read (pyarrow does it all)
         if kind is None:
             return None
         buffers = column.buffers()
@@ -103,5 +94,9 @@ def record_column(items: list, name: str, arrow_type: pa.DataType) -> pa.Array |
     return pa.Array.from_buffers(arrow_type, len(items), buffers, null_count=nulls)
 
 
+# Arrow type -> the C loops' name for it: what rows read, and the part of it records are written as.
 _RECORD_KINDS = {} if _columns is None else {
     pa.int64(): _columns.INT64, pa.int32(): _columns.INT32, pa.bool_(): _columns.BOOL, pa.string(): _columns.UTF8}
+_ROW_KINDS = {} if _columns is None else {
+    **_RECORD_KINDS, pa.int16(): _columns.INT16, pa.int8(): _columns.INT8, pa.null(): _columns.NULL,
+    pa.large_string(): _columns.LARGE_UTF8}

@@ -22,9 +22,8 @@ After every packet Python decodes, its connection is armed again if it is plain 
 ACKSCOPE_PURE_PYTHON=1 switches the lane off; without the compiled module there is no lane.
 """
 
-import os
 
-from . import spec
+from . import pure_python, spec
 from .connection import PendingContent, body_digests, incomplete_identity
 from .framing import FRAMES
 from .methods import NO_PROPERTIES
@@ -44,7 +43,7 @@ def available() -> bool:
 
 
 def enabled() -> bool:
-    return _lane is not None and os.environ.get("ACKSCOPE_PURE_PYTHON", "") in ("", "0")
+    return _lane is not None and not pure_python()
 
 
 def _flow_key(src: bytes, sport: int, dst: bytes, dport: int) -> bytes:

@@ -5,8 +5,9 @@ tables.CHANNELS / tables.VIOLATIONS) minus `date` and the timestamp columns deri
 
 from __future__ import annotations
 
-import os
 from dataclasses import MISSING, dataclass, fields
+
+from .. import pure_python
 
 try:
     from . import _records
@@ -78,7 +79,7 @@ def maker(cls, names: tuple):
     dict first (~1.7 µs for a Delivery's 30 fields against ~0.9 µs from C with the dict, ~0.1 µs
     with positional values). `Record.new` is this for each record; the machine makes its records
     and its per-delivery state with it. ACKSCOPE_PURE_PYTHON=1 makes it the class itself."""
-    if _records is None or os.environ.get("ACKSCOPE_PURE_PYTHON", "") not in ("", "0"):
+    if _records is None or pure_python():
         return cls
     return _records.maker(cls, names)
 
