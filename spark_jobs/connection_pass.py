@@ -37,7 +37,7 @@ from analyzer.rows import dicts_to_table
 from analyzer.timeline.carry import FORMAT, Checkpoint, dump
 from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.records import Delivery
-from analyzer.timeline.tables import RECORD_TYPES, to_tables
+from analyzer.timeline.tables import RECORD_TYPES, by_type, tables_of
 
 from .provisional import flagged, metric_flags, open_buckets
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES, as_stored
@@ -245,10 +245,10 @@ class _Partition(ConnectionsPartition):
     def _flush(self) -> Iterator[pa.RecordBatch]:
         if not (self.records or self.open_records or self.metrics or any(self.rows.values())):
             return
-        final, opened = to_tables(self.records), to_tables(self.open_records)
-        deliveries = [x for x in (*self.records, *self.open_records) if type(x) is Delivery]
-        parts = [("counts", None, pa.Table.from_pylist([{"came_back": sum(map(came_back, deliveries))}],
-                                                       schema=COUNTS))]
+        final, opened = by_type(self.records), by_type(self.open_records)
+        came_back_count = sum(map(came_back, (*final[Delivery], *opened[Delivery])))
+        final, opened = tables_of(final), tables_of(opened)
+        parts = [("counts", None, pa.Table.from_pylist([{"came_back": came_back_count}], schema=COUNTS))]
         for name in RECORD_TYPES:
             rows = pa.concat_tables([as_stored(name, final[name], False), as_stored(name, opened[name], True)])
             if self.writers is None:

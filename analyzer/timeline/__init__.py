@@ -46,7 +46,7 @@ Rules decided here where DESIGN.md is silent (tests/test_timeline.py has a case 
 
 from .connection import Timelines, TimelineInputError, replay
 from .records import ChannelFacts, Delivery, Publish, Violation
-from .tables import CHANNELS, INPUT_COLUMNS, VIOLATIONS, replay_frames, to_table, to_tables
+from .tables import CHANNELS, INPUT_COLUMNS, VIOLATIONS, replay_frames, to_tables
 
 __all__ = ["Timelines", "TimelineInputError", "replay", "Delivery", "Publish", "ChannelFacts", "Violation",
-           "CHANNELS", "INPUT_COLUMNS", "VIOLATIONS", "replay_frames", "to_table", "to_tables"]
+           "CHANNELS", "INPUT_COLUMNS", "VIOLATIONS", "replay_frames", "to_tables"]

@@ -76,29 +76,34 @@ TABLES = {
 }
 
 
-def to_table(records: Iterable, record_type) -> pa.Table:
-    """The records of one type as an Arrow table of its schema, sorted by its key."""
-    return _sorted_table([x for x in records if type(x) is record_type], record_type)
-
-
-def _sorted_table(chosen: list, record_type) -> pa.Table:
-    table_schema, timestamps, date_from, key = TABLES[record_type]
-    return objects_to_table(sorted(chosen, key=attrgetter(*key)), attrgetter, table_schema, timestamps, date_from)
-
-
 # table name -> the record type of its rows
 RECORD_TYPES = {"deliveries": r.Delivery, "publishes": r.Publish, "channels": r.ChannelFacts, "violations": r.Violation}
 
 
-def to_tables(records: Iterable) -> dict[str, pa.Table]:
-    """The four tables (empty ones too) of any mix of records, sorted into types in one pass;
-    anything that is not a timeline record is left out."""
+def by_type(records: Iterable) -> dict[type, list]:
+    """Any mix of records sorted into their four types in one pass (every type a list, maybe
+    empty); anything that is not a timeline record is left out."""
     grouped = {record_type: [] for record_type in TABLES}
     for x in records:
         of_type = grouped.get(type(x))
         if of_type is not None:
             of_type.append(x)
-    return {name: _sorted_table(grouped[record_type], record_type) for name, record_type in RECORD_TYPES.items()}
+    return grouped
+
+
+def tables_of(grouped: dict[type, list]) -> dict[str, pa.Table]:
+    """The four tables of `by_type`'s lists, each sorted by its key."""
+    out = {}
+    for name, record_type in RECORD_TYPES.items():
+        table_schema, timestamps, date_from, key = TABLES[record_type]
+        chosen = sorted(grouped[record_type], key=attrgetter(*key))
+        out[name] = objects_to_table(chosen, attrgetter, table_schema, timestamps, date_from)
+    return out
+
+
+def to_tables(records: Iterable) -> dict[str, pa.Table]:
+    """The four tables (empty ones too) of any mix of records."""
+    return tables_of(by_type(records))
 
 
 def replay_frames(frames: pa.Table, overdue_ns: int = r.DEFAULT_OVERDUE_NS) -> dict[str, pa.Table]:

@@ -20,7 +20,7 @@ CHANNEL_METRICS = stored_schema(schema.CHANNEL_METRICS)
 
 
 def as_stored(name: str, rows: pa.Table, provisional: bool) -> pa.Table:
-    """A timeline table's rows (analyzer.timeline.tables.to_table) with the columns it is stored
+    """A timeline table's rows (analyzer.timeline.tables.to_tables) with the columns it is stored
     with, every row `provisional` or none."""
     rows = flagged(rows, provisional)
     return requeue_related.with_flags(rows) if name == "deliveries" else rows
