@@ -1,9 +1,10 @@
 """The C modules are the only thing setup.py adds to pyproject.toml: the native decode lane
-(analyzer/_lane.c), the connection pass's Arrow conversions (analyzer/_columns.c) and the
-records' maker (analyzer/timeline/_records.c). All are optional: where they do not compile, the
-Python paths do the work (analyzer/native.py, analyzer/columns.py, records.py's class call), and
-tests/test_native_lane.py, test_columns.py and test_records.py fail under CI=true so that this
-never goes unnoticed there."""
+(analyzer/_lane.c), the connection pass's Arrow conversions (analyzer/_columns.c), the
+records' maker (analyzer/timeline/_records.c) and the machine's plain frames
+(analyzer/timeline/_plain.c). All are optional: where they do not compile, the Python paths do the
+work (analyzer/native.py, analyzer/columns.py, records.py's class call, connection.py's
+`python_feed`), and tests/test_native_lane.py, test_columns.py, test_records.py and test_plain.py
+fail under CI=true so that this never goes unnoticed there."""
 
 from setuptools import Extension, setup
 
@@ -13,4 +14,6 @@ FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field
 setup(ext_modules=[Extension("analyzer._lane", ["analyzer/_lane.c"], optional=True, extra_compile_args=FLAGS),
                    Extension("analyzer._columns", ["analyzer/_columns.c"], optional=True, extra_compile_args=FLAGS),
                    Extension("analyzer.timeline._records", ["analyzer/timeline/_records.c"], optional=True,
+                             extra_compile_args=FLAGS),
+                   Extension("analyzer.timeline._plain", ["analyzer/timeline/_plain.c"], optional=True,
                              extra_compile_args=FLAGS)])

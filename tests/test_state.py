@@ -11,6 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analyzer import lake, schema
+from analyzer.detectors import ConnectionDetectors
+from analyzer.detectors.state import to_state as detectors_to_state
 from analyzer.ingest import ingest_file
 from analyzer.timeline import INPUT_COLUMNS, state
 from analyzer.timeline.carry import Checkpoint, continue_connection, dump, load
@@ -19,6 +21,8 @@ from analyzer.timeline.connection import ConnectionTimeline
 from analyzer.timeline.consumer import ConsumerSide
 from analyzer.timeline.publisher import PublisherSide
 from analyzer.timeline.state import StateError
+
+from spark_jobs.thresholds import Thresholds
 
 from .conftest import ROOT
 from .variants import VARIANTS
@@ -49,7 +53,7 @@ def test_slotted_state_classes_store_every_slot():
     build runs the same code): this does."""
     for cls, names in state.FIELDS.items():
         if "__slots__" in vars(cls):
-            assert tuple(cls.__slots__) == names, cls.__name__
+            assert tuple(cls.__slots__) == names + state.NOT_STORED.get(cls, ()), cls.__name__
 
 
 def checkpoint_after(rows: list[dict]) -> Checkpoint:
@@ -159,8 +163,14 @@ def test_deep_nesting_and_garbage_are_refused():
 
 
 def test_a_state_with_an_undeclared_field_is_not_written():
+    """The timeline's state classes are slotted (they cannot gain a field); the encoder refuses an
+    object of a class with a __dict__ (the detectors' state) that gained one."""
     rows = renumbered([{"connection_id": "c", "direction": "to_broker", "channel": 1, "method": "channel.open"}])
     checkpoint = checkpoint_after(rows)
-    checkpoint.timeline.lives[1].new_thing = 1
+    with pytest.raises(AttributeError, match="new_thing"):
+        checkpoint.timeline.lives[1].new_thing = 1
+    assert all("__slots__" in vars(cls) for cls in state.FIELDS)
+    detectors = ConnectionDetectors({"connection_id": "c"}, Thresholds())
+    detectors.buildup.new_thing = 1
     with pytest.raises(TypeError, match="new_thing"):
-        dump(checkpoint)
+        detectors_to_state(detectors)

@@ -24,6 +24,9 @@ UNKNOWN_TAG_TEXT = re.compile(r"unknown delivery tag (\d+)")
 
 
 class ChannelLife:
+    __slots__ = ("connection", "channel", "incarnation", "open_row", "history_known", "gap_seen", "gap_since_end",
+                 "ended", "end_facts", "holding", "held", "tx_unanswered", "consumer", "publisher")
+
     def __init__(self, connection, channel: int, incarnation: int, row: dict, history_known: bool):
         self.connection = connection
         self.channel, self.incarnation = channel, incarnation

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from . import plain
 from . import records as r
 from .channel import TO_BROKER, TO_CLIENT, ChannelLife
 from .consumer import ConsumerSide
@@ -58,6 +59,11 @@ class TimelineInputError(ValueError):
 
 
 class ConnectionTimeline:
+    # Slotted, as its channel incarnations and their sides are: the C transitions (plain.py) read
+    # these fields at fixed offsets. state.FIELDS lists what a checkpoint stores of them.
+    __slots__ = ("id", "agent_id", "overdue_ns", "lives", "incarnations", "synchronised", "closed", "transport_end",
+                 "blocked_since_ns", "last_seq", "last_ts_ns", "finished", "awaiting_next", "emit")
+
     def __init__(self, connection_id: str, agent_id: str | None, emit, overdue_ns: int = r.DEFAULT_OVERDUE_NS):
         self.id, self.agent_id, self.emit = connection_id, agent_id, emit
         self.overdue_ns = overdue_ns
@@ -75,6 +81,13 @@ class ConnectionTimeline:
         self.awaiting_next: list[tuple[ChannelLife, bool]] = []  # (life, retire when released)
 
     def feed(self, row: Mapping) -> None:
+        """The next frame row of this connection (seq order). A plain frame is done in C, exactly as
+        `python_feed` would do it (plain.py); every other one there."""
+        if _plain_feed is None or not _plain_feed(self, row):
+            self.python_feed(row)
+
+    def python_feed(self, row: Mapping) -> None:
+        """Every transition, in Python: the rules' one statement."""
         seq, method, direction = row.get("seq"), row.get("method"), row.get("direction")
         if seq is None or row.get("ts_ns") is None or method is None or direction not in (TO_BROKER, TO_CLIENT):
             raise TimelineInputError(f"connection {self.id}: row {row!r} lacks seq, ts_ns, method or direction")
@@ -222,6 +235,10 @@ class ConnectionTimeline:
         self.emit(life.facts())
         for violation in life.violation_records():
             self.emit(violation)
+
+
+# After the class: the C transitions are configured with it.
+_plain_feed = plain.feed_for(ConnectionTimeline)
 
 
 class Timelines:

@@ -56,6 +56,11 @@ class _EarlyAck:
 
 
 class ConsumerSide:
+    __slots__ = ("life", "consumers", "cancelled", "pending_consume", "pending_get", "outstanding", "tx_settled",
+                 "early", "proven_manual", "first_tag", "max_tag", "consumer_prefetch", "channel_prefetch", "unacked",
+                 "peak_unacked", "consumes", "unbounded_manual_consumes", "deliveries", "violations", "refusing",
+                 "refused")
+
     def __init__(self, life, history_known: bool) -> None:
         self.life = life
         self.consumers: dict[str, tuple] = {}  # consumer tag -> (queue, no_ack, consumer prefetch)

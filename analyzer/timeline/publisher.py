@@ -32,6 +32,9 @@ class _Publish:
 
 
 class PublisherSide:
+    __slots__ = ("life", "confirm", "tx", "aligned", "next_confirm", "pending", "tx_publishes", "discarded",
+                 "awaiting_return", "early_confirms", "early_multiple", "answered_select", "publishes")
+
     def __init__(self, life, history_known: bool) -> None:
         self.life = life
         self.confirm = self.tx = (False if history_known else None)  # None: not known

@@ -6,8 +6,8 @@
 #   docker run --cap-drop ALL --cap-add NET_RAW --network container:rabbitmq ackscope-agent:0.1.0 \
 #     capture --iface eth0 --lake /lake
 FROM python:3.11-slim-bookworm AS build
-# A C compiler for the project's C modules (setup.py: the native decode lane, analyzer/_lane.c, and the
-# timeline's record maker; without them the agent runs their Python paths).
+# A C compiler for the project's C modules (setup.py: the native decode lane, analyzer/_lane.c, the
+# timeline's record maker and its plain frames; without them the agent runs their Python paths).
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
