@@ -311,6 +311,24 @@ static PyObject *plain_life(PyObject *timeline, PyObject *channel) {
 static int empty_list(PyObject *value) { return value && PyList_CheckExact(value) && PyList_GET_SIZE(value) == 0; }
 static int empty_dict(PyObject *value) { return value && PyDict_CheckExact(value) && PyDict_GET_SIZE(value) == 0; }
 
+/* The row is taken: ConnectionTimeline.feed's first change, the connection's last row. */
+static void taken(PyObject *timeline, PyObject *row) {
+    PUT(timeline, TIMELINE_last_seq, Py_NewRef(row_get(row, R_seq)));
+    PUT(timeline, TIMELINE_last_ts_ns, Py_NewRef(row_get(row, R_ts_ns)));
+}
+
+/* dict.pop(key): a new reference, or NULL with KeyError (or another error). */
+static PyObject *pop_item(PyObject *dict, PyObject *key) {
+    PyObject *value = PyDict_GetItemWithError(dict, key);
+    if (!value) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+        return NULL;
+    }
+    Py_INCREF(value);
+    if (PyDict_DelItem(dict, key) < 0) Py_CLEAR(value);
+    return value;
+}
+
 /* The keys of `by_number` (ascending ints) up to `number`, as consumer.up_to: a new list. */
 static PyObject *up_to(PyObject *by_number, PyObject *number_obj, long long number) {
     PyObject *found = PyList_New(0), *key, *value;
@@ -367,9 +385,7 @@ static int deliver(PyObject *timeline, PyObject *life, PyObject *row, PyObject *
     long long deliveries;
     if (!as_i64(GET(consumer, CONSUMER_deliveries), &deliveries)) return 0;
 
-    /* taken: connection.py sets the last row, then ConsumerSide.deliver */
-    PUT(timeline, TIMELINE_last_seq, Py_NewRef(row_get(row, R_seq)));
-    PUT(timeline, TIMELINE_last_ts_ns, Py_NewRef(row_get(row, R_ts_ns)));
+    taken(timeline, row);   /* then ConsumerSide.deliver */
     PyObject *d = classes[K_DELIVERY_STATE]->tp_alloc(classes[K_DELIVERY_STATE], 0);
     if (!d) return -1;
     GET(d, DELIVERY_STATE_row) = Py_NewRef(row);
@@ -426,35 +442,29 @@ static int client_settle(PyObject *timeline, PyObject *life, PyObject *row, PyOb
         }
     }
 
-    /* taken */
-    PUT(timeline, TIMELINE_last_seq, Py_NewRef(row_get(row, R_seq)));
-    PUT(timeline, TIMELINE_last_ts_ns, Py_NewRef(row_get(row, R_ts_ns)));
+    taken(timeline, row);
     int failed = 0;
     PyObject *exact_consumer = GET(exact, DELIVERY_STATE_consumer_tag);
     if (exact_consumer != Py_None) failed = PySet_Add(proven, exact_consumer);
     for (Py_ssize_t i = 0; !failed && i < PyList_GET_SIZE(tags); i++) {   /* ConsumerSide._apply */
         PyObject *t = PyList_GET_ITEM(tags, i);
-        PyObject *d = PyDict_GetItemWithError(outstanding, t);
+        PyObject *d = pop_item(outstanding, t);   /* ConsumerSide._take */
         if (!d) {
-            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, t);
             failed = 1;
             break;
         }
-        Py_INCREF(d);
-        failed = PyDict_DelItem(outstanding, t) < 0;   /* ConsumerSide._take */
         PyObject *no_ack = GET(d, DELIVERY_STATE_no_ack);
-        if (!failed && no_ack == Py_False) PUT(consumer, CONSUMER_unacked, new_int(--unacked));
-        if (!failed) {
-            int unknown = 0;
-            if (no_ack == Py_None && PyObject_RichCompareBool(t, tag_obj, Py_NE) == 1) {
-                int proven_here = PySet_Contains(proven, GET(d, DELIVERY_STATE_consumer_tag));
-                if (proven_here < 0) failed = 1;
-                unknown = proven_here == 0;
-            }
-            if (!failed)
-                failed = settle_delivery(life, d, unknown ? strings[S_unknown] : outcome, row, row, by_multiple,
-                                         requeue, unknown ? Py_None : Py_False) < 0;
+        if (no_ack == Py_False) PUT(consumer, CONSUMER_unacked, new_int(--unacked));
+        /* Its consumer's ack mode not known: if auto-ack, a multiple ack never covered it. */
+        int unknown = 0;
+        if (no_ack == Py_None && PyObject_RichCompareBool(t, tag_obj, Py_NE) == 1) {
+            int proven_here = PySet_Contains(proven, GET(d, DELIVERY_STATE_consumer_tag));
+            failed = proven_here < 0;
+            unknown = proven_here == 0;
         }
+        if (!failed)
+            failed = settle_delivery(life, d, unknown ? strings[S_unknown] : outcome, row, row, by_multiple, requeue,
+                                     unknown ? Py_None : Py_False) < 0;
         Py_DECREF(d);
     }
     Py_DECREF(tags);
@@ -487,9 +497,7 @@ static int publish(PyObject *timeline, PyObject *life, PyObject *row) {
     int mandatory = truthy(row_get(row, R_mandatory));
     if (mandatory < 0) return -1;
 
-    /* taken */
-    PUT(timeline, TIMELINE_last_seq, Py_NewRef(row_get(row, R_seq)));
-    PUT(timeline, TIMELINE_last_ts_ns, Py_NewRef(row_get(row, R_ts_ns)));
+    taken(timeline, row);
     PyObject *p = classes[K_PUBLISH_STATE]->tp_alloc(classes[K_PUBLISH_STATE], 0);
     if (!p) return -1;
     for (int f = F_PUBLISH_STATE_row; f <= F_PUBLISH_STATE_observed_until; f++)
@@ -559,30 +567,23 @@ static int broker_confirm(PyObject *timeline, PyObject *life, PyObject *row, PyO
     }
     PyObject *outcome = method == strings[S_basic_ack] ? strings[S_acked] : strings[S_nacked];
 
-    /* taken */
-    PUT(timeline, TIMELINE_last_seq, Py_NewRef(row_get(row, R_seq)));
-    PUT(timeline, TIMELINE_last_ts_ns, Py_NewRef(row_get(row, R_ts_ns)));
+    taken(timeline, row);
     PyObject *confirm = PyTuple_Pack(2, tag_obj, multiple ? Py_True : Py_False);
     int failed = !confirm;
     for (Py_ssize_t i = 0; !failed && i < PyList_GET_SIZE(done); i++) {   /* PublisherSide._confirmed */
         PyObject *number = PyList_GET_ITEM(done, i);
-        PyObject *p = PyDict_GetItemWithError(pending, number);
+        PyObject *p = pop_item(pending, number);
         if (!p) {
-            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, number);
             failed = 1;
             break;
         }
-        Py_INCREF(p);
-        failed = PyDict_DelItem(pending, number) < 0;
         PyObject *oldest = NULL, *value;
         Py_ssize_t pos = 0;
-        if (!failed) PyDict_Next(pending, &pos, &oldest, &value);
-        PyObject *by = NULL;
-        if (!failed) {   /* how far ahead of the oldest publish still waiting */
-            int ahead = oldest && !multiple ? PyObject_RichCompareBool(oldest, number, Py_LT) : 0;
-            by = ahead > 0 ? PyNumber_Subtract(number, oldest) : ahead == 0 ? Py_NewRef(zero) : NULL;
-            failed = !by;
-        }
+        PyDict_Next(pending, &pos, &oldest, &value);
+        /* how far ahead of the oldest publish still waiting */
+        int ahead = oldest && !multiple ? PyObject_RichCompareBool(oldest, number, Py_LT) : 0;
+        PyObject *by = ahead > 0 ? PyNumber_Subtract(number, oldest) : ahead == 0 ? Py_NewRef(zero) : NULL;
+        failed = !by;
         if (!failed) {
             PUT(p, PUBLISH_STATE_out_of_order_by, by);
             PUT(p, PUBLISH_STATE_confirm, Py_NewRef(confirm));
