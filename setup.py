@@ -1,10 +1,12 @@
 """The C modules are the only thing setup.py adds to pyproject.toml: the native decode lane
 (analyzer/_lane.c), the connection pass's Arrow conversions (analyzer/_columns.c), the
-records' maker (analyzer/timeline/_records.c) and the machine's plain frames
-(analyzer/timeline/_plain.c). All are optional: where they do not compile, the Python paths do the
-work (analyzer/native.py, analyzer/columns.py, records.py's class call, connection.py's
-`python_feed`), and tests/test_native_lane.py, test_columns.py, test_records.py and test_plain.py
-fail under CI=true so that this never goes unnoticed there."""
+records' maker (analyzer/timeline/_records.c), the machine's plain frames
+(analyzer/timeline/_plain.c) and the per-record folds of channel_metrics and unacked_buildup
+(analyzer/_folds.c; it and _plain.c share analyzer/_slots.h). All are optional: where they do not
+compile, the Python paths do the work (analyzer/native.py, analyzer/columns.py, records.py's class
+call, connection.py's `python_feed`, metrics.py's `python_record`, consumer.py's `python_add`), and
+tests/test_native_lane.py, test_columns.py, test_records.py, test_plain.py and test_folds.py fail
+under CI=true so that this never goes unnoticed there."""
 
 from setuptools import Extension, setup
 
@@ -16,4 +18,6 @@ setup(ext_modules=[Extension("analyzer._lane", ["analyzer/_lane.c"], optional=Tr
                    Extension("analyzer.timeline._records", ["analyzer/timeline/_records.c"], optional=True,
                              extra_compile_args=FLAGS),
                    Extension("analyzer.timeline._plain", ["analyzer/timeline/_plain.c"], optional=True,
+                             include_dirs=["analyzer"], depends=["analyzer/_slots.h"], extra_compile_args=FLAGS),
+                   Extension("analyzer._folds", ["analyzer/_folds.c"], optional=True, depends=["analyzer/_slots.h"],
                              extra_compile_args=FLAGS)])

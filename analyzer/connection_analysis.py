@@ -85,7 +85,7 @@ class ConnectionAnalysis:
         self.detectors.record(record)
         if self.metrics is not None:
             try:
-                self.metrics.feed((record,))
+                self.metrics.record(record)
             except HorizonError as error:
                 self._give_up_metrics(error)
 

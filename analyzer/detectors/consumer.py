@@ -9,6 +9,7 @@ long they stayed unacked cannot be known.
 
 from __future__ import annotations
 
+from .. import folds
 from ..timeline import records as r
 from .common import (Incarnation, RawFinding, Tally, column, fixed, least, most, nulls_first, seconds,
                      text)
@@ -77,6 +78,8 @@ class UnackedBuildup:
     that sat at its prefetch limit with no ack for `prefetch_stall_seconds`. Count: the most
     deliveries unacked at once on the channel."""
 
+    __slots__ = ("thresholds", "age_limit_ns", "stall_limit_ns", "channels", "proven", "waiting")
+
     def __init__(self, thresholds):
         self.thresholds = thresholds
         self.age_limit_ns = int(thresholds.unacked_age_seconds * 1e9)
@@ -89,6 +92,12 @@ class UnackedBuildup:
         self.waiting: dict[tuple, list[r.Delivery]] = {}
 
     def add(self, d: r.Delivery) -> None:
+        """In C where _folds.c takes the delivery (analyzer/folds.py), else `python_add`."""
+        if _add_in_c is None or not _add_in_c(self, d):
+            self.python_add(d)
+
+    def python_add(self, d: r.Delivery) -> None:
+        """One delivery, the rules' one statement (the C twin is held to it)."""
         if d.outcome not in SETTLED and d.outcome != r.OPEN:
             return
         if d.no_ack is None:
@@ -160,6 +169,10 @@ class UnackedBuildup:
                               oldest_tag=b.oldest[0], oldest_seq=b.oldest[1], oldest_age_seconds=oldest_s,
                               stall_seconds=stall_s, prefetch_limit=stall_limit, peak_unacked=peak)))
         return out
+
+
+# `UnackedBuildup.add` in C, for the deliveries it takes (None: not built, or switched off).
+_add_in_c = folds.buildup_fold(UnackedBuildup, _Buildup, Profile)
 
 
 class UnboundedPrefetch:

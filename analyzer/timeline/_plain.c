@@ -16,9 +16,7 @@
  * The state objects are slotted: their fields are read at the offsets `configure` resolves from
  * the classes, by name, once. Records are made as records.py's maker makes them (no __init__).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
+#include "_slots.h"
 
 /* ---- fields, by class ----------------------------------------------------------------------- */
 
@@ -84,13 +82,7 @@ static int configured = 0;
 #define GET(obj, field) (*(PyObject **)((char *)(obj) + offsets[F_##field]))
 
 /* Set a field to a new reference (stolen). */
-static void put(PyObject *obj, Py_ssize_t offset, PyObject *value) {
-    PyObject **slot = (PyObject **)((char *)obj + offset);
-    PyObject *old = *slot;
-    *slot = value;
-    Py_XDECREF(old);
-}
-#define PUT(obj, field, value) put((obj), offsets[F_##field], (value))
+#define PUT(obj, field, value) slot_put((obj), offsets[F_##field], (value))
 
 static int is_a(PyObject *obj, int cls) { return obj && Py_TYPE(obj) == classes[cls]; }
 
@@ -118,22 +110,6 @@ static PyObject *two, *zero;     /* the ints 2 (delivery_mode persistent) and 0 
  * here but with str keys a lookup raises only on a broken hash, never with interned str keys. */
 static PyObject *row_get(PyObject *row, int key) { return PyDict_GetItemWithError(row, keys[key]); }
 static PyObject *or_none(PyObject *value) { return value ? value : Py_None; }
-
-static int same_str(PyObject *a, PyObject *b) {
-    if (a == b) return 1;
-    if (!PyUnicode_CheckExact(a) || PyUnicode_GET_LENGTH(a) != PyUnicode_GET_LENGTH(b) ||
-        PyUnicode_KIND(a) != PyUnicode_KIND(b))
-        return 0;
-    return memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)PyUnicode_GET_LENGTH(a) * PyUnicode_KIND(a)) == 0;
-}
-
-/* An exact int that fits 64 bits. */
-static int as_i64(PyObject *value, long long *out) {
-    if (!value || !PyLong_CheckExact(value)) return 0;
-    int overflow;
-    *out = PyLong_AsLongLongAndOverflow(value, &overflow);
-    return !overflow && !(*out == -1 && PyErr_Occurred());
-}
 
 /* bool(row.get(...)): 1, 0, or -1 with an error. */
 static int truthy(PyObject *value) {
@@ -654,17 +630,6 @@ not_taken:
 }
 
 /* ---- configure -------------------------------------------------------------------------------- */
-
-/* The offset of slot `name` of `cls` itself (a T_OBJECT_EX member), or -1 with an error. */
-static Py_ssize_t slot_offset(PyTypeObject *cls, const char *name) {
-    PyObject *slot = PyDict_GetItemString(cls->tp_dict, name);
-    if (!slot || !Py_IS_TYPE(slot, &PyMemberDescr_Type) || PyDescr_TYPE(slot) != cls ||
-        ((PyMemberDescrObject *)slot)->d_member->type != T_OBJECT_EX) {
-        PyErr_Format(PyExc_TypeError, "%s: %s is not one of its own __slots__", cls->tp_name, name);
-        return -1;
-    }
-    return ((PyMemberDescrObject *)slot)->d_member->offset;
-}
 
 /* A record class's slots must be exactly the fields this file sets, in the same order. */
 static int same_fields(int cls, int first, int n) {

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
 
-from .. import schema
+from .. import folds, schema
 from ..rows import dicts_to_table
 from . import records as r
 
@@ -119,6 +119,7 @@ class _Incarnation:
 
 class ChannelMetrics:
     """Rows of schema.CHANNEL_METRICS, as dicts without the derived `date` and `bucket_start`."""
+    __slots__ = ("bucket_seconds", "size", "incarnations", "retired", "_last", "_last_inc")
 
     def __init__(self, bucket_seconds: int = 10):
         self.bucket_seconds = bucket_seconds
@@ -131,13 +132,23 @@ class ChannelMetrics:
 
     def feed(self, records: Iterable) -> None:
         for x in records:
-            kind = type(x)
-            if kind is r.Delivery:
-                self._delivery(x)
-            elif kind is r.Publish:
-                self._publish(x)
-            elif kind is r.ChannelFacts:
-                self._facts(x)
+            self.record(x)
+
+    def record(self, x) -> None:
+        """One record (Delivery, Publish, ChannelFacts; others are ignored): in C where _folds.c
+        takes it (analyzer/folds.py), else `python_record`."""
+        if _fold_in_c is None or not _fold_in_c(self, x):
+            self.python_record(x)
+
+    def python_record(self, x) -> None:
+        """One record, the rules' one statement (the C twin is held to it)."""
+        kind = type(x)
+        if kind is r.Delivery:
+            self._delivery(x)
+        elif kind is r.Publish:
+            self._publish(x)
+        elif kind is r.ChannelFacts:
+            self._facts(x)
 
     def opened(self, connection_id: str, agent_id: str | None, channel: int, incarnation: int,
                open_ts_ns: int, open_seq: int) -> None:
@@ -366,6 +377,8 @@ class ChannelMetrics:
 
 
 _NO_COUNTS = (0,) * len(COUNTS)
+# `_delivery` and `_publish` in C, for the records it takes (None: not built, or switched off).
+_fold_in_c = folds.metrics_fold(ChannelMetrics, _Incarnation, _Bucket, COUNTS)
 
 
 def _peak_change(arrivals: list, departures: list) -> int:

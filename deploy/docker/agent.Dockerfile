@@ -7,7 +7,8 @@
 #     capture --iface eth0 --lake /lake
 FROM python:3.11-slim-bookworm AS build
 # A C compiler for the project's C modules (setup.py: the native decode lane, analyzer/_lane.c, the
-# timeline's record maker and its plain frames; without them the agent runs their Python paths).
+# timeline's record maker and its plain frames, the record folds; without them the agent runs their
+# Python paths).
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src

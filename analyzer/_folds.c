@@ -1,0 +1,664 @@
+/* The per-record folds in C (see folds.py): C twins of the two folds every delivery record goes
+ * through in the pass, for the records they take:
+ *
+ *   metrics_record(metrics, record)   timeline/metrics.py, ChannelMetrics._delivery and _publish
+ *   buildup_add(buildup, delivery)    detectors/consumer.py, UnackedBuildup.add and what it calls
+ *
+ * Each either does everything its Python does for the record (the same state changes, in the same
+ * order) and returns True, or changes nothing and returns False: the Python then takes it. Every
+ * condition is checked before the first change. The records it takes are those of plain values
+ * (exact ints within 2**62, exact strs, None, True and False) into state of the shapes the Python
+ * builds; anything else (a new incarnation or consumer scope, a record before the horizon, a
+ * delivery past a threshold, a consumer whose ack mode is unknown, ...) goes the Python way, which
+ * stays the one statement of the rules. tests/test_folds.py holds the two to the same state after
+ * every record and the same rows and findings at the end.
+ *
+ * The state objects are slotted: their fields are read at the offsets `configure` resolves by name.
+ */
+#include "_slots.h"
+
+/* ---- fields, by class ----------------------------------------------------------------------- */
+
+#define CLASSES(X) X(METRICS) X(INCARNATION) X(BUCKET) X(DELIVERY) X(PUBLISH) X(UNACKED) X(BUILDUP) X(PROFILE)
+#define AS_ENUM(name) K_##name,
+enum { CLASSES(AS_ENUM) N_CLASSES };
+#define AS_NAME(name) #name,
+static const char *class_keys[N_CLASSES] = {CLASSES(AS_NAME)};
+
+#define FIELDS(X) \
+    X(METRICS, size) X(METRICS, incarnations) X(METRICS, _last) X(METRICS, _last_inc) \
+    X(INCARNATION, buckets) X(INCARNATION, final_before) \
+    X(BUCKET, counts) X(BUCKET, arrivals) X(BUCKET, departures) X(BUCKET, deliver_at) \
+    X(BUCKET, consumer_prefetch) X(BUCKET, channel_prefetch) \
+    X(DELIVERY, connection_id) X(DELIVERY, agent_id) X(DELIVERY, channel) X(DELIVERY, incarnation) \
+    X(DELIVERY, seq) X(DELIVERY, ts_ns) X(DELIVERY, method) X(DELIVERY, delivery_tag) X(DELIVERY, consumer_tag) \
+    X(DELIVERY, redelivered) X(DELIVERY, no_ack) X(DELIVERY, consumer_prefetch) X(DELIVERY, channel_prefetch) \
+    X(DELIVERY, outcome) X(DELIVERY, requeue) X(DELIVERY, settle_seq) X(DELIVERY, settle_ts_ns) \
+    X(DELIVERY, observed_until_ts_ns) \
+    X(PUBLISH, connection_id) X(PUBLISH, agent_id) X(PUBLISH, channel) X(PUBLISH, incarnation) \
+    X(PUBLISH, seq) X(PUBLISH, ts_ns) X(PUBLISH, mode) X(PUBLISH, outcome) X(PUBLISH, return_seq) \
+    X(PUBLISH, settle_seq) X(PUBLISH, settle_ts_ns) \
+    X(UNACKED, age_limit_ns) X(UNACKED, stall_limit_ns) X(UNACKED, channels) \
+    X(BUILDUP, agent_id) X(BUILDUP, oldest_ns) X(BUILDUP, oldest) X(BUILDUP, channel_scope) \
+    X(BUILDUP, consumer_scopes) \
+    X(PROFILE, limit) X(PROFILE, end_ns) X(PROFILE, keys) X(PROFILE, times)
+
+#define FIELD_ENUM(cls, name) F_##cls##_##name,
+enum { FIELDS(FIELD_ENUM) N_FIELDS };
+typedef struct {
+    int cls;
+    const char *name;
+} FieldName;
+#define FIELD_NAME(cls, name) {K_##cls, #name},
+static const FieldName field_names[N_FIELDS] = {FIELDS(FIELD_NAME)};
+
+static PyTypeObject *classes[N_CLASSES];
+static Py_ssize_t offsets[N_FIELDS];
+static int metrics_configured = 0, buildup_configured = 0;
+
+#define GET(obj, field) slot_get((obj), offsets[F_##field])
+#define PUT(obj, field, value) slot_put((obj), offsets[F_##field], (value))
+
+static int is_a(PyObject *obj, int cls) { return obj && Py_TYPE(obj) == classes[cls]; }
+
+/* ---- constants -------------------------------------------------------------------------------- */
+
+#define STRINGS(X) \
+    X(unknown) X(confirm) X(basic_deliver) X(ack) X(nack) X(reject) X(recovered) X(channel_closed) \
+    X(connection_closed) X(open) X(acked) X(nacked) X(lost) X(consumer_scope)
+#define STRING_ENUM(name) S_##name,
+enum { STRINGS(STRING_ENUM) N_STRINGS };
+static const char *string_names[N_STRINGS] = {STRINGS(AS_NAME)};
+static PyObject *strings[N_STRINGS];
+static PyObject *empty;   /* "" */
+
+/* channel_metrics' counts, in metrics.COUNTS order (configure checks the names). */
+#define COUNTS(X) \
+    X(deliveries) X(redeliveries) X(deliveries_unknown) X(acks) X(nacks) X(rejects) X(requeues) X(publishes) \
+    X(returns) X(publishes_unknown) X(confirms) X(confirm_nacks) X(lost)
+#define COUNT_ENUM(name) C_##name,
+enum { COUNTS(COUNT_ENUM) N_COUNTS };
+static const char *count_names[N_COUNTS] = {COUNTS(AS_NAME)};
+enum { UNACKED_LEVEL = 0, UNCONFIRMED_LEVEL = 1 };
+
+/* ---- plain values ----------------------------------------------------------------------------- */
+
+#define BOUND (1LL << 62)   /* times, seqs and counts the twins take: their encodings cannot overflow */
+
+/* An exact int in [0, 2**62). */
+static int bounded(PyObject *value, long long *out) { return as_i64(value, out) && *out >= 0 && *out < BOUND; }
+
+/* True, False or None as 1, 0, 0; -1 for anything else (its truth could run code). */
+static int flag(PyObject *value) {
+    if (value == Py_True) return 1;
+    return value == Py_False || value == Py_None ? 0 : -1;
+}
+
+/* None or an exact int within 64 bits: 1 (with *is_none), 0 for anything else. */
+static int optional_i64(PyObject *value, long long *out, int *is_none) {
+    *is_none = value == Py_None;
+    return *is_none || as_i64(value, out);
+}
+
+/* A key part the Python compares or hashes: only these, whose == and hash run no code. */
+static int plain_key(PyObject *value) {
+    return value && (value == Py_None || PyUnicode_CheckExact(value) || PyLong_CheckExact(value));
+}
+
+/* a == b for two plain keys: 1, 0. */
+static int same_key(PyObject *a, PyObject *b) {
+    if (a == b) return 1;
+    if (PyUnicode_CheckExact(a) && PyUnicode_CheckExact(b)) return same_str(a, b);
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) return PyObject_RichCompareBool(a, b, Py_EQ);
+    return 0;
+}
+
+static PyObject *int_from_le(const unsigned char *bytes, size_t n) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyLong_FromUnsignedNativeBytes(bytes, n, Py_ASNATIVEBYTES_LITTLE_ENDIAN);
+#else
+    return _PyLong_FromByteArray(bytes, n, 1, 0);
+#endif
+}
+
+typedef unsigned __int128 u128;
+
+/* metrics.py's instant of (ts, seq): ts * 2**65 + 2 * seq + extra (2: a departure's, 3: an arrival's). */
+static u128 instant(long long ts, long long seq, unsigned extra) { return ((u128)ts << 65) + ((u128)seq << 1) + extra; }
+
+static PyObject *u128_int(u128 value) {
+    unsigned char bytes[16];
+    for (int i = 0; i < 16; i++) bytes[i] = (unsigned char)(value >> (8 * i));
+    return int_from_le(bytes, 16);
+}
+
+/* metrics.py's outstanding item: (arrival instant << 64) + settle ts + 2**63. */
+static PyObject *item_int(u128 arrival, unsigned long long settle_part) {
+    unsigned char bytes[24];
+    for (int i = 0; i < 8; i++) bytes[i] = (unsigned char)(settle_part >> (8 * i));
+    for (int i = 0; i < 16; i++) bytes[8 + i] = (unsigned char)(arrival >> (8 * i));
+    return int_from_le(bytes, 24);
+}
+
+/* list.append of a new reference (stolen). */
+static int append_new(PyObject *list, PyObject *item) {
+    if (!item) return -1;
+    int failed = PyList_Append(list, item);
+    Py_DECREF(item);
+    return failed;
+}
+
+/* ---- channel_metrics -------------------------------------------------------------------------- */
+
+/* A record's fields of the classes' offsets, by kind (Delivery or Publish). */
+typedef struct {
+    int connection_id, agent_id, channel, incarnation, seq, ts_ns, settle_seq, settle_ts_ns;
+} RecordFields;
+static const RecordFields delivery_fields = {
+    F_DELIVERY_connection_id, F_DELIVERY_agent_id, F_DELIVERY_channel, F_DELIVERY_incarnation, F_DELIVERY_seq,
+    F_DELIVERY_ts_ns, F_DELIVERY_settle_seq, F_DELIVERY_settle_ts_ns};
+static const RecordFields publish_fields = {
+    F_PUBLISH_connection_id, F_PUBLISH_agent_id, F_PUBLISH_channel, F_PUBLISH_incarnation, F_PUBLISH_seq,
+    F_PUBLISH_ts_ns, F_PUBLISH_settle_seq, F_PUBLISH_settle_ts_ns};
+#define FIELD_OF(x, f) slot_get((x), offsets[(f)])
+
+/* When a record happened and settled, as _delivery and _publish read it: never settled before its
+ * own row. */
+typedef struct {
+    long long ts, seq, settle_ts, settle_seq;
+    int settled, settle_seq_known;
+} Times;
+
+static int times_of(PyObject *x, const RecordFields *f, Times *t) {
+    if (!bounded(FIELD_OF(x, f->ts_ns), &t->ts) || !bounded(FIELD_OF(x, f->seq), &t->seq)) return 0;
+    PyObject *settle_ts = FIELD_OF(x, f->settle_ts_ns), *settle_seq = FIELD_OF(x, f->settle_seq);
+    if (!settle_ts || !settle_seq) return 0;
+    t->settled = settle_ts != Py_None;
+    t->settle_seq_known = 0;
+    if (!t->settled) return 1;
+    if (!bounded(settle_ts, &t->settle_ts)) return 0;
+    t->settle_seq_known = settle_seq != Py_None;
+    if (t->settle_seq_known && !bounded(settle_seq, &t->settle_seq)) return 0;
+    if (t->settle_ts < t->ts) t->settle_ts = t->ts, t->settle_seq = t->seq, t->settle_seq_known = 1;
+    return 1;
+}
+
+/* ChannelMetrics._of: the record's incarnation (borrowed), the last record's when it is the same
+ * one. 1 found (*miss: by the key, so _last moves to it), 0 not taken. */
+static int incarnation_of(PyObject *metrics, PyObject *x, const RecordFields *f, PyObject **inc, int *miss) {
+    PyObject *parts[4] = {FIELD_OF(x, f->connection_id), FIELD_OF(x, f->agent_id), FIELD_OF(x, f->channel),
+                          FIELD_OF(x, f->incarnation)};
+    for (int i = 0; i < 4; i++)
+        if (!plain_key(parts[i])) return 0;
+    PyObject *last = GET(metrics, METRICS__last);
+    const RecordFields *lf = is_a(last, K_DELIVERY) ? &delivery_fields : is_a(last, K_PUBLISH) ? &publish_fields : NULL;
+    if (lf) {
+        /* the Python compares incarnation, channel, connection_id, agent_id: all plain, so in any order */
+        PyObject *theirs[4] = {FIELD_OF(last, lf->connection_id), FIELD_OF(last, lf->agent_id),
+                               FIELD_OF(last, lf->channel), FIELD_OF(last, lf->incarnation)};
+        int same = 1;
+        for (int i = 0; i < 4 && same; i++) {
+            if (!plain_key(theirs[i])) return 0;
+            same = same_key(parts[i], theirs[i]);
+        }
+        if (same) {
+            *inc = GET(metrics, METRICS__last_inc), *miss = 0;
+            return is_a(*inc, K_INCARNATION);
+        }
+    } else if (!last || last != Py_None) {
+        return 0;
+    }
+    PyObject *incarnations = GET(metrics, METRICS_incarnations);
+    if (!incarnations || !PyDict_CheckExact(incarnations)) return 0;
+    PyObject *key = PyTuple_Pack(4, parts[0], parts[1], parts[2], parts[3]);
+    if (!key) return -1;
+    *inc = PyDict_GetItemWithError(incarnations, key);
+    Py_DECREF(key);
+    if (!*inc) return PyErr_Occurred() ? -1 : 0;   /* a new incarnation: the Python way */
+    *miss = 1;
+    return is_a(*inc, K_INCARNATION);
+}
+
+/* A bucket as the Python built it: counts of exact ints, two lists per level, deliver_at. */
+static int plain_bucket(PyObject *b) {
+    if (!is_a(b, K_BUCKET)) return 0;
+    PyObject *counts = GET(b, BUCKET_counts), *arrivals = GET(b, BUCKET_arrivals);
+    PyObject *departures = GET(b, BUCKET_departures), *deliver_at = GET(b, BUCKET_deliver_at);
+    if (!counts || !PyList_CheckExact(counts) || PyList_GET_SIZE(counts) != N_COUNTS) return 0;
+    for (int i = 0; i < N_COUNTS; i++) {
+        long long n;
+        if (!bounded(PyList_GET_ITEM(counts, i), &n)) return 0;
+    }
+    PyObject *pairs[2] = {arrivals, departures};
+    for (int i = 0; i < 2; i++) {
+        if (!pairs[i] || !PyTuple_CheckExact(pairs[i]) || PyTuple_GET_SIZE(pairs[i]) != 2 ||
+            !PyList_CheckExact(PyTuple_GET_ITEM(pairs[i], 0)) || !PyList_CheckExact(PyTuple_GET_ITEM(pairs[i], 1)))
+            return 0;
+    }
+    return deliver_at && (deliver_at == Py_None || PyLong_CheckExact(deliver_at)) &&
+           GET(b, BUCKET_consumer_prefetch) && GET(b, BUCKET_channel_prefetch);
+}
+
+/* The incarnation's bucket starting at `start` (borrowed) or NULL when it has none yet; 1, 0 (not
+ * a plain bucket) or -1. */
+static int bucket_at(PyObject *buckets, long long start, PyObject **bucket) {
+    PyObject *key = PyLong_FromLongLong(start);
+    if (!key) return -1;
+    *bucket = PyDict_GetItemWithError(buckets, key);
+    Py_DECREF(key);
+    if (!*bucket) return PyErr_Occurred() ? -1 : 1;
+    return plain_bucket(*bucket);
+}
+
+/* _Incarnation.bucket: the one at `start`, made if missing (borrowed). */
+static PyObject *bucket(PyObject *buckets, long long start, PyObject *found) {
+    if (found) return found;
+    PyObject *key = PyLong_FromLongLong(start), *made = key ? PyObject_CallNoArgs((PyObject *)classes[K_BUCKET]) : NULL;
+    int failed = !made || PyDict_SetItem(buckets, key, made) < 0;
+    Py_XDECREF(key);
+    Py_XDECREF(made);   /* the dict holds it */
+    return failed ? NULL : made;
+}
+
+/* counts[i] += 1 (an exact int below 2**62, checked). */
+static int bump(PyObject *b, int i) {
+    PyObject *counts = GET(b, BUCKET_counts), *old = PyList_GET_ITEM(counts, i);
+    PyObject *now = PyLong_FromLongLong(PyLong_AsLongLong(old) + 1);
+    if (!now) return -1;
+    PyList_SET_ITEM(counts, i, now);
+    Py_DECREF(old);
+    return 0;
+}
+
+static PyObject *level_list(PyObject *b, int pair_field, int level) {
+    return PyTuple_GET_ITEM(slot_get(b, offsets[pair_field]), level);
+}
+
+/* What _delivery and _publish share: the record's incarnation, its times and its two buckets
+ * (the one it arrived in and the one it settled in), checked; nothing changed yet. */
+typedef struct {
+    PyObject *inc, *buckets, *arrived_in, *settled_in;   /* borrowed; a bucket NULL until made */
+    long long start, settled_start;
+    int miss;
+    Times t;
+} Placed;
+
+static int place(PyObject *metrics, PyObject *x, const RecordFields *f, Placed *p) {
+    if (!times_of(x, f, &p->t)) return 0;
+    int found = incarnation_of(metrics, x, f, &p->inc, &p->miss);
+    if (found <= 0) return found;
+    PyObject *final_before = GET(p->inc, INCARNATION_final_before);
+    long long size, before;
+    int no_horizon;
+    if (!final_before || !optional_i64(final_before, &before, &no_horizon)) return 0;
+    if (!no_horizon && p->t.ts < before) return 0;   /* HorizonError: the Python raises it */
+    if (!as_i64(GET(metrics, METRICS_size), &size) || size <= 0) return 0;
+    p->buckets = GET(p->inc, INCARNATION_buckets);
+    if (!p->buckets || !PyDict_CheckExact(p->buckets)) return 0;
+    p->start = p->t.ts - p->t.ts % size;
+    p->settled_start = p->t.settled ? p->t.settle_ts - p->t.settle_ts % size : p->start;
+    int ok = bucket_at(p->buckets, p->start, &p->arrived_in);
+    if (ok > 0 && p->settled_start != p->start) ok = bucket_at(p->buckets, p->settled_start, &p->settled_in);
+    else p->settled_in = p->arrived_in;
+    return ok;
+}
+
+/* The first changes: _of's cache, then the buckets made as the Python makes them (arrival's first). */
+static int placed(PyObject *metrics, PyObject *x, Placed *p) {
+    if (p->miss) {
+        PUT(metrics, METRICS__last, Py_NewRef(x));
+        PUT(metrics, METRICS__last_inc, Py_NewRef(p->inc));
+    }
+    int same = p->settled_start == p->start;
+    p->arrived_in = bucket(p->buckets, p->start, p->arrived_in);
+    if (!p->arrived_in) return -1;
+    if (same) p->settled_in = p->arrived_in;
+    return 0;
+}
+
+static PyObject *settled_bucket(Placed *p) {
+    if (!p->settled_in) p->settled_in = bucket(p->buckets, p->settled_start, NULL);
+    return p->settled_in;
+}
+
+static PyObject *departure(Placed *p) {
+    return u128_int(p->t.settle_seq_known ? instant(p->t.settle_ts, p->t.settle_seq, 2) : instant(p->t.settle_ts, 0, 0));
+}
+
+#define SETTLE_OFFSET (1ULL << 63)
+#define NEVER_PART (~0ULL)   /* NEVER (2**63 - 1) + 2**63 */
+
+/* ChannelMetrics._delivery: 1 done, 0 not taken, -1 error. */
+static int metrics_delivery(PyObject *metrics, PyObject *d) {
+    PyObject *method = GET(d, DELIVERY_method), *outcome = GET(d, DELIVERY_outcome), *no_ack = GET(d, DELIVERY_no_ack);
+    PyObject *consumer_prefetch = GET(d, DELIVERY_consumer_prefetch), *channel_prefetch = GET(d, DELIVERY_channel_prefetch);
+    if (!method || !PyUnicode_CheckExact(method) || !outcome || !PyUnicode_CheckExact(outcome) || !no_ack ||
+        !consumer_prefetch || !channel_prefetch)
+        return 0;
+    int redelivered = flag(GET(d, DELIVERY_redelivered)), requeue = flag(GET(d, DELIVERY_requeue));
+    if (redelivered < 0 || requeue < 0) return 0;
+    Placed p;
+    int ok = place(metrics, d, &delivery_fields, &p);
+    if (ok <= 0) return ok;
+    int known = !same_str(outcome, strings[S_unknown]);
+    int which = same_str(outcome, strings[S_ack]) ? C_acks : same_str(outcome, strings[S_nack]) ? C_nacks
+              : same_str(outcome, strings[S_reject]) ? C_rejects : -1;
+    int counted = no_ack == Py_False && known;
+
+    if (placed(metrics, d, &p) < 0) return -1;
+    PyObject *b = p.arrived_in;
+    if (bump(b, C_deliveries) < 0 || (redelivered && bump(b, C_redeliveries) < 0) ||
+        (!known && bump(b, C_deliveries_unknown) < 0))
+        return -1;
+    u128 arrived = instant(p.t.ts, p.t.seq, 3);
+    if (same_str(method, strings[S_basic_deliver])) {
+        PyObject *at = u128_int(arrived), *deliver_at = GET(b, BUCKET_deliver_at);
+        if (!at) return -1;
+        int later = deliver_at == Py_None ? 1 : PyObject_RichCompareBool(at, deliver_at, Py_GT);
+        if (later < 0) {
+            Py_DECREF(at);
+            return -1;
+        }
+        if (later) {
+            PUT(b, BUCKET_deliver_at, at);
+            PUT(b, BUCKET_consumer_prefetch, Py_NewRef(consumer_prefetch));
+            PUT(b, BUCKET_channel_prefetch, Py_NewRef(channel_prefetch));
+        } else {
+            Py_DECREF(at);
+        }
+    }
+    if (!p.t.settled) {
+        if (counted && append_new(level_list(b, F_BUCKET_arrivals, UNACKED_LEVEL), item_int(arrived, NEVER_PART)) < 0)
+            return -1;
+        return 1;
+    }
+    if (counted && append_new(level_list(b, F_BUCKET_arrivals, UNACKED_LEVEL),
+                              item_int(arrived, (unsigned long long)p.t.settle_ts + SETTLE_OFFSET)) < 0)
+        return -1;
+    PyObject *s = settled_bucket(&p);
+    if (!s) return -1;
+    if (counted && append_new(level_list(s, F_BUCKET_departures, UNACKED_LEVEL), departure(&p)) < 0) return -1;
+    if (which >= 0 && (bump(s, which) < 0 || (which != C_acks && requeue && bump(s, C_requeues) < 0))) return -1;
+    return 1;
+}
+
+/* ChannelMetrics._publish: 1 done, 0 not taken, -1 error. */
+static int metrics_publish(PyObject *metrics, PyObject *x) {
+    PyObject *mode = GET(x, PUBLISH_mode), *outcome = GET(x, PUBLISH_outcome), *return_seq = GET(x, PUBLISH_return_seq);
+    if (!mode || !PyUnicode_CheckExact(mode) || !outcome || !PyUnicode_CheckExact(outcome) || !return_seq) return 0;
+    Placed p;
+    int ok = place(metrics, x, &publish_fields, &p);
+    if (ok <= 0) return ok;
+    int known = !same_str(outcome, strings[S_unknown]);
+    int which = same_str(outcome, strings[S_acked]) ? C_confirms : same_str(outcome, strings[S_nacked]) ? C_confirm_nacks
+              : same_str(outcome, strings[S_lost]) ? C_lost : -1;
+    int counted = same_str(mode, strings[S_confirm]) && known;
+
+    if (placed(metrics, x, &p) < 0) return -1;
+    PyObject *b = p.arrived_in;
+    if (bump(b, C_publishes) < 0 || (return_seq != Py_None && bump(b, C_returns) < 0) ||
+        (!known && bump(b, C_publishes_unknown) < 0))
+        return -1;
+    if (counted) {
+        unsigned long long settle_part = p.t.settled ? (unsigned long long)p.t.settle_ts + SETTLE_OFFSET : NEVER_PART;
+        if (append_new(level_list(b, F_BUCKET_arrivals, UNCONFIRMED_LEVEL),
+                       item_int(instant(p.t.ts, p.t.seq, 3), settle_part)) < 0)
+            return -1;
+    }
+    if (!p.t.settled) return 1;
+    PyObject *s = settled_bucket(&p);
+    if (!s) return -1;
+    if (counted && append_new(level_list(s, F_BUCKET_departures, UNCONFIRMED_LEVEL), departure(&p)) < 0) return -1;
+    if (which >= 0 && bump(s, which) < 0) return -1;
+    return 1;
+}
+
+/* metrics_record(metrics, record) -> True (done here) or False (nothing changed). */
+static PyObject *metrics_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "metrics_record(metrics, record)");
+        return NULL;
+    }
+    PyObject *metrics = args[0], *x = args[1];
+    if (!metrics_configured || !is_a(metrics, K_METRICS)) Py_RETURN_FALSE;
+    int done = is_a(x, K_DELIVERY) ? metrics_delivery(metrics, x) : is_a(x, K_PUBLISH) ? metrics_publish(metrics, x) : 0;
+    if (done < 0) return NULL;
+    if (done) Py_RETURN_TRUE;
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_FALSE;
+}
+
+/* ---- unacked_buildup -------------------------------------------------------------------------- */
+
+/* common.most / least of two plain values (None skipped): the one kept, borrowed; NULL: not plain. */
+static PyObject *most_of(PyObject *a, PyObject *b) {
+    long long x, y;
+    if (a == Py_None) return b;
+    if (b == Py_None) return a;
+    if (!as_i64(a, &x) || !as_i64(b, &y)) return NULL;
+    return y > x ? b : a;
+}
+
+static PyObject *least_str(PyObject *a, PyObject *b) {
+    if (a == Py_None) return b;
+    if (b == Py_None) return a;
+    if (!PyUnicode_CheckExact(a) || !PyUnicode_CheckExact(b)) return NULL;
+    int less = PyUnicode_Compare(b, a);   /* exact strs: no code runs */
+    return less < 0 ? b : a;
+}
+
+static int plain_profile(PyObject *scope) {
+    if (!is_a(scope, K_PROFILE)) return 0;
+    PyObject *keys = GET(scope, PROFILE_keys), *times = GET(scope, PROFILE_times);
+    PyObject *limit = GET(scope, PROFILE_limit), *end_ns = GET(scope, PROFILE_end_ns);
+    long long v;
+    return keys && PyList_CheckExact(keys) && times && PyList_CheckExact(times) && limit &&
+           (limit == Py_None || as_i64(limit, &v)) && end_ns && (end_ns == Py_None || as_i64(end_ns, &v));
+}
+
+/* consumer._scope_add, its values checked. */
+static int scope_add(PyObject *scope, PyObject *limit, PyObject *d, long long seq, PyObject *settle_key) {
+    PUT(scope, PROFILE_limit, Py_NewRef(most_of(GET(scope, PROFILE_limit), limit)));
+    PUT(scope, PROFILE_end_ns, Py_NewRef(most_of(GET(scope, PROFILE_end_ns), GET(d, DELIVERY_observed_until_ts_ns))));
+    PyObject *keys = GET(scope, PROFILE_keys), *times = GET(scope, PROFILE_times);
+    if (append_new(keys, PyLong_FromLongLong(seq * 2)) < 0 || PyList_Append(times, GET(d, DELIVERY_ts_ns)) < 0)
+        return -1;
+    if (settle_key && (PyList_Append(keys, settle_key) < 0 || PyList_Append(times, GET(d, DELIVERY_settle_ts_ns)) < 0))
+        return -1;
+    return 0;
+}
+
+static int settled_outcome(PyObject *outcome) {
+    static const int settled[] = {S_ack, S_nack, S_reject, S_recovered, S_channel_closed, S_connection_closed};
+    for (size_t i = 0; i < sizeof settled / sizeof *settled; i++)
+        if (same_str(outcome, strings[settled[i]])) return 1;
+    return 0;
+}
+
+/* UnackedBuildup.add: 1 done, 0 not taken, -1 error. */
+static int buildup_delivery(PyObject *all, PyObject *d) {
+    PyObject *outcome = GET(d, DELIVERY_outcome), *no_ack = GET(d, DELIVERY_no_ack);
+    if (!outcome || !PyUnicode_CheckExact(outcome) || !no_ack) return 0;
+    int settled = settled_outcome(outcome);
+    if (!settled && !same_str(outcome, strings[S_open])) return 1;   /* auto-ack, unknown: not counted */
+    if (no_ack == Py_None) return 0;   /* waits to be proven manual: the Python way */
+    if (no_ack != Py_False) return 1;
+    /* _manual */
+    PyObject *until_obj = settled ? GET(d, DELIVERY_settle_ts_ns) : GET(d, DELIVERY_observed_until_ts_ns);
+    if (!until_obj) return 0;
+    if (until_obj == Py_None) return 1;
+    PyObject *channels = GET(all, UNACKED_channels), *channel = GET(d, DELIVERY_channel);
+    PyObject *incarnation = GET(d, DELIVERY_incarnation);
+    if (!channels || !PyDict_CheckExact(channels) || !plain_key(channel) || !plain_key(incarnation)) return 0;
+    PyObject *key = PyTuple_Pack(2, channel, incarnation);
+    if (!key) return -1;
+    PyObject *b = PyDict_GetItemWithError(channels, key);
+    Py_DECREF(key);
+    if (!b) return PyErr_Occurred() ? -1 : 0;   /* its first delivery: the Python way */
+    if (!is_a(b, K_BUILDUP)) return 0;
+    /* _Buildup.add */
+    long long until, ts, seq, age_limit, stall_limit, oldest_ns = 0, oldest_seq = 0, settle_seq = 0;
+    if (!bounded(until_obj, &until) || !bounded(GET(d, DELIVERY_ts_ns), &ts) || !bounded(GET(d, DELIVERY_seq), &seq) ||
+        !as_i64(GET(all, UNACKED_age_limit_ns), &age_limit) || !as_i64(GET(all, UNACKED_stall_limit_ns), &stall_limit))
+        return 0;
+    long long age = until - ts;
+    if (age >= age_limit || age >= stall_limit) return 0;   /* listed past a threshold: the Python way */
+    PyObject *agent_id = GET(b, BUILDUP_agent_id), *d_agent_id = GET(d, DELIVERY_agent_id);
+    PyObject *kept_agent = agent_id && d_agent_id ? least_str(agent_id, d_agent_id) : NULL;
+    PyObject *oldest_obj = GET(b, BUILDUP_oldest_ns), *oldest = GET(b, BUILDUP_oldest);
+    int no_oldest;
+    if (!kept_agent || !oldest_obj || !optional_i64(oldest_obj, &oldest_ns, &no_oldest) || !oldest) return 0;
+    if (!no_oldest && age == oldest_ns) {
+        if (!PyTuple_CheckExact(oldest) || PyTuple_GET_SIZE(oldest) != 2 ||
+            !as_i64(PyTuple_GET_ITEM(oldest, 1), &oldest_seq))
+            return 0;
+    }
+    int older = no_oldest || age > oldest_ns || (age == oldest_ns && seq < oldest_seq);
+    PyObject *method = GET(d, DELIVERY_method), *settle_seq_obj = GET(d, DELIVERY_settle_seq);
+    if (!method || !PyUnicode_CheckExact(method) || !settle_seq_obj || !GET(d, DELIVERY_delivery_tag)) return 0;
+    if (settled && settle_seq_obj != Py_None && !bounded(settle_seq_obj, &settle_seq)) return 0;
+    int delivered = same_str(method, strings[S_basic_deliver]);
+    PyObject *channel_limit = delivered ? GET(d, DELIVERY_channel_prefetch) : Py_None;
+    PyObject *consumer_prefetch = GET(d, DELIVERY_consumer_prefetch), *observed = GET(d, DELIVERY_observed_until_ts_ns);
+    long long v, consumer_limit = 0;
+    int none;
+    if (!channel_limit || !optional_i64(channel_limit, &v, &none) || !observed || !optional_i64(observed, &v, &none) ||
+        !consumer_prefetch || !optional_i64(consumer_prefetch, &consumer_limit, &none))
+        return 0;
+    PyObject *channel_scope = GET(b, BUILDUP_channel_scope), *scopes = GET(b, BUILDUP_consumer_scopes);
+    if (!plain_profile(channel_scope) || !scopes || !PyDict_CheckExact(scopes)) return 0;
+    PyObject *consumer_scope = NULL;
+    if (delivered && !none && consumer_limit > 0) {
+        PyObject *tag = GET(d, DELIVERY_consumer_tag);
+        if (!tag || (tag != Py_None && !PyUnicode_CheckExact(tag))) return 0;
+        PyObject *name = PyUnicode_Concat(strings[S_consumer_scope], tag == Py_None ? empty : tag);
+        if (!name) return -1;
+        consumer_scope = PyDict_GetItemWithError(scopes, name);
+        Py_DECREF(name);
+        if (!consumer_scope) return PyErr_Occurred() ? -1 : 0;   /* a new consumer's scope: the Python way */
+        if (!plain_profile(consumer_scope)) return 0;
+    }
+    PyObject *settle_key = NULL;
+    if (settled && !(settle_key = PyLong_FromLongLong((settle_seq_obj != Py_None ? settle_seq : seq) * 2 + 1)))
+        return -1;
+
+    PUT(b, BUILDUP_agent_id, Py_NewRef(kept_agent));
+    int failed = 0;
+    if (older) {
+        PyObject *age_obj = PyLong_FromLongLong(age);
+        PyObject *pair = age_obj ? PyTuple_Pack(2, GET(d, DELIVERY_delivery_tag), GET(d, DELIVERY_seq)) : NULL;
+        failed = !pair;
+        if (!failed) {
+            PUT(b, BUILDUP_oldest_ns, age_obj);
+            PUT(b, BUILDUP_oldest, pair);
+        } else {
+            Py_XDECREF(age_obj);
+        }
+    }
+    failed = failed || scope_add(channel_scope, channel_limit, d, seq, settle_key) < 0 ||
+             (consumer_scope && scope_add(consumer_scope, consumer_prefetch, d, seq, settle_key) < 0);
+    Py_XDECREF(settle_key);
+    return failed ? -1 : 1;
+}
+
+/* buildup_add(buildup, delivery) -> True (done here) or False (nothing changed). */
+static PyObject *buildup_add(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "buildup_add(buildup, delivery)");
+        return NULL;
+    }
+    if (!buildup_configured || !is_a(args[0], K_UNACKED) || !is_a(args[1], K_DELIVERY)) Py_RETURN_FALSE;
+    int done = buildup_delivery(args[0], args[1]);
+    if (done < 0) return NULL;
+    if (done) Py_RETURN_TRUE;
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_FALSE;
+}
+
+/* ---- configure -------------------------------------------------------------------------------- */
+
+/* Resolve the fields of the classes in `part` (a bit per class) from `given_classes`; every string. */
+static int configure_part(PyObject *given_classes, PyObject *given_strings, unsigned part) {
+    PyTypeObject *found[N_CLASSES] = {0};
+    for (int k = 0; k < N_CLASSES; k++) {
+        if (!(part & (1u << k))) continue;
+        PyObject *cls = PyDict_GetItemString(given_classes, class_keys[k]);
+        if (!cls || !PyType_Check(cls)) {
+            PyErr_Format(PyExc_TypeError, "configure: no class %s", class_keys[k]);
+            return -1;
+        }
+        found[k] = (PyTypeObject *)cls;
+    }
+    PyObject *found_strings[N_STRINGS];
+    for (int i = 0; i < N_STRINGS; i++) {
+        PyObject *value = PyDict_GetItemString(given_strings, string_names[i]);
+        if (!value || !PyUnicode_CheckExact(value)) {
+            PyErr_Format(PyExc_TypeError, "configure: no string %s", string_names[i]);
+            return -1;
+        }
+        found_strings[i] = value;
+    }
+    Py_ssize_t found_offsets[N_FIELDS];
+    for (int f = 0; f < N_FIELDS; f++)
+        if (found[field_names[f].cls] &&
+            (found_offsets[f] = slot_offset(found[field_names[f].cls], field_names[f].name)) < 0)
+            return -1;
+    for (int k = 0; k < N_CLASSES; k++)
+        if (found[k]) Py_XSETREF(classes[k], (PyTypeObject *)Py_NewRef(found[k]));
+    for (int i = 0; i < N_STRINGS; i++) Py_XSETREF(strings[i], Py_NewRef(found_strings[i]));
+    for (int f = 0; f < N_FIELDS; f++)
+        if (found[field_names[f].cls]) offsets[f] = found_offsets[f];
+    return 0;
+}
+
+#define BIT(k) (1u << K_##k)
+static const unsigned METRICS_PART = BIT(METRICS) | BIT(INCARNATION) | BIT(BUCKET) | BIT(DELIVERY) | BIT(PUBLISH);
+static const unsigned BUILDUP_PART = BIT(UNACKED) | BIT(BUILDUP) | BIT(PROFILE) | BIT(DELIVERY);
+
+/* configure_metrics(classes: dict key -> class, strings: dict name -> str, counts: metrics.COUNTS) */
+static PyObject *configure_metrics(PyObject *module, PyObject *args) {
+    PyObject *given_classes, *given_strings, *given_counts;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyDict_Type, &given_classes, &PyDict_Type, &given_strings, &PyTuple_Type,
+                          &given_counts))
+        return NULL;
+    int same = PyTuple_GET_SIZE(given_counts) == N_COUNTS;
+    for (int i = 0; same && i < N_COUNTS; i++) {
+        PyObject *name = PyTuple_GET_ITEM(given_counts, i);
+        same = PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, count_names[i]) == 0;
+    }
+    if (!same)
+        return PyErr_Format(PyExc_TypeError, "configure: channel_metrics' counts are not the ones _folds.c knows");
+    metrics_configured = 0;
+    if (configure_part(given_classes, given_strings, METRICS_PART) < 0) return NULL;
+    metrics_configured = 1;
+    Py_RETURN_NONE;
+}
+
+/* configure_buildup(classes: dict key -> class, strings: dict name -> str) */
+static PyObject *configure_buildup(PyObject *module, PyObject *args) {
+    PyObject *given_classes, *given_strings;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &given_classes, &PyDict_Type, &given_strings)) return NULL;
+    buildup_configured = 0;
+    if (configure_part(given_classes, given_strings, BUILDUP_PART) < 0) return NULL;
+    buildup_configured = 1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"metrics_record", (PyCFunction)(void (*)(void))metrics_record, METH_FASTCALL,
+     "metrics_record(metrics, record) -> True if ChannelMetrics' fold of it was done here; False (nothing changed)."},
+    {"buildup_add", (PyCFunction)(void (*)(void))buildup_add, METH_FASTCALL,
+     "buildup_add(buildup, delivery) -> True if UnackedBuildup.add was done here; False (nothing changed)."},
+    {"configure_metrics", configure_metrics, METH_VARARGS,
+     "configure_metrics(classes, strings, counts): channel_metrics' classes and constants."},
+    {"configure_buildup", configure_buildup, METH_VARARGS,
+     "configure_buildup(classes, strings): unacked_buildup's classes and constants."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_folds", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__folds(void) {
+    if (!(empty = PyUnicode_FromString(""))) return NULL;
+    return PyModule_Create(&module);
+}

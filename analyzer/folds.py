@@ -1,0 +1,52 @@
+"""The per-record folds in C: what channel_metrics (timeline/metrics.py, `ChannelMetrics._delivery`
+and `_publish`) and unacked_buildup (detectors/consumer.py, `UnackedBuildup.add`) do with each
+delivery and publish record, done by _folds.c as their Python does it.
+
+Why: after the machine's plain frames went to C (timeline/plain.py), these two folds were half of
+the connection pass's Python (bench/README.md, session 39): a few counters, two lists and a dict
+lookup per record, mostly the interpreter's work. _folds.c does exactly what the Python does for a
+record of plain values into state of the usual shapes, or nothing: anything else (a new incarnation
+or consumer scope, a record before the horizon, a delivery past a threshold, ...) goes the Python
+way, which stays the one statement of the rules. tests/test_folds.py holds the two to the same
+state after every record, and the same rows and findings, on the examples, the lab captures, the
+bench generator's traffic and hypothesis traffic.
+
+Built by `pip install` (setup.py; optional); ACKSCOPE_PURE_PYTHON=1 leaves it out.
+"""
+
+from __future__ import annotations
+
+from . import pure_python
+from .timeline import records as r
+
+try:
+    from . import _folds
+except ImportError:  # not compiled
+    _folds = None
+
+# The constants _folds.c compares, by the names it knows them by.
+STRINGS = {"unknown": r.UNKNOWN, "confirm": r.CONFIRM, "basic_deliver": "basic.deliver", "ack": r.ACK, "nack": r.NACK,
+           "reject": r.REJECT, "recovered": r.RECOVERED, "channel_closed": r.CHANNEL_CLOSED,
+           "connection_closed": r.CONNECTION_CLOSED, "open": r.OPEN, "acked": r.ACKED, "nacked": r.NACKED,
+           "lost": r.LOST, "consumer_scope": "consumer "}
+
+
+
+def metrics_fold(metrics: type, incarnation: type, bucket: type, counts: tuple[str, ...]):
+    """`fold(metrics, record) -> bool` (True: ChannelMetrics' fold of the record is done; False:
+    nothing changed, the Python takes it), or None where the C module is not built or is off."""
+    if _folds is None or pure_python():
+        return None
+    _folds.configure_metrics({"METRICS": metrics, "INCARNATION": incarnation, "BUCKET": bucket,
+                              "DELIVERY": r.Delivery, "PUBLISH": r.Publish}, STRINGS, counts)
+    return _folds.metrics_record
+
+
+def buildup_fold(unacked: type, buildup: type, profile: type):
+    """`fold(unacked_buildup, delivery) -> bool` (True: UnackedBuildup.add is done; False: nothing
+    changed, the Python takes it), or None where the C module is not built or is off."""
+    if _folds is None or pure_python():
+        return None
+    _folds.configure_buildup({"UNACKED": unacked, "BUILDUP": buildup, "PROFILE": profile, "DELIVERY": r.Delivery},
+                             STRINGS)
+    return _folds.buildup_add

@@ -1,0 +1,241 @@
+"""The per-record folds in C (analyzer/folds.py, _folds.c) against their Python: channel_metrics'
+`_delivery`/`_publish` and unacked_buildup's `add`, fed the same records: the same state after
+every record, the same rows and findings at the end, and where the C twin declines a record, no
+change at all (the Python then takes it, or raises as it always did)."""
+
+import dataclasses
+import os
+import sys
+from collections import Counter, deque
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from analyzer.detectors import consumer
+from analyzer.detectors.consumer import UnackedBuildup
+from analyzer.detectors.context import Context
+from analyzer.timeline import INPUT_COLUMNS, Timelines, metrics
+from analyzer.timeline import records as r
+from analyzer.timeline.metrics import ChannelMetrics
+from analyzer.timeline.metrics_stream import announce_opens, horizons
+from spark_jobs.thresholds import Thresholds
+
+from .conftest import CORPUS, ROOT, check_built, needs_built
+from .test_corpus import POSITIVE
+from .test_plain import capture_rows
+from .test_timeline import EXAMPLES, SETTINGS, renumbered, valid_traffic
+from .variants import VARIANTS
+
+METRICS_IN_C, BUILDUP_IN_C = metrics._fold_in_c, consumer._add_in_c
+pytestmark = needs_built(METRICS_IN_C is not None and BUILDUP_IN_C is not None, "analyzer._folds is not built")
+# Lab-scale thresholds as well as production ones: deliveries past them take the Python's Tally path.
+THRESHOLDS = (Thresholds(), Thresholds(unacked_age_seconds=0.004, prefetch_stall_seconds=0.002))
+
+
+def snapshot(value):
+    """Everything a fold can change, types included (True == 1 in Python, not here), dicts in order."""
+    if isinstance(value, (list, tuple, deque)):
+        return type(value).__name__, [snapshot(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return "set", sorted(map(repr, value))
+    if isinstance(value, dict):
+        return "dict", [(snapshot(k), snapshot(v)) for k, v in value.items()]
+    slots = [name for cls in type(value).__mro__ for name in cls.__dict__.get("__slots__", ())]
+    if slots and not isinstance(value, (str, int)):
+        return type(value).__name__, [(name, snapshot(getattr(value, name, "<unset>"))) for name in slots]
+    return type(value).__name__, value
+
+
+class Twins:
+    """Two copies of one fold fed the same records: one the Python way only, one through the C twin
+    first. `every_record`: compare their whole state after each record (small data)."""
+
+    def __init__(self, python, c, in_c, python_way: str, every_record: bool):
+        self.python, self.c, self.in_c, self.python_way = python, c, in_c, python_way
+        self.every_record = every_record
+        self.taken = Counter()
+
+    def feed(self, x) -> None:
+        before = snapshot(self.c) if self.every_record else None
+        try:
+            getattr(self.python, self.python_way)(x)
+        except Exception as error:   # HorizonError, or a damaged record the Python cannot read
+            assert not self.in_c(self.c, x), f"the C twin took {x} that the Python refused ({error!r})"
+            assert snapshot(self.c) == before or not self.every_record
+            with pytest.raises(type(error)):
+                getattr(self.c, self.python_way)(x)
+            self.taken["raised"] += 1
+        else:
+            taken = self.in_c(self.c, x)
+            self.taken[(type(x).__name__, taken)] += 1
+            if not taken:
+                if self.every_record:
+                    assert snapshot(self.c) == before, f"the C twin declined {x} but changed the state"
+                getattr(self.c, self.python_way)(x)
+        if self.every_record:
+            assert snapshot(self.c) == snapshot(self.python), f"state differs after {x}"
+
+    def both(self, method: str, *args):
+        """The same call on both: the same answer (or the same error) and the same state after it."""
+        try:
+            want = getattr(self.python, method)(*args)
+        except Exception as error:
+            with pytest.raises(type(error)):
+                getattr(self.c, method)(*args)
+            return None
+        assert getattr(self.c, method)(*args) == want
+        assert snapshot(self.c) == snapshot(self.python)
+        return want
+
+    def taken_share(self) -> float:
+        done = {key: n for key, n in self.taken.items() if key != "raised"}
+        return sum(n for (_, taken), n in done.items() if taken) / max(1, sum(done.values()))
+
+
+def metrics_twins(every_record: bool, bucket_seconds: int = 1) -> Twins:
+    return Twins(ChannelMetrics(bucket_seconds), ChannelMetrics(bucket_seconds), METRICS_IN_C, "python_record",
+                 every_record)
+
+
+def buildup_twins(thresholds: Thresholds, every_record: bool) -> Twins:
+    return Twins(UnackedBuildup(thresholds), UnackedBuildup(thresholds), BUILDUP_IN_C, "python_add", every_record)
+
+
+def streamed(rows: list[dict], every_record: bool, advance_every: int = 7) -> list[Twins]:
+    """Each connection's rows through the machine, its records into channel_metrics twins
+    (advanced at the machine's horizons as the pass does) and unacked_buildup twins (folded at its
+    item horizons, both thresholds); every twin's end compared."""
+    out = []
+    by_connection: dict[str, list[dict]] = {}
+    for row in rows:
+        by_connection.setdefault(row["connection_id"], []).append(row)
+    for connection_id, own in by_connection.items():
+        timelines = Timelines()
+        m = metrics_twins(every_record)
+        buildups = [buildup_twins(t, every_record) for t in THRESHOLDS]
+
+        def fed(records):
+            for x in records:
+                m.feed(x)
+                if type(x) is r.Delivery:
+                    for b in buildups:
+                        b.feed(x)
+
+        for count, row in enumerate(own, start=1):
+            fed(timelines.feed(row))
+            if count % advance_every == 0:
+                timeline = timelines.connections[connection_id]
+                for side in (m.python, m.c):
+                    announce_opens(side, timeline)
+                m.both("advance", *horizons(timeline))
+                for b in buildups:
+                    b.both("fold", timeline.last_seq)
+        fed(timelines.end_of_data())
+        m.both("finish")
+        for b, thresholds in zip(buildups, THRESHOLDS):
+            b.both("fold", None)
+            assert b.c.findings(Context({"connection_id": connection_id}, thresholds)) == \
+                b.python.findings(Context({"connection_id": connection_id}, thresholds))
+        out += [m, *buildups]
+    return out
+
+
+def test_built_in_ci():
+    check_built(METRICS_IN_C is not None and BUILDUP_IN_C is not None, "analyzer._folds is not built")
+
+
+@SETTINGS
+@given(st.data())
+def test_random_traffic_and_its_damaged_variants(data):
+    rows = valid_traffic(data).conv.rows
+    variant = data.draw(st.sampled_from(sorted(VARIANTS)), label="variant")
+    if VARIANTS[variant] is not None:
+        rows = VARIANTS[variant](data, rows)
+    streamed(renumbered(rows), every_record=True, advance_every=data.draw(st.integers(1, 12), label="advance"))
+
+
+@pytest.mark.parametrize("capture", EXAMPLES, ids=os.path.basename)
+def test_the_lab_examples(capture):
+    twins = streamed(capture_rows(capture), every_record=False)
+    assert any(t.taken for t in twins), "no records: nothing compared"
+
+
+@pytest.mark.parametrize("name", POSITIVE)
+def test_the_public_corpus(name):
+    streamed(capture_rows(os.path.join(CORPUS, name)), every_record=False)
+
+
+def test_busy_generated_traffic_goes_through_c():
+    """The bench generator's traffic: equal, and nearly every record taken by the C twins."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import pass_cpu
+    from frames_generator import Params
+    table, _ = pass_cpu.pass_input(Params(frames=30_000, hot_deliveries=8_000))
+    rows = [row for row in table.select(INPUT_COLUMNS).to_pylist() if row["seq"] != pass_cpu.HEADER_SEQ]
+    twins = streamed(rows, every_record=False, advance_every=4096)
+    by_kind = Counter()
+    for t in twins:
+        by_kind[t.python_way] += sum(n for key, n in t.taken.items() if key != "raised")
+    assert by_kind["python_record"] > 20_000 and by_kind["python_add"] > 10_000, by_kind
+    metrics_share = min(t.taken_share() for t in twins if t.python_way == "python_record" and t.taken)
+    production = [t for t in twins if t.python_way == "python_add" and t.python.thresholds == THRESHOLDS[0]]
+    assert metrics_share > 0.9 and min(t.taken_share() for t in production if t.taken) > 0.9
+
+
+class Text(str):
+    """A str the C twins must not take for one (its == could be anything)."""
+
+
+# Values a damaged or forged record could hold, for each field the folds read.
+ODD = {
+    "ts_ns": [-1, 0, 2**62, 2**64, None, True, 1.5],
+    "seq": [-5, 0, 2**62 - 1, 2**62, None, False],
+    "settle_ts_ns": [None, -1, 0, 2**63, True],
+    "settle_seq": [None, -1, 2**62, 1.0],
+    "outcome": [Text("ack"), r.ACK, r.NACK, r.REJECT, r.OPEN, r.UNKNOWN, r.AUTO, r.RECOVERED, r.ACKED, r.NACKED, r.LOST,
+                "weird", None],
+    "method": [Text("basic.deliver"), "basic.get-ok", None],
+    "no_ack": [None, True, False, 0],
+    "redelivered": [None, True, 1, "yes"],
+    "requeue": [None, True, 0],
+    "mode": [r.CONFIRM, Text("confirm"), r.TX, None],
+    "return_seq": [None, 5],
+    "connection_id": [Text("c"), None, 7],
+    "channel": [True, 1.0, 2**70],
+    "incarnation": [None, 2],
+    "agent_id": [None, "a", Text("a"), 3],
+    "consumer_prefetch": [None, 0, 5, -1, 2**64, "5"],
+    "channel_prefetch": [None, 0, 3, 2.5],
+    "consumer_tag": [None, "", Text("ct"), 9],
+    "observed_until_ts_ns": [None, 2**63, -3],
+}
+
+
+@SETTINGS
+@given(st.data())
+def test_damaged_records_are_taken_exactly_or_left_to_python(data):
+    """Real records with fields replaced by odd values, fed between plain ones: the C twins take a
+    record only when they do exactly what the Python does, and never one the Python refuses."""
+    rows = renumbered(valid_traffic(data).conv.rows)
+    timelines = Timelines()
+    records = [x for row in rows for x in timelines.feed(row)] + timelines.end_of_data()
+    # Buckets of ~32 years: a time far from the others (2**64, -1) must not make billions of quiet
+    # buckets between them, which the Python would list as rows (for both twins alike).
+    m = metrics_twins(every_record=True, bucket_seconds=10**9)
+    buildups = [buildup_twins(t, every_record=True) for t in THRESHOLDS]
+    for x in records:
+        if type(x) not in (r.Delivery, r.Publish):
+            m.feed(x)
+            continue
+        if data.draw(st.booleans(), label="damage"):
+            names = [name for name in ODD if hasattr(x, name)]
+            changes = data.draw(st.dictionaries(st.sampled_from(names), st.none(), min_size=1, max_size=3), label="fields")
+            x = dataclasses.replace(x, **{name: data.draw(st.sampled_from(ODD[name]), label=name) for name in changes})
+        m.feed(x)
+        if type(x) is r.Delivery:
+            for b in buildups:
+                b.feed(x)
+        if data.draw(st.integers(0, 9), label="advance") == 0:
+            m.both("advance", data.draw(st.sampled_from([None, x.ts_ns, 2**61]), label="horizon"))
+    m.both("finish")
