@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .detectors import FRAME_COLUMNS, ConnectionDetectors, RawFinding, wants_frame
+from .detectors import FRAME_COLUMNS, FRAME_METHODS, ConnectionDetectors, RawFinding, wants_frame
 from .detectors.state import from_state, to_state
 from .timeline import INPUT_COLUMNS
 from .timeline.carry import Checkpoint, ResumedConnection, StateError, WholeConnection
@@ -90,13 +90,34 @@ class ConnectionAnalysis:
                 self._give_up_metrics(error)
 
     def feed(self, row: Mapping) -> None:
-        if wants_frame(row):
+        if row["method"] in FRAME_METHODS and wants_frame(row):  # one set lookup rules out nearly every row
             self.detectors.frame(row)
         self.whole.feed(row)
         self.rows += 1
         if self.rows % self.advance_every == 0:
-            self.detectors.fold(*item_horizons(self.whole.timeline))
-        if self.rows % self.advance_every == 0 and self.metrics is not None:
+            self._advance()
+
+    def feed_from(self, rows: list, at: int, stop: int) -> int:
+        """`feed(rows[at])`, then the rows after it up to `stop` while they are plain frames of this
+        connection, with no Python call per row (ConnectionTimeline.feed_plain): exactly `feed` on
+        each. The index of the first row not fed."""
+        self.feed(rows[at])
+        at += 1
+        while at < stop:
+            boundary = min(stop, at + self.advance_every - self.rows % self.advance_every)
+            done = self.whole.feed_plain(rows, at, boundary)
+            if done == at:
+                break
+            self.rows += done - at
+            at = done
+            if self.rows % self.advance_every == 0:
+                self._advance()
+        return at
+
+    def _advance(self) -> None:
+        """Let out what became final: the detectors' folds and channel_metrics' finished buckets."""
+        self.detectors.fold(*item_horizons(self.whole.timeline))
+        if self.metrics is not None:
             try:
                 announce_opens(self.metrics, self.whole.timeline)
                 self.out_metrics(self.metrics.advance(*horizons(self.whole.timeline)))
@@ -174,6 +195,11 @@ class CarriedAnalysis(ConnectionAnalysis):
         if self.fallback is None:
             super().feed(row)
             self.fallback = self.fallback or self.whole.fallback
+
+    def feed_from(self, rows: list, at: int, stop: int) -> int:
+        """One row at a time: a carried connection's checks (ResumedConnection.feed) see each row."""
+        self.feed(rows[at])
+        return at + 1
 
     def finish(self, connection: Mapping) -> Carried:
         """The new frames end. `connection`: its schema.CONNECTIONS row (or just its connection_id)."""

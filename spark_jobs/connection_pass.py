@@ -147,9 +147,11 @@ def summarised_pass(wide: DataFrame) -> tuple[DataFrame, PassSummary]:
 class ConnectionsPartition:
     """A partition's rows, each connection's header row (seq HEADER_SEQ, if it has one) then its
     frames in seq order, handed on one connection after the other: `_start` makes what takes a
-    connection's rows (anything with `connection_id` and `feed(row)`), `_finish` ends it, and what
-    they gather leaves through `_flush` (Arrow batches) once `_buffered()` reaches `flush_records`,
-    checked between Arrow batches. `current` is the connection being fed.
+    connection's rows (anything with `connection_id` and `feed_from(rows, at, stop)`, which feeds
+    rows[at] and any of the next rows of its connection it takes, and says where it stopped),
+    `_finish` ends it, and what they gather leaves through `_flush` (Arrow batches) once
+    `_buffered()` reaches `flush_records`, checked between Arrow batches. `current` is the
+    connection being fed.
 
     With `write_to` (a lake), the four timeline tables' rows go to `writers` (files the task writes
     itself, wide_writes.FilesWriter, `file_rows` rows each) instead of the wide table `wide`, and
@@ -171,21 +173,28 @@ class ConnectionsPartition:
             yield from to_wide(self.wide, [("files", None, files)]).to_batches()
 
     def _run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        current = header = None
+        current = header = current_id = feed_from = None
         for batch in batches:
-            for row in batch_rows(batch):
+            rows = batch_rows(batch)
+            if type(rows) is not list:  # the reference path's lazy map (columns.py)
+                rows = list(rows)
+            at, stop = 0, len(rows)
+            while at < stop:
+                row = rows[at]
                 connection_id = row["connection_id"]
-                if current is None or connection_id != current.connection_id:
+                if current is None or connection_id != current_id:
                     if current is not None:
                         self._finish(current)
                         current = self.current = None
                     if row["seq"] == HEADER_SEQ:
                         header = row
+                        at += 1
                         continue
                     mine = header if header is not None and header["connection_id"] == connection_id else None
                     header = None
                     current = self.current = self._start(connection_id, row, mine)
-                current.feed(row)
+                    current_id, feed_from = current.connection_id, current.feed_from
+                at = feed_from(rows, at, stop)
             if self._buffered() >= self.flush_records:
                 yield from self._flush()
         if current is not None:

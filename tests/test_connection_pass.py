@@ -281,7 +281,7 @@ def test_a_partition_streams_with_the_collector_spaced_out_and_gives_its_setting
             seen.append(gc.get_threshold()[0])
             if connection_id == "bad":
                 raise ValueError("a connection the caller's code refuses")
-            return SimpleNamespace(connection_id=connection_id, feed=lambda row: None)
+            return SimpleNamespace(connection_id=connection_id, feed_from=lambda rows, at, stop: at + 1)
 
         def _finish(self, current):
             pass

@@ -190,3 +190,94 @@ def test_rows_it_declines():
     not_a_dict = type("Row", (dict,), {})(connection_id="c", seq=100, ts_ns=1, direction="to_broker", channel=1,
                                            method="basic.ack", delivery_tag=1)
     assert not C_FEED(timeline, not_a_dict)
+
+
+C_FEED_ROWS = connection._plain_feed_rows
+
+
+def test_feed_rows_is_feed_on_each_row_and_stops_where_feed_declines():
+    """feed_rows(timeline, rows, start, stop) against feed row by row on the bench generator's
+    traffic: the same records and state, stopping exactly at the first row feed declines; and it
+    stops at a row of another connection, a row that is not a dict and at `stop`, feeding none."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import pass_cpu
+    from frames_generator import Params
+    table, _ = pass_cpu.pass_input(Params(frames=6_000, hot_deliveries=2_000))
+    rows = [row for row in table.select(INPUT_COLUMNS).to_pylist() if row["seq"] != pass_cpu.HEADER_SEQ]
+    first = rows[0]["connection_id"]
+    rows = [row for row in rows if row["connection_id"] == first]
+    one, many = [], []
+    by_row = ConnectionTimeline(first, rows[0].get("agent_id"), one.append)
+    by_rows = ConnectionTimeline(first, rows[0].get("agent_id"), many.append)
+    at, stops = 0, 0
+    while at < len(rows):
+        done = C_FEED_ROWS(by_rows, rows, at, len(rows))
+        for row in rows[at:done]:
+            assert C_FEED(by_row, row)
+        if done < len(rows):
+            stops += 1
+            assert not C_FEED(by_row, rows[done])
+            by_row.python_feed(rows[done])
+            by_rows.python_feed(rows[done])
+            done += 1
+        at = done
+        assert doc(by_rows) == doc(by_row) and many == one
+    assert len(one) > 2_000 and stops, "nothing compared"
+
+    def fed_to(end: int) -> ConnectionTimeline:
+        timeline = ConnectionTimeline(first, rows[0].get("agent_id"), [].append)
+        for row in rows[:end]:
+            timeline.feed(row)
+        return timeline
+
+    plain = next(at for at in range(len(rows)) if C_FEED_ROWS(fed_to(at), rows, at, at + 3) == at + 3)
+    timeline = fed_to(plain)
+    assert C_FEED_ROWS(timeline, rows, plain, plain) == plain and doc(timeline) == doc(fed_to(plain))
+    stranger = dict(rows[plain + 1], connection_id="other")
+    not_a_dict = type("Row", (dict,), {})(rows[plain + 1])
+    for odd in (stranger, not_a_dict):
+        timeline = fed_to(plain)
+        before = doc(timeline)
+        assert C_FEED_ROWS(timeline, [odd, rows[plain]], 0, 2) == 0 and doc(timeline) == before
+        assert C_FEED_ROWS(timeline, [rows[plain], odd, rows[plain + 1]], 0, 3) == 1
+        assert doc(timeline) == doc(fed_to(plain + 1))
+
+
+@pytest.mark.parametrize("advance_every", [1, 7, 4096])
+def test_an_analysis_fed_runs_of_rows_equals_one_fed_row_by_row(advance_every):
+    """ConnectionAnalysis.feed_from (the pass's loop: plain rows taken in runs, no Python call per
+    row) against `feed` on each row: the same records, channel_metrics rows, findings and
+    checkpoint, the advances and prunes falling on the same rows."""
+    from analyzer.connection_analysis import ConnectionAnalysis, Settings
+    from analyzer.timeline.carry import dump
+    from analyzer.timeline.records import DEFAULT_OVERDUE_NS
+    from spark_jobs.thresholds import Thresholds
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import pass_cpu
+    from frames_generator import Params
+    table, _ = pass_cpu.pass_input(Params(frames=20_000, hot_deliveries=6_000))
+    rows = [row for row in table.select(INPUT_COLUMNS).to_pylist() if row["seq"] != pass_cpu.HEADER_SEQ]
+    settings = Settings(10, DEFAULT_OVERDUE_NS, Thresholds())
+    by_connection: dict[str, list] = {}
+    for row in rows:
+        by_connection.setdefault(row["connection_id"], []).append(row)
+    compared = 0
+    for connection_id, own in by_connection.items():
+        results = []
+        for runs in (False, True):
+            records, metrics = [], []
+            analysis = ConnectionAnalysis(connection_id, own[0].get("agent_id"), settings, records.append,
+                                          metrics.extend, advance_every)
+            at = 0
+            while at < len(own):
+                if runs:
+                    at = analysis.feed_from(own, at, len(own))
+                else:
+                    analysis.feed(own[at])
+                    at += 1
+            done = analysis.finish({"connection_id": connection_id})
+            results.append((records, metrics, done.raw_findings, done.checkpoint and dump(done.checkpoint),
+                            analysis.rows, analysis.whole.rows, analysis.whole.pruned_to))
+        assert results[1] == results[0]
+        compared += len(results[0][0])
+    assert compared > 10_000

@@ -82,11 +82,11 @@ class ConnectionDetectors:
 
     def record(self, record) -> None:
         kind = type(record)
-        if kind is r.Publish:
+        if kind is r.Delivery:  # the commonest record first
+            self.buildup.add(record)
+        elif kind is r.Publish:
             for detector in self._by_publish:
                 detector.add(record)
-        elif kind is r.Delivery:
-            self.buildup.add(record)
         elif kind is r.ChannelFacts:
             self.context.channels[(record.channel, record.incarnation)] = record
         elif kind is r.Violation:

@@ -98,7 +98,7 @@ static const char *string_names[N_STRINGS] = {STRINGS(STRING_NAME)};
 static PyObject *strings[N_STRINGS];   /* the values records.py and the machine use, from `configure` */
 
 #define KEYS(X) \
-    X(seq) X(ts_ns) X(method) X(direction) X(channel) X(malformed) X(delivery_tag) X(consumer_tag) X(multiple) \
+    X(connection_id) X(seq) X(ts_ns) X(method) X(direction) X(channel) X(malformed) X(delivery_tag) X(consumer_tag) X(multiple) \
     X(requeue) X(mandatory) X(exchange) X(routing_key) X(message_id) X(message_identity) X(redelivered) \
     X(x_death_count) X(delivery_mode) X(body_size) X(reply_code) X(reply_text)
 #define KEY_ENUM(name) R_##name,
@@ -575,14 +575,9 @@ static int broker_confirm(PyObject *timeline, PyObject *life, PyObject *row, PyO
     return failed ? -1 : 1;
 }
 
-/* feed(timeline, row) -> True (the row went through here) or False (nothing changed). */
-static PyObject *feed(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "feed(timeline, row)");
-        return NULL;
-    }
-    PyObject *timeline = args[0], *row = args[1];
-    if (!configured || !is_a(timeline, K_TIMELINE) || !PyDict_CheckExact(row)) Py_RETURN_FALSE;
+/* One row: 1 done here, 0 not taken (nothing changed), -1 error. */
+static int feed_row(PyObject *timeline, PyObject *row) {
+    if (!configured || !is_a(timeline, K_TIMELINE) || !PyDict_CheckExact(row)) return 0;
     /* ConnectionTimeline.feed's checks and dispatch, for a frame on a channel */
     PyObject *seq = row_get(row, R_seq), *ts = row_get(row, R_ts_ns), *method = row_get(row, R_method);
     PyObject *direction = row_get(row, R_direction), *channel = row_get(row, R_channel);
@@ -622,11 +617,51 @@ static PyObject *feed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         done = client_settle(timeline, life, row, m, tag_obj, tag);
     else
         done = broker_confirm(timeline, life, row, m, tag_obj, tag);
+    if (done) return done;
+not_taken:
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* feed(timeline, row) -> True (the row went through here) or False (nothing changed). */
+static PyObject *feed(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "feed(timeline, row)");
+        return NULL;
+    }
+    int done = feed_row(args[0], args[1]);
     if (done < 0) return NULL;
     if (done) Py_RETURN_TRUE;
-not_taken:
-    if (PyErr_Occurred()) return NULL;
     Py_RETURN_FALSE;
+}
+
+/* feed_rows(timeline, rows, start, stop) -> the index of the first row of rows[start:stop] not
+ * taken (stop if every one was): `feed` on each row in turn, as long as it takes them and they are
+ * the timeline's connection's (a row of another connection stops it, untouched). */
+static PyObject *feed_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "feed_rows(timeline, rows: list, start, stop)");
+        return NULL;
+    }
+    PyObject *timeline = args[0], *rows = args[1];
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]), stop = PyLong_AsSsize_t(args[3]);
+    if ((start == -1 || stop == -1) && PyErr_Occurred()) return NULL;
+    if (start < 0) start = 0;
+    if (!configured || !is_a(timeline, K_TIMELINE)) return PyLong_FromSsize_t(start);
+    PyObject *id = GET(timeline, TIMELINE_id);
+    Py_ssize_t at = start;
+    for (; at < stop && at < PyList_GET_SIZE(rows); at++) {
+        PyObject *row = PyList_GET_ITEM(rows, at);
+        if (!PyDict_CheckExact(row)) break;
+        PyObject *connection_id = row_get(row, R_connection_id);
+        if (!connection_id || !id || !PyUnicode_CheckExact(id) || !same_str(connection_id, id)) break;
+        Py_INCREF(row);   /* the rows list stays the caller's to change (emit runs Python) */
+        int done = feed_row(timeline, row);
+        Py_DECREF(row);
+        if (done < 0) return NULL;
+        if (!done) break;
+    }
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromSsize_t(at);
 }
 
 /* ---- configure -------------------------------------------------------------------------------- */
@@ -685,6 +720,9 @@ static PyObject *configure(PyObject *module, PyObject *args) {
 static PyMethodDef methods[] = {
     {"feed", (PyCFunction)(void (*)(void))feed, METH_FASTCALL,
      "feed(timeline, row) -> True if the row was a plain frame, done here; False (nothing changed) otherwise."},
+    {"feed_rows", (PyCFunction)(void (*)(void))feed_rows, METH_FASTCALL,
+     "feed_rows(timeline, rows, start, stop) -> the index of the first row not taken: feed on each row of the "
+     "timeline's connection in turn, while it takes them."},
     {"configure", configure, METH_VARARGS, "configure(classes, strings): the machine's classes and constants."},
     {NULL, NULL, 0, NULL},
 };
@@ -693,7 +731,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_plain", NULL, -1, m
 
 PyMODINIT_FUNC PyInit__plain(void) {
     static const char *key_names[N_KEYS] = {
-        "seq", "ts_ns", "method", "direction", "channel", "malformed", "delivery_tag", "consumer_tag", "multiple",
+        "connection_id", "seq", "ts_ns", "method", "direction", "channel", "malformed", "delivery_tag", "consumer_tag", "multiple",
         "requeue", "mandatory", "exchange", "routing_key", "message_id", "message_identity", "redelivered",
         "x_death_count", "delivery_mode", "body_size", "reply_code", "reply_text"};
     for (int i = 0; i < N_KEYS; i++)

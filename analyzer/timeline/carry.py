@@ -134,8 +134,22 @@ class WholeConnection:
         self.timeline.feed(row)
         self.rows += 1
         if self.rows % PRUNE_EVERY_ROWS == 0:
-            self.pruned_to = bucket_start(self.timeline.last_ts_ns, self.bucket_ns)
-            self.kept = _boundary_records(self.kept, self.pruned_to)
+            self._prune()
+
+    def feed_plain(self, rows: list, start: int, stop: int) -> int:
+        """`feed` on rows[start:stop] in turn while each is a plain frame of this connection
+        (ConnectionTimeline.feed_plain), stopping at the next prune: the index of the first row not fed."""
+        stop = min(stop, start + PRUNE_EVERY_ROWS - self.rows % PRUNE_EVERY_ROWS)
+        done = self.timeline.feed_plain(rows, start, stop)
+        if done > start:
+            self.rows += done - start
+            if self.rows % PRUNE_EVERY_ROWS == 0:
+                self._prune()
+        return done
+
+    def _prune(self) -> None:
+        self.pruned_to = bucket_start(self.timeline.last_ts_ns, self.bucket_ns)
+        self.kept = _boundary_records(self.kept, self.pruned_to)
 
     def finish(self, before_open: Callable[[], None] | None = None) -> Checkpoint | None:
         """`before_open`: called once every final record is out, before the open ones (if any)."""

@@ -43,3 +43,10 @@ def feed_for(timeline_class: type):
                                              _Publish, r.Delivery, r.Publish)}
     _plain.configure(classes, STRINGS)
     return _plain.feed
+
+
+def rows_feed_for(timeline_class: type):
+    """`feed_rows(timeline, rows, start, stop) -> int`: `feed` on rows[start], rows[start + 1], ...
+    while it takes them and they are the timeline's connection's, up to `stop`; the index of the
+    first row it did not take. None where the C module is not built or is off."""
+    return None if feed_for(timeline_class) is None else _plain.feed_rows

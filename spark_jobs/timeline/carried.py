@@ -127,6 +127,11 @@ class _Carrying:
         if self.analysis is not None:
             self.analysis.feed(row)
 
+    def feed_from(self, rows: list, at: int, stop: int) -> int:
+        """One row (ConnectionsPartition's protocol): a carried connection's checks see each row."""
+        self.feed(rows[at])
+        return at + 1
+
 
 class _CarriedPartition(ConnectionsPartition):
     """The carried pass: each connection through CarriedAnalysis, records out in batches."""
