@@ -590,14 +590,7 @@ static int configure_part(PyObject *given_classes, PyObject *given_strings, unsi
         found[k] = (PyTypeObject *)cls;
     }
     PyObject *found_strings[N_STRINGS];
-    for (int i = 0; i < N_STRINGS; i++) {
-        PyObject *value = PyDict_GetItemString(given_strings, string_names[i]);
-        if (!value || !PyUnicode_CheckExact(value)) {
-            PyErr_Format(PyExc_TypeError, "configure: no string %s", string_names[i]);
-            return -1;
-        }
-        found_strings[i] = value;
-    }
+    if (named_strings(given_strings, string_names, N_STRINGS, found_strings) < 0) return -1;
     Py_ssize_t found_offsets[N_FIELDS];
     for (int f = 0; f < N_FIELDS; f++)
         if (found[field_names[f].cls] &&

@@ -47,4 +47,17 @@ static int as_i64(PyObject *value, long long *out) {
     return !overflow && !(*out == -1 && PyErr_Occurred());
 }
 
+/* `configure`'s constants: out[i] = given[names[i]] (borrowed), each an exact str; -1 with an error. */
+static int named_strings(PyObject *given, const char *const *names, int n, PyObject **out) {
+    for (int i = 0; i < n; i++) {
+        PyObject *value = PyDict_GetItemString(given, names[i]);
+        if (!value || !PyUnicode_CheckExact(value)) {
+            PyErr_Format(PyExc_TypeError, "configure: no string %s", names[i]);
+            return -1;
+        }
+        out[i] = value;
+    }
+    return 0;
+}
+
 #endif

@@ -695,12 +695,7 @@ static PyObject *configure(PyObject *module, PyObject *args) {
         found[k] = (PyTypeObject *)cls;
     }
     PyObject *found_strings[N_STRINGS];
-    for (int i = 0; i < N_STRINGS; i++) {
-        PyObject *value = PyDict_GetItemString(given_strings, string_names[i]);
-        if (!value || !PyUnicode_CheckExact(value))
-            return PyErr_Format(PyExc_TypeError, "configure: no string %s", string_names[i]);
-        found_strings[i] = value;
-    }
+    if (named_strings(given_strings, string_names, N_STRINGS, found_strings) < 0) return NULL;
     Py_ssize_t found_offsets[N_FIELDS];
     for (int f = 0; f < N_FIELDS; f++)
         if ((found_offsets[f] = slot_offset(found[field_names[f].cls], field_names[f].name)) < 0) return NULL;
