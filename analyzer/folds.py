@@ -31,7 +31,6 @@ STRINGS = {"unknown": r.UNKNOWN, "confirm": r.CONFIRM, "basic_deliver": "basic.d
            "lost": r.LOST, "consumer_scope": "consumer "}
 
 
-
 def metrics_fold(metrics: type, incarnation: type, bucket: type, counts: tuple[str, ...]):
     """`fold(metrics, record) -> bool` (True: ChannelMetrics' fold of the record is done; False:
     nothing changed, the Python takes it), or None where the C module is not built or is off."""
