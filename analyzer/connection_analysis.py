@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .detectors import FRAME_COLUMNS, FRAME_METHODS, ConnectionDetectors, RawFinding, wants_frame
+from .detectors import FRAME_COLUMNS, ConnectionDetectors, RawFinding, wants_frame
 from .detectors.state import from_state, to_state
 from .timeline import INPUT_COLUMNS
 from .timeline.carry import Checkpoint, ResumedConnection, StateError, WholeConnection
@@ -90,7 +90,7 @@ class ConnectionAnalysis:
                 self._give_up_metrics(error)
 
     def feed(self, row: Mapping) -> None:
-        if row["method"] in FRAME_METHODS and wants_frame(row):  # one set lookup rules out nearly every row
+        if wants_frame(row):
             self.detectors.frame(row)
         self.whole.feed(row)
         self.rows += 1

@@ -244,8 +244,7 @@ class ConnectionTimeline:
 
 
 # After the class: the C transitions are configured with it.
-_plain_feed = plain.feed_for(ConnectionTimeline)
-_plain_feed_rows = plain.rows_feed_for(ConnectionTimeline)
+_plain_feed, _plain_feed_rows = plain.feeds_for(ConnectionTimeline)
 
 
 class Timelines:

@@ -34,19 +34,16 @@ STRINGS = {"to_broker": TO_BROKER, "to_client": TO_CLIENT, "basic_deliver": "bas
            "none": r.NONE}
 
 
-def feed_for(timeline_class: type):
-    """`feed(timeline, row) -> bool` (True: the row was a plain frame and is done; False: nothing
-    changed, the Python transition takes it), or None where the C module is not built or is off."""
+def feeds_for(timeline_class: type):
+    """(`feed(timeline, row) -> bool`, `feed_rows(timeline, rows, start, stop) -> int`), the C
+    module configured once with the machine's classes, or (None, None) where it is not built or is
+    off. `feed`: True, the row was a plain frame and is done; False, nothing changed and the Python
+    transition takes it. `feed_rows`: `feed` on rows[start], rows[start + 1], ... while it takes
+    them and they are the timeline's connection's, up to `stop`; the index of the first row it did
+    not take."""
     if _plain is None or pure_python():
-        return None
+        return None, None
     classes = {cls.__name__: cls for cls in (timeline_class, ChannelLife, ConsumerSide, PublisherSide, _Delivery,
                                              _Publish, r.Delivery, r.Publish)}
     _plain.configure(classes, STRINGS)
-    return _plain.feed
-
-
-def rows_feed_for(timeline_class: type):
-    """`feed_rows(timeline, rows, start, stop) -> int`: `feed` on rows[start], rows[start + 1], ...
-    while it takes them and they are the timeline's connection's, up to `stop`; the index of the
-    first row it did not take. None where the C module is not built or is off."""
-    return None if feed_for(timeline_class) is None else _plain.feed_rows
+    return _plain.feed, _plain.feed_rows
