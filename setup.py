@@ -16,8 +16,9 @@ FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field
 setup(ext_modules=[Extension("analyzer._lane", ["analyzer/_lane.c"], optional=True, extra_compile_args=FLAGS),
                    Extension("analyzer._columns", ["analyzer/_columns.c"], optional=True, extra_compile_args=FLAGS),
                    Extension("analyzer.timeline._records", ["analyzer/timeline/_records.c"], optional=True,
-                             extra_compile_args=FLAGS),
+                             include_dirs=["analyzer"], depends=["analyzer/_untrack.h"], extra_compile_args=FLAGS),
                    Extension("analyzer.timeline._plain", ["analyzer/timeline/_plain.c"], optional=True,
-                             include_dirs=["analyzer"], depends=["analyzer/_slots.h"], extra_compile_args=FLAGS),
+                             include_dirs=["analyzer"], depends=["analyzer/_slots.h", "analyzer/_untrack.h"],
+                             extra_compile_args=FLAGS),
                    Extension("analyzer._folds", ["analyzer/_folds.c"], optional=True, depends=["analyzer/_slots.h"],
                              extra_compile_args=FLAGS)])

@@ -5,6 +5,7 @@ where it is built, which must make the very record the class call makes)."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import pickle
 import random
@@ -179,6 +180,32 @@ def test_new_holds_its_values_once():
     from analyzer.timeline import _records
     with pytest.raises(TypeError, match="not one of its own __slots__"):
         _records.maker(r.Delivery, ("seq", "nope"))
+
+
+@needs_c
+@pytest.mark.parametrize("cls", RECORD_TYPES)
+def test_new_leaves_records_of_plain_values_to_reference_counting(cls):
+    """A record of ints, strs, bools and None can be in no cycle: the collector does not walk it
+    (_untrack.h). One holding anything that may be tracked stays tracked, and a cycle through it is
+    still collected."""
+    n = len(dataclasses.fields(cls))
+    plain = [None, 7, "seven", True, 2**70, 1.5, (1, "x")]
+    assert not gc.is_tracked(cls.new(*(plain[i % len(plain)] for i in range(n))))
+    assert gc.is_tracked(cls(*range(n)))  # the class call is CPython's: tracked as any slotted object
+
+    class Canary:
+        def __del__(self):
+            freed.append(True)
+
+    freed = []
+    for holder in ([], {}, Canary(), ([],)):
+        made = cls.new(*([None] * (n - 1)), holder)
+        assert gc.is_tracked(made)
+    box = [Canary()]
+    box.append(cls.new(*([None] * (n - 1)), box))   # box -> record -> box
+    del box, made, holder
+    gc.collect()
+    assert len(freed) == 2   # the Canary held alone, and the one in the cycle
 
 
 def test_new_is_the_class_itself_in_pure_python():

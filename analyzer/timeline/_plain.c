@@ -17,6 +17,7 @@
  * the classes, by name, once. Records are made as records.py's maker makes them (no __init__).
  */
 #include "_slots.h"
+#include "_untrack.h"
 
 /* ---- fields, by class ----------------------------------------------------------------------- */
 
@@ -127,6 +128,7 @@ static PyObject *make_record(int cls, PyObject **values, int first_field, int n)
         return NULL;
     }
     for (int i = 0; i < n; i++) *(PyObject **)((char *)record + offsets[first_field + i]) = values[i];
+    untrack_if_plain(record, values, n);
     return record;
 }
 

@@ -13,6 +13,8 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include "_untrack.h"
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -72,6 +74,7 @@ static PyObject *maker_call(PyObject *self, PyObject *const *args, size_t nargsf
     out = m->cls->tp_alloc(m->cls, 0);
     if (!out) goto done;
     for (Py_ssize_t j = 0; j < m->n; j++) *(PyObject **)((char *)out + m->offsets[j]) = Py_NewRef(values[j]);
+    untrack_if_plain(out, values, m->n);
 done:
     if (values != small) PyMem_Free(values);
     return out;
