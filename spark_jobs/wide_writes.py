@@ -18,7 +18,8 @@ on the files' rows (`add_actions`, `read_written`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from functools import reduce
 
 import pyarrow as pa
@@ -116,8 +117,14 @@ class FilesWriter:
         self.writer = TableWriter(lake, name, table_schema, split_by=self.flags)
         self.pending: dict[tuple, list[pa.Table]] = {}   # the flags' values -> rows not written yet
         self.holds: dict[str, set[str]] = {}    # a written file (its path in the table) -> its connections
+        self.beside = Beside()
 
     def add(self, rows: pa.Table) -> None:
+        """Takes the rows; they are cast, sorted into piles and written in the writer's thread, so
+        that the task goes on meanwhile (`Beside`); `drop` and `files` wait for it."""
+        self.beside.run(self._add, rows)
+
+    def _add(self, rows: pa.Table) -> None:
         # Cast by position, names checked: Spark's types to the stored ones (e.g. its timestamps' zone).
         for part, values in by_flags(rows.cast(self.schema), self.flags):
             key = tuple(values.values())
@@ -129,6 +136,8 @@ class FilesWriter:
     def drop(self, connection_id: str) -> None:
         """Every row of this connection out: of the rows not written yet, and of the files written
         (each rewritten without them, the old file deleted: it is in no log)."""
+        self.beside.wait()
+
         def others(rows: pa.Table) -> pa.Table:
             return rows.filter(pc.not_equal(rows["connection_id"], connection_id))
 
@@ -137,7 +146,7 @@ class FilesWriter:
             del self.holds[path]
             kept = others(self.writer.take_back(path))
             if kept.num_rows:
-                self.add(kept.select(self.schema.names))
+                self._add(kept.select(self.schema.names))
 
     def _write(self, values: tuple) -> None:
         pile = self.pending.pop(values, [])
@@ -150,9 +159,42 @@ class FilesWriter:
                 self.holds[action.path] = connections
 
     def files(self) -> pa.RecordBatch:
+        self.beside.wait()
         for values in list(self.pending):
             self._write(values)
         return pa.RecordBatch.from_pylist([{"table": self.name, "path": path, "size": size, "date": values["date"],
                                             "modified_ms": modified, "stats": stats}
                                            for path, size, values, modified, stats in self.writer.files()],
                                           schema=FILES)
+
+
+class Beside:
+    """Work done in a thread beside the caller's, one piece at a time: `run` waits for the piece
+    before (so at most one is held: memory stays bounded) and starts the next; `wait` waits for
+    the last and raises what it raised. What FilesWriter's thread does (pyarrow's casts, filters,
+    Parquet encoding and zstd) releases the GIL, so a pass's state machine runs on meanwhile: the
+    task does no more work, it waits less (bench/README.md, session 40)."""
+
+    def __init__(self):
+        self.thread: threading.Thread | None = None
+        self.failed: BaseException | None = None
+
+    def run(self, work: Callable, *args) -> None:
+        self.wait()
+
+        def piece() -> None:
+            try:
+                work(*args)
+            except BaseException as error:  # noqa: B036 - handed to the caller's thread by `wait`
+                self.failed = error
+
+        self.thread = threading.Thread(target=piece, name="ackscope-files", daemon=True)
+        self.thread.start()
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        failed, self.failed = self.failed, None
+        if failed is not None:
+            raise failed

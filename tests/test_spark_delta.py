@@ -8,6 +8,7 @@ delta-spark would: what the agent writes Spark reads, what Spark writes the agen
 import glob
 import json
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date, datetime, timedelta, timezone
 
@@ -433,6 +434,7 @@ def test_a_tasks_flagged_rows_gather_in_files_of_their_own(tmp_path):
                                          "connection_id": f"c{i % 2}", "seq": batch * 10 + i} for i in range(10)],
                                        schema=table_schema))
     # Nine unflagged rows a batch: the first two batches made a file of 18, the flagged three wait.
+    files.beside.wait()   # the writer's thread has done so
     assert [json.loads(f[4])["numRecords"] for f in files.writer.files()] == [18]
     files.drop("c1")   # that file is taken back: its 8 rows of c0 join the last batch's 4
     by_flag = sorted((json.loads(f["stats"])["maxValues"]["requeue_related"], json.loads(f["stats"])["numRecords"])
@@ -442,6 +444,29 @@ def test_a_tasks_flagged_rows_gather_in_files_of_their_own(tmp_path):
     rows = read_table(str(tmp_path), "t", table_schema).to_pylist()
     assert sorted(r["seq"] for r in rows) == [s for s in range(30) if s % 2 == 0]
     assert sorted(r["seq"] for r in rows if r["requeue_related"]) == [4, 14, 24]
+
+
+def test_rows_written_beside_the_task_fail_the_task_when_it_waits(tmp_path):
+    """wide_writes.Beside: FilesWriter's pieces run one at a time, in order, in a thread of their
+    own, and what one raises is raised where the task waits for it (the next `add`, `drop` or
+    `files`), never lost."""
+    from spark_jobs.wide_writes import Beside, FilesWriter
+
+    beside, done = Beside(), []
+    for n in range(5):
+        beside.run(lambda n=n: (time.sleep(0.01 * (5 - n)), done.append(n)))
+    beside.wait()
+    assert done == [0, 1, 2, 3, 4]
+    beside.run(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        beside.wait()
+    beside.wait()   # raised once
+
+    table_schema = pa.schema([("date", pa.string()), ("connection_id", pa.string()), ("seq", pa.int64())])
+    files = FilesWriter(str(tmp_path), "t", table_schema, file_rows=10)
+    files.add(pa.table({"date": ["2026-11-24"], "seq": [1]}))   # a column short: its cast raises
+    with pytest.raises(ValueError):
+        files.files()
 
 
 def test_tables_written_together_in_one_job_are_the_tables_written_alone(spark, tmp_path):
