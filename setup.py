@@ -2,9 +2,10 @@
 (analyzer/_lane.c), the connection pass's Arrow conversions (analyzer/_columns.c), the
 records' maker (analyzer/timeline/_records.c), the machine's plain frames
 (analyzer/timeline/_plain.c) and the per-record folds of channel_metrics and unacked_buildup
-(analyzer/_folds.c; it and _plain.c share analyzer/_slots.h). All are optional: where they do not
-compile, the Python paths do the work (analyzer/native.py, analyzer/columns.py, records.py's class
-call, connection.py's `python_feed`, metrics.py's `python_record`, consumer.py's `python_add`), and
+(analyzer/_folds.c; it and _plain.c share analyzer/_slots.h, _plain.c and _records.c share
+analyzer/_untrack.h). All are optional: where they do not compile, the Python paths do the work
+(analyzer/native.py, analyzer/columns.py, records.py's class call, connection.py's `python_feed`,
+metrics.py's `python_record`, consumer.py's `python_add`), and
 tests/test_native_lane.py, test_columns.py, test_records.py, test_plain.py and test_folds.py fail
 under CI=true so that this never goes unnoticed there."""
 
