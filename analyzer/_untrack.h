@@ -2,7 +2,7 @@
  *
  * A record whose fields are all plain values (ints, strs, None: nearly every record) can be in no
  * reference cycle, so the collector need not walk it, as CPython untracks such tuples and dicts
- * itself. The records a pass keeps till its flush were nearly all the collector walked: 8-11% of
+ * itself. The records a pass keeps till its flush were nearly all the collector walked: 7-11% of
  * a pass's CPU (bench/README.md, session 40). Records are frozen: no other value is put in them
  * afterwards, so a record untracked stays one that needs no tracking.
  */
