@@ -19,7 +19,8 @@
 
 /* ---- fields, by class ----------------------------------------------------------------------- */
 
-#define CLASSES(X) X(METRICS) X(INCARNATION) X(BUCKET) X(DELIVERY) X(PUBLISH) X(UNACKED) X(BUILDUP) X(PROFILE)
+#define CLASSES(X) X(METRICS) X(INCARNATION) X(BUCKET) X(DELIVERY) X(PUBLISH) X(UNACKED) X(BUILDUP) X(PROFILE) \
+    X(SYNCHRONOUS) X(LOCKSTEP) X(FIRSTS)
 #define AS_ENUM(name) K_##name,
 enum { CLASSES(AS_ENUM) N_CLASSES };
 #define AS_NAME(name) #name,
@@ -37,11 +38,16 @@ static const char *class_keys[N_CLASSES] = {CLASSES(AS_NAME)};
     X(DELIVERY, observed_until_ts_ns) \
     X(PUBLISH, connection_id) X(PUBLISH, agent_id) X(PUBLISH, channel) X(PUBLISH, incarnation) \
     X(PUBLISH, seq) X(PUBLISH, ts_ns) X(PUBLISH, mode) X(PUBLISH, outcome) X(PUBLISH, return_seq) \
-    X(PUBLISH, settle_seq) X(PUBLISH, settle_ts_ns) \
+    X(PUBLISH, settle_seq) X(PUBLISH, settle_ts_ns) X(PUBLISH, pending_before) X(PUBLISH, persistent) \
+    X(PUBLISH, out_of_order) X(PUBLISH, confirm_multiple) X(PUBLISH, confirm_seq) X(PUBLISH, message_identity) \
     X(UNACKED, age_limit_ns) X(UNACKED, stall_limit_ns) X(UNACKED, channels) \
     X(BUILDUP, agent_id) X(BUILDUP, oldest_ns) X(BUILDUP, oldest) X(BUILDUP, channel_scope) \
     X(BUILDUP, consumer_scopes) \
-    X(PROFILE, limit) X(PROFILE, end_ns) X(PROFILE, keys) X(PROFILE, times)
+    X(PROFILE, limit) X(PROFILE, end_ns) X(PROFILE, keys) X(PROFILE, times) \
+    X(SYNCHRONOUS, channels) \
+    X(LOCKSTEP, agent_id) X(LOCKSTEP, n) X(LOCKSTEP, lockstep) X(LOCKSTEP, first_ns) X(LOCKSTEP, last_ns) \
+    X(LOCKSTEP, items) X(LOCKSTEP, pending) \
+    X(FIRSTS, _items)
 
 #define FIELD_ENUM(cls, name) F_##cls##_##name,
 enum { FIELDS(FIELD_ENUM) N_FIELDS };
@@ -54,7 +60,8 @@ static const FieldName field_names[N_FIELDS] = {FIELDS(FIELD_NAME)};
 
 static PyTypeObject *classes[N_CLASSES];
 static Py_ssize_t offsets[N_FIELDS];
-static int metrics_configured = 0, buildup_configured = 0;
+static int metrics_configured = 0, buildup_configured = 0, publish_configured = 0;
+static Py_ssize_t max_evidence;   /* common.MAX_EVIDENCE */
 
 #define GET(obj, field) slot_get((obj), offsets[F_##field])
 #define PUT(obj, field, value) slot_put((obj), offsets[F_##field], (value))
@@ -65,12 +72,13 @@ static int is_a(PyObject *obj, int cls) { return obj && Py_TYPE(obj) == classes[
 
 #define STRINGS(X) \
     X(unknown) X(confirm) X(basic_deliver) X(ack) X(nack) X(reject) X(recovered) X(channel_closed) \
-    X(connection_closed) X(open) X(acked) X(nacked) X(lost) X(consumer_scope)
+    X(connection_closed) X(open) X(acked) X(nacked) X(lost) X(consumer_scope) X(none)
 #define STRING_ENUM(name) S_##name,
 enum { STRINGS(STRING_ENUM) N_STRINGS };
 static const char *string_names[N_STRINGS] = {STRINGS(AS_NAME)};
 static PyObject *strings[N_STRINGS];
 static PyObject *empty;   /* "" */
+static PyObject *key_seq, *key_confirm_seq, *key_message_identity;   /* a lockstep publish's evidence item */
 
 /* channel_metrics' counts, in metrics.COUNTS order (configure checks the names). */
 #define COUNTS(X) \
@@ -428,6 +436,18 @@ static PyObject *metrics_record(PyObject *module, PyObject *const *args, Py_ssiz
     Py_RETURN_FALSE;
 }
 
+/* A detector's state of one incarnation, `channels[(channel, incarnation)]`, of class `cls`: 1 with
+ * *found (borrowed), 0 none or not of the shape the twins take, -1 error. */
+static int per_incarnation(PyObject *channels, PyObject *channel, PyObject *incarnation, int cls, PyObject **found) {
+    if (!channels || !PyDict_CheckExact(channels) || !plain_key(channel) || !plain_key(incarnation)) return 0;
+    PyObject *key = PyTuple_Pack(2, channel, incarnation);
+    if (!key) return -1;
+    *found = PyDict_GetItemWithError(channels, key);
+    Py_DECREF(key);
+    if (!*found) return PyErr_Occurred() ? -1 : 0;
+    return is_a(*found, cls);
+}
+
 /* ---- unacked_buildup -------------------------------------------------------------------------- */
 
 /* common.most / least of two plain values (None skipped): the one kept, borrowed; NULL: not plain. */
@@ -437,6 +457,14 @@ static PyObject *most_of(PyObject *a, PyObject *b) {
     if (b == Py_None) return a;
     if (!as_i64(a, &x) || !as_i64(b, &y)) return NULL;
     return y > x ? b : a;
+}
+
+static PyObject *least_of(PyObject *a, PyObject *b) {
+    long long x, y;
+    if (a == Py_None) return b;
+    if (b == Py_None) return a;
+    if (!as_i64(a, &x) || !as_i64(b, &y)) return NULL;
+    return y < x ? b : a;
 }
 
 static PyObject *least_str(PyObject *a, PyObject *b) {
@@ -487,15 +515,10 @@ static int buildup_delivery(PyObject *all, PyObject *d) {
     PyObject *until_obj = settled ? GET(d, DELIVERY_settle_ts_ns) : GET(d, DELIVERY_observed_until_ts_ns);
     if (!until_obj) return 0;
     if (until_obj == Py_None) return 1;
-    PyObject *channels = GET(all, UNACKED_channels), *channel = GET(d, DELIVERY_channel);
-    PyObject *incarnation = GET(d, DELIVERY_incarnation);
-    if (!channels || !PyDict_CheckExact(channels) || !plain_key(channel) || !plain_key(incarnation)) return 0;
-    PyObject *key = PyTuple_Pack(2, channel, incarnation);
-    if (!key) return -1;
-    PyObject *b = PyDict_GetItemWithError(channels, key);
-    Py_DECREF(key);
-    if (!b) return PyErr_Occurred() ? -1 : 0;   /* its first delivery: the Python way */
-    if (!is_a(b, K_BUILDUP)) return 0;
+    PyObject *b;   /* its incarnation's; none yet: its first delivery, the Python way */
+    int found = per_incarnation(GET(all, UNACKED_channels), GET(d, DELIVERY_channel), GET(d, DELIVERY_incarnation),
+                                K_BUILDUP, &b);
+    if (found <= 0) return found;
     /* _Buildup.add */
     long long until, ts, seq, age_limit, stall_limit, oldest_ns = 0, oldest_seq = 0, settle_seq = 0;
     if (!bounded(until_obj, &until) || !bounded(GET(d, DELIVERY_ts_ns), &ts) || !bounded(GET(d, DELIVERY_seq), &seq) ||
@@ -575,6 +598,107 @@ static PyObject *buildup_add(PyObject *module, PyObject *const *args, Py_ssize_t
     Py_RETURN_FALSE;
 }
 
+/* ---- the publish detectors -------------------------------------------------------------------- */
+
+/* Whether `value` is the exact str constant `which`: 1, 0; -1 for a value whose == could run code. */
+static int is_string(PyObject *value, int which) {
+    if (!value) return -1;
+    if (value == strings[which]) return 1;
+    if (value == Py_None || value == Py_True || value == Py_False || PyLong_CheckExact(value)) return 0;
+    return PyUnicode_CheckExact(value) ? same_str(value, strings[which]) : -1;
+}
+
+/* A publish every detector but synchronous_confirms ignores (publisher.py's `matches`): 1 it is,
+ * 0 one of them would take it (or a value the Python compares could run code). */
+static int only_synchronous(PyObject *p) {
+    int lost = is_string(GET(p, PUBLISH_outcome), S_lost), nacked = is_string(GET(p, PUBLISH_outcome), S_nacked);
+    int confirm = is_string(GET(p, PUBLISH_mode), S_confirm), none = is_string(GET(p, PUBLISH_mode), S_none);
+    if (lost < 0 || nacked < 0 || confirm < 0 || none < 0) return 0;
+    PyObject *out_of_order = GET(p, PUBLISH_out_of_order), *multiple = GET(p, PUBLISH_confirm_multiple);
+    PyObject *persistent = GET(p, PUBLISH_persistent);
+    if (!out_of_order || !multiple || !persistent) return 0;
+    if (lost && confirm) return 0;                                 /* LostConfirm */
+    if (nacked) return 0;                                          /* ConfirmNack */
+    if (out_of_order == Py_True && multiple == Py_False) return 0; /* OutOfOrderConfirm */
+    if (persistent == Py_True && none) return 0;                   /* UnconfirmedPersistentPublish */
+    return 1;
+}
+
+/* SynchronousConfirms.add and _Lockstep.add: 1 done, 0 not taken, -1 error. */
+static int synchronous_publish(PyObject *synchronous, PyObject *p) {
+    PyObject *pending_before = GET(p, PUBLISH_pending_before);
+    int confirm = is_string(GET(p, PUBLISH_mode), S_confirm);
+    if (confirm < 0 || !pending_before) return 0;
+    if (!confirm || pending_before == Py_None) return 1;   /* not a publish it counts */
+    long long before;
+    if (!as_i64(pending_before, &before)) return 0;
+    PyObject *c;   /* its incarnation's; none yet: its first, the Python way */
+    int found = per_incarnation(GET(synchronous, SYNCHRONOUS_channels), GET(p, PUBLISH_channel),
+                                GET(p, PUBLISH_incarnation), K_LOCKSTEP, &c);
+    if (found <= 0) return found;
+    /* _Lockstep.add, every value checked first */
+    int lockstep = before == 0;
+    PyObject *seq = GET(p, PUBLISH_seq), *ts = GET(p, PUBLISH_ts_ns), *settle_ts = GET(p, PUBLISH_settle_ts_ns);
+    PyObject *agent_id = GET(c, LOCKSTEP_agent_id), *p_agent_id = GET(p, PUBLISH_agent_id);
+    PyObject *n_obj = GET(c, LOCKSTEP_n), *lockstep_obj = GET(c, LOCKSTEP_lockstep);
+    PyObject *first_ns = GET(c, LOCKSTEP_first_ns), *last_ns = GET(c, LOCKSTEP_last_ns);
+    PyObject *items = GET(c, LOCKSTEP_items), *pending = GET(c, LOCKSTEP_pending);
+    long long n, count, v;
+    if (!seq || !ts || !settle_ts || !agent_id || !p_agent_id || !first_ns || !last_ns || !as_i64(n_obj, &n) ||
+        !as_i64(lockstep_obj, &count) || n >= BOUND || count >= BOUND || !bounded(ts, &v) ||
+        (settle_ts != Py_None && !bounded(settle_ts, &v)) || !pending || !PyList_CheckExact(pending))
+        return 0;
+    PyObject *kept_agent = least_str(agent_id, p_agent_id);
+    PyObject *kept_first = least_of(first_ns, ts), *kept_last = most_of(last_ns, settle_ts != Py_None ? settle_ts : ts);
+    if (!kept_agent || !kept_first || !kept_last) return 0;
+    PyObject *firsts = NULL, *item = NULL;
+    if (lockstep) {   /* Firsts.add, unless it would trim: the Python way */
+        firsts = is_a(items, K_FIRSTS) ? GET(items, FIRSTS__items) : NULL;
+        if (!firsts || !PyList_CheckExact(firsts) || PyList_GET_SIZE(firsts) + 1 >= 4 * max_evidence) return 0;
+        PyObject *confirm_seq = GET(p, PUBLISH_confirm_seq), *identity = GET(p, PUBLISH_message_identity);
+        if (!confirm_seq || !identity) return 0;
+        PyObject *fields = PyDict_New();
+        if (!fields) return -1;
+        if (PyDict_SetItem(fields, key_seq, seq) < 0 || PyDict_SetItem(fields, key_confirm_seq, confirm_seq) < 0 ||
+            PyDict_SetItem(fields, key_message_identity, identity) < 0 || !(item = PyTuple_Pack(2, seq, fields))) {
+            Py_DECREF(fields);
+            return -1;
+        }
+        Py_DECREF(fields);
+    }
+    PyObject *waiting = PyTuple_Pack(4, seq, ts, settle_ts, lockstep ? Py_True : Py_False);
+    PyObject *n_new = PyLong_FromLongLong(n + 1), *count_new = PyLong_FromLongLong(count + lockstep);
+    int failed = !waiting || !n_new || !count_new || (item && PyList_Append(firsts, item) < 0) ||
+                 PyList_Append(pending, waiting) < 0;
+    Py_XDECREF(item);
+    Py_XDECREF(waiting);
+    if (failed) {   /* only an allocation fails here */
+        Py_XDECREF(n_new), Py_XDECREF(count_new);
+        return -1;
+    }
+    PUT(c, LOCKSTEP_agent_id, Py_NewRef(kept_agent));
+    PUT(c, LOCKSTEP_n, n_new);
+    PUT(c, LOCKSTEP_lockstep, count_new);
+    PUT(c, LOCKSTEP_first_ns, Py_NewRef(kept_first));
+    PUT(c, LOCKSTEP_last_ns, Py_NewRef(kept_last));
+    return 1;
+}
+
+/* publish_add(synchronous, publish) -> True (ConnectionDetectors' fold of the publish done here:
+ * only synchronous_confirms takes it) or False (nothing changed). */
+static PyObject *publish_add(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "publish_add(synchronous, publish)");
+        return NULL;
+    }
+    if (!publish_configured || !is_a(args[0], K_SYNCHRONOUS) || !is_a(args[1], K_PUBLISH)) Py_RETURN_FALSE;
+    int done = only_synchronous(args[1]) ? synchronous_publish(args[0], args[1]) : 0;
+    if (done < 0) return NULL;
+    if (done) Py_RETURN_TRUE;
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_FALSE;
+}
+
 /* ---- configure -------------------------------------------------------------------------------- */
 
 /* Resolve the fields of the classes in `part` (a bit per class) from `given_classes`; every string. */
@@ -607,6 +731,7 @@ static int configure_part(PyObject *given_classes, PyObject *given_strings, unsi
 #define BIT(k) (1u << K_##k)
 static const unsigned METRICS_PART = BIT(METRICS) | BIT(INCARNATION) | BIT(BUCKET) | BIT(DELIVERY) | BIT(PUBLISH);
 static const unsigned BUILDUP_PART = BIT(UNACKED) | BIT(BUILDUP) | BIT(PROFILE) | BIT(DELIVERY);
+static const unsigned PUBLISH_PART = BIT(SYNCHRONOUS) | BIT(LOCKSTEP) | BIT(FIRSTS) | BIT(PUBLISH);
 
 /* configure_metrics(classes: dict key -> class, strings: dict name -> str, counts: metrics.COUNTS) */
 static PyObject *configure_metrics(PyObject *module, PyObject *args) {
@@ -637,11 +762,30 @@ static PyObject *configure_buildup(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* configure_publish(classes: dict key -> class, strings: dict name -> str, max_evidence: int) */
+static PyObject *configure_publish(PyObject *module, PyObject *args) {
+    PyObject *given_classes, *given_strings;
+    Py_ssize_t given_max;
+    if (!PyArg_ParseTuple(args, "O!O!n", &PyDict_Type, &given_classes, &PyDict_Type, &given_strings, &given_max))
+        return NULL;
+    if (given_max < 1) return PyErr_Format(PyExc_ValueError, "configure: MAX_EVIDENCE must be at least 1");
+    publish_configured = 0;
+    if (configure_part(given_classes, given_strings, PUBLISH_PART) < 0) return NULL;
+    max_evidence = given_max;
+    publish_configured = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"metrics_record", (PyCFunction)(void (*)(void))metrics_record, METH_FASTCALL,
      "metrics_record(metrics, record) -> True if ChannelMetrics' fold of it was done here; False (nothing changed)."},
     {"buildup_add", (PyCFunction)(void (*)(void))buildup_add, METH_FASTCALL,
      "buildup_add(buildup, delivery) -> True if UnackedBuildup.add was done here; False (nothing changed)."},
+    {"publish_add", (PyCFunction)(void (*)(void))publish_add, METH_FASTCALL,
+     "publish_add(synchronous, publish) -> True if the detectors' fold of the publish was done here; False "
+     "(nothing changed)."},
+    {"configure_publish", configure_publish, METH_VARARGS,
+     "configure_publish(classes, strings, max_evidence): the publish detectors' classes and constants."},
     {"configure_metrics", configure_metrics, METH_VARARGS,
      "configure_metrics(classes, strings, counts): channel_metrics' classes and constants."},
     {"configure_buildup", configure_buildup, METH_VARARGS,
@@ -652,6 +796,9 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_folds", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__folds(void) {
-    if (!(empty = PyUnicode_FromString(""))) return NULL;
+    if (!(empty = PyUnicode_FromString("")) || !(key_seq = PyUnicode_InternFromString("seq")) ||
+        !(key_confirm_seq = PyUnicode_InternFromString("confirm_seq")) ||
+        !(key_message_identity = PyUnicode_InternFromString("message_identity")))
+        return NULL;
     return PyModule_Create(&module);
 }

@@ -1,10 +1,13 @@
 """The per-record folds in C: what channel_metrics (timeline/metrics.py, `ChannelMetrics._delivery`
-and `_publish`) and unacked_buildup (detectors/consumer.py, `UnackedBuildup.add`) do with each
-delivery and publish record, done by _folds.c as their Python does it.
+and `_publish`), unacked_buildup (detectors/consumer.py, `UnackedBuildup.add`) and the publish
+detectors (detectors/__init__.py, `ConnectionDetectors.python_publish`: synchronous_confirms'
+`add` for a publish no other kind counts) do with each delivery and publish record, done by
+_folds.c as their Python does it.
 
 Why: after the machine's plain frames went to C (timeline/plain.py), these two folds were half of
 the connection pass's Python (bench/README.md, session 39): a few counters, two lists and a dict
-lookup per record, mostly the interpreter's work. _folds.c does exactly what the Python does for a
+lookup per record, mostly the interpreter's work; then the five publish detectors' calls on every
+publish (session 41), four of which test it and do nothing. _folds.c does exactly what the Python does for a
 record of plain values into state of the usual shapes, or nothing: anything else (a new incarnation
 or consumer scope, a record before the horizon, a delivery past a threshold, ...) goes the Python
 way, which stays the one statement of the rules. tests/test_folds.py holds the two to the same
@@ -28,7 +31,7 @@ except ImportError:  # not compiled
 STRINGS = {"unknown": r.UNKNOWN, "confirm": r.CONFIRM, "basic_deliver": "basic.deliver", "ack": r.ACK, "nack": r.NACK,
            "reject": r.REJECT, "recovered": r.RECOVERED, "channel_closed": r.CHANNEL_CLOSED,
            "connection_closed": r.CONNECTION_CLOSED, "open": r.OPEN, "acked": r.ACKED, "nacked": r.NACKED,
-           "lost": r.LOST, "consumer_scope": "consumer "}
+           "lost": r.LOST, "consumer_scope": "consumer ", "none": r.NONE}
 
 
 def metrics_fold(metrics: type, incarnation: type, bucket: type, counts: tuple[str, ...]):
@@ -49,3 +52,14 @@ def buildup_fold(unacked: type, buildup: type, profile: type):
     _folds.configure_buildup({"UNACKED": unacked, "BUILDUP": buildup, "PROFILE": profile, "DELIVERY": r.Delivery},
                              STRINGS)
     return _folds.buildup_add
+
+
+def publish_fold(synchronous: type, lockstep: type, firsts: type, max_evidence: int):
+    """`fold(synchronous_confirms, publish) -> bool` (True: the publish detectors' fold of it is done,
+    ConnectionDetectors.python_publish's work: it is one only synchronous_confirms counts; False:
+    nothing changed, the Python takes it), or None where the C module is not built or is off."""
+    if _folds is None or pure_python():
+        return None
+    _folds.configure_publish({"SYNCHRONOUS": synchronous, "LOCKSTEP": lockstep, "FIRSTS": firsts,
+                              "PUBLISH": r.Publish}, STRINGS, max_evidence)
+    return _folds.publish_add

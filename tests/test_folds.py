@@ -1,5 +1,6 @@
 """The per-record folds in C (analyzer/folds.py, _folds.c) against their Python: channel_metrics'
-`_delivery`/`_publish` and unacked_buildup's `add`, fed the same records: the same state after
+`_delivery`/`_publish`, unacked_buildup's `add` and the publish detectors' (ConnectionDetectors.
+python_publish), fed the same records: the same state after
 every record, the same rows and findings at the end, and where the C twin declines a record, no
 change at all (the Python then takes it, or raises as it always did)."""
 
@@ -12,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analyzer.detectors import consumer
+import analyzer.detectors as detectors
+from analyzer.detectors import ConnectionDetectors, consumer
 from analyzer.detectors.consumer import UnackedBuildup
 from analyzer.detectors.context import Context
 from analyzer.timeline import INPUT_COLUMNS, Timelines, metrics
@@ -27,8 +29,9 @@ from .test_plain import capture_rows
 from .test_timeline import EXAMPLES, SETTINGS, renumbered, valid_traffic
 from .variants import VARIANTS
 
-METRICS_IN_C, BUILDUP_IN_C = metrics._fold_in_c, consumer._add_in_c
-pytestmark = needs_built(METRICS_IN_C is not None and BUILDUP_IN_C is not None, "analyzer._folds is not built")
+METRICS_IN_C, BUILDUP_IN_C, PUBLISH_IN_C = metrics._fold_in_c, consumer._add_in_c, detectors._publish_in_c
+BUILT = METRICS_IN_C is not None and BUILDUP_IN_C is not None and PUBLISH_IN_C is not None
+pytestmark = needs_built(BUILT, "analyzer._folds is not built")
 # Lab-scale thresholds as well as production ones: deliveries past them take the Python's Tally path.
 THRESHOLDS = (Thresholds(), Thresholds(unacked_age_seconds=0.004, prefetch_stall_seconds=0.002))
 
@@ -44,6 +47,8 @@ def snapshot(value):
     slots = [name for cls in type(value).__mro__ for name in cls.__dict__.get("__slots__", ())]
     if slots and not isinstance(value, (str, int)):
         return type(value).__name__, [(name, snapshot(getattr(value, name, "<unset>"))) for name in slots]
+    if hasattr(value, "__dict__") and not isinstance(value, type):   # the detectors' plain objects
+        return type(value).__name__, snapshot(vars(value))
     return type(value).__name__, value
 
 
@@ -102,10 +107,18 @@ def buildup_twins(thresholds: Thresholds, every_record: bool) -> Twins:
     return Twins(UnackedBuildup(thresholds), UnackedBuildup(thresholds), BUILDUP_IN_C, "python_add", every_record)
 
 
+def publish_twins(connection_id: str, thresholds: Thresholds, every_record: bool) -> Twins:
+    def in_c(d, p):
+        return PUBLISH_IN_C(d.synchronous, p)
+
+    return Twins(ConnectionDetectors({"connection_id": connection_id}, thresholds),
+                 ConnectionDetectors({"connection_id": connection_id}, thresholds), in_c, "python_publish", every_record)
+
+
 def streamed(rows: list[dict], every_record: bool, advance_every: int = 7) -> list[Twins]:
     """Each connection's rows through the machine, its records into channel_metrics twins
-    (advanced at the machine's horizons as the pass does) and unacked_buildup twins (folded at its
-    item horizons, both thresholds); every twin's end compared."""
+    (advanced at the machine's horizons as the pass does), unacked_buildup twins and publish
+    detectors' twins (folded at its item horizons, both thresholds); every twin's end compared."""
     out = []
     by_connection: dict[str, list[dict]] = {}
     for row in rows:
@@ -114,13 +127,13 @@ def streamed(rows: list[dict], every_record: bool, advance_every: int = 7) -> li
         timelines = Timelines()
         m = metrics_twins(every_record)
         buildups = [buildup_twins(t, every_record) for t in THRESHOLDS]
+        publishes = [publish_twins(connection_id, t, every_record) for t in THRESHOLDS]
 
         def fed(records):
             for x in records:
                 m.feed(x)
-                if type(x) is r.Delivery:
-                    for b in buildups:
-                        b.feed(x)
+                for twin in buildups if type(x) is r.Delivery else publishes if type(x) is r.Publish else ():
+                    twin.feed(x)
 
         for count, row in enumerate(own, start=1):
             fed(timelines.feed(row))
@@ -131,18 +144,22 @@ def streamed(rows: list[dict], every_record: bool, advance_every: int = 7) -> li
                 m.both("advance", *horizons(timeline))
                 for b in buildups:
                     b.both("fold", timeline.last_seq)
+                for p in publishes:
+                    p.both("fold", None, timeline.last_seq)
         fed(timelines.end_of_data())
         m.both("finish")
         for b, thresholds in zip(buildups, THRESHOLDS):
             b.both("fold", None)
             assert b.c.findings(Context({"connection_id": connection_id}, thresholds)) == \
                 b.python.findings(Context({"connection_id": connection_id}, thresholds))
-        out += [m, *buildups]
+        for p in publishes:
+            p.both("raw_findings")
+        out += [m, *buildups, *publishes]
     return out
 
 
 def test_built_in_ci():
-    check_built(METRICS_IN_C is not None and BUILDUP_IN_C is not None, "analyzer._folds is not built")
+    check_built(BUILT, "analyzer._folds is not built")
 
 
 @SETTINGS
@@ -178,9 +195,13 @@ def test_busy_generated_traffic_goes_through_c():
     for t in twins:
         by_kind[t.python_way] += sum(n for key, n in t.taken.items() if key != "raised")
     assert by_kind["python_record"] > 20_000 and by_kind["python_add"] > 10_000, by_kind
+    assert by_kind["python_publish"] > 5_000, by_kind
     metrics_share = min(t.taken_share() for t in twins if t.python_way == "python_record" and t.taken)
     production = [t for t in twins if t.python_way == "python_add" and t.python.thresholds == THRESHOLDS[0]]
     assert metrics_share > 0.9 and min(t.taken_share() for t in production if t.taken) > 0.9
+    publish_taken = sum(n for t in twins if t.python_way == "python_publish"
+                        for (_, taken), n in t.taken.items() if taken)
+    assert publish_taken / by_kind["python_publish"] > 0.9, publish_taken / by_kind["python_publish"]
 
 
 class Text(str):
@@ -199,7 +220,7 @@ ODD = {
     "no_ack": [None, True, False, 0],
     "redelivered": [None, True, 1, "yes"],
     "requeue": [None, True, 0],
-    "mode": [r.CONFIRM, Text("confirm"), r.TX, None],
+    "mode": [r.CONFIRM, Text("confirm"), r.TX, r.NONE, r.UNKNOWN, None, 1.5],
     "return_seq": [None, 5],
     "connection_id": [Text("c"), None, 7],
     "channel": [True, 1.0, 2**70],
@@ -209,6 +230,12 @@ ODD = {
     "channel_prefetch": [None, 0, 3, 2.5],
     "consumer_tag": [None, "", Text("ct"), 9],
     "observed_until_ts_ns": [None, 2**63, -3],
+    "pending_before": [None, 0, 1, -1, True, False, 2**64, 0.0],
+    "persistent": [None, True, False, 1],
+    "out_of_order": [None, True, False, 1],
+    "confirm_multiple": [None, True, False, 0],
+    "confirm_seq": [None, 3, "x"],
+    "message_identity": [None, "m", Text("m"), 5],
 }
 
 
@@ -224,6 +251,7 @@ def test_damaged_records_are_taken_exactly_or_left_to_python(data):
     # buckets between them, which the Python would list as rows (for both twins alike).
     m = metrics_twins(every_record=True, bucket_seconds=10**9)
     buildups = [buildup_twins(t, every_record=True) for t in THRESHOLDS]
+    publishes = [publish_twins("c", t, every_record=True) for t in THRESHOLDS]
     for x in records:
         if type(x) not in (r.Delivery, r.Publish):
             m.feed(x)
@@ -233,9 +261,11 @@ def test_damaged_records_are_taken_exactly_or_left_to_python(data):
             changes = data.draw(st.dictionaries(st.sampled_from(names), st.none(), min_size=1, max_size=3), label="fields")
             x = dataclasses.replace(x, **{name: data.draw(st.sampled_from(ODD[name]), label=name) for name in changes})
         m.feed(x)
-        if type(x) is r.Delivery:
-            for b in buildups:
-                b.feed(x)
+        for twin in buildups if type(x) is r.Delivery else publishes:
+            twin.feed(x)
         if data.draw(st.integers(0, 9), label="advance") == 0:
             m.both("advance", data.draw(st.sampled_from([None, x.ts_ns, 2**61]), label="horizon"))
     m.both("finish")
+    for p in publishes:
+        p.both("fold", None, None)
+        p.both("raw_findings")

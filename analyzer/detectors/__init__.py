@@ -31,13 +31,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from .. import folds
 from ..timeline import records as r
-from .common import MAX_EVIDENCE, PACKET_COLUMNS, SEVERITY, PacketsOf, RawFinding, finish
+from .common import MAX_EVIDENCE, Firsts, PACKET_COLUMNS, SEVERITY, PacketsOf, RawFinding, finish
 from .consumer import UnackedBuildup, UnboundedPrefetch, UnknownDeliveryTag
 from .context import Context
 from .flow import FlowBlocked
 from .publisher import (ConfirmNack, LostConfirm, OutOfOrderConfirm, SynchronousConfirms,
-                        UnconfirmedPersistentPublish, UnroutableReturned)
+                        UnconfirmedPersistentPublish, UnroutableReturned, _Lockstep)
 
 # The kinds decided here, in schema.FINDING_KINDS order.
 KINDS = ("lost_confirm", "confirm_nack", "out_of_order_confirm", "unacked_buildup", "unknown_delivery_tag",
@@ -85,14 +86,20 @@ class ConnectionDetectors:
         if kind is r.Delivery:  # the commonest record first
             self.buildup.add(record)
         elif kind is r.Publish:
-            for detector in self._by_publish:
-                detector.add(record)
+            if _publish_in_c is None or not _publish_in_c(self.synchronous, record):
+                self.python_publish(record)
         elif kind is r.ChannelFacts:
             self.context.channels[(record.channel, record.incarnation)] = record
         elif kind is r.Violation:
             self.violations.add(record)
         else:
             raise TypeError(f"not a timeline record: {record!r}")
+
+    def python_publish(self, p: r.Publish) -> None:
+        """One publish through every publish kind, the rules' one statement (the C twin, which takes
+        the publishes only synchronous_confirms counts, is held to it)."""
+        for detector in self._by_publish:
+            detector.add(p)
 
     def frame(self, row: Mapping) -> None:
         """A frame row `wants_frame` picked (others are ignored), with FRAME_COLUMNS."""
@@ -123,6 +130,10 @@ class ConnectionDetectors:
         steps, for a caller that looks the packets up later: `raw_findings()`, `evidence_seqs(raw)`
         and `common.finish(raw, connection, packets_of)`."""
         return [finish(raw, self.context.connection, packets_of) for raw in self.raw_findings()]
+
+
+# `python_publish` in C, for the publishes it takes (None: not built, or switched off).
+_publish_in_c = folds.publish_fold(SynchronousConfirms, _Lockstep, Firsts, MAX_EVIDENCE)
 
 
 def evidence_seqs(raw: list[RawFinding]) -> list[int]:
