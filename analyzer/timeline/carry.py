@@ -315,11 +315,14 @@ def _boundary_records(records: list, boundary_ns: int) -> list:
     arriving or settled from then on or never settled, and each incarnation's latest basic.deliver
     before it."""
     kept, last_deliver = [], {}
+    items = (r.Delivery, r.Publish)
     for x in records:
-        if not isinstance(x, (r.Delivery, r.Publish)):
+        if not isinstance(x, items):
             continue
-        settled = _settled_at(x)
-        if x.ts_ns >= boundary_ns or settled is None or settled >= boundary_ns:
+        # `_settled_at(x) >= boundary_ns` once ts_ns is below it: its settle time is (a prune
+        # walks every record it keeps, so no call per record).
+        settle_ts_ns = x.settle_ts_ns
+        if x.ts_ns >= boundary_ns or settle_ts_ns is None or settle_ts_ns >= boundary_ns:
             kept.append(x)
         elif isinstance(x, r.Delivery) and x.method == "basic.deliver":
             where = (x.channel, x.incarnation)
