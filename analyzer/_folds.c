@@ -450,22 +450,18 @@ static int per_incarnation(PyObject *channels, PyObject *channel, PyObject *inca
 
 /* ---- unacked_buildup -------------------------------------------------------------------------- */
 
-/* common.most / least of two plain values (None skipped): the one kept, borrowed; NULL: not plain. */
-static PyObject *most_of(PyObject *a, PyObject *b) {
+/* common.most (`larger`) or least of two plain values (None skipped): the one kept, borrowed, `a`
+ * on a tie as Python's max and min keep their first; NULL: not plain. */
+static PyObject *extreme_of(PyObject *a, PyObject *b, int larger) {
     long long x, y;
     if (a == Py_None) return b;
     if (b == Py_None) return a;
     if (!as_i64(a, &x) || !as_i64(b, &y)) return NULL;
-    return y > x ? b : a;
+    return (larger ? y > x : y < x) ? b : a;
 }
 
-static PyObject *least_of(PyObject *a, PyObject *b) {
-    long long x, y;
-    if (a == Py_None) return b;
-    if (b == Py_None) return a;
-    if (!as_i64(a, &x) || !as_i64(b, &y)) return NULL;
-    return y < x ? b : a;
-}
+static PyObject *most_of(PyObject *a, PyObject *b) { return extreme_of(a, b, 1); }
+static PyObject *least_of(PyObject *a, PyObject *b) { return extreme_of(a, b, 0); }
 
 static PyObject *least_str(PyObject *a, PyObject *b) {
     if (a == Py_None) return b;

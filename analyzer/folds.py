@@ -7,12 +7,12 @@ _folds.c as their Python does it.
 Why: after the machine's plain frames went to C (timeline/plain.py), these two folds were half of
 the connection pass's Python (bench/README.md, session 39): a few counters, two lists and a dict
 lookup per record, mostly the interpreter's work; then the five publish detectors' calls on every
-publish (session 41), four of which test it and do nothing. _folds.c does exactly what the Python does for a
-record of plain values into state of the usual shapes, or nothing: anything else (a new incarnation
-or consumer scope, a record before the horizon, a delivery past a threshold, ...) goes the Python
-way, which stays the one statement of the rules. tests/test_folds.py holds the two to the same
-state after every record, and the same rows and findings, on the examples, the lab captures, the
-bench generator's traffic and hypothesis traffic.
+publish (session 41), four of which test it and do nothing. _folds.c does exactly what the Python
+does for a record of plain values into state of the usual shapes, or nothing: anything else (a new
+incarnation or consumer scope, a record before the horizon, a delivery past a threshold, a publish
+another kind counts, ...) goes the Python way, which stays the one statement of the rules.
+tests/test_folds.py holds the two to the same state after every record, and the same rows and
+findings, on the examples, the lab captures, the bench generator's traffic and hypothesis traffic.
 
 Built by `pip install` (setup.py; optional); ACKSCOPE_PURE_PYTHON=1 leaves it out.
 """

@@ -319,8 +319,8 @@ def _boundary_records(records: list, boundary_ns: int) -> list:
     for x in records:
         if not isinstance(x, items):
             continue
-        # `_settled_at(x) >= boundary_ns` once ts_ns is below it: its settle time is (a prune
-        # walks every record it keeps, so no call per record).
+        # Once ts_ns is below the boundary, `_settled_at(x) >= boundary_ns` is settle_ts_ns's test
+        # alone: written out, as a prune walks every record it keeps (no call per record).
         settle_ts_ns = x.settle_ts_ns
         if x.ts_ns >= boundary_ns or settle_ts_ns is None or settle_ts_ns >= boundary_ns:
             kept.append(x)
