@@ -31,7 +31,7 @@ demo: $(STAMP)
 # Installs or starts what the tests talk to (tshark, RabbitMQ, Prometheus), then the whole suite.
 test: $(STAMP) services
 	-$(PY) -m spark_jobs.jvm_archive --if-missing
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --durations=25 -n 2 --dist loadgroup --no-loadscope-reorder
 
 services:
 	bash deploy/ci/services.sh

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from dashboards import rules
 from dashboards.alert_settings import AlertSettings
 from dashboards.grafana import panel_queries
@@ -36,6 +38,8 @@ from tests.lab.scenarios import SCENARIOS
 
 from .prometheus_stack import (Webhook, alertmanager, prometheus, query, reload_prometheus, settle,
                                write_prometheus_config)
+
+pytestmark = pytest.mark.rabbitmq
 
 NEW_SERIES_WINDOW = 10
 SETTINGS = AlertSettings.from_pairs(

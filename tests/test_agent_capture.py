@@ -9,11 +9,15 @@ import struct
 import time
 from collections import Counter
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from analyzer import lake, metric_names, schema
 from analyzer.ingest import ingest_file
 from tests.agent_support import TLS_CLIENT_HELLO, AgentProcess, publish_confirmed, rows_of, send_and_close, wait_for
+
+pytestmark = pytest.mark.rabbitmq
+
 
 def test_garbage_a_2gib_frame_claim_amqp_1_0_and_tls_are_counted_and_skipped(tmp_path):
     lake_dir = str(tmp_path / "lake")

@@ -17,6 +17,8 @@ from analyzer import lake, schema
 from analyzer.agent.sink import LakeSink, app_id_of
 from tests.agent_support import AgentProcess, lake_frames, publish_confirmed, rows_of, wait_for
 
+pytestmark = pytest.mark.rabbitmq
+
 
 def test_sigterm_flushes_and_commits_before_exit(tmp_path):
     lake_dir = str(tmp_path / "lake")

@@ -23,6 +23,8 @@ from tests.lab.runner import exclusive_lab
 from tests.lab.scenarios import SCENARIOS
 from tests.tshark import frames_by_method
 
+pytestmark = pytest.mark.rabbitmq
+
 CONTENT_FRAMES = ("content.header", "content.body")
 PSEUDO_ROWS = frozenset((spec.TCP_FIN, spec.TCP_RST, spec.PROTOCOL_HEADER, spec.CAPTURE_GAP, spec.CAPTURE_MIDSTREAM))
 PROBLEM_COUNTERS = ("ackscope_lost_confirms_total", "ackscope_confirm_nacks_total",

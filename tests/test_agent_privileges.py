@@ -16,6 +16,8 @@ import pytest
 from tests.agent_support import (CAP_NET_RAW, NOBODY, AgentProcess, folder_for_nobody, process_credentials,
                                  publish_confirmed, rows_of, run_as_nobody, wait_for)
 
+pytestmark = pytest.mark.rabbitmq
+
 
 @pytest.fixture
 def nobody_dir():

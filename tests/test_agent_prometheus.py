@@ -14,6 +14,8 @@ import pytest
 
 from tests.agent_support import AgentProcess, free_port, publish_confirmed, wait_for
 
+pytestmark = pytest.mark.rabbitmq
+
 APP = "agent-test-prometheus"
 RULES = textwrap.dedent("""\
     groups:

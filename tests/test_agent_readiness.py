@@ -11,10 +11,14 @@ import tempfile
 import threading
 from collections import Counter
 
+import pytest
+
 from analyzer import lake
 from analyzer.agent.run import Agent, AgentConfig
 from tests.agent_support import (NOBODY, AgentProcess, folder_for_nobody, free_port, probe, publish_confirmed,
                                  rows_of, run_as_nobody, wait_for)
+
+pytestmark = pytest.mark.rabbitmq
 
 
 def test_a_lake_it_may_not_write_is_503_with_the_reason_and_loses_no_rows():

@@ -18,6 +18,8 @@ from tests.lab.recording import Recording
 
 from .tshark import frames_by_method as tshark_frames_by_method
 
+pytestmark = pytest.mark.rabbitmq
+
 USER = "ackscope-test"
 MESSAGES = 300
 
