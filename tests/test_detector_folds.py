@@ -6,7 +6,10 @@
 - synchronous_confirms' median idle time (analyzer/detectors/quantiles.py) within its stated
   relative error of the exact lower median;
 - every kind, folded at the state machine's horizon after every row, against the same detectors
-  folded only at the end (a fold too early would take in an event before one still to come).
+  folded only at the end (a fold too early would take in an event before one still to come);
+- the profile's fold in C (_profile.c) against its Python (`python_fold`): the same state after
+  every fold, and where the C declines, nothing it was given changed (the Python then folds, or
+  raises as it always did).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analyzer.detectors import ConnectionDetectors, wants_frame
+from analyzer.detectors import profile as profile_module
 from analyzer.detectors import quantiles
 from analyzer.detectors.profile import Profile, _compacted
 from analyzer.detectors.publisher import lower_median_index
@@ -27,8 +31,12 @@ from analyzer.timeline import INPUT_COLUMNS
 from analyzer.timeline.connection import ConnectionTimeline
 from analyzer.timeline.metrics_stream import item_horizons
 
+from .conftest import check_built, needs_built
 from .findings_check import LAB_THRESHOLDS as LAB
 from .test_detectors_python import random_connections
+from .test_folds import snapshot
+
+FOLD_IN_C = profile_module._fold_in_c
 
 
 def profile_oracle(events: list[tuple[int, int]], limit: int | None, end_ns: int | None):
@@ -199,3 +207,145 @@ def test_folding_at_the_machines_horizon_after_every_row_changes_no_finding(data
     for connection in connections:
         rows = [row for row in frames if row["connection_id"] == connection["connection_id"]]
         assert findings_folded(rows, connection, True) == findings_folded(rows, connection, False)
+
+
+# -- the profile's fold in C -------------------------------------------------------------------------
+
+class TwinProfiles:
+    """Two profiles fed the same events: one folded by `python_fold`, one by the C twin, which must
+    take every fold of plain values; their whole state compared after each fold."""
+
+    def __init__(self):
+        self.python, self.c = Profile(), Profile()
+
+    def add(self, key: int, time: int) -> None:
+        self.python.add(key, time)
+        self.c.add(key, time)
+
+    def set(self, name: str, value) -> None:
+        setattr(self.python, name, value)
+        setattr(self.c, name, value)
+
+    def fold(self, horizon: int | None) -> None:
+        self.python.python_fold(horizon)
+        c = self.c
+        if c.keys:
+            folded = FOLD_IN_C(c.keys, c.times, horizon, c.floor(), c.running, c.peak, c.last_time, c.stack, c.closed)
+            assert folded is not None, "the C twin declined a fold of plain values"
+            c.keys, c.times, c.running, c.peak, c.last_time, c.stack, c.closed = folded
+        assert snapshot(c) == snapshot(self.python)
+
+
+needs_c = needs_built(FOLD_IN_C is not None, "analyzer.detectors._profile is not built")
+
+
+def test_the_profile_fold_is_built_in_ci():
+    check_built(FOLD_IN_C is not None, "analyzer.detectors._profile is not built")
+
+
+@needs_c
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(items=deliveries(), data=st.data())
+def test_the_c_fold_is_the_python_fold(items, data):
+    order = data.draw(st.permutations(items), label="emitted in")
+    twins, events, limit = TwinProfiles(), [], None
+    for at, (seq, ts, settle, prefetch) in enumerate(order):
+        for_profile = [(seq * 2, ts)] + ([(settle[0] * 2 + 1, settle[1])] if settle else [])
+        events += for_profile
+        limit = prefetch if limit is None else max(limit, prefetch) if prefetch is not None else limit
+        twins.set("limit", limit)
+        for key, time in for_profile:
+            twins.add(key, time)
+        if data.draw(st.booleans(), label="fold here"):
+            unseen = [s for s, *_ in order[at + 1:]]
+            horizon = 2 * min(unseen) if unseen else None
+            if horizon is not None and data.draw(st.booleans(), label="lower"):
+                horizon = data.draw(st.integers(0, horizon), label="horizon")
+            twins.fold(horizon)
+    twins.fold(None)
+    assert twins.c.result() == profile_oracle(events, limit, None)
+
+
+@needs_c
+def test_the_c_fold_of_long_runs_and_deep_multiple_acks_is_the_python_fold():
+    """As test_long_runs_and_deep_multiple_acks_fold_exactly, both ways, compared after every fold:
+    runs carried across folds, closed bands recompacted under a rising floor, long stacks."""
+    rng = random.Random(11)
+    taken_runs = 0
+    for _ in range(40):
+        seqs = sorted(rng.sample(range(1, 3000), rng.randint(50, 400)))
+        twins, limit = TwinProfiles(), None
+        order = [(seq, seq * 10 + rng.randint(-40, 10)) for seq in seqs]
+        if rng.random() < 0.5:
+            rng.shuffle(order)
+        for at, (seq, ts) in enumerate(order):
+            twins.add(seq * 2, ts)
+            if rng.random() < 0.85:
+                settle = seq + rng.choice([0, 1, 3, 10, 50, 400])
+                twins.add(settle * 2 + 1, settle * 10 + rng.randint(-5, 5))
+            if rng.random() < 0.02:
+                limit = max(limit or 0, rng.choice([0, 1, 5, 20, 60, 150]))
+                twins.set("limit", limit)
+            if rng.random() < 0.05:
+                unseen = [s for s, _ in order[at + 1:]]
+                twins.fold(2 * min(unseen) if unseen else None)
+                taken_runs += bool(twins.c.stack or twins.c.closed)
+        twins.fold(None)
+    assert taken_runs > 20   # the runs' part of the fold ran, not only the early way out
+
+
+@needs_c
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_the_c_fold_of_any_carried_state_is_the_python_fold(data):
+    """States no single run of events reaches (a fold's levels rise one delivery at a time): open
+    runs of any rising levels with gaps between them, any closed bands, then events that close some
+    runs part way (a run carried at a level between two of them), folded at any horizon."""
+    draw = data.draw
+    levels = sorted(set(draw(st.lists(st.integers(1, 30), max_size=6), label="open levels")))
+    stack = [[level, draw(st.integers(0, 1000)), draw(st.integers(0, 1000))] for level in levels]
+    if stack and draw(st.booleans(), label="top has no following yet"):
+        stack[-1][2] = None
+    bands = draw(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 31), st.integers(-100, 2000)), max_size=8))
+    twins = TwinProfiles()
+    twins.set("limit", draw(st.sampled_from([None, 0, 1, 3, 8, 20]), label="limit"))
+    twins.set("stack", stack)
+    twins.set("closed", [[lo, hi, stall] for lo, hi, stall in bands if lo < hi])
+    running = (levels[-1] if levels else 0) + draw(st.integers(0, 3))
+    twins.set("running", running)
+    twins.set("peak", running + draw(st.integers(0, 5)))
+    twins.set("last_time", draw(st.integers(0, 1000)))
+    for key, time in draw(st.lists(st.tuples(st.integers(0, 80), st.integers(-50, 1500)), min_size=1, max_size=40)):
+        twins.add(key, time)
+    twins.fold(draw(st.none() | st.integers(0, 90), label="horizon"))
+    twins.fold(None)
+
+
+# Fields a fold reads, each damaged so that the C twin must decline (the Python then decides).
+DAMAGED = {
+    "a key that is not an int": ("keys", [2, 4.0]),
+    "a bool for an int": ("times", [10, True]),
+    "a time past 2**62": ("times", [10, 2 ** 62]),
+    "a stack entry of two": ("stack", [[1, 5]]),
+    "a stack entry as a tuple": ("stack", [(1, 5, None)]),
+    "a closed band with no stall": ("closed", [[0, 1, None]]),
+    "times too far apart to subtract": ("times", [-2 ** 61, 2 ** 61]),
+    "a run carried open that never lasted, then closed": ("stack", [[5, 0, None], [3, 1, None]]),
+}
+
+
+@needs_c
+@pytest.mark.parametrize("damage", sorted(DAMAGED))
+def test_the_c_fold_declines_what_is_not_plain_and_changes_nothing(damage):
+    name, value = DAMAGED[damage]
+    profile = Profile()
+    profile.limit = 1
+    for key, time in ((2, 10), (4, 20)):
+        profile.add(key, time)
+    profile.stack = [[1, 0, 5]]
+    setattr(profile, name, value)
+    given = (profile.keys, profile.times, None, profile.floor(), profile.running, profile.peak, profile.last_time,
+             profile.stack, profile.closed)
+    before = snapshot(list(given))
+    assert FOLD_IN_C(*given) is None
+    assert snapshot(list(given)) == before

@@ -20,7 +20,9 @@ many deliveries there were:
 The limit is the largest prefetch any of the scope's deliveries had, known only at the end; it
 only grows, so levels below it count as one level just below it ("the floor").
 
-A fold takes its events whole, as arrays (numpy): the unacked level of every row is a cumulative
+`python_fold` is the rules' statement; `fold` runs its C twin (_profile.c: the same runs off one
+stack pass, O(n)) where it is built, held to it by tests/test_detector_folds.py. `python_fold`
+takes its events whole, as arrays (numpy): the unacked level of every row is a cumulative
 sum; the runs of every limit at once are the nodes of the rows' Cartesian tree by level (a row p
 and the rows around it down to the nearest lower level on each side are the run of the limits
 between the higher of those two levels and p's own), found with range-minimum tables; each run's
@@ -33,7 +35,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import pure_python
 from .common import most
+
+try:
+    from . import _profile
+except ImportError:  # not compiled
+    _profile = None
 
 # A row whose following time is not known yet (the last row folded, a run's first row on its own).
 NO_TIME = np.iinfo(np.int64).min
@@ -62,7 +70,24 @@ class Profile:
 
     def fold(self, horizon: int | None) -> None:
         """Fold every waiting event of key below `horizon` (None: all of them): the caller knows
-        no event below it is still to come."""
+        no event below it is still to come. In C where _profile.c takes the state, else `python_fold`."""
+        if not self.keys:
+            return
+        if _fold_in_c is not None:
+            folded = _fold_in_c(self.keys, self.times, horizon, self.floor(), self.running, self.peak, self.last_time,
+                                self.stack, self.closed)
+            if folded is not None:
+                self.keys, self.times, self.running, self.peak, self.last_time, self.stack, self.closed = folded
+                return
+        self.python_fold(horizon)
+
+    def floor(self) -> int:
+        """The level every limit at or below the scope's largest prefetch counts as: runs at or
+        below it are never asked for."""
+        return self.limit - 1 if self.limit is not None and self.limit > 0 else 0
+
+    def python_fold(self, horizon: int | None) -> None:
+        """`fold`, the rules' one statement (the C twin is held to it)."""
         if not self.keys:
             return
         keys, times = np.array(self.keys, np.int64), np.array(self.times, np.int64)
@@ -91,7 +116,7 @@ class Profile:
     def _runs(self, levels: np.ndarray, times: np.ndarray) -> None:
         """The runs of every limit above the floor among these rows (and the open ones before
         them): those that end here into `closed`, those still open into `stack`."""
-        floor = self.limit - 1 if self.limit is not None and self.limit > 0 else 0
+        floor = self.floor()
         stack = self.stack
         if not stack and levels.max() <= floor:
             return  # no run above the floor goes on or begins
@@ -158,6 +183,10 @@ class Profile:
                 stall = most(stall, following - since)
                 break
         return peak, stall
+
+
+# `fold` in C (None: not built, or switched off by ACKSCOPE_PURE_PYTHON).
+_fold_in_c = None if _profile is None or pure_python() else _profile.fold
 
 
 def _table(values: np.ndarray, op, pad: int) -> np.ndarray:
