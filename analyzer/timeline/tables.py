@@ -92,12 +92,14 @@ def by_type(records: Iterable) -> dict[type, list]:
 
 
 def tables_of(grouped: dict[type, list]) -> dict[str, pa.Table]:
-    """The four tables of `by_type`'s lists, each sorted by its key."""
+    """The four tables of `by_type`'s lists, each sorted by its key (Arrow's sort is stable and
+    orders strings as Python does, by code point: the order `sorted` gives, without a key tuple
+    per record)."""
     out = {}
     for name, record_type in RECORD_TYPES.items():
         table_schema, timestamps, date_from, key = TABLES[record_type]
-        chosen = sorted(grouped[record_type], key=attrgetter(*key))
-        out[name] = objects_to_table(chosen, attrgetter, table_schema, timestamps, date_from)
+        table = objects_to_table(grouped[record_type], attrgetter, table_schema, timestamps, date_from)
+        out[name] = table.sort_by([(column, "ascending") for column in key]) if table.num_rows > 1 else table
     return out
 
 
