@@ -1,8 +1,9 @@
-/* The per-record folds in C (see folds.py): C twins of the two folds every delivery record goes
- * through in the pass, for the records they take:
+/* The per-record folds in C (see folds.py): C twins of the folds every delivery and publish record
+ * goes through in the pass, for the records they take:
  *
  *   metrics_record(metrics, record)   timeline/metrics.py, ChannelMetrics._delivery and _publish
  *   buildup_add(buildup, delivery)    detectors/consumer.py, UnackedBuildup.add and what it calls
+ *   publish_add(synchronous, publish) detectors/__init__.py, ConnectionDetectors.python_publish
  *
  * Each either does everything its Python does for the record (the same state changes, in the same
  * order) and returns True, or changes nothing and returns False: the Python then takes it. Every
@@ -14,13 +15,16 @@
  * every record and the same rows and findings at the end.
  *
  * The state objects are slotted: their fields are read at the offsets `configure` resolves by name.
+ *
+ * HandOff (at the end) hands each record of a connection's timeline to these twins directly, where
+ * the pass's Python took four calls to reach them (connection_analysis.py).
  */
 #include "_slots.h"
 
 /* ---- fields, by class ----------------------------------------------------------------------- */
 
 #define CLASSES(X) X(METRICS) X(INCARNATION) X(BUCKET) X(DELIVERY) X(PUBLISH) X(UNACKED) X(BUILDUP) X(PROFILE) \
-    X(SYNCHRONOUS) X(LOCKSTEP) X(FIRSTS)
+    X(SYNCHRONOUS) X(LOCKSTEP) X(FIRSTS) X(ANALYSIS) X(WHOLE) X(DETECTORS)
 #define AS_ENUM(name) K_##name,
 enum { CLASSES(AS_ENUM) N_CLASSES };
 #define AS_NAME(name) #name,
@@ -47,7 +51,8 @@ static const char *class_keys[N_CLASSES] = {CLASSES(AS_NAME)};
     X(SYNCHRONOUS, channels) \
     X(LOCKSTEP, agent_id) X(LOCKSTEP, n) X(LOCKSTEP, lockstep) X(LOCKSTEP, first_ns) X(LOCKSTEP, last_ns) \
     X(LOCKSTEP, items) X(LOCKSTEP, pending) \
-    X(FIRSTS, _items)
+    X(FIRSTS, _items) \
+    X(ANALYSIS, out_record) X(ANALYSIS, detectors) X(ANALYSIS, metrics) X(WHOLE, kept)
 
 #define FIELD_ENUM(cls, name) F_##cls##_##name,
 enum { FIELDS(FIELD_ENUM) N_FIELDS };
@@ -421,19 +426,28 @@ static int metrics_publish(PyObject *metrics, PyObject *x) {
     return 1;
 }
 
+/* A twin's answer (1 done, 0 not taken, -1 error) with a pending error counted as one. */
+static int answer(int done) { return done < 0 || (!done && PyErr_Occurred()) ? -1 : done; }
+
+static PyObject *as_bool(int done) {
+    if (done < 0) return NULL;
+    return PyBool_FromLong(done);
+}
+
+/* ChannelMetrics' fold of a record: 1 done, 0 not taken (nothing changed), -1 error. */
+static int metrics_take(PyObject *metrics, PyObject *x) {
+    if (!metrics_configured || !is_a(metrics, K_METRICS)) return 0;
+    int done = is_a(x, K_DELIVERY) ? metrics_delivery(metrics, x) : is_a(x, K_PUBLISH) ? metrics_publish(metrics, x) : 0;
+    return answer(done);
+}
+
 /* metrics_record(metrics, record) -> True (done here) or False (nothing changed). */
 static PyObject *metrics_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "metrics_record(metrics, record)");
         return NULL;
     }
-    PyObject *metrics = args[0], *x = args[1];
-    if (!metrics_configured || !is_a(metrics, K_METRICS)) Py_RETURN_FALSE;
-    int done = is_a(x, K_DELIVERY) ? metrics_delivery(metrics, x) : is_a(x, K_PUBLISH) ? metrics_publish(metrics, x) : 0;
-    if (done < 0) return NULL;
-    if (done) Py_RETURN_TRUE;
-    if (PyErr_Occurred()) return NULL;
-    Py_RETURN_FALSE;
+    return as_bool(metrics_take(args[0], args[1]));
 }
 
 /* A detector's state of one incarnation, `channels[(channel, incarnation)]`, of class `cls`: 1 with
@@ -580,18 +594,19 @@ static int buildup_delivery(PyObject *all, PyObject *d) {
     return failed ? -1 : 1;
 }
 
+/* UnackedBuildup.add of a record: 1 done, 0 not taken (nothing changed), -1 error. */
+static int buildup_take(PyObject *buildup, PyObject *d) {
+    if (!buildup_configured || !is_a(buildup, K_UNACKED) || !is_a(d, K_DELIVERY)) return 0;
+    return answer(buildup_delivery(buildup, d));
+}
+
 /* buildup_add(buildup, delivery) -> True (done here) or False (nothing changed). */
 static PyObject *buildup_add(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "buildup_add(buildup, delivery)");
         return NULL;
     }
-    if (!buildup_configured || !is_a(args[0], K_UNACKED) || !is_a(args[1], K_DELIVERY)) Py_RETURN_FALSE;
-    int done = buildup_delivery(args[0], args[1]);
-    if (done < 0) return NULL;
-    if (done) Py_RETURN_TRUE;
-    if (PyErr_Occurred()) return NULL;
-    Py_RETURN_FALSE;
+    return as_bool(buildup_take(args[0], args[1]));
 }
 
 /* ---- the publish detectors -------------------------------------------------------------------- */
@@ -680,6 +695,12 @@ static int synchronous_publish(PyObject *synchronous, PyObject *p) {
     return 1;
 }
 
+/* The publish detectors' fold of a record: 1 done, 0 not taken (nothing changed), -1 error. */
+static int publish_take(PyObject *synchronous, PyObject *p) {
+    if (!publish_configured || !is_a(synchronous, K_SYNCHRONOUS) || !is_a(p, K_PUBLISH)) return 0;
+    return answer(only_synchronous(p) ? synchronous_publish(synchronous, p) : 0);
+}
+
 /* publish_add(synchronous, publish) -> True (ConnectionDetectors' fold of the publish done here:
  * only synchronous_confirms takes it) or False (nothing changed). */
 static PyObject *publish_add(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -687,13 +708,151 @@ static PyObject *publish_add(PyObject *module, PyObject *const *args, Py_ssize_t
         PyErr_SetString(PyExc_TypeError, "publish_add(synchronous, publish)");
         return NULL;
     }
-    if (!publish_configured || !is_a(args[0], K_SYNCHRONOUS) || !is_a(args[1], K_PUBLISH)) Py_RETURN_FALSE;
-    int done = only_synchronous(args[1]) ? synchronous_publish(args[0], args[1]) : 0;
-    if (done < 0) return NULL;
-    if (done) Py_RETURN_TRUE;
-    if (PyErr_Occurred()) return NULL;
-    Py_RETURN_FALSE;
+    return as_bool(publish_take(args[0], args[1]));
 }
+
+/* ---- the hand-off of each record ---------------------------------------------------------------- */
+
+/* HandOff(analysis, whole): the timeline's emit hook of a connection_analysis.ConnectionAnalysis
+ * `analysis` over its carry.WholeConnection `whole` (whose `out` is analysis._record), both of the
+ * exact classes configured. Called with each record, it does what `whole._emit` does, in one C call
+ * instead of four Python ones:
+ *
+ *   analysis.out_record(record)
+ *   analysis.detectors.record(record)    buildup_take (a delivery) or publish_take (a publish) first
+ *   analysis._metrics_record(record)     metrics_take first, unless analysis.metrics is None
+ *   whole.kept.append(record)
+ *
+ * Where a twin declines (it changed nothing), the Python method takes the record: it tries the twin
+ * again, which declines again, and goes on the Python way. The twins are tried on detectors of the
+ * configured class only (ConnectionDetectors: its `record` is the dispatch above). The fields are
+ * read at each record, as the Python reads them (the pass replaces out_record, metrics and kept as
+ * it goes): the two classes are slotted, so that costs no dict lookup. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *analysis, *whole;
+    vectorcallfunc vectorcall;
+} HandOff;
+
+static PyObject *name_buildup, *name_synchronous, *name_record, *name_metrics_record, *name_append;
+
+/* A slotted field, borrowed; NULL with Python's AttributeError if it is unset. */
+static PyObject *field(PyObject *obj, int f) {
+    PyObject *value = slot_get(obj, offsets[f]);
+    if (!value)
+        PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%s'", Py_TYPE(obj)->tp_name,
+                     field_names[f].name);
+    return value;
+}
+#define FIELD(obj, name) field((obj), F_##name)
+
+/* obj.<name>(arg), its result dropped: 0, -1 error. */
+static int call_method(PyObject *obj, PyObject *name, PyObject *arg) {
+    PyObject *result = PyObject_CallMethodOneArg(obj, name, arg);
+    Py_XDECREF(result);
+    return result ? 0 : -1;
+}
+
+/* analysis.detectors.record(record), its twins first: 0, -1 error. */
+static int detectors_part(PyObject *analysis, PyObject *record) {
+    PyObject *detectors = FIELD(analysis, ANALYSIS_detectors);
+    if (!detectors) return -1;
+    Py_INCREF(detectors);   /* the Python it calls may replace the field */
+    int done = 0, delivery = is_a(record, K_DELIVERY);
+    if ((delivery || is_a(record, K_PUBLISH)) && is_a(detectors, K_DETECTORS)) {
+        PyObject *fold = PyObject_GetAttr(detectors, delivery ? name_buildup : name_synchronous);
+        done = !fold ? -1 : delivery ? buildup_take(fold, record) : publish_take(fold, record);
+        Py_XDECREF(fold);
+    }
+    if (!done) done = call_method(detectors, name_record, record);
+    Py_DECREF(detectors);
+    return done < 0 ? -1 : 0;
+}
+
+/* analysis._metrics_record(record), its twin first: 0, -1 error. */
+static int metrics_part(PyObject *analysis, PyObject *record) {
+    PyObject *metrics = FIELD(analysis, ANALYSIS_metrics);
+    if (!metrics) return -1;
+    Py_INCREF(metrics);
+    int done = metrics == Py_None ? 1 : metrics_take(metrics, record);
+    Py_DECREF(metrics);
+    if (!done) done = call_method(analysis, name_metrics_record, record);
+    return done < 0 ? -1 : 0;
+}
+
+static PyObject *hand_off_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    HandOff *h = (HandOff *)self;
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames) {
+        PyErr_SetString(PyExc_TypeError, "hand_off(record)");
+        return NULL;
+    }
+    PyObject *record = args[0], *out = FIELD(h->analysis, ANALYSIS_out_record);
+    if (!out) return NULL;
+    Py_INCREF(out);   /* held while it runs: Python may replace the field */
+    PyObject *result = PyObject_CallOneArg(out, record);
+    Py_DECREF(out);
+    if (!result) return NULL;
+    Py_DECREF(result);
+    if (detectors_part(h->analysis, record) < 0 || metrics_part(h->analysis, record) < 0) return NULL;
+    PyObject *kept = FIELD(h->whole, WHOLE_kept);
+    if (!kept) return NULL;
+    Py_INCREF(kept);
+    int failed = PyList_CheckExact(kept) ? PyList_Append(kept, record) : call_method(kept, name_append, record);
+    Py_DECREF(kept);
+    if (failed) return NULL;
+    Py_RETURN_NONE;
+}
+
+static int hand_off_traverse(HandOff *h, visitproc visit, void *arg) {
+    Py_VISIT(h->analysis);
+    Py_VISIT(h->whole);
+    return 0;
+}
+
+static int hand_off_clear(HandOff *h) {
+    Py_CLEAR(h->analysis);
+    Py_CLEAR(h->whole);
+    return 0;
+}
+
+static void hand_off_dealloc(HandOff *h) {
+    PyObject_GC_UnTrack(h);
+    hand_off_clear(h);
+    PyObject_GC_Del(h);
+}
+
+static int hand_off_configured = 0;
+
+static PyObject *hand_off_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *analysis, *whole;
+    static char *keywords[] = {"analysis", "whole", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:HandOff", keywords, &analysis, &whole)) return NULL;
+    if (!hand_off_configured || !is_a(analysis, K_ANALYSIS) || !is_a(whole, K_WHOLE))
+        return PyErr_Format(PyExc_TypeError, "HandOff: a ConnectionAnalysis and its WholeConnection, of the "
+                                             "classes configure_hand_off was given");
+    HandOff *h = PyObject_GC_New(HandOff, type);
+    if (!h) return NULL;
+    h->analysis = Py_NewRef(analysis);
+    h->whole = Py_NewRef(whole);
+    h->vectorcall = hand_off_call;
+    PyObject_GC_Track(h);
+    return (PyObject *)h;
+}
+
+static PyTypeObject HandOffType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "analyzer._folds.HandOff",
+    .tp_doc = "HandOff(analysis, whole): the timeline's emit hook doing what WholeConnection._emit does when its "
+              "out is ConnectionAnalysis._record, in one call.",
+    .tp_basicsize = sizeof(HandOff),
+    .tp_new = hand_off_new,
+    .tp_dealloc = (destructor)hand_off_dealloc,
+    .tp_vectorcall_offset = offsetof(HandOff, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_traverse = (traverseproc)hand_off_traverse,
+    .tp_clear = (inquiry)hand_off_clear,
+};
 
 /* ---- configure -------------------------------------------------------------------------------- */
 
@@ -728,6 +887,7 @@ static int configure_part(PyObject *given_classes, PyObject *given_strings, unsi
 static const unsigned METRICS_PART = BIT(METRICS) | BIT(INCARNATION) | BIT(BUCKET) | BIT(DELIVERY) | BIT(PUBLISH);
 static const unsigned BUILDUP_PART = BIT(UNACKED) | BIT(BUILDUP) | BIT(PROFILE) | BIT(DELIVERY);
 static const unsigned PUBLISH_PART = BIT(SYNCHRONOUS) | BIT(LOCKSTEP) | BIT(FIRSTS) | BIT(PUBLISH);
+static const unsigned HAND_OFF_PART = BIT(ANALYSIS) | BIT(WHOLE) | BIT(DETECTORS) | BIT(DELIVERY) | BIT(PUBLISH);
 
 /* configure_metrics(classes: dict key -> class, strings: dict name -> str, counts: metrics.COUNTS) */
 static PyObject *configure_metrics(PyObject *module, PyObject *args) {
@@ -772,6 +932,16 @@ static PyObject *configure_publish(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* configure_hand_off(classes: dict key -> class, strings: dict name -> str) */
+static PyObject *configure_hand_off(PyObject *module, PyObject *args) {
+    PyObject *given_classes, *given_strings;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &given_classes, &PyDict_Type, &given_strings)) return NULL;
+    hand_off_configured = 0;
+    if (configure_part(given_classes, given_strings, HAND_OFF_PART) < 0) return NULL;
+    hand_off_configured = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"metrics_record", (PyCFunction)(void (*)(void))metrics_record, METH_FASTCALL,
      "metrics_record(metrics, record) -> True if ChannelMetrics' fold of it was done here; False (nothing changed)."},
@@ -786,6 +956,8 @@ static PyMethodDef methods[] = {
      "configure_metrics(classes, strings, counts): channel_metrics' classes and constants."},
     {"configure_buildup", configure_buildup, METH_VARARGS,
      "configure_buildup(classes, strings): unacked_buildup's classes and constants."},
+    {"configure_hand_off", configure_hand_off, METH_VARARGS,
+     "configure_hand_off(classes, strings): HandOff's classes (the analysis, its machine, the detectors)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -796,5 +968,13 @@ PyMODINIT_FUNC PyInit__folds(void) {
         !(key_confirm_seq = PyUnicode_InternFromString("confirm_seq")) ||
         !(key_message_identity = PyUnicode_InternFromString("message_identity")))
         return NULL;
-    return PyModule_Create(&module);
+    struct { PyObject **name; const char *text; } names[] = {
+        {&name_buildup, "buildup"}, {&name_synchronous, "synchronous"}, {&name_record, "record"},
+        {&name_metrics_record, "_metrics_record"}, {&name_append, "append"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!(*names[i].name = PyUnicode_InternFromString(names[i].text))) return NULL;
+    if (PyType_Ready(&HandOffType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddObjectRef(m, "HandOff", (PyObject *)&HandOffType) < 0) Py_CLEAR(m);
+    return m;
 }

@@ -14,6 +14,12 @@ another kind counts, ...) goes the Python way, which stays the one statement of 
 tests/test_folds.py holds the two to the same state after every record, and the same rows and
 findings, on the examples, the lab captures, the bench generator's traffic and hypothesis traffic.
 
+`hand_off` is the pass's way to them: one C call per record of a connection's timeline does what
+connection_analysis.py's Python does with it (out, the detectors, channel_metrics, the
+checkpoint's kept records), each fold through its twin first and its Python method where the twin
+declines, where the Python took four calls per record to get there. tests/test_folds.py analyses
+each connection with it and without, and requires the same outputs and state after every row.
+
 Built by `pip install` (setup.py; optional); ACKSCOPE_PURE_PYTHON=1 leaves it out.
 """
 
@@ -63,3 +69,15 @@ def publish_fold(synchronous: type, lockstep: type, firsts: type, max_evidence: 
     _folds.configure_publish({"SYNCHRONOUS": synchronous, "LOCKSTEP": lockstep, "FIRSTS": firsts,
                               "PUBLISH": r.Publish}, STRINGS, max_evidence)
     return _folds.publish_add
+
+
+def hand_off(analysis: type, whole: type, detectors: type):
+    """`make(analysis, whole) -> hook`: the timeline's emit hook of a ConnectionAnalysis over its
+    WholeConnection (connection_analysis.py; of exactly the classes given, `detectors` the
+    ConnectionDetectors), which does in one C call what `whole._emit` does when `whole.out` is
+    `analysis._record`; or None where the C module is not built or is off."""
+    if _folds is None or pure_python():
+        return None
+    _folds.configure_hand_off({"ANALYSIS": analysis, "WHOLE": whole, "DETECTORS": detectors,
+                               "DELIVERY": r.Delivery, "PUBLISH": r.Publish}, STRINGS)
+    return _folds.HandOff

@@ -2,35 +2,44 @@
 `_delivery`/`_publish`, unacked_buildup's `add` and the publish detectors' (ConnectionDetectors.
 python_publish), fed the same records: the same state after
 every record, the same rows and findings at the end, and where the C twin declines a record, no
-change at all (the Python then takes it, or raises as it always did)."""
+change at all (the Python then takes it, or raises as it always did). And the hand-off that puts
+them in the pass's way (folds.hand_off): one connection analysed with it and without, the same
+outputs and state after every row."""
 
 import dataclasses
 import os
 import sys
 from collections import Counter, deque
 
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import analyzer.detectors as detectors
+from analyzer import connection_analysis, folds
+from analyzer.connection_analysis import ANALYSIS_COLUMNS, ConnectionAnalysis, Settings
 from analyzer.detectors import ConnectionDetectors, consumer
 from analyzer.detectors.consumer import UnackedBuildup
 from analyzer.detectors.context import Context
+from analyzer.ingest import decode
 from analyzer.timeline import INPUT_COLUMNS, Timelines, metrics
 from analyzer.timeline import records as r
 from analyzer.timeline.metrics import ChannelMetrics
+from analyzer.timeline.carry import dump
 from analyzer.timeline.metrics_stream import announce_opens, horizons
 from spark_jobs.thresholds import Thresholds
 
 from .conftest import CORPUS, ROOT, check_built, needs_built
 from .test_corpus import POSITIVE
 from .test_plain import capture_rows
-from .test_timeline import EXAMPLES, SETTINGS, renumbered, valid_traffic
+from .test_timeline import EXAMPLES, SETTINGS, T0, renumbered, valid_traffic
 from .variants import VARIANTS
 
 METRICS_IN_C, BUILDUP_IN_C, PUBLISH_IN_C = metrics._fold_in_c, consumer._add_in_c, detectors._publish_in_c
-BUILT = METRICS_IN_C is not None and BUILDUP_IN_C is not None and PUBLISH_IN_C is not None
+HAND_OFF = connection_analysis._hand_off
+BUILT = METRICS_IN_C is not None and BUILDUP_IN_C is not None and PUBLISH_IN_C is not None and HAND_OFF is not None
+_folds = folds._folds
 pytestmark = needs_built(BUILT, "analyzer._folds is not built")
 # Lab-scale thresholds as well as production ones: deliveries past them take the Python's Tally path.
 THRESHOLDS = (Thresholds(), Thresholds(unacked_age_seconds=0.004, prefetch_stall_seconds=0.002))
@@ -269,3 +278,121 @@ def test_damaged_records_are_taken_exactly_or_left_to_python(data):
     for p in publishes:
         p.both("fold", None, None)
         p.both("raw_findings")
+
+
+# -- the hand-off: each record of a ConnectionAnalysis's timeline in one C call (folds.hand_off) ------
+
+HAND_OFF_BUCKET_SECONDS = 1
+
+
+def analysis_twins(connection_id: str, agent_id, thresholds: Thresholds, advance_every: int) -> tuple:
+    """Two analyses of one connection: the first hands its records on the Python way
+    (WholeConnection._emit, then ConnectionAnalysis._record), the second through the C hand-off.
+    Each with its own outputs: (analysis, records, metric rows, open records)."""
+    settings = Settings(HAND_OFF_BUCKET_SECONDS, r.DEFAULT_OVERDUE_NS, thresholds)
+    twins = []
+    for python_way in (True, False):
+        out = ([], [], [])
+        analysis = ConnectionAnalysis(connection_id, agent_id, settings, out[0].append, out[1].extend,
+                                      advance_every, out[2].append)
+        if python_way:
+            analysis.whole.timeline.emit = analysis.whole._emit
+        else:
+            assert type(analysis.whole.timeline.emit) is _folds.HandOff
+        twins.append((analysis, *out))
+    return tuple(twins)
+
+
+def assert_same_analyses(python: tuple, c: tuple) -> None:
+    """Everything the hand-off reaches: the records out, the checkpoint's kept records, the
+    detectors' and channel_metrics' whole state and what they let out."""
+    (a, *a_out), (b, *b_out) = python, c
+    assert b_out == a_out
+    assert b.whole.kept == a.whole.kept
+    assert snapshot(b.detectors) == snapshot(a.detectors)
+    assert snapshot(b.metrics) == snapshot(a.metrics) and b.metrics_redo == a.metrics_redo
+
+
+def analysed_both_ways(rows: list[dict], thresholds: Thresholds, advance_every: int, every_row: bool) -> list:
+    """Each connection's rows (ANALYSIS_COLUMNS) through both analyses, fed as the pass feeds them
+    (`feed_from`), or row by row with their states compared after each; then finished and compared.
+    The analyses' answers at the end, the Python way's."""
+    by_connection: dict[str, list[dict]] = {}
+    for row in rows:
+        by_connection.setdefault(row["connection_id"], []).append({**dict.fromkeys(ANALYSIS_COLUMNS), **row})
+    done = []
+    for connection_id, own in by_connection.items():
+        python, c = analysis_twins(connection_id, own[0]["agent_id"], thresholds, advance_every)
+        for analysis, *_ in (python, c):
+            at = 0
+            while at < len(own) and not every_row:
+                at = analysis.feed_from(own, at, len(own))
+        for row in own if every_row else ():
+            python[0].feed(row)
+            c[0].feed(row)
+            assert_same_analyses(python, c)
+        ends = [analysis.finish({"connection_id": connection_id}) for analysis, *_ in (python, c)]
+        assert_same_analyses(python, c)
+        assert ends[1].raw_findings == ends[0].raw_findings
+        assert (ends[1].no_checkpoint, ends[1].metrics_redo) == (ends[0].no_checkpoint, ends[0].metrics_redo)
+        assert [None if x.checkpoint is None else dump(x.checkpoint) for x in ends[1:]] == \
+            [None if ends[0].checkpoint is None else dump(ends[0].checkpoint)]
+        done.append(ends[0])
+    return done
+
+
+def clock_stepped_back(data, rows: list[dict]) -> list[dict]:
+    """Rows spread over several metric buckets, their clock stepped back at one of them (merged
+    captures): channel_metrics may have let out buckets the later records fall in (HorizonError)."""
+    rows = [dict(row, ts_ns=T0 + i * 300_000_000) for i, row in enumerate(rows)]
+    cut = data.draw(st.integers(0, len(rows)), label="step back at")
+    back = data.draw(st.sampled_from([0, 3 * 10**9]), label="step back by")
+    return [dict(row, ts_ns=row["ts_ns"] - back) if i >= cut else row for i, row in enumerate(rows)]
+
+
+@SETTINGS
+@given(st.data())
+def test_the_hand_off_is_the_python_hand_off_on_random_traffic(data):
+    rows = valid_traffic(data).conv.rows
+    variant = data.draw(st.sampled_from(sorted(VARIANTS)), label="variant")
+    if VARIANTS[variant] is not None:
+        rows = VARIANTS[variant](data, rows)
+    rows = clock_stepped_back(data, renumbered(rows))
+    analysed_both_ways(rows, data.draw(st.sampled_from(THRESHOLDS), label="thresholds"),
+                       data.draw(st.integers(1, 12), label="advance"), every_row=True)
+
+
+def test_the_hand_off_gives_metrics_up_as_the_python_does():
+    """The lab captures' busiest connection with its clock stepped back halfway: channel_metrics
+    given up for it (metrics_redo) on both ways, at the same record."""
+    by_connection: dict[str, list[dict]] = {}
+    for capture in EXAMPLES:
+        for row in analysis_rows(capture):
+            by_connection.setdefault(row["connection_id"], []).append(row)
+    rows = max(by_connection.values(), key=len)
+    half = len(rows) // 2
+    rows = [dict(row, ts_ns=row["ts_ns"] - 30 * 10**9) if i >= half else row for i, row in enumerate(rows)]
+    done = analysed_both_ways(rows, THRESHOLDS[1], advance_every=1, every_row=False)
+    assert len(done) == 1 and done[0].metrics_redo is not None
+
+
+@pytest.mark.parametrize("capture", EXAMPLES, ids=os.path.basename)
+def test_the_hand_off_on_the_lab_examples(capture):
+    for thresholds in THRESHOLDS:
+        analysed_both_ways(analysis_rows(capture), thresholds, advance_every=7, every_row=False)
+
+
+def test_the_hand_off_on_busy_generated_traffic():
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import pass_cpu
+    from frames_generator import Params
+    table, _ = pass_cpu.pass_input(Params(frames=30_000, hot_deliveries=8_000))
+    rows = [row for row in table.select(ANALYSIS_COLUMNS).to_pylist() if row["seq"] != pass_cpu.HEADER_SEQ]
+    analysed_both_ways(rows, THRESHOLDS[0], advance_every=4096, every_row=False)
+
+
+def analysis_rows(path: str) -> list[dict]:
+    parts = []
+    decode(path, parts.append)
+    frames = pa.concat_tables(parts).select(ANALYSIS_COLUMNS)
+    return frames.sort_by([("connection_id", "ascending"), ("seq", "ascending")]).to_pylist()

@@ -115,6 +115,8 @@ class WholeConnection:
     `no_checkpoint` saying why: the connection ended (closed, FIN/RST: new frames of it are analysed
     whole again), or its frame times went back past records already dropped."""
 
+    # Slotted: connection_analysis.py's C hand-off appends to `kept` per record.
+    __slots__ = ("out", "bucket_ns", "kept", "timeline", "rows", "pruned_to", "no_checkpoint")
     fallback: str | None = None  # ResumedConnection's
 
     def __init__(self, connection_id: str, agent_id: str | None, out, bucket_ns: int,
