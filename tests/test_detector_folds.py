@@ -89,9 +89,20 @@ def deliveries(draw):
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(items=deliveries(), data=st.data())
 def test_the_folded_profile_is_the_profile_of_all_events(items, data):
+    profile = Profile()
+    events, limit = folded_in_pieces(profile, items, data)
+    profile.end_ns = data.draw(st.sampled_from([None, 5_000]))
+    profile.fold(None)
+    assert profile.result() == profile_oracle(events, limit, profile.end_ns)
+    assert_bounded(profile)
+
+
+def folded_in_pieces(profile, items, data) -> tuple[list, int | None]:
+    """`items` (deliveries()) into `profile` (anything with Profile's `limit`, `add` and `fold`) in
+    a drawn order, folded at drawn horizons none of which is past an event still to come: (the
+    events, the limit)."""
     order = data.draw(st.permutations(items), label="emitted in")
-    end_ns = data.draw(st.sampled_from([None, 5_000]))
-    profile, events, limit = Profile(), [], None
+    events, limit = [], None
     for at, (seq, ts, settle, prefetch) in enumerate(order):
         for_profile = [(seq * 2, ts)] + ([(settle[0] * 2 + 1, settle[1])] if settle else [])
         events += for_profile
@@ -105,10 +116,7 @@ def test_the_folded_profile_is_the_profile_of_all_events(items, data):
             if horizon is not None and data.draw(st.booleans(), label="lower"):
                 horizon = data.draw(st.integers(0, horizon), label="horizon")
             profile.fold(horizon)
-    profile.end_ns = end_ns
-    profile.fold(None)
-    assert profile.result() == profile_oracle(events, limit, end_ns)
-    assert_bounded(profile)
+    return events, limit
 
 
 def assert_bounded(profile: Profile) -> None:
@@ -226,6 +234,14 @@ class TwinProfiles:
         setattr(self.python, name, value)
         setattr(self.c, name, value)
 
+    @property
+    def limit(self) -> int | None:
+        return self.c.limit
+
+    @limit.setter
+    def limit(self, value: int | None) -> None:
+        self.set("limit", value)
+
     def fold(self, horizon: int | None) -> None:
         self.python.python_fold(horizon)
         c = self.c
@@ -247,21 +263,8 @@ def test_the_profile_fold_is_built_in_ci():
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(items=deliveries(), data=st.data())
 def test_the_c_fold_is_the_python_fold(items, data):
-    order = data.draw(st.permutations(items), label="emitted in")
-    twins, events, limit = TwinProfiles(), [], None
-    for at, (seq, ts, settle, prefetch) in enumerate(order):
-        for_profile = [(seq * 2, ts)] + ([(settle[0] * 2 + 1, settle[1])] if settle else [])
-        events += for_profile
-        limit = prefetch if limit is None else max(limit, prefetch) if prefetch is not None else limit
-        twins.set("limit", limit)
-        for key, time in for_profile:
-            twins.add(key, time)
-        if data.draw(st.booleans(), label="fold here"):
-            unseen = [s for s, *_ in order[at + 1:]]
-            horizon = 2 * min(unseen) if unseen else None
-            if horizon is not None and data.draw(st.booleans(), label="lower"):
-                horizon = data.draw(st.integers(0, horizon), label="horizon")
-            twins.fold(horizon)
+    twins = TwinProfiles()
+    events, limit = folded_in_pieces(twins, items, data)
     twins.fold(None)
     assert twins.c.result() == profile_oracle(events, limit, None)
 

@@ -171,14 +171,17 @@ def test_built_in_ci():
     check_built(BUILT, "analyzer._folds is not built")
 
 
+def traffic_or_damaged_variant(data) -> list[dict]:
+    """Hypothesis traffic's frame rows, as they are or damaged by one of tests/variants.py's variants."""
+    rows = valid_traffic(data).conv.rows
+    variant = data.draw(st.sampled_from(sorted(VARIANTS)), label="variant")
+    return rows if VARIANTS[variant] is None else VARIANTS[variant](data, rows)
+
+
 @SETTINGS
 @given(st.data())
 def test_random_traffic_and_its_damaged_variants(data):
-    rows = valid_traffic(data).conv.rows
-    variant = data.draw(st.sampled_from(sorted(VARIANTS)), label="variant")
-    if VARIANTS[variant] is not None:
-        rows = VARIANTS[variant](data, rows)
-    streamed(renumbered(rows), every_record=True, advance_every=data.draw(st.integers(1, 12), label="advance"))
+    streamed(renumbered(traffic_or_damaged_variant(data)), every_record=True, advance_every=data.draw(st.integers(1, 12), label="advance"))
 
 
 @pytest.mark.parametrize("capture", EXAMPLES, ids=os.path.basename)
@@ -353,11 +356,7 @@ def clock_stepped_back(data, rows: list[dict]) -> list[dict]:
 @SETTINGS
 @given(st.data())
 def test_the_hand_off_is_the_python_hand_off_on_random_traffic(data):
-    rows = valid_traffic(data).conv.rows
-    variant = data.draw(st.sampled_from(sorted(VARIANTS)), label="variant")
-    if VARIANTS[variant] is not None:
-        rows = VARIANTS[variant](data, rows)
-    rows = clock_stepped_back(data, renumbered(rows))
+    rows = clock_stepped_back(data, renumbered(traffic_or_damaged_variant(data)))
     analysed_both_ways(rows, data.draw(st.sampled_from(THRESHOLDS), label="thresholds"),
                        data.draw(st.integers(1, 12), label="advance"), every_row=True)
 
