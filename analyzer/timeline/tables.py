@@ -99,7 +99,7 @@ def tables_of(grouped: dict[type, list]) -> dict[str, pa.Table]:
     for name, record_type in RECORD_TYPES.items():
         table_schema, timestamps, date_from, key = TABLES[record_type]
         table = objects_to_table(grouped[record_type], attrgetter, table_schema, timestamps, date_from)
-        out[name] = table.sort_by([(column, "ascending") for column in key]) if table.num_rows > 1 else table
+        out[name] = table.sort_by([(column, "ascending") for column in key])
     return out
 
 
