@@ -8,7 +8,7 @@ LAKE   ?= .demo-lake
 .PHONY: demo test services venv jvm-archive bench-decode clean
 
 $(STAMP): pyproject.toml setup.py analyzer/_lane.c analyzer/_columns.c analyzer/timeline/_records.c \
-		analyzer/timeline/_plain.c analyzer/_folds.c analyzer/_slots.h analyzer/_untrack.h \
+		analyzer/timeline/_plain.c analyzer/_folds.c analyzer/_slots.h analyzer/_untrack.h analyzer/_row.h \
 		analyzer/detectors/_profile.c
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip

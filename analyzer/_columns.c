@@ -1,9 +1,10 @@
 /* Arrow columns to and from Python objects, in C (see analyzer/columns.py).
  *
- * The connection pass spends a third of its Python outside the rules: making a dict per frame row
- * out of each Arrow batch, and reading every record's fields back into Arrow columns. These two
- * loops do the same conversions as pyarrow's `to_pylist` + `dict(zip(...))` and `pa.array(...)`,
- * without a Python list per column in between. They take only what they know exactly (the plain
+ * The connection pass spends a third of its Python outside the rules: making a row per frame out
+ * of each Arrow batch, and reading every record's fields back into Arrow columns. These two loops
+ * do the same conversions as pyarrow's `to_pylist` + `dict(zip(...))` and `pa.array(...)`, without
+ * a Python list per column in between, each row a `Row` (analyzer/_row.h) equal to the dict
+ * `to_pylist` gives. They take only what they know exactly (the plain
  * Arrow layouts of the frames' columns; exact int, bool and str values in a record's slots) and
  * otherwise say "not taken" (None), so that the caller does the general conversion, which stays
  * the reference (tests/test_columns.py compares the two). Every read is bounds-checked against the
@@ -14,6 +15,8 @@
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "_row.h"
 
 /* Column kinds, as columns.py names them. */
 enum { K_INT64, K_INT32, K_INT16, K_INT8, K_BOOL, K_UTF8, K_LARGE_UTF8, K_NULL, K_COUNT };
@@ -120,7 +123,139 @@ static PyObject *value_at(Column *c, Py_ssize_t row) {
     }
 }
 
-/* rows(names, columns, length) -> [dict]: row i maps names[k] to column k's value i.
+/* ---- the row: a read-only Mapping of a batch's columns (analyzer/_row.h) -------------------- */
+
+static void row_dealloc(PyObject *self) {
+    Row *row = (Row *)self;
+    for (Py_ssize_t i = 0; i < Py_SIZE(row); i++) Py_XDECREF(row->values[i]);
+    Py_XDECREF(row->names);
+    Py_XDECREF(row->index);
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* The position of `key`, -1 if it is not a column (with an error only if the lookup failed). */
+static Py_ssize_t row_position(PyObject *self, PyObject *key) {
+    PyObject *at = PyDict_GetItemWithError(((Row *)self)->index, key);
+    return at ? PyLong_AsSsize_t(at) : -1;
+}
+
+static Py_ssize_t row_length(PyObject *self) { return Py_SIZE(self); }
+
+static PyObject *row_subscript(PyObject *self, PyObject *key) {
+    Py_ssize_t i = row_position(self, key);
+    if (i < 0) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+        return NULL;
+    }
+    return Py_NewRef(row_at(self, i));
+}
+
+static int row_contains(PyObject *self, PyObject *key) { return PyDict_Contains(((Row *)self)->index, key); }
+
+static PyObject *row_iter(PyObject *self) { return PyObject_GetIter(((Row *)self)->names); }
+
+/* dict(row): a new dict of every column, in order. */
+static PyObject *row_dict(PyObject *self) {
+    Row *row = (Row *)self;
+    PyObject *dict = _PyDict_NewPresized(Py_SIZE(row));
+    for (Py_ssize_t i = 0; dict && i < Py_SIZE(row); i++)
+        if (PyDict_SetItem(dict, PyTuple_GET_ITEM(row->names, i), row_at(self, i)) < 0) Py_CLEAR(dict);
+    return dict;
+}
+
+static PyObject *row_get_method(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "get(key, default=None)");
+        return NULL;
+    }
+    Py_ssize_t i = row_position(self, args[0]);
+    if (i < 0) return PyErr_Occurred() ? NULL : Py_NewRef(nargs == 2 ? args[1] : Py_None);
+    return Py_NewRef(row_at(self, i));
+}
+
+static PyObject *row_keys(PyObject *self, PyObject *unused) {
+    return PyObject_CallMethod(((Row *)self)->index, "keys", NULL);
+}
+
+static PyObject *row_values(PyObject *self, PyObject *unused) {
+    PyObject *list = PyList_New(Py_SIZE(self));
+    for (Py_ssize_t i = 0; list && i < Py_SIZE(self); i++) PyList_SET_ITEM(list, i, Py_NewRef(row_at(self, i)));
+    return list;
+}
+
+static PyObject *row_items(PyObject *self, PyObject *unused) {
+    PyObject *list = PyList_New(Py_SIZE(self));
+    for (Py_ssize_t i = 0; list && i < Py_SIZE(self); i++) {
+        PyObject *item = PyTuple_Pack(2, PyTuple_GET_ITEM(((Row *)self)->names, i), row_at(self, i));
+        if (!item) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+    return list;
+}
+
+static PyObject *row_copy(PyObject *self, PyObject *unused) { return row_dict(self); }
+
+static PyObject *row_deepcopy(PyObject *self, PyObject *memo) { return row_dict(self); }  /* values are atomic */
+
+static PyTypeObject RowType;
+
+/* Equal to a dict (or a row) of the same keys and values, as a dict would be. */
+static PyObject *row_richcompare(PyObject *self, PyObject *other, int op) {
+    if ((op != Py_EQ && op != Py_NE) || !(PyDict_Check(other) || Py_IS_TYPE(other, &RowType)))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *mine = row_dict(self), *theirs = Py_IS_TYPE(other, &RowType) ? row_dict(other) : Py_NewRef(other);
+    PyObject *result = mine && theirs ? PyObject_RichCompare(mine, theirs, op) : NULL;
+    Py_XDECREF(mine);
+    Py_XDECREF(theirs);
+    return result;
+}
+
+static PyObject *row_repr(PyObject *self) {
+    PyObject *dict = row_dict(self);
+    if (!dict) return NULL;
+    PyObject *text = PyUnicode_FromFormat("Row(%R)", dict);
+    Py_DECREF(dict);
+    return text;
+}
+
+static PyMappingMethods row_as_mapping = {row_length, row_subscript, NULL};
+static PySequenceMethods row_as_sequence = {.sq_contains = row_contains};
+
+static PyMethodDef row_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))row_get_method, METH_FASTCALL, "get(key, default=None), as dict.get"},
+    {"keys", row_keys, METH_NOARGS, "the column names, in order"},
+    {"values", row_values, METH_NOARGS, "the values, in column order"},
+    {"items", row_items, METH_NOARGS, "(name, value) pairs, in column order"},
+    {"copy", row_copy, METH_NOARGS, "a dict of the row"},
+    {"__copy__", row_copy, METH_NOARGS, "a dict of the row"},
+    {"__deepcopy__", row_deepcopy, METH_O, "a dict of the row"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* Not GC-tracked: it holds only ints, bools, strs and the batch's shared names (a tuple of str
+ * and a dict of str to int), so it can never be part of a reference cycle. No constructor: only
+ * `rows` makes them, which is what keeps that true. */
+static PyTypeObject RowType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "analyzer._columns.Row",
+    .tp_basicsize = offsetof(Row, values),
+    .tp_itemsize = sizeof(PyObject *),
+    .tp_dealloc = row_dealloc,
+    .tp_repr = row_repr,
+    .tp_as_sequence = &row_as_sequence,
+    .tp_as_mapping = &row_as_mapping,
+    .tp_hash = PyObject_HashNotImplemented,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_MAPPING,
+    .tp_doc = "A frame row of an Arrow batch: a read-only mapping of every column to its value (None for a null).",
+    .tp_richcompare = row_richcompare,
+    .tp_iter = row_iter,
+    .tp_methods = row_methods,
+};
+
+/* rows(names, columns, length) -> [Row]: row i maps names[k] to column k's value i.
  * columns[k] = (kind, offset, validity, data, offsets), buffers as pyarrow gives them (or None). */
 static PyObject *rows(PyObject *self, PyObject *args) {
     PyObject *names, *specs;
@@ -131,7 +266,7 @@ static PyObject *rows(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "one column per name, and a length of at least 0");
         return NULL;
     }
-    PyObject *out = NULL, *template = NULL, *keys = PyTuple_New(width);
+    PyObject *out = NULL, *index = NULL, *keys = PyTuple_New(width);
     Column *columns = PyMem_Calloc((size_t)(width ? width : 1), sizeof(Column));
     if (!keys || !columns) {
         PyErr_NoMemory();
@@ -148,26 +283,27 @@ static PyObject *rows(PyObject *self, PyObject *args) {
         PyTuple_SET_ITEM(keys, k, key);
         if (column_open(&columns[k], PyTuple_GET_ITEM(specs, k), length) < 0) goto done;
     }
-    /* Each row starts as a copy of a dict of every name to None (a copy of its table, keys in
-     * order), then only its non-null values are set: most of a frame's columns are null. */
-    template = _PyDict_NewPresized(width);
-    if (!template) goto done;
-    for (Py_ssize_t k = 0; k < width; k++)
-        if (PyDict_SetItem(template, PyTuple_GET_ITEM(keys, k), Py_None) < 0) goto done;
+    index = _PyDict_NewPresized(width);   /* shared by every row of the batch */
+    if (!index) goto done;
+    for (Py_ssize_t k = 0; k < width; k++) {
+        PyObject *at = PyLong_FromSsize_t(k);
+        int failed = !at || PyDict_SetItem(index, PyTuple_GET_ITEM(keys, k), at) < 0;
+        Py_XDECREF(at);
+        if (failed) goto done;
+    }
     out = PyList_New(length);
     if (!out) goto done;
     for (Py_ssize_t row = 0; row < length; row++) {
-        PyObject *dict = PyDict_Copy(template);
-        if (!dict) goto fail;
-        PyList_SET_ITEM(out, row, dict);
-        for (Py_ssize_t k = 0; k < width; k++) {
+        Row *r = PyObject_NewVar(Row, &RowType, width);
+        if (!r) goto fail;
+        r->names = Py_NewRef(keys), r->index = Py_NewRef(index);
+        memset(r->values, 0, (size_t)width * sizeof(PyObject *));
+        PyList_SET_ITEM(out, row, (PyObject *)r);
+        for (Py_ssize_t k = 0; k < width; k++) {   /* most of a frame's columns are null: left NULL */
             PyObject *value = value_at(&columns[k], row);
             if (!value) goto fail;
-            if (value != Py_None && PyDict_SetItem(dict, PyTuple_GET_ITEM(keys, k), value) < 0) {
-                Py_DECREF(value);
-                goto fail;
-            }
-            Py_DECREF(value);
+            if (value == Py_None) Py_DECREF(value);
+            else r->values[k] = value;
         }
     }
     goto done;
@@ -177,7 +313,7 @@ done:
     if (columns)
         for (Py_ssize_t k = 0; k < width; k++) column_release(&columns[k]);
     PyMem_Free(columns);
-    Py_XDECREF(template);
+    Py_XDECREF(index);
     Py_XDECREF(keys);
     return out;
 }
@@ -304,7 +440,7 @@ done:;
 }
 
 static PyMethodDef methods[] = {
-    {"rows", rows, METH_VARARGS, "rows(names, columns, length) -> a dict per row of an Arrow batch's columns."},
+    {"rows", rows, METH_VARARGS, "rows(names, columns, length) -> a Row per row of an Arrow batch's columns."},
     {"record_column", record_column, METH_VARARGS,
      "record_column(items, slot, kind) -> one field of slotted records as Arrow buffers, or None if not taken."},
     {NULL, NULL, 0, NULL},
@@ -313,8 +449,13 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_columns", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__columns(void) {
+    if (PyType_Ready(&RowType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
+    if (PyModule_AddObjectRef(m, "Row", (PyObject *)&RowType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddIntConstant(m, "INT64", K_INT64) < 0 || PyModule_AddIntConstant(m, "INT32", K_INT32) < 0 ||
         PyModule_AddIntConstant(m, "INT16", K_INT16) < 0 || PyModule_AddIntConstant(m, "INT8", K_INT8) < 0 ||
         PyModule_AddIntConstant(m, "BOOL", K_BOOL) < 0 || PyModule_AddIntConstant(m, "UTF8", K_UTF8) < 0 ||

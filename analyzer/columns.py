@@ -1,9 +1,10 @@
 """Arrow columns to and from Python objects: the two edges of the connection pass, in C where it is built.
 
-The pass hands every frame to the state machine as a dict and every record back to Arrow a column
-at a time (spark_jobs/connection_pass.py). In Python, the dicts cost ~1.5 µs per frame and the
-columns ~1.5 µs per frame, a third of the pass outside the rules. `analyzer/_columns.c` does both
-conversions without a Python list per column in between; it takes only the layouts and values it
+The pass hands every frame to the state machine as a mapping and every record back to Arrow a
+column at a time (spark_jobs/connection_pass.py). In Python, the dicts cost ~1.5 µs per frame and
+the columns ~1.5 µs per frame, a third of the pass outside the rules. `analyzer/_columns.c` does
+both conversions without a Python list per column in between, its rows compact read-only `Row`s
+(analyzer/_row.h) that timeline/_plain.c reads in place; it takes only the layouts and values it
 knows exactly and leaves everything else to pyarrow's own conversion, which stays the reference
 (tests/test_columns.py compares the two on the same batches and records). Nothing here knows a rule.
 
@@ -13,7 +14,7 @@ without the compiled module there are none.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import partial
 
 import pyarrow as pa
@@ -24,6 +25,8 @@ try:
     from . import _columns
 except ImportError:  # not compiled (setup.py marks it optional): pyarrow converts everything
     _columns = None
+else:
+    Mapping.register(_columns.Row)
 
 
 def available() -> bool:
@@ -36,8 +39,9 @@ def enabled() -> bool:
 
 # -- batches in: a dict per row ----------------------------------------------------------------------
 
-def batch_rows(batch: pa.RecordBatch | pa.Table) -> Iterator[dict] | list[dict]:
-    """The batch's (or table's) rows as dicts, equal to `batch.to_pylist()`'s."""
+def batch_rows(batch: pa.RecordBatch | pa.Table) -> Iterator[Mapping] | list[Mapping]:
+    """The batch's (or table's) rows, equal to `batch.to_pylist()`'s dicts: from the C loop, a list
+    of `Row`s (analyzer/_row.h: read-only Mappings, every column a key), else dicts."""
     names = batch.schema.names
     if enabled() and len(set(names)) == len(names):  # a name twice: the last value wins, even a null
         columns = _row_columns(batch)

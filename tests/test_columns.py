@@ -1,7 +1,8 @@
 """The connection pass's Arrow conversions in C (analyzer/_columns.c, analyzer/columns.py) against
 pyarrow's own, which stay the reference.
 
-Rows in: every batch gives the same dicts both ways, value for value and type for type (True == 1
+Rows in: every batch gives the same rows both ways (Rows from C, equal to the dicts, and a Row
+behaves as a read-only dict), value for value and type for type (True == 1
 in Python, so equality alone would miss a bool read as an int): the frames of the bundled examples
 and of the bench generator, sliced at odd offsets, with their strings as large strings too, and
 random columns of every kind the C loop reads. Records out: the four timeline tables of the same
@@ -15,11 +16,14 @@ Under CI=true the module must be built: a machine where it does not compile fail
 instead of testing the Python path twice.
 """
 
+import copy
+import gc
 import glob
 import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -130,6 +134,37 @@ def test_a_batch_with_a_name_twice_goes_to_pyarrow():
     rows = columns.batch_rows(batch)
     assert not isinstance(rows, list)
     assert list(rows) == [{"seq": None}, {"seq": 3}] == list(columns.python_batch_rows(batch))
+
+
+@needs_module
+def test_a_row_is_a_read_only_mapping_equal_to_its_dict():
+    """What the rules may do with a frame row, a Row does as the dict `to_pylist` gives (every
+    column a key, a null None), or refuses as a read-only mapping must; and it stays out of the
+    cyclic collector, holding only plain values."""
+    batch = pa.record_batch({"seq": [7, None], "method": ["basic.ack", None], "multiple": [True, None]})
+    row, empty = columns.batch_rows(batch)
+    expected = {"seq": 7, "method": "basic.ack", "multiple": True}
+    assert type(row) is columns._columns.Row and isinstance(row, Mapping)
+    assert row == expected and expected == row and not row != expected and row != {**expected, "seq": 8}
+    assert row != {"seq": 7} and row == columns.batch_rows(batch)[0] and row != empty
+    assert empty == {"seq": None, "method": None, "multiple": None}
+    assert row["method"] == "basic.ack" and empty["method"] is None and row.get("nope", 5) == 5
+    assert row.get("nope") is None and row.get("seq") == 7 and empty.get("seq", 5) is None
+    assert "seq" in row and "seq" in empty and "nope" not in row and len(row) == 3
+    assert list(row) == list(row.keys()) == ["seq", "method", "multiple"]
+    assert row.items() == list(expected.items()) and row.values() == list(expected.values())
+    assert dict(row) == {**row} == row.copy() == copy.copy(row) == copy.deepcopy(row) == expected
+    assert type(copy.deepcopy(row)) is dict
+    assert repr(row) == f"Row({expected!r})"
+    with pytest.raises(KeyError):
+        row["nope"]
+    with pytest.raises(TypeError):
+        row["seq"] = 8
+    with pytest.raises(TypeError):
+        hash(row)
+    with pytest.raises(TypeError):
+        type(row)()
+    assert not gc.is_tracked(row)
 
 
 def test_pure_python_switch_turns_it_off(example_frames, monkeypatch):

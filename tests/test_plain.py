@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from analyzer import columns, schema
 from analyzer.ingest import decode
 from analyzer.timeline import INPUT_COLUMNS, connection, state
+from analyzer.timeline.plain import Row
 from analyzer.timeline.connection import ConnectionTimeline, TimelineInputError
 
 from .conftest import CORPUS, ROOT, check_built, needs_built
@@ -40,7 +42,9 @@ class Twins:
         self.compared = 0   # records compared so far
         self.taken = Counter()
 
-    def feed(self, row: dict) -> None:
+    def feed(self, row: dict, c_row=None) -> None:
+        """`c_row`: what the C twin's machine is fed instead (a Row of the same row, say)."""
+        c_row = row if c_row is None else c_row
         connection_id = row["connection_id"]
         if connection_id not in self.machines:
             self.machines[connection_id] = (
@@ -51,15 +55,15 @@ class Twins:
         try:
             python.python_feed(row)
         except TimelineInputError:
-            assert not C_FEED(c, row)  # the caller's fault: the C twin leaves it to Python
+            assert not C_FEED(c, c_row)  # the caller's fault: the C twin leaves it to Python
             assert doc(c) == doc(python) or not self.every_row
             raise
-        taken = C_FEED(c, row)
+        taken = C_FEED(c, c_row)
         self.taken[(row.get("direction"), row.get("method"), taken)] += 1
         if not taken:
             if self.every_row:
                 assert doc(c) == before, f"the C twin declined row {row} but changed the state"
-            c.python_feed(row)
+            c.python_feed(c_row)
         compared, self.compared = self.compared, len(self.by_python)
         assert self.by_c[compared:] == self.by_python[compared:] and len(self.by_c) == len(self.by_python), \
             f"records differ after row {row}"
@@ -77,12 +81,29 @@ class Twins:
         return sum(n for (_, _, taken), n in self.taken.items() if taken) / max(1, sum(self.taken.values()))
 
 
-def run_twins(rows, every_row: bool) -> Twins:
+def run_twins(rows, every_row: bool, as_rows: bool = False) -> Twins:
+    """`as_rows`: the C twin's machine is fed the rows as the pass makes them of Arrow batches
+    (columns.batch_rows: Rows, analyzer/_row.h, read in place by _plain.c), the Python one the
+    dicts they equal."""
     twins = Twins(every_row)
-    for row in rows:
-        twins.feed(row)
+    if as_rows:
+        for row in arrow_rows(rows):
+            twins.feed(dict(row), row)
+    else:
+        for row in rows:
+            twins.feed(row)
     twins.end()
     return twins
+
+
+def arrow_rows(rows: list[dict]) -> list:
+    """The rows through an Arrow table of their frames columns (schema.FRAMES' types; a generator's
+    own keys left out) and back, as Rows."""
+    names = dict.fromkeys(name for row in rows for name in row if name in schema.FRAMES.names)
+    table = pa.Table.from_pylist(rows, schema=pa.schema([schema.FRAMES.field(name) for name in names]))
+    made = columns.batch_rows(table)
+    assert type(made) is list and all(type(row) is Row for row in made), "the C loop did not take the rows"
+    return made
 
 
 def capture_rows(path: str) -> list[dict]:
@@ -104,12 +125,13 @@ def test_random_traffic_and_its_damaged_variants(data):
     variant = data.draw(st.sampled_from(sorted(VARIANTS)), label="variant")
     if VARIANTS[variant] is not None:
         rows = VARIANTS[variant](data, rows)
-    run_twins(renumbered(rows), every_row=True)
+    run_twins(renumbered(rows), every_row=True, as_rows=data.draw(st.booleans(), label="as Rows"))
 
 
+@pytest.mark.parametrize("as_rows", [False, True], ids=["dicts", "Rows"])
 @pytest.mark.parametrize("capture", EXAMPLES, ids=os.path.basename)
-def test_the_lab_examples(capture):
-    twins = run_twins(capture_rows(capture), every_row=False)
+def test_the_lab_examples(capture, as_rows):
+    twins = run_twins(capture_rows(capture), every_row=False, as_rows=as_rows)
     assert twins.by_c, "no records: nothing compared"
 
 
@@ -138,7 +160,7 @@ def test_busy_generated_traffic_goes_through_c():
     from frames_generator import Params
     table, _ = pass_cpu.pass_input(Params(frames=30_000, hot_deliveries=8_000))
     rows = [row for row in table.select(INPUT_COLUMNS).to_pylist() if row["seq"] != pass_cpu.HEADER_SEQ]
-    twins = run_twins(rows, every_row=False)
+    twins = run_twins(rows, every_row=False, as_rows=True)   # as the pass feeds them
     assert len(twins.by_c) > 20_000
     assert twins.taken_share() > 0.9, twins.taken
     # The records of plain values it makes stay out of the cyclic collector's walks (_untrack.h).

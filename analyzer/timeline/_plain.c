@@ -17,6 +17,7 @@
  * the classes, by name, once. Records are made as records.py's maker makes them (no __init__).
  */
 #include "_slots.h"
+#include "_row.h"
 #include "_untrack.h"
 
 /* ---- fields, by class ----------------------------------------------------------------------- */
@@ -107,9 +108,33 @@ enum { KEYS(KEY_ENUM) N_KEYS };
 static PyObject *keys[N_KEYS];   /* interned row keys */
 static PyObject *two, *zero;     /* the ints 2 (delivery_mode persistent) and 0 */
 
-/* row.get(key): borrowed, NULL when missing. A row is a dict: no lookup can run code that fails
- * here but with str keys a lookup raises only on a broken hash, never with interned str keys. */
-static PyObject *row_get(PyObject *row, int key) { return PyDict_GetItemWithError(row, keys[key]); }
+/* A row is a dict or a Row (analyzer/_row.h, the type `configure` is given; NULL if none). */
+static PyTypeObject *row_type;
+static int is_row(PyObject *obj) { return obj && (PyDict_CheckExact(obj) || (row_type && Py_TYPE(obj) == row_type)); }
+
+/* Where each key is in the Rows of one `index` (the last one met: a batch's rows share it, so
+ * this is looked up once a batch), -1 where it is not a column. Holding `index` keeps it alive. */
+static PyObject *known_index;
+static Py_ssize_t key_at[N_KEYS];
+
+static int learn_index(Row *row) {
+    for (int k = 0; k < N_KEYS; k++) {
+        PyObject *at = PyDict_GetItemWithError(row->index, keys[k]);
+        Py_ssize_t i = at && PyLong_CheckExact(at) ? PyLong_AsSsize_t(at) : -1;
+        if (PyErr_Occurred()) return -1;
+        key_at[k] = i >= 0 && i < Py_SIZE(row) ? i : -1;
+    }
+    Py_XSETREF(known_index, Py_NewRef(row->index));
+    return 0;
+}
+
+/* row.get(key): borrowed, NULL when missing. No lookup can run code: a dict's keys here are
+ * interned str (a lookup raises only on a broken hash), a Row's are read by position. */
+static PyObject *row_get(PyObject *row, int key) {
+    if (Py_TYPE(row) != row_type) return PyDict_GetItemWithError(row, keys[key]);
+    if (((Row *)row)->index != known_index && learn_index((Row *)row) < 0) return NULL;
+    return key_at[key] < 0 ? NULL : row_at(row, key_at[key]);
+}
 static PyObject *or_none(PyObject *value) { return value ? value : Py_None; }
 
 /* bool(row.get(...)): 1, 0, or -1 with an error. */
@@ -164,7 +189,7 @@ static int settle_point(PyObject *item_row, PyObject *at, int timed, PyObject **
 /* settle_ts - row ts (None if either is None). */
 static PyObject *latency(PyObject *settle_ts, PyObject *row) {
     if (settle_ts == Py_None) return Py_NewRef(Py_None);
-    return PyNumber_Subtract(settle_ts, or_none(PyDict_GetItemWithError(row, keys[R_ts_ns])));
+    return PyNumber_Subtract(settle_ts, or_none(row_get(row, R_ts_ns)));
 }
 
 /* ConsumerSide._settle, with observed_until None (every settlement this file makes). `frame`:
@@ -219,7 +244,7 @@ static int emit_publish(PyObject *life, PyObject *p) {
         persistent = Py_NewRef(or_none(row_get(row, R_body_size)) == Py_None ? Py_None : Py_False);
     if (!persistent) return -1;
     PyObject *returned = GET(p, PUBLISH_STATE_returned);
-    int has_return = returned && PyDict_CheckExact(returned);
+    int has_return = is_row(returned);
     PyObject *oob = GET(p, PUBLISH_STATE_out_of_order_by), *out_of_order = Py_None;
     if (oob != Py_None) {
         int later = PyObject_RichCompareBool(oob, zero, Py_GT);
@@ -281,7 +306,7 @@ static PyObject *plain_life(PyObject *timeline, PyObject *channel) {
     PyObject *ended = GET(life, LIFE_ended), *gap_since_end = GET(life, LIFE_gap_since_end);
     if (!ended || ended != Py_None || gap_since_end != Py_False) return NULL;
     if (!is_a(GET(life, LIFE_consumer), K_CONSUMER) || !is_a(GET(life, LIFE_publisher), K_PUBLISHER) ||
-        GET(life, LIFE_connection) != timeline || !PyDict_CheckExact(GET(life, LIFE_open_row)))
+        GET(life, LIFE_connection) != timeline || !is_row(GET(life, LIFE_open_row)))
         return NULL;
     return life;
 }
@@ -412,9 +437,9 @@ static int client_settle(PyObject *timeline, PyObject *life, PyObject *row, PyOb
     PyObject *by_multiple = multiple ? Py_True : Py_False;
     PyObject *tags = multiple ? up_to(outstanding, tag_obj, tag) : list_of(tag_obj);
     if (!tags) return -1;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tags); i++) {   /* each a delivery of a dict row */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tags); i++) {   /* each a delivery of a row */
         PyObject *d = PyDict_GetItemWithError(outstanding, PyList_GET_ITEM(tags, i));
-        if (!is_a(d, K_DELIVERY_STATE) || !PyDict_CheckExact(GET(d, DELIVERY_STATE_row))) {
+        if (!is_a(d, K_DELIVERY_STATE) || !is_row(GET(d, DELIVERY_STATE_row))) {
             Py_DECREF(tags);
             return PyErr_Occurred() ? -1 : 0;
         }
@@ -534,11 +559,11 @@ static int broker_confirm(PyObject *timeline, PyObject *life, PyObject *row, PyO
         done = list_of(tag_obj);
     }
     if (!done) return -1;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(done); i++) {   /* each a publish of a dict row */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(done); i++) {   /* each a publish of a row */
         PyObject *p = PyDict_GetItemWithError(pending, PyList_GET_ITEM(done, i));
         PyObject *returned = p ? GET(p, PUBLISH_STATE_returned) : NULL;
-        if (!is_a(p, K_PUBLISH_STATE) || !PyDict_CheckExact(GET(p, PUBLISH_STATE_row)) ||
-            !returned || (returned != Py_None && !PyDict_CheckExact(returned))) {
+        if (!is_a(p, K_PUBLISH_STATE) || !is_row(GET(p, PUBLISH_STATE_row)) ||
+            !returned || (returned != Py_None && !is_row(returned))) {
             Py_DECREF(done);
             return PyErr_Occurred() ? -1 : 0;
         }
@@ -579,7 +604,7 @@ static int broker_confirm(PyObject *timeline, PyObject *life, PyObject *row, PyO
 
 /* One row: 1 done here, 0 not taken (nothing changed), -1 error. */
 static int feed_row(PyObject *timeline, PyObject *row) {
-    if (!configured || !is_a(timeline, K_TIMELINE) || !PyDict_CheckExact(row)) return 0;
+    if (!configured || !is_a(timeline, K_TIMELINE) || !is_row(row)) return 0;
     /* ConnectionTimeline.feed's checks and dispatch, for a frame on a channel */
     PyObject *seq = row_get(row, R_seq), *ts = row_get(row, R_ts_ns), *method = row_get(row, R_method);
     PyObject *direction = row_get(row, R_direction), *channel = row_get(row, R_channel);
@@ -653,7 +678,7 @@ static PyObject *feed_rows(PyObject *module, PyObject *const *args, Py_ssize_t n
     Py_ssize_t at = start;
     for (; at < stop && at < PyList_GET_SIZE(rows); at++) {
         PyObject *row = PyList_GET_ITEM(rows, at);
-        if (!PyDict_CheckExact(row)) break;
+        if (!is_row(row)) break;
         PyObject *connection_id = row_get(row, R_connection_id);
         if (!connection_id || !id || !PyUnicode_CheckExact(id) || !same_str(connection_id, id)) break;
         Py_INCREF(row);   /* the rows list stays the caller's to change (emit runs Python) */
@@ -696,6 +721,13 @@ static PyObject *configure(PyObject *module, PyObject *args) {
         if (!cls || !PyType_Check(cls)) return PyErr_Format(PyExc_TypeError, "configure: no class %s", class_names[k]);
         found[k] = (PyTypeObject *)cls;
     }
+    /* The Row type, optional (None where analyzer/_columns.c is not built): laid out as _row.h says. */
+    PyObject *row_class = PyDict_GetItemString(given_classes, "Row");
+    if (row_class && row_class != Py_None &&
+        (!PyType_Check(row_class) || strcmp(((PyTypeObject *)row_class)->tp_name, "analyzer._columns.Row") != 0 ||
+         ((PyTypeObject *)row_class)->tp_basicsize != (Py_ssize_t)offsetof(Row, values) ||
+         ((PyTypeObject *)row_class)->tp_itemsize != (Py_ssize_t)sizeof(PyObject *)))
+        return PyErr_Format(PyExc_TypeError, "configure: Row is not analyzer._columns.Row as _row.h lays it out");
     PyObject *found_strings[N_STRINGS];
     if (named_strings(given_strings, string_names, N_STRINGS, found_strings) < 0) return NULL;
     Py_ssize_t found_offsets[N_FIELDS];
@@ -705,6 +737,8 @@ static PyObject *configure(PyObject *module, PyObject *args) {
         Py_XSETREF(classes[k], (PyTypeObject *)Py_NewRef(found[k]));
     }
     for (int i = 0; i < N_STRINGS; i++) Py_XSETREF(strings[i], Py_NewRef(found_strings[i]));
+    Py_XSETREF(row_type, row_class && row_class != Py_None ? (PyTypeObject *)Py_NewRef(row_class) : NULL);
+    Py_CLEAR(known_index);
     memcpy(offsets, found_offsets, sizeof(offsets));
     configured = 0;
     if (same_fields(K_DELIVERY, F_DELIVERY_connection_id, N_DELIVERY_FIELDS) < 0 ||
@@ -720,7 +754,7 @@ static PyMethodDef methods[] = {
     {"feed_rows", (PyCFunction)(void (*)(void))feed_rows, METH_FASTCALL,
      "feed_rows(timeline, rows, start, stop) -> the index of the first row not taken: feed on each row of the "
      "timeline's connection in turn, while it takes them."},
-    {"configure", configure, METH_VARARGS, "configure(classes, strings): the machine's classes and constants."},
+    {"configure", configure, METH_VARARGS, "configure(classes, strings): the machine's classes (and Row, if any) and constants."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -25,6 +25,10 @@ try:
     from . import _plain
 except ImportError:  # not compiled
     _plain = None
+try:  # the frame rows the pass makes of its Arrow batches (analyzer/_row.h): read in place here
+    from .._columns import Row
+except ImportError:  # not compiled: the rows are dicts
+    Row = None
 
 # The constants _plain.c compares and stores, by the names it knows them by.
 STRINGS = {"to_broker": TO_BROKER, "to_client": TO_CLIENT, "basic_deliver": "basic.deliver", "basic_ack": "basic.ack",
@@ -45,5 +49,5 @@ def feeds_for(timeline_class: type):
         return None, None
     classes = {cls.__name__: cls for cls in (timeline_class, ChannelLife, ConsumerSide, PublisherSide, _Delivery,
                                              _Publish, r.Delivery, r.Publish)}
-    _plain.configure(classes, STRINGS)
+    _plain.configure({**classes, "Row": Row}, STRINGS)
     return _plain.feed, _plain.feed_rows

@@ -35,6 +35,7 @@ from . import records as r
 from .channel import ChannelLife
 from .connection import ConnectionTimeline
 from .consumer import ConsumerSide, _Delivery, _EarlyAck
+from .plain import Row
 from .publisher import PublisherSide, _Publish
 
 FORMAT_NAME = "ackscope.timeline.state"
@@ -146,7 +147,7 @@ class _Writer:
         kind = type(v)
         if kind in _PLAIN:
             return v
-        if kind is dict:
+        if kind is dict or kind is Row:  # a frame row (plain.Row) is stored as the dict it equals
             if all(type(k) is str for k in v):
                 return ["M", {k: self.value(x) for k, x in v.items()}]
             return ["D", [[self.value(k), self.value(x)] for k, x in v.items()]]
