@@ -255,6 +255,31 @@ static PyTypeObject RowType = {
     .tp_methods = row_methods,
 };
 
+/* The names and index of the last batch, shared by every batch of the same columns: the rows of a
+ * connection's batches then have one index, which _plain.c looks up once, not at every switch
+ * between a stored row of an earlier batch and the current one. */
+static PyObject *last_names, *last_index;
+
+/* `*names` (interned str): the shared tuple if equal to it, and its index (new references). */
+static int shared_names(PyObject **names, PyObject **index) {
+    int same = last_names ? PyObject_RichCompareBool(*names, last_names, Py_EQ) : 0;
+    if (same < 0) return -1;
+    if (!same) {
+        PyObject *made = _PyDict_NewPresized(PyTuple_GET_SIZE(*names));
+        for (Py_ssize_t k = 0; made && k < PyTuple_GET_SIZE(*names); k++) {
+            PyObject *at = PyLong_FromSsize_t(k);
+            if (!at || PyDict_SetItem(made, PyTuple_GET_ITEM(*names, k), at) < 0) Py_CLEAR(made);
+            Py_XDECREF(at);
+        }
+        if (!made) return -1;
+        Py_XSETREF(last_index, made);
+        Py_XSETREF(last_names, Py_NewRef(*names));
+    }
+    Py_SETREF(*names, Py_NewRef(last_names));
+    *index = Py_NewRef(last_index);
+    return 0;
+}
+
 /* rows(names, columns, length) -> [Row]: row i maps names[k] to column k's value i.
  * columns[k] = (kind, offset, validity, data, offsets), buffers as pyarrow gives them (or None). */
 static PyObject *rows(PyObject *self, PyObject *args) {
@@ -283,14 +308,7 @@ static PyObject *rows(PyObject *self, PyObject *args) {
         PyTuple_SET_ITEM(keys, k, key);
         if (column_open(&columns[k], PyTuple_GET_ITEM(specs, k), length) < 0) goto done;
     }
-    index = _PyDict_NewPresized(width);   /* shared by every row of the batch */
-    if (!index) goto done;
-    for (Py_ssize_t k = 0; k < width; k++) {
-        PyObject *at = PyLong_FromSsize_t(k);
-        int failed = !at || PyDict_SetItem(index, PyTuple_GET_ITEM(keys, k), at) < 0;
-        Py_XDECREF(at);
-        if (failed) goto done;
-    }
+    if (shared_names(&keys, &index) < 0) goto done;
     out = PyList_New(length);
     if (!out) goto done;
     for (Py_ssize_t row = 0; row < length; row++) {
