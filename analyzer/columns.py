@@ -37,7 +37,7 @@ def enabled() -> bool:
     return _columns is not None and not pure_python()
 
 
-# -- batches in: a dict per row ----------------------------------------------------------------------
+# -- batches in: a row per frame ---------------------------------------------------------------------
 
 def batch_rows(batch: pa.RecordBatch | pa.Table) -> Iterator[Mapping] | list[Mapping]:
     """The batch's (or table's) rows, equal to `batch.to_pylist()`'s dicts: from the C loop, a list

@@ -112,8 +112,9 @@ static PyObject *two, *zero;     /* the ints 2 (delivery_mode persistent) and 0 
 static PyTypeObject *row_type;
 static int is_row(PyObject *obj) { return obj && (PyDict_CheckExact(obj) || (row_type && Py_TYPE(obj) == row_type)); }
 
-/* Where each key is in the Rows of one `index` (the last one met: a batch's rows share it, so
- * this is looked up once a batch), -1 where it is not a column. Holding `index` keeps it alive. */
+/* Where each key is in the Rows of one `index` (the last one met: batches of the same columns
+ * share it, _columns.c's shared_names, so this is looked up once a pass), -1 where it is not a
+ * column. Holding `index` keeps it alive. */
 static PyObject *known_index;
 static Py_ssize_t key_at[N_KEYS];
 
