@@ -29,6 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def passes(frames, scratch: str) -> dict:
     from pyspark.sql import functions as F
 
+    from spark_jobs.timeline.plans import arrow_batches_by_rows
+
     def noop(df):
         df.write.format("noop").mode("overwrite").save()
 
@@ -47,7 +49,8 @@ def passes(frames, scratch: str) -> dict:
         shaped = (frames.repartition(int(frames.sparkSession.conf.get("spark.sql.shuffle.partitions")),
                                      "connection_id")
                   .sortWithinPartitions("connection_id", "seq").mapInArrow(count_rows, "rows long"))
-        return shaped.agg(F.sum("rows")).first()[0]
+        with arrow_batches_by_rows(frames.sparkSession):   # as the pass's (connection_pass.summarised_pass)
+            return shaped.agg(F.sum("rows")).first()[0]
 
     steps = {
         "scan": lambda: noop(frames),

@@ -41,7 +41,7 @@ from analyzer.timeline.tables import RECORD_TYPES, by_type, tables_of
 
 from .provisional import flagged, metric_flags, open_buckets
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES, as_stored
-from .timeline.plans import measured
+from .timeline.plans import arrow_batches_by_rows, measured
 from .timeline.wide import RECORD, column, from_wide, to_wide, wide_schema
 from .types import spark_schema
 from .wide_writes import FILE_ROWS, FILES, FilesWriter, add_actions
@@ -130,14 +130,15 @@ def summarised_pass(wide: DataFrame) -> tuple[DataFrame, PassSummary]:
     is_tally = F.col(RECORD) == "tally"
     # A table's rows are in the wide table, or in files the pass wrote (its `files` rows).
     in_files = F.get_json_object(column("files", "stats"), "$.numRecords").cast("bigint")
-    done, seen = measured(
-        wide, **{f"rows_{name}": F.count(F.when(F.col(RECORD) == name, True)) for name in TABLE_NAMES},
-        **{f"files_{name}": F.sum(F.when(column("files", "table") == name, in_files)) for name in TIMELINE_TABLES},
-        connections=F.count(F.when(is_tally, True)),
-        frames=F.sum(column("tally", "frames")),
-        redo=F.collect_list(F.when(column("tally", "metrics_redo").isNotNull(), column("tally", "connection_id"))),
-        came_back=F.sum(column("counts", "came_back")),
-        files=F.collect_list("files"))
+    with arrow_batches_by_rows(wide.sparkSession):   # its rows: frames and connection rows
+        done, seen = measured(
+            wide, **{f"rows_{name}": F.count(F.when(F.col(RECORD) == name, True)) for name in TABLE_NAMES},
+            **{f"files_{name}": F.sum(F.when(column("files", "table") == name, in_files)) for name in TIMELINE_TABLES},
+            connections=F.count(F.when(is_tally, True)),
+            frames=F.sum(column("tally", "frames")),
+            redo=F.collect_list(F.when(column("tally", "metrics_redo").isNotNull(), column("tally", "connection_id"))),
+            came_back=F.sum(column("counts", "came_back")),
+            files=F.collect_list("files"))
     rows = {name: seen[f"rows_{name}"] + (seen.get(f"files_{name}") or 0) for name in TABLE_NAMES}
     return done, PassSummary(rows, frames=seen["frames"] or 0, connections=seen["connections"],
                              metrics_redo=sorted(seen["redo"]), came_back=seen["came_back"] or 0,

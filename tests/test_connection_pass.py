@@ -36,6 +36,7 @@ from spark_jobs.evidence_packets import finished_findings
 from spark_jobs.metrics_redo import pass_channel_metrics
 from spark_jobs.provisional import PROVISIONAL
 from spark_jobs.requeue_related import REQUEUE_RELATED
+from spark_jobs.timeline.plans import arrow_batches_by_rows
 from spark_jobs.timeline.tables import TIMELINE_TABLES
 
 from .conftest import ROOT
@@ -301,3 +302,31 @@ def test_a_partition_streams_with_the_collector_spaced_out_and_gives_its_setting
     with pytest.raises(ValueError):
         list(Probe(10).run(iter([batch("a", "bad")])))
     assert gc.get_threshold() == before
+
+
+def test_the_pass_hands_python_arrow_batches_bounded_by_rows_only_and_gives_the_byte_bound_back(spark):
+    """Under a byte bound Spark sizes each Arrow batch for Python after every row (a third of the
+    JVM's time in the pass): the pass lifts it meanwhile (plans.arrow_batches_by_rows), so batches
+    are cut by rows alone, and the session's bound holds again afterwards, even after a failure."""
+    key = "spark.sql.execution.arrow.maxBytesPerBatch"
+
+    def batch_sizes(batches):
+        yield pa.RecordBatch.from_pydict({"rows": [len(batch) for batch in batches]})
+
+    def sizes(df):
+        return sorted(row.rows for row in df.mapInArrow(batch_sizes, "rows long").collect())
+
+    rows = spark.range(0, 300, numPartitions=1).selectExpr("id", "repeat('x', 100) AS text")   # ~30 KB
+    before = spark.conf.get(key)
+    spark.conf.set(key, "4k")
+    try:
+        bounded = sizes(rows)
+        assert sum(bounded) == 300 and max(bounded) < 300   # the 4 KB bound cuts batches of ~30 rows
+        with arrow_batches_by_rows(spark):
+            assert sizes(rows) == [300]                      # one batch: maxRecordsPerBatch is 10,000
+        assert spark.conf.get(key) == "4k" and sizes(rows) == bounded
+        with pytest.raises(RuntimeError), arrow_batches_by_rows(spark):
+            raise RuntimeError("a failed pass")
+        assert spark.conf.get(key) == "4k"
+    finally:
+        spark.conf.set(key, before)

@@ -76,6 +76,23 @@ def joined_by_shuffle(spark: SparkSession) -> Iterator[None]:
 
 
 @contextmanager
+def arrow_batches_by_rows(spark: SparkSession) -> Iterator[None]:
+    """Meanwhile the Arrow batches Spark hands to Python are bounded by rows only
+    (spark.sql.execution.arrow.maxRecordsPerBatch, 10,000 by default), not also by bytes: under a
+    byte bound Spark sizes the batch after every row it adds, walking the buffers of every column,
+    which was a third of the JVM's samples in the pass over whole connections (bench/README.md,
+    "Session 45"). For a plan whose rows are small: frame rows and connection rows, not
+    checkpoints (a batch of 10,000 large rows would then be held at once)."""
+    key = "spark.sql.execution.arrow.maxBytesPerBatch"
+    before = spark.conf.get(key)
+    spark.conf.set(key, str(2**31 - 1))   # Int.MaxValue: Spark then never sizes a batch
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
+
+
+@contextmanager
 def sized_shuffles(spark: SparkSession, rows: int) -> Iterator[None]:
     """Meanwhile a shuffle makes one partition per ROWS_PER_PARTITION of `rows` (at most how many
     rows the plan shuffles), up to the session's number: without adaptive execution Spark splits a
