@@ -11,7 +11,7 @@ against them:
 - write: the sorted input written as Parquet (the outputs are about as many rows as the input);
 - arrow pass: the shape of the analysis' one pass (spark_jobs/connection_pass.py) with nothing in
   it: shuffle by connection, sort by (connection, seq), hand every frame to Python through Arrow as
-  a row (the dicts the state machine reads) and count them.
+  a row (the dicts the state machine reads; batches cut by rows alone, as the pass's) and count them.
 
     .venv/bin/python bench/spark_floor.py LAKE [--master local[1]] [--driver-memory 2g] [--json]
 """
