@@ -37,7 +37,7 @@ from analyzer.rows import dicts_to_table
 from analyzer.timeline.carry import FORMAT, Checkpoint, dump
 from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.records import Delivery
-from analyzer.timeline.tables import RECORD_TYPES, by_type, tables_of
+from analyzer.timeline.tables import RECORD_TYPES, SORT_KEYS, by_type, tables_of
 
 from .provisional import flagged, metric_flags, open_buckets
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES, as_stored
@@ -163,7 +163,7 @@ class ConnectionsPartition:
     def __init__(self, flush_records: int, write_to: str | None = None, file_rows: int = FILE_ROWS):
         self.flush_records = flush_records
         self.current = None
-        self.writers = {name: FilesWriter(write_to, name, table_schema, file_rows)
+        self.writers = {name: FilesWriter(write_to, name, table_schema, file_rows, SORT_KEYS[name])
                         for name, table_schema in TIMELINE_TABLES.items()} if write_to else None
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -257,7 +257,7 @@ class _Partition(ConnectionsPartition):
             return
         final, opened = by_type(self.records), by_type(self.open_records)
         came_back_count = sum(map(came_back, (*final[Delivery], *opened[Delivery])))
-        final, opened = tables_of(final), tables_of(opened)
+        final, opened = tables_of(final, ordered=False), tables_of(opened, ordered=False)
         parts = [("counts", None, pa.Table.from_pylist([{"came_back": came_back_count}], schema=COUNTS))]
         for name in RECORD_TYPES:
             rows = pa.concat_tables([as_stored(name, final[name], False), as_stored(name, opened[name], True)])

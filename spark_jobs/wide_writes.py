@@ -108,11 +108,15 @@ class FilesWriter:
     TableWriter: files by day); `files()` writes what is left and gives the files as FILES rows.
     Rows of each combination of FILE_FLAGS' values gather apart (up to `file_rows` each) and make
     files of their own, so the few flagged rows (open items, deliveries a requeue touched) fill
-    few files however many the others fill. `drop(connection_id)` takes back every row of a connection, written or not
-    (a carried connection that falls back after some of its rows left: timeline/carried.py)."""
+    few files however many the others fill. `order`: columns each file's rows are sorted by, in
+    the writer's thread (a sorted file is smaller: ~5% for the deliveries). `drop(connection_id)`
+    takes back every row of a connection, written or not (a carried connection that falls back
+    after some of its rows left: timeline/carried.py)."""
 
-    def __init__(self, lake: str, name: str, table_schema: pa.Schema, file_rows: int = FILE_ROWS):
+    def __init__(self, lake: str, name: str, table_schema: pa.Schema, file_rows: int = FILE_ROWS,
+                 order: tuple[str, ...] = ()):
         self.name, self.schema, self.file_rows = name, table_schema, file_rows
+        self.order = [(column, "ascending") for column in order]
         self.flags = tuple(flag for flag in FILE_FLAGS if flag in table_schema.names)
         self.writer = TableWriter(lake, name, table_schema, split_by=self.flags)
         self.pending: dict[tuple, list[pa.Table]] = {}   # the flags' values -> rows not written yet
@@ -152,6 +156,8 @@ class FilesWriter:
         pile = self.pending.pop(values, [])
         if pile:
             rows = pa.concat_tables(pile)
+            if self.order:
+                rows = rows.sort_by(self.order)
             connections = set(pc.unique(rows["connection_id"]).to_pylist())
             written = len(self.writer.actions)
             self.writer.write(rows)

@@ -446,6 +446,30 @@ def test_a_tasks_flagged_rows_gather_in_files_of_their_own(tmp_path):
     assert sorted(r["seq"] for r in rows if r["requeue_related"]) == [4, 14, 24]
 
 
+def test_a_tasks_files_are_each_sorted_whole_by_the_order_it_is_given(tmp_path):
+    """wide_writes.FilesWriter's `order`: the passes hand it each flush's rows as the machine made
+    them (timeline.tables_of(ordered=False)) and it sorts each file's rows, gathered from several
+    flushes, in its own thread; without an order they stay as they came."""
+    from spark_jobs.wide_writes import FilesWriter
+
+    table_schema = pa.schema([("date", pa.string()), ("provisional", pa.bool_()), ("connection_id", pa.string()),
+                              ("seq", pa.int64())])
+    flushes = [[("c1", 5), ("c0", 9), ("c1", 2)], [("c0", 1), ("c2", 3)], [("c1", 1), ("c0", 4)]]
+
+    def written(order):
+        files = FilesWriter(str(tmp_path / "-".join(order or ("none",))), "t", table_schema, 100, order)
+        for flush in flushes:
+            files.add(pa.Table.from_pylist([{"date": "2026-11-24", "provisional": False, "connection_id": c, "seq": n}
+                                            for c, n in flush], schema=table_schema))
+        (file,) = files.files().to_pylist()
+        return [(r["connection_id"], r["seq"]) for r in pq.read_table(
+            os.path.join(files.writer.root, file["path"]), partitioning=None).to_pylist()]
+
+    as_made = [row for flush in flushes for row in flush]
+    assert written(("connection_id", "seq")) == sorted(as_made)
+    assert written(()) == as_made
+
+
 def test_rows_written_beside_the_task_fail_the_task_when_it_waits(tmp_path):
     """wide_writes.Beside: FilesWriter's pieces run one at a time, in order, in a thread of their
     own, and what one raises is raised where the task waits for it (the next `add`, `drop` or

@@ -78,6 +78,8 @@ TABLES = {
 
 # table name -> the record type of its rows
 RECORD_TYPES = {"deliveries": r.Delivery, "publishes": r.Publish, "channels": r.ChannelFacts, "violations": r.Violation}
+# table name -> the columns its rows are sorted by
+SORT_KEYS = {name: TABLES[record_type][3] for name, record_type in RECORD_TYPES.items()}
 
 
 def by_type(records: Iterable) -> dict[type, list]:
@@ -91,21 +93,23 @@ def by_type(records: Iterable) -> dict[type, list]:
     return grouped
 
 
-def tables_of(grouped: dict[type, list]) -> dict[str, pa.Table]:
+def tables_of(grouped: dict[type, list], ordered: bool = True) -> dict[str, pa.Table]:
     """The four tables of `by_type`'s lists, each sorted by its key (Arrow's sort is stable and
     orders strings as Python does, by code point: the order `sorted` gives, without a key tuple
-    per record)."""
+    per record). `ordered=False`: in the records' order, for the passes, whose files are sorted
+    whole in their writer's thread instead (wide_writes.FilesWriter's `order`): sorting each flush
+    was ~9% of the pass's CPU in bench/pass_cpu.py, in the machine's thread."""
     out = {}
     for name, record_type in RECORD_TYPES.items():
         table_schema, timestamps, date_from, key = TABLES[record_type]
         table = objects_to_table(grouped[record_type], attrgetter, table_schema, timestamps, date_from)
-        out[name] = table.sort_by([(column, "ascending") for column in key])
+        out[name] = table.sort_by([(column, "ascending") for column in key]) if ordered else table
     return out
 
 
-def to_tables(records: Iterable) -> dict[str, pa.Table]:
-    """The four tables (empty ones too) of any mix of records."""
-    return tables_of(by_type(records))
+def to_tables(records: Iterable, ordered: bool = True) -> dict[str, pa.Table]:
+    """The four tables (empty ones too) of any mix of records (`ordered`: as tables_of)."""
+    return tables_of(by_type(records), ordered)
 
 
 def replay_frames(frames: pa.Table, overdue_ns: int = r.DEFAULT_OVERDUE_NS) -> dict[str, pa.Table]:

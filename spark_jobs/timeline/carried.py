@@ -204,7 +204,7 @@ class _CarriedPartition(ConnectionsPartition):
         if not (self.final or self.opened or self.stale or self.metrics or any(self.rows.values())):
             return
         parts = []
-        final, opened, stale = to_tables(self.final), to_tables(self.opened), to_tables(self.stale)
+        final, opened, stale = (to_tables(records, ordered=False) for records in (self.final, self.opened, self.stale))
         for name in RECORD_TYPES:
             written = pa.concat_tables([as_stored(name, final[name], False), as_stored(name, opened[name], True)])
             self.writers[name].add(written.select(TIMELINE_TABLES[name].names))
