@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timezone
 
 from pyspark import StorageLevel
@@ -62,48 +62,41 @@ def of_connections(df: DataFrame, keys: list[str]) -> DataFrame:
 
 
 @contextmanager
-def joined_by_shuffle(spark: SparkSession) -> Iterator[None]:
-    """Meanwhile Spark broadcasts no join side on its own estimate (`lookup`'s mark still counts):
-    for a plan of small inputs (materialised ones are estimated small, and then each is broadcast),
-    a shuffle is a stage of its job, where each broadcast would be a job of its own."""
-    key = "spark.sql.autoBroadcastJoinThreshold"
+def conf_meanwhile(spark: SparkSession, key: str, value: Callable[[str], str]) -> Iterator[None]:
+    """Meanwhile the session's SQL setting `key` is `value(what it was)`; it is given back after,
+    even after a failure. Spark reads these settings when a plan runs."""
     before = spark.conf.get(key)
-    spark.conf.set(key, "-1")
+    spark.conf.set(key, value(before))
     try:
         yield
     finally:
         spark.conf.set(key, before)
 
 
-@contextmanager
-def arrow_batches_by_rows(spark: SparkSession) -> Iterator[None]:
+def joined_by_shuffle(spark: SparkSession) -> AbstractContextManager[None]:
+    """Meanwhile Spark broadcasts no join side on its own estimate (`lookup`'s mark still counts):
+    for a plan of small inputs (materialised ones are estimated small, and then each is broadcast),
+    a shuffle is a stage of its job, where each broadcast would be a job of its own."""
+    return conf_meanwhile(spark, "spark.sql.autoBroadcastJoinThreshold", lambda _: "-1")
+
+
+def arrow_batches_by_rows(spark: SparkSession) -> AbstractContextManager[None]:
     """Meanwhile the Arrow batches Spark hands to Python are bounded by rows only
     (spark.sql.execution.arrow.maxRecordsPerBatch, 10,000 by default), not also by bytes: under a
     byte bound Spark sizes the batch after every row it adds, walking the buffers of every column,
     which was a third of the JVM's samples in the pass over whole connections (bench/README.md,
     "Session 45"). For a plan whose rows are small: frame rows and connection rows, not
     checkpoints (a batch of 10,000 large rows would then be held at once)."""
-    key = "spark.sql.execution.arrow.maxBytesPerBatch"
-    before = spark.conf.get(key)
-    spark.conf.set(key, str(2**31 - 1))   # Int.MaxValue: Spark then never sizes a batch
-    try:
-        yield
-    finally:
-        spark.conf.set(key, before)
+    # Int.MaxValue: Spark then never sizes a batch.
+    return conf_meanwhile(spark, "spark.sql.execution.arrow.maxBytesPerBatch", lambda _: str(2**31 - 1))
 
 
-@contextmanager
-def sized_shuffles(spark: SparkSession, rows: int) -> Iterator[None]:
+def sized_shuffles(spark: SparkSession, rows: int) -> AbstractContextManager[None]:
     """Meanwhile a shuffle makes one partition per ROWS_PER_PARTITION of `rows` (at most how many
     rows the plan shuffles), up to the session's number: without adaptive execution Spark splits a
     few thousand rows into as many partitions as a whole table's, and each is a task of every stage."""
-    key = "spark.sql.shuffle.partitions"
-    before = spark.conf.get(key)
-    spark.conf.set(key, str(max(1, min(int(before), -(-rows // ROWS_PER_PARTITION)))))
-    try:
-        yield
-    finally:
-        spark.conf.set(key, before)
+    return conf_meanwhile(spark, "spark.sql.shuffle.partitions",
+                          lambda before: str(max(1, min(int(before), -(-rows // ROWS_PER_PARTITION)))))
 
 
 def first_seen(connections: DataFrame, keys: list[str]) -> DataFrame:
