@@ -17,6 +17,7 @@ from analyzer.connection_analysis import ANALYSIS_COLUMNS, ConnectionAnalysis, S
 from analyzer.ingest import ingest_file
 from spark_jobs.connection_pass import state_row, states_table
 from spark_jobs.timeline.carried import CARRIED_TABLES, WRITTEN_TABLES, carried_rows, carry_on, without_fallbacks
+from spark_jobs.timeline.plans import conf_meanwhile
 from spark_jobs.timeline.wide import RECORD
 from spark_jobs.wide_writes import add_actions, read_written
 
@@ -92,13 +93,8 @@ def test_a_fallback_after_rows_left_is_dropped_and_the_rest_is_as_if_none_left(s
     assert len(kept["tally"]) == len(by_connection) - len(fallbacks)
 
     # Arrow batches of 7 rows, records out after every one of them, each table's in a file of its own.
-    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
-    before = spark.conf.get(key)
-    spark.conf.set(key, "7")
-    try:
+    with conf_meanwhile(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", lambda _: "7"):
         one_by_one, again, one_by_one_dir = carried_pass(1, file_rows=1)
-    finally:
-        spark.conf.set(key, before)
     assert {k: v["reason"] for k, v in again.items()} == {k: v["reason"] for k, v in fallbacks.items()}
     streamed = sorted(k for k, v in again.items() if v["streamed"])
     assert damaged["connection_id"] in streamed

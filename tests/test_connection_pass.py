@@ -36,7 +36,7 @@ from spark_jobs.evidence_packets import finished_findings
 from spark_jobs.metrics_redo import pass_channel_metrics
 from spark_jobs.provisional import PROVISIONAL
 from spark_jobs.requeue_related import REQUEUE_RELATED
-from spark_jobs.timeline.plans import arrow_batches_by_rows
+from spark_jobs.timeline.plans import arrow_batches_by_rows, conf_meanwhile
 from spark_jobs.timeline.tables import TIMELINE_TABLES
 
 from .conftest import ROOT
@@ -60,11 +60,8 @@ BUCKET_NS = BUCKET_SECONDS * 10**9
 @pytest.fixture
 def small_batches(spark):
     """Arrow batches of 7 rows: connections cross batch boundaries everywhere."""
-    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
-    before = spark.conf.get(key)
-    spark.conf.set(key, "7")
-    yield
-    spark.conf.set(key, before)
+    with conf_meanwhile(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", lambda _: "7"):
+        yield
 
 
 def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, partitions: int,
@@ -317,9 +314,7 @@ def test_the_pass_hands_python_arrow_batches_bounded_by_rows_only_and_gives_the_
         return sorted(row.rows for row in df.mapInArrow(batch_sizes, "rows long").collect())
 
     rows = spark.range(0, 300, numPartitions=1).selectExpr("id", "repeat('x', 100) AS text")   # ~30 KB
-    before = spark.conf.get(key)
-    spark.conf.set(key, "4k")
-    try:
+    with conf_meanwhile(spark, key, lambda _: "4k"):
         bounded = sizes(rows)
         assert sum(bounded) == 300 and max(bounded) < 300   # the 4 KB bound cuts batches of ~30 rows
         with arrow_batches_by_rows(spark):
@@ -328,5 +323,3 @@ def test_the_pass_hands_python_arrow_batches_bounded_by_rows_only_and_gives_the_
         with pytest.raises(RuntimeError), arrow_batches_by_rows(spark):
             raise RuntimeError("a failed pass")
         assert spark.conf.get(key) == "4k"
-    finally:
-        spark.conf.set(key, before)

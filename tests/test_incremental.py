@@ -27,6 +27,7 @@ from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
 from spark_jobs.requeue_related import REQUEUE_RELATED
 from spark_jobs.run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, finished_runs, plan_run
 from spark_jobs.thresholds import Thresholds
+from spark_jobs.timeline.plans import conf_meanwhile
 
 from .conftest import ROOT
 from .findings_check import LAB_THRESHOLDS
@@ -804,13 +805,8 @@ def test_a_connection_that_fails_a_check_after_its_rows_left_the_carried_pass_is
     monkeypatch.setattr(carried, "FLUSH_RECORDS", 1)
     # Files of a row or two: the rows it sent out are in files written before the check failed.
     monkeypatch.setattr(carried, "FILE_ROWS", 1)
-    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
-    before = spark.conf.get(key)
-    spark.conf.set(key, "7")
-    try:
+    with conf_meanwhile(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", lambda _: "7"):
         report = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
-    finally:
-        spark.conf.set(key, before)
     assert report.scope == NEW_DATA
     assert f"{hot}: a new frame (seq {rows[late]['seq']}) is older than the carried bucket" in report.reason
     assert hot in dropped, "its rows had left the pass before the check failed"
