@@ -457,6 +457,383 @@ done:;
     Py_RETURN_NONE;
 }
 
+/* ---- records -> Arrow buffers, as they come ------------------------------------------------------ */
+
+/* One column being built: the slot it reads, its kind, its buffers so far. */
+typedef struct {
+    Py_ssize_t at;                     /* the slot's offset in the record */
+    int kind;                          /* K_INT64, K_INT32, K_BOOL or K_UTF8 */
+    Bytes validity, data, offsets;
+    Py_ssize_t nulls;
+} Built;
+
+/* The columns of one record class. */
+typedef struct {
+    PyTypeObject *type;
+    Py_ssize_t width, rows;
+    Built *columns;
+} Layout;
+
+/* RecordColumns(layouts, counted=None, predicate=None): see `append` and `take`. */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t n;
+    Layout *layouts;
+    PyObject *declined;                /* records it could not take, in their order: a list */
+    PyObject *counted, *predicate;     /* records of class `counted` for which predicate(record) is true */
+    Py_ssize_t count;
+} RecordColumns;
+
+static void built_free(Built *c) {
+    PyMem_Free(c->validity.data);
+    PyMem_Free(c->data.data);
+    PyMem_Free(c->offsets.data);
+    c->validity = c->data = c->offsets = (Bytes){0};
+    c->nulls = 0;
+}
+
+/* A str's UTF-8 bytes, borrowed: 1, or 0 for another value or one that is not valid UTF-8 (surrogates).
+ * An ASCII str is its own UTF-8 (most of a record's strings): no call for those. */
+static inline int utf8_of(PyObject *value, const char **s, Py_ssize_t *len) {
+    if (!PyUnicode_CheckExact(value)) return 0;
+    if (PyUnicode_IS_COMPACT_ASCII(value)) {
+        *s = PyUnicode_DATA(value);
+        *len = PyUnicode_GET_LENGTH(value);
+        return 1;
+    }
+    *s = PyUnicode_AsUTF8AndSize(value, len);
+    if (!*s) PyErr_Clear();
+    return *s != NULL;
+}
+
+/* An exact int's value: 1, or 0 for another value or one past 64 bits. Small ints (one digit: most
+ * of a record's counters, tags and seqs) are read in place. */
+static inline int int_of(PyObject *value, long long *v) {
+    if (!PyLong_CheckExact(value)) return 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)value)) {
+        *v = (long long)PyUnstable_Long_CompactValue((PyLongObject *)value);
+        return 1;
+    }
+#else
+    Py_ssize_t size = Py_SIZE(value);
+    if (size >= -1 && size <= 1) {
+        *v = size * (long long)((PyLongObject *)value)->ob_digit[0];
+        return 1;
+    }
+#endif
+    int overflow;
+    *v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    return !overflow;
+}
+
+/* Room for 1024 more rows of every fixed-width part of the layout's columns: 0, -1 error. */
+static int reserve_rows(Layout *layout) {
+    for (Py_ssize_t k = 0; k < layout->width; k++) {
+        Built *c = &layout->columns[k];
+        if (bytes_reserve(&c->validity, 128) < 0) return -1;
+        if (c->kind == K_UTF8 ? bytes_reserve(&c->offsets, 4 * 1025) :
+            bytes_reserve(&c->data, c->kind == K_BOOL ? 128 : 1024 * WIDTH[c->kind]))
+            return -1;
+    }
+    return 0;
+}
+
+/* Row `i` of a column taken back (record_columns_append's undo): the buffers as before it. */
+static void unappend(Built *c, Py_ssize_t i, PyObject *value) {
+    int first_of_byte = (i & 7) == 0;
+    c->validity.data[i >> 3] &= (char)~(1 << (i & 7));
+    c->validity.len -= first_of_byte;
+    c->nulls -= value == Py_None;
+    if (c->kind == K_UTF8) {
+        c->offsets.len -= 4;
+        int32_t end;
+        memcpy(&end, c->offsets.data + c->offsets.len - 4, 4);
+        c->data.len = end;
+    } else if (c->kind == K_BOOL) {
+        c->data.data[i >> 3] &= (char)~(1 << (i & 7));
+        c->data.len -= first_of_byte;
+    } else {
+        c->data.len -= WIDTH[c->kind];
+    }
+}
+
+/* The record's values appended as row `layout->rows`, each as record_column would take it: 1; 0 when
+ * one is not (an unset slot, a value its kind does not write as it is), the columns left as they
+ * were; -1 error (MemoryError), the columns as they were too. */
+static int append_row(Layout *layout, PyObject *record) {
+    Py_ssize_t i = layout->rows, k;
+    int failed = 0;
+    if ((i & 1023) == 0 && reserve_rows(layout) < 0) return -1;
+    int first_of_byte = (i & 7) == 0;
+    char mask = (char)(1 << (i & 7));
+    for (k = 0; k < layout->width; k++) {
+        Built *c = &layout->columns[k];
+        PyObject *value = *(PyObject **)((char *)record + c->at);
+        if (!value) goto undo;  /* an unset slot: the general path raises its AttributeError */
+        int present = value != Py_None;
+        /* Read and checked before anything of this column is written: an undo covers columns 0..k-1. */
+        const char *s = NULL;
+        Py_ssize_t len = 0;
+        long long v = 0;
+        if (present) {
+            switch (c->kind) {
+            case K_UTF8:
+                if (!utf8_of(value, &s, &len) || len > INT32_MAX - c->data.len) goto undo;
+                if (bytes_reserve(&c->data, len) < 0) {
+                    failed = 1;
+                    goto undo;
+                }
+                break;
+            case K_BOOL:
+                if (value != Py_True && value != Py_False) goto undo;
+                break;
+            default:
+                if (!int_of(value, &v) || (c->kind == K_INT32 && (v < INT32_MIN || v > INT32_MAX))) goto undo;
+            }
+        }
+        if (first_of_byte) c->validity.data[c->validity.len++] = 0;
+        if (present) c->validity.data[i >> 3] |= mask;
+        else c->nulls++;
+        switch (c->kind) {
+        case K_UTF8: {
+            if (c->offsets.len == 0) {
+                memset(c->offsets.data, 0, 4);
+                c->offsets.len = 4;
+            }
+            memcpy(c->data.data + c->data.len, s, (size_t)len);
+            c->data.len += len;
+            int32_t end = (int32_t)c->data.len;
+            memcpy(c->offsets.data + c->offsets.len, &end, 4);
+            c->offsets.len += 4;
+            break;
+        }
+        case K_BOOL:
+            if (first_of_byte) c->data.data[c->data.len++] = 0;
+            if (value == Py_True) c->data.data[i >> 3] |= mask;
+            break;
+        case K_INT64: {
+            int64_t x = v;
+            memcpy(c->data.data + c->data.len, &x, 8);
+            c->data.len += 8;
+            break;
+        }
+        default: {
+            int32_t x = (int32_t)v;
+            memcpy(c->data.data + c->data.len, &x, 4);
+            c->data.len += 4;
+        }
+        }
+    }
+    layout->rows = i + 1;
+    return 1;
+undo:
+    while (k-- > 0) unappend(&layout->columns[k], i, *(PyObject **)((char *)record + layout->columns[k].at));
+    return failed ? -1 : 0;
+}
+
+/* append(record): its fields appended to its class's columns, or the record kept among the
+ * declined (another class, or a value its column's kind does not write as it is); counted if it
+ * is of the counted class and the predicate says so. The record itself is not kept. */
+static PyObject *record_columns_append(RecordColumns *self, PyObject *record) {
+    if (!self->declined) return PyErr_Format(PyExc_ValueError, "RecordColumns: cleared");
+    Layout *layout = NULL;
+    for (Py_ssize_t j = 0; j < self->n; j++)
+        if (Py_TYPE(record) == self->layouts[j].type) {
+            layout = &self->layouts[j];
+            break;
+        }
+    int taken = layout ? append_row(layout, record) : 0;
+    if (taken < 0 || (!taken && PyList_Append(self->declined, record) < 0)) return NULL;
+    if (self->predicate != Py_None && (PyObject *)Py_TYPE(record) == self->counted) {
+        PyObject *answer = PyObject_CallOneArg(self->predicate, record);
+        if (!answer) return NULL;
+        int yes = PyObject_IsTrue(answer);
+        Py_DECREF(answer);
+        if (yes < 0) return NULL;
+        self->count += yes;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *bytes_copy(Bytes *b) { return PyBytes_FromStringAndSize(b->data ? b->data : "", b->len); }
+
+/* One column's buffers as record_column hands them: (validity or None, data, offsets or None, nulls). */
+static PyObject *built_take(Built *c) {
+    if (c->kind == K_UTF8 && c->offsets.len == 0 && bytes_reserve(&c->offsets, 4) == 0) {
+        memset(c->offsets.data, 0, 4);  /* no row: one offset, 0 */
+        c->offsets.len = 4;
+    }
+    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t nulls = c->nulls;
+    PyObject *v = nulls ? bytes_copy(&c->validity) : Py_NewRef(Py_None);
+    PyObject *d = bytes_copy(&c->data);
+    PyObject *o = c->kind == K_UTF8 ? bytes_copy(&c->offsets) : Py_NewRef(Py_None);
+    PyObject *out = v && d && o ? Py_BuildValue("(OOOn)", v, d, o, nulls) : NULL;
+    Py_XDECREF(v);
+    Py_XDECREF(d);
+    Py_XDECREF(o);
+    /* The buffers are kept for the next rows: grown once, not again from nothing after every take
+     * (and their pages touched again: most of the appends' time, measured with perf). */
+    c->validity.len = c->data.len = c->offsets.len = 0;
+    c->nulls = 0;
+    return out;
+}
+
+/* take() -> (((rows, (column, ...)), ...) per layout, declined records, count): everything gathered
+ * since the last take, handed over; the builder starts anew. */
+static PyObject *record_columns_take(RecordColumns *self, PyObject *unused) {
+    if (!self->declined) return PyErr_Format(PyExc_ValueError, "RecordColumns: cleared");
+    PyObject *layouts = PyTuple_New(self->n), *declined = PyList_New(0), *out = NULL;
+    if (!layouts || !declined) goto done;
+    for (Py_ssize_t j = 0; j < self->n; j++) {
+        Layout *layout = &self->layouts[j];
+        PyObject *columns = PyTuple_New(layout->width);
+        if (!columns) goto done;
+        for (Py_ssize_t k = 0; k < layout->width; k++) {
+            PyObject *column = built_take(&layout->columns[k]);
+            if (!column) {
+                Py_DECREF(columns);
+                goto done;
+            }
+            PyTuple_SET_ITEM(columns, k, column);
+        }
+        PyObject *entry = Py_BuildValue("(nN)", layout->rows, columns);
+        if (!entry) goto done;
+        PyTuple_SET_ITEM(layouts, j, entry);
+        layout->rows = 0;
+    }
+    out = Py_BuildValue("(NOn)", layouts, self->declined, self->count);
+    layouts = NULL;
+    if (out) {
+        Py_SETREF(self->declined, declined);
+        declined = NULL;
+        self->count = 0;
+    }
+done:
+    Py_XDECREF(layouts);
+    Py_XDECREF(declined);
+    return out;
+}
+
+static Py_ssize_t record_columns_len(RecordColumns *self) {
+    Py_ssize_t n = self->declined ? PyList_GET_SIZE(self->declined) : 0;
+    for (Py_ssize_t j = 0; j < self->n; j++) n += self->layouts[j].rows;
+    return n;
+}
+
+static int record_columns_traverse(RecordColumns *self, visitproc visit, void *arg) {
+    Py_VISIT(self->declined);
+    Py_VISIT(self->counted);
+    Py_VISIT(self->predicate);
+    for (Py_ssize_t j = 0; j < self->n; j++) Py_VISIT(self->layouts[j].type);
+    return 0;
+}
+
+static int record_columns_clear(RecordColumns *self) {
+    Py_CLEAR(self->declined);
+    Py_CLEAR(self->counted);
+    Py_CLEAR(self->predicate);
+    return 0;
+}
+
+static void record_columns_dealloc(RecordColumns *self) {
+    PyObject_GC_UnTrack(self);
+    record_columns_clear(self);
+    for (Py_ssize_t j = 0; j < self->n; j++) {
+        Layout *layout = &self->layouts[j];
+        for (Py_ssize_t k = 0; k < layout->width; k++) built_free(&layout->columns[k]);
+        PyMem_Free(layout->columns);
+        Py_XDECREF(layout->type);
+    }
+    PyMem_Free(self->layouts);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* One layout from (class, ((slot, kind), ...)): each slot a __slots__ member of exactly that class. */
+static int layout_open(Layout *layout, PyObject *spec) {
+    PyObject *type, *fields;
+    if (!PyArg_ParseTuple(spec, "O!O!", &PyType_Type, &type, &PyTuple_Type, &fields)) return -1;
+    layout->type = (PyTypeObject *)Py_NewRef(type);
+    layout->width = PyTuple_GET_SIZE(fields);
+    layout->columns = PyMem_Calloc((size_t)(layout->width ? layout->width : 1), sizeof(Built));
+    if (!layout->columns) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < layout->width; k++) {
+        PyObject *slot;
+        int kind;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(fields, k), "Oi", &slot, &kind)) return -1;
+        if (!Py_IS_TYPE(slot, &PyMemberDescr_Type) || PyDescr_TYPE(slot) != layout->type ||
+            ((PyMemberDescrObject *)slot)->d_member->type != T_OBJECT_EX) {
+            PyErr_Format(PyExc_TypeError, "RecordColumns: field %zd of %s is not one of its __slots__", k,
+                         layout->type->tp_name);
+            return -1;
+        }
+        if (!(kind == K_INT64 || kind == K_INT32 || kind == K_BOOL || kind == K_UTF8)) {
+            PyErr_Format(PyExc_ValueError, "RecordColumns: kind %d is not one it writes", kind);
+            return -1;
+        }
+        layout->columns[k].at = ((PyMemberDescrObject *)slot)->d_member->offset;
+        layout->columns[k].kind = kind;
+    }
+    return 0;
+}
+
+static PyObject *record_columns_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"layouts", "counted", "predicate", NULL};
+    PyObject *layouts, *counted = Py_None, *predicate = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!|OO:RecordColumns", keywords, &PyTuple_Type, &layouts, &counted,
+                                     &predicate))
+        return NULL;
+    RecordColumns *self = (RecordColumns *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    self->counted = Py_NewRef(counted);
+    self->predicate = Py_NewRef(predicate);
+    self->declined = PyList_New(0);
+    Py_ssize_t n = PyTuple_GET_SIZE(layouts);
+    self->layouts = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Layout));
+    if (!self->declined || !self->layouts) {
+        if (!self->layouts) PyErr_NoMemory();
+        Py_DECREF(self);
+        return NULL;
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        self->n = j + 1;  /* what dealloc frees, this one's partial state included */
+        if (layout_open(&self->layouts[j], PyTuple_GET_ITEM(layouts, j)) < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
+    return (PyObject *)self;
+}
+
+static PyMethodDef record_columns_methods[] = {
+    {"append", (PyCFunction)record_columns_append, METH_O,
+     "append(record): its fields onto its class's columns (or kept among the declined); the record is not kept."},
+    {"take", (PyCFunction)record_columns_take, METH_NOARGS,
+     "take() -> (((rows, columns), ...) per layout, declined records, count), and start anew."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods record_columns_sequence = {.sq_length = (lenfunc)record_columns_len};
+
+static PyTypeObject RecordColumnsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "analyzer._columns.RecordColumns",
+    .tp_doc = "RecordColumns(layouts, counted=None, predicate=None): slotted records' fields appended to Arrow "
+              "buffers as they come; layouts: ((class, ((member descriptor, kind), ...)), ...).",
+    .tp_basicsize = sizeof(RecordColumns),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = record_columns_new,
+    .tp_dealloc = (destructor)record_columns_dealloc,
+    .tp_traverse = (traverseproc)record_columns_traverse,
+    .tp_clear = (inquiry)record_columns_clear,
+    .tp_methods = record_columns_methods,
+    .tp_as_sequence = &record_columns_sequence,
+};
+
 static PyMethodDef methods[] = {
     {"rows", rows, METH_VARARGS, "rows(names, columns, length) -> a Row per row of an Arrow batch's columns."},
     {"record_column", record_column, METH_VARARGS,
@@ -467,10 +844,11 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_columns", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__columns(void) {
-    if (PyType_Ready(&RowType) < 0) return NULL;
+    if (PyType_Ready(&RowType) < 0 || PyType_Ready(&RecordColumnsType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    if (PyModule_AddObjectRef(m, "Row", (PyObject *)&RowType) < 0) {
+    if (PyModule_AddObjectRef(m, "Row", (PyObject *)&RowType) < 0 ||
+        PyModule_AddObjectRef(m, "RecordColumns", (PyObject *)&RecordColumnsType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

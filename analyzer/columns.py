@@ -92,10 +92,39 @@ def record_column(items: list, name: str, arrow_type: pa.DataType) -> pa.Array |
     taken = _columns.record_column(items, slot, kind)
     if taken is None:
         return None
+    return taken_array(arrow_type, len(items), taken)
+
+
+def taken_array(arrow_type: pa.DataType, length: int, taken: tuple) -> pa.Array:
+    """The Arrow array of the C loops' buffers for one column: (validity or None, data, offsets or
+    None, null count), as record_column and RecordColumns.take hand them."""
     validity, data, offsets, nulls = taken
     buffers = [None if validity is None else pa.py_buffer(validity)]
     buffers += [pa.py_buffer(offsets), pa.py_buffer(data)] if offsets is not None else [pa.py_buffer(data)]
-    return pa.Array.from_buffers(arrow_type, len(items), buffers, null_count=nulls)
+    return pa.Array.from_buffers(arrow_type, length, buffers, null_count=nulls)
+
+
+def record_columns(layouts: dict[type, list[pa.Field]], counted: type | None = None, predicate=None):
+    """A builder of Arrow columns out of records of slotted classes as they come, in C:
+    `append(record)` puts the record's fields (`layouts[type(record)]`, each a slot of its class)
+    onto its class's columns and keeps nothing of the record; a record of another class, or with a
+    value record_column would not take, is kept as it is among the declined. `take()` hands over
+    `(((rows, buffers per field), ...) per layout, declined records, count)` and starts anew, the
+    buffers as `taken_array` reads them; `count`: the records of class `counted` for which
+    `predicate(record)` is true. None where the C loop is off, or a field is of a type it does not
+    write (the caller keeps the records and converts them with record_column)."""
+    if not enabled():
+        return None
+    specs = []
+    for record_type, fields in layouts.items():
+        spec = []
+        for field in fields:
+            kind, slot = _RECORD_KINDS.get(field.type), record_type.__dict__.get(field.name)
+            if kind is None or slot is None:
+                return None
+            spec.append((slot, kind))
+        specs.append((record_type, tuple(spec)))
+    return _columns.RecordColumns(tuple(specs), counted, predicate)
 
 
 # Arrow type -> the C loops' name for it: what rows read, and the part of it records are written as.

@@ -281,14 +281,23 @@ def objects_to_table(items: list, reader, schema: pa.Schema, ts_columns: dict[st
     list per column, no dict per row."""
     n = len(items)
     columns = {}
-    for field in schema:
-        if field.name in ts_columns or field.name == "date":
-            continue
+    for field in stored_fields(schema, ts_columns):
         name = field.name
         column = record_column(items, name, field.type) if reader is operator.attrgetter else None
         if column is None:
             column = pa.array(list(map(reader(name), items)), type=field.type) if n else pa.nulls(0, field.type)
         columns[name] = column
+    return columns_to_table(columns, schema, ts_columns, date_from)
+
+
+def stored_fields(schema: pa.Schema, ts_columns: dict[str, str]) -> list[pa.Field]:
+    """The fields of `schema` a row object holds: all but `date` and the timestamps derived from `_ns`."""
+    return [field for field in schema if field.name not in ts_columns and field.name != "date"]
+
+
+def columns_to_table(columns: dict[str, pa.Array], schema: pa.Schema, ts_columns: dict[str, str],
+                     date_from: str) -> pa.Table:
+    """`stored_fields`' columns -> `schema`, deriving timestamps and the date partition."""
     for name, source in ts_columns.items():
         columns[name] = _ns_to_timestamp(columns[source])
     columns["date"] = _ns_to_timestamp(columns[date_from]).cast(pa.date32()).cast(pa.string())

@@ -37,7 +37,7 @@ from analyzer.rows import dicts_to_table
 from analyzer.timeline.carry import FORMAT, Checkpoint, dump
 from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.records import Delivery
-from analyzer.timeline.tables import RECORD_TYPES, SORT_KEYS, by_type, tables_of
+from analyzer.timeline.tables import RECORD_TYPES, SORT_KEYS, RecordTables
 
 from .provisional import flagged, metric_flags, open_buckets
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES, as_stored
@@ -225,9 +225,10 @@ class _Partition(ConnectionsPartition):
                  write_to: str | None = None):
         super().__init__(flush_records, write_to)
         self.settings, self.frames_version, self.advance_every = settings, frames_version, advance_every
-        # Emptied in place by each flush, never replaced: a connection's machine keeps appending to them.
-        self.records: list = []
-        self.open_records: list = []    # the checkpoints' provisional records (provisional.py)
+        # Emptied by each flush, never replaced: a connection's machine keeps appending to them.
+        # Each counts the deliveries the cross-connection kinds can start from (detectors/messages.py).
+        self.records = RecordTables(Delivery, came_back)
+        self.open_records = RecordTables(Delivery, came_back)   # the checkpoints' provisional records (provisional.py)
         self.metrics: list[dict] = []
         self.open_buckets: dict[str, tuple] = {}   # connection -> provisional.open_buckets, till the flush
         self.rows: dict[str, list[dict]] = {"raw_findings": [], STATE_TABLE: [], "tally": []}
@@ -253,11 +254,10 @@ class _Partition(ConnectionsPartition):
         self.rows[STATE_TABLE].append(state_row(done.checkpoint, timeline, self.frames_version))
 
     def _flush(self) -> Iterator[pa.RecordBatch]:
-        if not (self.records or self.open_records or self.metrics or any(self.rows.values())):
+        if not (len(self.records) or len(self.open_records) or self.metrics or any(self.rows.values())):
             return
-        final, opened = by_type(self.records), by_type(self.open_records)
-        came_back_count = sum(map(came_back, (*final[Delivery], *opened[Delivery])))
-        final, opened = tables_of(final, ordered=False), tables_of(opened, ordered=False)
+        (final, final_back), (opened, opened_back) = self.records.take(ordered=False), self.open_records.take(ordered=False)
+        came_back_count = final_back + opened_back
         parts = [("counts", None, pa.Table.from_pylist([{"came_back": came_back_count}], schema=COUNTS))]
         for name in RECORD_TYPES:
             rows = pa.concat_tables([as_stored(name, final[name], False), as_stored(name, opened[name], True)])
@@ -271,7 +271,7 @@ class _Partition(ConnectionsPartition):
                   (STATE_TABLE, None, states_table(self.rows[STATE_TABLE])),
                   ("tally", None, pa.Table.from_pylist(self.rows["tally"], schema=TALLY))]
         wide = to_wide(WIDE, parts)
-        for gathered in (self.records, self.open_records, self.metrics, self.open_buckets, *self.rows.values()):
+        for gathered in (self.metrics, self.open_buckets, *self.rows.values()):
             gathered.clear()
         yield from wide.to_batches()
 

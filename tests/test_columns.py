@@ -36,7 +36,8 @@ from analyzer.connection_analysis import ANALYSIS_COLUMNS
 from analyzer.ingest import decode
 from analyzer.timeline import records as r
 from analyzer.timeline.connection import replay
-from analyzer.timeline.tables import INPUT_COLUMNS, to_tables
+from analyzer.detectors.messages import came_back
+from analyzer.timeline.tables import INPUT_COLUMNS, SORT_KEYS, RecordTables, to_tables
 
 from .conftest import ROOT, check_built, needs_built
 
@@ -320,6 +321,124 @@ def test_record_fields_it_must_decline():
     full = columns.record_column([Item(2**63 - 1, -2**31, False, "é"), Item(None, None, None, None)], "number",
                                  pa.int64())
     assert full.to_pylist() == [2**63 - 1, None]
+
+
+# -- records out as they come (RecordColumns, RecordTables) -----------------------------------------
+
+def _record_tables(records: list, monkeypatch, pure: bool, takes: int = 1) -> tuple[list[dict], int]:
+    """`records` appended to a RecordTables (C, or the reference with `pure`), taken `takes` times
+    along the way: the tables of each take, and the deliveries came_back counted in all."""
+    if pure:
+        monkeypatch.setenv("ACKSCOPE_PURE_PYTHON", "1")
+    else:
+        monkeypatch.delenv("ACKSCOPE_PURE_PYTHON", raising=False)
+    gathered = RecordTables(r.Delivery, came_back)
+    assert (gathered.builder is None) == pure
+    out, count, step = [], 0, max(1, len(records) // takes)
+    for start in range(0, len(records), step):
+        for record in records[start:start + step]:
+            gathered.append(record)
+        assert len(gathered) == len(records[start:start + step])
+        tables, counted = gathered.take()
+        out.append(tables)
+        count += counted
+    assert len(gathered) == 0
+    return out, count
+
+
+@needs_module
+@pytest.mark.parametrize("source", ["example_frames", "generated_frames"])
+def test_records_appended_as_they_come_give_the_tables_of_the_records(source, request, monkeypatch):
+    frames = request.getfixturevalue(source).select(list(INPUT_COLUMNS))
+    records = replay(frames.sort_by([("connection_id", "ascending"), ("seq", "ascending")]).to_pylist())
+    reference = to_tables(records)
+    assert reference["deliveries"].num_rows > 0 and reference["publishes"].num_rows > 0
+    expected_count = sum(came_back(x) for x in records if type(x) is r.Delivery)
+    for pure, takes in ((True, 1), (False, 1), (False, 7)):
+        pieces, count = _record_tables(records, monkeypatch, pure, takes)
+        assert count == expected_count, (pure, takes)
+        for name, table in reference.items():
+            whole = pa.concat_tables([piece[name] for piece in pieces]).sort_by(
+                [(column, "ascending") for column in SORT_KEYS[name]])
+            whole.validate(full=True)
+            assert whole.equals(table, check_metadata=True), (name, pure, takes)
+
+
+ITEM_LAYOUT = {Item: [pa.field(name, arrow_type) for name, arrow_type in FIELD_TYPES.items()]}
+
+
+def assert_appended_as_record_column_takes(batches: list[list[tuple]]) -> None:
+    """Items of `values` appended to one RecordColumns, taken after each batch: each item is taken
+    whole when record_column takes every field of it alone, else kept whole among the declined
+    (nothing of it left in the columns, whichever field declined it), and the columns equal pyarrow's
+    of the items taken; the builder's buffers are reused from one take to the next."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.delenv("ACKSCOPE_PURE_PYTHON", raising=False)
+        builder = columns.record_columns(ITEM_LAYOUT, Item, lambda item: item.flag is True)
+        for values in batches:
+            items = [Item(*v) for v in values]
+            for item in items:
+                builder.append(item)
+            (([rows, buffers],), declined, count) = builder.take()
+            alone = [all(columns.record_column([x], name, t) is not None for name, t in FIELD_TYPES.items())
+                     for x in items]
+            taken = [x for x, ok in zip(items, alone) if ok]
+            assert declined == [x for x, ok in zip(items, alone) if not ok]
+            assert [type(x) for x in declined] == [Item] * len(declined)
+            assert all(d is x for d, x in zip(declined, [x for x, ok in zip(items, alone) if not ok]))
+            assert count == sum(x.flag is True for x in items)
+            assert rows == len(taken)
+            for (name, arrow_type), column in zip(FIELD_TYPES.items(), buffers):
+                built = columns.taken_array(arrow_type, rows, column)
+                built.validate(full=True)
+                expected = pa.array([getattr(x, name) for x in taken], type=arrow_type)
+                assert built.equals(expected) and built.null_count == expected.null_count, name
+
+
+@needs_module
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.tuples(ANY_VALUE, ANY_VALUE, ANY_VALUE, ANY_VALUE), max_size=30), max_size=3))
+def test_appended_records_are_taken_whole_or_declined_whole(batches):
+    assert_appended_as_record_column_takes(batches)
+
+
+@needs_module
+def test_appended_records_across_many_rows_and_takes():
+    """Past the builder's steps of 1,024 rows and its bytes of 8 bits, with declines among them,
+    over takes of different sizes."""
+    import random
+    rng = random.Random(46)
+    pool = [(None, None, None, None), (2**63 - 1, -2**31, True, "é"), (-5, 7, False, ""), (3, 2**31, True, "x"),
+            (1, 2, None, "\ud800"), (True, 1, False, "y"), (7, None, 1, None), (2**64, 0, True, "z" * 300),
+            (12, 34, False, "ascii")]
+    batches = [[rng.choice(pool) for _ in range(n)] for n in (3000, 1, 0, 1024, 2049)]
+    assert_appended_as_record_column_takes(batches)
+
+
+@needs_module
+def test_a_taken_record_is_not_kept_and_a_declined_one_is():
+    builder = columns.record_columns(ITEM_LAYOUT)
+    taken, declined = Item(1, 2, True, "kept nowhere"), Item(1.5, None, None, None)
+    before = sys.getrefcount(taken), sys.getrefcount(declined)
+    builder.append(taken)
+    builder.append(declined)
+    assert (sys.getrefcount(taken), sys.getrefcount(declined)) == (before[0], before[1] + 1)
+    assert len(builder) == 2
+    builder.append("not an Item at all")
+    (([rows, _],), kept, count) = builder.take()
+    assert (rows, kept, count) == (1, [declined, "not an Item at all"], 0)
+    assert len(builder) == 0
+
+
+@needs_module
+def test_a_layout_must_name_slots_of_its_class():
+    @dataclass(frozen=True, slots=True)
+    class Other:
+        number: object
+    with pytest.raises(TypeError, match="__slots__"):
+        columns._columns.RecordColumns(((Item, ((Other.__dict__["number"], columns._columns.INT64),)),))
+    assert columns.record_columns({Item: [pa.field("number", pa.float64())]}) is None  # a type it does not write
+    assert columns.record_columns({Item: [pa.field("missing", pa.int64())]}) is None
 
 
 @needs_module

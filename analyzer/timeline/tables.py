@@ -7,13 +7,14 @@ timeline job's output is compared with.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from operator import attrgetter
 
 import pyarrow as pa
 
 from .. import schema
-from ..rows import objects_to_table
+from ..columns import record_columns, taken_array
+from ..rows import columns_to_table, objects_to_table, stored_fields
 from . import records as r
 from .connection import replay
 
@@ -105,6 +106,52 @@ def tables_of(grouped: dict[type, list], ordered: bool = True) -> dict[str, pa.T
         table = objects_to_table(grouped[record_type], attrgetter, table_schema, timestamps, date_from)
         out[name] = table.sort_by([(column, "ascending") for column in key]) if ordered else table
     return out
+
+
+class RecordTables:
+    """Timeline records gathered for the four tables as they come (`append(record)`, what a
+    machine's `out` takes), handed over as `tables_of` makes them by `take`, with how many records
+    of class `counted` `predicate` said yes to.
+
+    Where the C loop is built (columns.record_columns), `append` puts each record's fields straight
+    onto Arrow columns and keeps nothing of the record: a pass that kept up to FLUSH_RECORDS
+    records until its flush, then grouped them by type and read each field of each back out of
+    memory long gone cold, spent ~a quarter of its machine's thread there (bench/README.md, session
+    46). Without it, the records are kept and converted at `take` (the reference;
+    tests/test_columns.py holds the two to equal tables)."""
+
+    def __init__(self, counted: type | None = None, predicate: Callable[[object], bool] | None = None):
+        self.counted, self.predicate = counted, predicate
+        self.builder = record_columns({record_type: stored_fields(table_schema, timestamps)
+                                       for record_type, (table_schema, timestamps, _, _) in TABLES.items()},
+                                      counted, predicate)
+        self.records: list = []
+        self.append = self.records.append if self.builder is None else self.builder.append
+
+    def __len__(self) -> int:
+        return len(self.records) if self.builder is None else len(self.builder)
+
+    def take(self, ordered: bool = True) -> tuple[dict[str, pa.Table], int]:
+        """Every record appended since the last take, as the four tables (`ordered`: as tables_of),
+        and the count; gathering starts anew."""
+        if self.builder is None:
+            grouped = by_type(self.records)
+            self.records.clear()
+            count = sum(map(self.predicate, grouped.get(self.counted, ()))) if self.predicate is not None else 0
+            return tables_of(grouped, ordered), count
+        layouts, declined, count = self.builder.take()
+        declined_tables = tables_of(by_type(declined), ordered=False) if declined else {}
+        built, out = dict(zip(TABLES, layouts)), {}
+        for name, record_type in RECORD_TYPES.items():
+            table_schema, timestamps, date_from, key = TABLES[record_type]
+            rows, buffers = built[record_type]
+            columns = {field.name: taken_array(field.type, rows, taken)
+                       for field, taken in zip(stored_fields(table_schema, timestamps), buffers)}
+            table = columns_to_table(columns, table_schema, timestamps, date_from)
+            if name in declined_tables:
+                table = pa.concat_tables([table, declined_tables[name]])
+            out[name] = table.sort_by([(column, "ascending") for column in key]) if ordered else table
+        return out, count
 
 
 def to_tables(records: Iterable, ordered: bool = True) -> dict[str, pa.Table]:
