@@ -354,10 +354,19 @@ static int bytes_reserve(Bytes *b, Py_ssize_t more) {
     return 0;
 }
 
-static PyObject *bytes_take(Bytes *b) {
-    PyObject *out = PyBytes_FromStringAndSize(b->data ? b->data : "", b->len);
-    PyMem_Free(b->data);
-    b->data = NULL, b->len = b->cap = 0;
+static PyObject *bytes_copy(Bytes *b) { return PyBytes_FromStringAndSize(b->data ? b->data : "", b->len); }
+
+/* (validity bytes or None, data bytes, offsets bytes or None, null count): one column's buffers as
+ * record_column and RecordColumns.take hand them (copies: the caller keeps or frees its own).
+ * Validity only with nulls; `offsets` NULL for a column without. */
+static PyObject *column_buffers(Bytes *validity, Bytes *data, Bytes *offsets, Py_ssize_t nulls) {
+    PyObject *v = nulls ? bytes_copy(validity) : Py_NewRef(Py_None);
+    PyObject *d = bytes_copy(data);
+    PyObject *o = offsets ? bytes_copy(offsets) : Py_NewRef(Py_None);
+    PyObject *out = v && d && o ? Py_BuildValue("(OOOn)", v, d, o, nulls) : NULL;
+    Py_XDECREF(v);
+    Py_XDECREF(d);
+    Py_XDECREF(o);
     return out;
 }
 
@@ -441,15 +450,7 @@ static PyObject *record_column(PyObject *self, PyObject *args) {
     taken = 1;
 done:;
     PyObject *out = NULL;
-    if (taken && !PyErr_Occurred()) {
-        PyObject *v = nulls ? bytes_take(&validity) : Py_NewRef(Py_None);
-        PyObject *d = bytes_take(&data);
-        PyObject *o = kind == K_UTF8 ? bytes_take(&offsets) : Py_NewRef(Py_None);
-        if (v && d && o) out = Py_BuildValue("(OOOn)", v, d, o, nulls);
-        Py_XDECREF(v);
-        Py_XDECREF(d);
-        Py_XDECREF(o);
-    }
+    if (taken && !PyErr_Occurred()) out = column_buffers(&validity, &data, kind == K_UTF8 ? &offsets : NULL, nulls);
     PyMem_Free(validity.data);
     PyMem_Free(data.data);
     PyMem_Free(offsets.data);
@@ -527,13 +528,23 @@ static inline int int_of(PyObject *value, long long *v) {
     return !overflow;
 }
 
-/* Room for 1024 more rows of every fixed-width part of the layout's columns: 0, -1 error. */
+/* A string column's first offset (0), before any row: 0, -1 error. */
+static int offsets_started(Built *c) {
+    if (c->offsets.len) return 0;
+    if (bytes_reserve(&c->offsets, 4) < 0) return -1;
+    memset(c->offsets.data, 0, 4);
+    c->offsets.len = 4;
+    return 0;
+}
+
+/* Room for 1024 more rows of every fixed-width part of the layout's columns (string columns
+ * started): 0, -1 error. */
 static int reserve_rows(Layout *layout) {
     for (Py_ssize_t k = 0; k < layout->width; k++) {
         Built *c = &layout->columns[k];
         if (bytes_reserve(&c->validity, 128) < 0) return -1;
-        if (c->kind == K_UTF8 ? bytes_reserve(&c->offsets, 4 * 1025) :
-            bytes_reserve(&c->data, c->kind == K_BOOL ? 128 : 1024 * WIDTH[c->kind]))
+        if (c->kind == K_UTF8 ? offsets_started(c) < 0 || bytes_reserve(&c->offsets, 4 * 1024) < 0 :
+            bytes_reserve(&c->data, c->kind == K_BOOL ? 128 : 1024 * WIDTH[c->kind]) < 0)
             return -1;
     }
     return 0;
@@ -597,10 +608,6 @@ static int append_row(Layout *layout, PyObject *record) {
         else c->nulls++;
         switch (c->kind) {
         case K_UTF8: {
-            if (c->offsets.len == 0) {
-                memset(c->offsets.data, 0, 4);
-                c->offsets.len = 4;
-            }
             memcpy(c->data.data + c->data.len, s, (size_t)len);
             c->data.len += len;
             int32_t end = (int32_t)c->data.len;
@@ -656,23 +663,10 @@ static PyObject *record_columns_append(RecordColumns *self, PyObject *record) {
     Py_RETURN_NONE;
 }
 
-static PyObject *bytes_copy(Bytes *b) { return PyBytes_FromStringAndSize(b->data ? b->data : "", b->len); }
-
-/* One column's buffers as record_column hands them: (validity or None, data, offsets or None, nulls). */
+/* One column's buffers (column_buffers), its rows then dropped. */
 static PyObject *built_take(Built *c) {
-    if (c->kind == K_UTF8 && c->offsets.len == 0 && bytes_reserve(&c->offsets, 4) == 0) {
-        memset(c->offsets.data, 0, 4);  /* no row: one offset, 0 */
-        c->offsets.len = 4;
-    }
-    if (PyErr_Occurred()) return NULL;
-    Py_ssize_t nulls = c->nulls;
-    PyObject *v = nulls ? bytes_copy(&c->validity) : Py_NewRef(Py_None);
-    PyObject *d = bytes_copy(&c->data);
-    PyObject *o = c->kind == K_UTF8 ? bytes_copy(&c->offsets) : Py_NewRef(Py_None);
-    PyObject *out = v && d && o ? Py_BuildValue("(OOOn)", v, d, o, nulls) : NULL;
-    Py_XDECREF(v);
-    Py_XDECREF(d);
-    Py_XDECREF(o);
+    if (c->kind == K_UTF8 && offsets_started(c) < 0) return NULL;  /* no row yet: one offset, 0 */
+    PyObject *out = column_buffers(&c->validity, &c->data, c->kind == K_UTF8 ? &c->offsets : NULL, c->nulls);
     /* The buffers are kept for the next rows: grown once, not again from nothing after every take
      * (and their pages touched again: most of the appends' time, measured with perf). */
     c->validity.len = c->data.len = c->offsets.len = 0;

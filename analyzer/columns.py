@@ -1,7 +1,8 @@
 """Arrow columns to and from Python objects: the two edges of the connection pass, in C where it is built.
 
-The pass hands every frame to the state machine as a mapping and every record back to Arrow a
-column at a time (spark_jobs/connection_pass.py). In Python, the dicts cost ~1.5 µs per frame and
+The pass hands every frame to the state machine as a mapping and every record back to Arrow
+(spark_jobs/connection_pass.py: as the machine hands each off, `record_columns`; records it does
+not take, a column at a time, `record_column`). In Python, the dicts cost ~1.5 µs per frame and
 the columns ~1.5 µs per frame, a third of the pass outside the rules. `analyzer/_columns.c` does
 both conversions without a Python list per column in between, its rows compact read-only `Row`s
 (analyzer/_row.h) that timeline/_plain.c reads in place; it takes only the layouts and values it

@@ -256,7 +256,8 @@ class _Partition(ConnectionsPartition):
     def _flush(self) -> Iterator[pa.RecordBatch]:
         if not (len(self.records) or len(self.open_records) or self.metrics or any(self.rows.values())):
             return
-        (final, final_back), (opened, opened_back) = self.records.take(ordered=False), self.open_records.take(ordered=False)
+        final, final_back = self.records.take(ordered=False)
+        opened, opened_back = self.open_records.take(ordered=False)
         came_back_count = final_back + opened_back
         parts = [("counts", None, pa.Table.from_pylist([{"came_back": came_back_count}], schema=COUNTS))]
         for name in RECORD_TYPES:

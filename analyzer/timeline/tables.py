@@ -104,8 +104,12 @@ def tables_of(grouped: dict[type, list], ordered: bool = True) -> dict[str, pa.T
     for name, record_type in RECORD_TYPES.items():
         table_schema, timestamps, date_from, key = TABLES[record_type]
         table = objects_to_table(grouped[record_type], attrgetter, table_schema, timestamps, date_from)
-        out[name] = table.sort_by([(column, "ascending") for column in key]) if ordered else table
+        out[name] = _sorted(table, key) if ordered else table
     return out
+
+
+def _sorted(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
+    return table.sort_by([(column, "ascending") for column in key])
 
 
 class RecordTables:
@@ -114,17 +118,18 @@ class RecordTables:
     of class `counted` `predicate` said yes to.
 
     Where the C loop is built (columns.record_columns), `append` puts each record's fields straight
-    onto Arrow columns and keeps nothing of the record: a pass that kept up to FLUSH_RECORDS
-    records until its flush, then grouped them by type and read each field of each back out of
-    memory long gone cold, spent ~a quarter of its machine's thread there (bench/README.md, session
-    46). Without it, the records are kept and converted at `take` (the reference;
-    tests/test_columns.py holds the two to equal tables)."""
+    onto Arrow columns and keeps nothing of the record, where the pass kept up to FLUSH_RECORDS
+    records until its flush, grouped them by type and read each field back: ~280 against ~500 ns
+    a record, ~1.8 of ~98 CPU s on the 10 M-frame bench lake (bench/README.md, session 46).
+    Without it, the records are kept and converted at `take` (the reference; tests/test_columns.py
+    holds the two to equal tables)."""
 
     def __init__(self, counted: type | None = None, predicate: Callable[[object], bool] | None = None):
         self.counted, self.predicate = counted, predicate
-        self.builder = record_columns({record_type: stored_fields(table_schema, timestamps)
-                                       for record_type, (table_schema, timestamps, _, _) in TABLES.items()},
-                                      counted, predicate)
+        # record type -> the fields its columns are built of, in the C builder's order
+        self.fields = {record_type: stored_fields(table_schema, timestamps)
+                       for record_type, (table_schema, timestamps, _, _) in TABLES.items()}
+        self.builder = record_columns(self.fields, counted, predicate)
         self.records: list = []
         self.append = self.records.append if self.builder is None else self.builder.append
 
@@ -141,16 +146,16 @@ class RecordTables:
             return tables_of(grouped, ordered), count
         layouts, declined, count = self.builder.take()
         declined_tables = tables_of(by_type(declined), ordered=False) if declined else {}
-        built, out = dict(zip(TABLES, layouts)), {}
+        built, out = dict(zip(self.fields, layouts)), {}
         for name, record_type in RECORD_TYPES.items():
             table_schema, timestamps, date_from, key = TABLES[record_type]
             rows, buffers = built[record_type]
             columns = {field.name: taken_array(field.type, rows, taken)
-                       for field, taken in zip(stored_fields(table_schema, timestamps), buffers)}
+                       for field, taken in zip(self.fields[record_type], buffers)}
             table = columns_to_table(columns, table_schema, timestamps, date_from)
             if name in declined_tables:
                 table = pa.concat_tables([table, declined_tables[name]])
-            out[name] = table.sort_by([(column, "ascending") for column in key]) if ordered else table
+            out[name] = _sorted(table, key) if ordered else table
         return out, count
 
 
