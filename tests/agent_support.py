@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,19 +29,28 @@ def free_port() -> int:
 
 class AgentProcess:
     """`ackscope capture --iface lo` with /metrics on a free loopback port. Use as a context manager;
-    `stop()` sends SIGTERM and returns the --json report."""
+    `stop()` sends SIGTERM and returns the --json report.
+
+    `relayed`: the agent captures a BrokerRelay of its own, not the broker's port, so it sees only
+    the connections made to `broker_port`: for tests that count what the agent saw in all (gaps,
+    drops, unsupported flows) or bound its buffer below other tests' traffic."""
 
     def __init__(self, lake_dir: str, *, agent_id: str = "test", iface: str = "lo", flush_interval: float = 1.0,
-                 extra: tuple = (), run_as: tuple = ()):
+                 extra: tuple = (), run_as: tuple = (), relayed: bool = False):
         self.lake_dir, self.agent_id = lake_dir, agent_id
         self.port = free_port()
-        self.command = [*run_as, sys.executable, "-m", "analyzer.cli", "capture", "--iface", iface, "--port", "5672",
+        self.relay = BrokerRelay() if relayed else None
+        self.broker_port = self.relay.port if relayed else 5672
+        self.command = [*run_as, sys.executable, "-m", "analyzer.cli", "capture", "--iface", iface,
+                        "--port", str(self.broker_port),
                         "--lake", lake_dir, "--metrics-addr", f"127.0.0.1:{self.port}", "--agent-id", agent_id,
                         "--flush-interval", str(flush_interval), "--json", *extra]
         self.process: subprocess.Popen | None = None
         self.report: dict | None = None
 
     def start(self) -> "AgentProcess":
+        if self.relay is not None:
+            self.relay.start()
         self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while time.monotonic() < deadline:
@@ -93,6 +103,56 @@ class AgentProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        if self.relay is not None:
+            self.relay.close()
+
+
+class BrokerRelay:
+    """A TCP relay from a port of its own to the broker: an agent capturing that port sees only the
+    connections made through it. The broker is shared with every test running at once (the lab's
+    scenarios publish thousands of messages, other agent tests send TLS and garbage): measured, a
+    publisher flooding the broker beside a test made its agent drop rows, and count kernel drops and
+    a gap, none of them the test's. `port` is where clients connect."""
+
+    def __init__(self, broker: tuple[str, int] = ("127.0.0.1", 5672)):
+        self.broker = broker
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    def _relay(self, client: socket.socket) -> None:
+        with client, socket.create_connection(self.broker) as upstream:
+            back = threading.Thread(target=self._pump, args=(upstream, client), daemon=True)
+            back.start()
+            self._pump(client, upstream)
+            back.join()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        """Bytes one way until the source's end closes (the broker resets rather than closes after
+        connection.close-ok), then a FIN the same way, so the agent sees the connection end."""
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        try:
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:  # the sink's end is gone too
+            pass
 
 
 def probe(port: int, path: str) -> tuple[int, str]:
@@ -134,9 +194,9 @@ def methods_of_ports(lake_dir: str, client_ports: set[int]) -> Counter:
 TLS_CLIENT_HELLO = bytes.fromhex("16030100a5010000a10303") + os.urandom(32) + b"\x00" * 20
 
 
-def send_and_close(payload: bytes) -> None:
+def send_and_close(payload: bytes, port: int = 5672) -> None:
     """Bytes to the broker's port from a client of no protocol the agent decodes, until the broker hangs up."""
-    with socket.create_connection(("127.0.0.1", 5672), timeout=10) as s:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(payload)
         s.settimeout(2)
         try:
@@ -150,13 +210,13 @@ def env_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def publish_confirmed(name: str, count: int, *, queue: str | None = None, close: bool = True):
+def publish_confirmed(name: str, count: int, *, queue: str | None = None, close: bool = True, port: int = 5672):
     """A pika publisher named `name` sends `count` messages in confirm mode to a fresh exclusive
-    queue (or `queue`), each confirmed; returns the open connection when close is False."""
+    queue (or `queue`), each confirmed, through `port`; returns the open connection when close is False."""
     import pika
 
     from tests.lab.clients import pika_connection
-    connection = pika_connection(name)
+    connection = pika_connection(name, port=port)
     channel = connection.channel()
     channel.confirm_delivery()
     target = queue or channel.queue_declare("", exclusive=True).method.queue

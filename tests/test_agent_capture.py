@@ -21,12 +21,13 @@ pytestmark = pytest.mark.rabbitmq
 
 def test_garbage_a_2gib_frame_claim_amqp_1_0_and_tls_are_counted_and_skipped(tmp_path):
     lake_dir = str(tmp_path / "lake")
-    with AgentProcess(lake_dir, agent_id="bad-input", flush_interval=0.3) as agent:
-        send_and_close(b"AMQP\x00\x01\x00\x00")                      # AMQP 1.0
-        send_and_close(TLS_CLIENT_HELLO)                              # TLS on the plain port
-        send_and_close(b"\x00\xff\x13garbage" * 100)                  # not a protocol at all
-        send_and_close(b"AMQP\x00\x00\x09\x01" + struct.pack("!BHI", 1, 0, 0x80000000) + b"\x00" * 64)  # 2 GiB claim
-        publish_confirmed("agent-test-after-garbage", 10)  # decoding goes on for everyone else
+    with AgentProcess(lake_dir, agent_id="bad-input", flush_interval=0.3, relayed=True) as agent:
+        port = agent.broker_port
+        send_and_close(b"AMQP\x00\x01\x00\x00", port)                 # AMQP 1.0
+        send_and_close(TLS_CLIENT_HELLO, port)                         # TLS on the plain port
+        send_and_close(b"\x00\xff\x13garbage" * 100, port)             # not a protocol at all
+        send_and_close(b"AMQP\x00\x00\x09\x01" + struct.pack("!BHI", 1, 0, 0x80000000) + b"\x00" * 64, port)  # 2 GiB
+        publish_confirmed("agent-test-after-garbage", 10, port=port)  # decoding goes on for everyone else
         assert wait_for(lambda: agent.value("ackscope_agent_unsupported_flows_total", protocol="tls") == 1)
         assert agent.value("ackscope_agent_unsupported_flows_total", protocol="amqp-1.0") == 1
         assert agent.value("ackscope_agent_decode_errors_total") >= 1  # the 2 GiB frame header
@@ -122,8 +123,8 @@ def test_full_size_loopback_segments_are_captured_whole(tmp_path):
 
     from tests.lab.clients import pika_connection
     lake_dir = str(tmp_path / "lake")
-    with AgentProcess(lake_dir, agent_id="big") as agent:
-        connection = pika_connection("agent-test-big-messages")
+    with AgentProcess(lake_dir, agent_id="big", relayed=True) as agent:  # its gaps are all this test's
+        connection = pika_connection("agent-test-big-messages", port=agent.broker_port)
         channel = connection.channel()
         channel.confirm_delivery()
         queue = channel.queue_declare("", exclusive=True).method.queue

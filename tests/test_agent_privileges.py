@@ -37,12 +37,12 @@ def nobody_dir():
 def test_as_nobody_with_only_cap_net_raw_the_agent_captures_into_its_lake(nobody_dir):
     lake_dir = nobody_dir("lake")
     run_as = run_as_nobody(os.path.dirname(lake_dir))
-    with AgentProcess(lake_dir, agent_id="nobody", flush_interval=0.5, run_as=run_as) as agent:
+    with AgentProcess(lake_dir, agent_id="nobody", flush_interval=0.5, run_as=run_as, relayed=True) as agent:
         credentials = process_credentials(agent.process.pid)
         assert credentials["Uid"].split() == ["65534"] * 4  # real, effective, saved, filesystem
         assert int(credentials["CapEff"], 16) == 1 << CAP_NET_RAW
         assert int(credentials["CapPrm"], 16) == 1 << CAP_NET_RAW
-        publish_confirmed("agent-test-nobody", 12)
+        publish_confirmed("agent-test-nobody", 12, port=agent.broker_port)
         assert wait_for(lambda: agent.value("ackscope_agent_frames_total", method="basic.ack") >= 12)
         report = agent.stop()
     assert report["kernel_drops"] == 0 and set(report["flushes"]) == {"ok"}

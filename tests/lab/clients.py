@@ -11,10 +11,10 @@ import pika
 from tests.lab import broker
 
 
-def pika_connection(name: str, **parameters) -> pika.BlockingConnection:
+def pika_connection(name: str, port: int = broker.PORT, **parameters) -> pika.BlockingConnection:
     """pika's BlockingConnection announces the connection.blocked capability by default."""
     return pika.BlockingConnection(pika.ConnectionParameters(
-        host=broker.HOST, port=broker.PORT, credentials=pika.PlainCredentials(broker.USER, broker.PASSWORD),
+        host=broker.HOST, port=port, credentials=pika.PlainCredentials(broker.USER, broker.PASSWORD),
         client_properties={"connection_name": name}, **parameters))
 
 
