@@ -248,14 +248,15 @@ def test_after_each_run_the_driver_lets_spark_delete_what_the_run_left_on_disk(s
     """release_run, as the loop calls it after each run: the shuffle files and checkpointed blocks
     of the run go at once, not at the JVM's next collection (every 30 minutes in a quiet driver)."""
     lake_dir = str(tmp_path / "lake")
+    before = set(_spark_local_files(spark))  # the session's: other tests' may still be held
     for name in ("confirm_nacks", "requeue_loop"):
         ingest_file(_example(name), lake_dir)
     analyze(spark, lake_dir)
     ingest_file(_example("flow_control"), lake_dir)
     analyze(spark, lake_dir)  # an incremental run: its local checkpoints and shuffles
-    left = set(_spark_local_files(spark))
-    assert any("shuffle_" in os.path.basename(path) for path in left), sorted(left)[:20]
+    left = {path for path in set(_spark_local_files(spark)) - before if "shuffle_" in os.path.basename(path)}
+    assert left, sorted(set(_spark_local_files(spark)) - before)[:20]
     release_run(spark)
     # The cleaner works on its own thread: local checkpoints' blocks and shuffle files go one by one.
-    settle(lambda: {path for path in left - set(_spark_local_files(spark)) if "shuffle_" in os.path.basename(path)},
-           "no shuffle file of the runs deleted after release_run", 60)
+    settle(lambda: not left & set(_spark_local_files(spark)),
+           f"the runs' {len(left)} shuffle files all deleted after release_run", 60)
