@@ -14,6 +14,7 @@ against them:
   a row (the dicts the state machine reads; batches cut by rows alone, as the pass's) and count them.
 
     .venv/bin/python bench/spark_floor.py LAKE [--master local[1]] [--driver-memory 2g] [--json]
+        [--steps 'scan,sort,write,arrow pass']
 """
 
 import argparse
@@ -26,7 +27,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def passes(frames, scratch: str) -> dict:
+STEPS = ("scan", "sort", "write", "arrow pass")
+
+
+def passes(frames, scratch: str, names=STEPS) -> dict:
     from pyspark.sql import functions as F
 
     from spark_jobs.timeline.plans import arrow_batches_by_rows
@@ -59,9 +63,9 @@ def passes(frames, scratch: str) -> dict:
         "arrow pass": arrow_pass,
     }
     seconds = {}
-    for name, step in steps.items():
+    for name in names:
         started = time.perf_counter()
-        step()
+        steps[name]()
         seconds[name] = round(time.perf_counter() - started, 2)
         print(f"  {name}: {seconds[name]:.1f} s", file=sys.stderr, flush=True)
     return seconds
@@ -73,7 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[1]")
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument("--steps", default=",".join(STEPS),
+                        help="the passes to time, in this order (default %(default)s)")
     args = parser.parse_args(argv)
+    names = [n.strip() for n in args.steps.split(",") if n.strip()]
+    unknown = [n for n in names if n not in STEPS]
+    if unknown or not names:
+        parser.error(f"--steps: {', '.join(unknown) or 'none given'}; the steps are {', '.join(STEPS)}")
 
     from analyzer import schema
     from analyzer.timeline import INPUT_COLUMNS
@@ -84,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     frames = read_delta(spark, args.lake, "frames", schema.FRAMES, "bridge").select(*INPUT_COLUMNS)
     rows = frames.count()
     with tempfile.TemporaryDirectory(prefix="ackscope-floor-") as scratch:
-        seconds = passes(frames, scratch)
+        seconds = passes(frames, scratch, names)
     result = {"master": args.master, "frames": rows, "seconds": seconds}
     print(json.dumps(result) if args.json else
           f"{args.master}, {rows:,} frames: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
