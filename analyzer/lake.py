@@ -165,12 +165,8 @@ class TableWriter:
     def write(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
-        dates = pc.unique(table["date"]).to_pylist()
-        for date in dates:
-            # Delta keeps partition values in the log, not in the data files. A batch within one day
-            # (nearly all of them) is written as it is: filtering would copy every column for nothing.
-            day = pc.is_null(table["date"]) if date is None else pc.equal(table["date"], date)
-            whole = table if len(dates) == 1 else table.filter(day)
+        for date, whole in by_day(table):
+            # Delta keeps partition values in the log, not in the data files.
             for part, values in by_flags(whole.drop_columns(PARTITION_BY), self.split_by):
                 relative = f"date={NULL_PARTITION if date is None else date}/part-{uuid.uuid4().hex}.zstd.parquet"
                 full = f"{self.root}/{relative}"
@@ -243,6 +239,22 @@ def open_or_create(path: str, schema: pa.Schema, partition_by: list[str] = PARTI
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def by_day(table: pa.Table) -> list[tuple[str | None, pa.Table]]:
+    """`table`'s rows by their `date`: the days that occur, with their rows. A table within one day
+    (nearly every batch) is that day's as it is; one sorted by day (FilesWriter sorts its files so)
+    is cut into slices, which copy nothing; any other is filtered, a copy of every column per day."""
+    days = pc.unique(table["date"]).to_pylist()
+    if len(days) == 1:
+        return [(days[0], table)]
+    column = table["date"]
+    runs = pc.run_end_encode(column.combine_chunks() if column.num_chunks != 1 else column.chunk(0))
+    if len(runs.values) == len(days):
+        ends = runs.run_ends.to_pylist()
+        return [(day, table.slice(start, end - start))
+                for day, start, end in zip(runs.values.to_pylist(), [0, *ends], ends)]
+    return [(day, table.filter(pc.is_null(column) if day is None else pc.equal(column, day))) for day in days]
 
 
 def by_flags(table: pa.Table, columns: tuple[str, ...]) -> list[tuple[pa.Table, dict[str, bool | None]]]:

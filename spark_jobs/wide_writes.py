@@ -109,7 +109,7 @@ class FilesWriter:
     Rows of each combination of FILE_FLAGS' values gather apart (up to `file_rows` each) and make
     files of their own, so the few flagged rows (open items, deliveries a requeue touched) fill
     few files however many the others fill. `order`: columns each file's rows are sorted by, in
-    the writer's thread (a sorted file is smaller: ~5% for the deliveries). `drop(connection_id)`
+    the writer's thread (a sorted file is smaller: ~5% for the deliveries); a file holds one day. `drop(connection_id)`
     takes back every row of a connection, written or not (a carried connection that falls back
     after some of its rows left: timeline/carried.py)."""
 
@@ -156,8 +156,8 @@ class FilesWriter:
         pile = self.pending.pop(values, [])
         if pile:
             rows = pa.concat_tables(pile)
-            if self.order:
-                rows = rows.sort_by(self.order)
+            if self.order:  # by day first: each day's file is then a slice (lake.by_day), not a filtered copy
+                rows = rows.sort_by([("date", "ascending"), *self.order])
             connections = set(pc.unique(rows["connection_id"]).to_pylist())
             written = len(self.writer.actions)
             self.writer.write(rows)

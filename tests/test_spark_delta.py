@@ -17,6 +17,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -468,6 +470,47 @@ def test_a_tasks_files_are_each_sorted_whole_by_the_order_it_is_given(tmp_path):
     as_made = [row for flush in flushes for row in flush]
     assert written(("connection_id", "seq")) == sorted(as_made)
     assert written(()) == as_made
+
+
+def test_a_tasks_rows_of_two_days_make_a_file_a_day_each_sorted_whole(tmp_path):
+    """FilesWriter sorts a pile by day before its order, so that TableWriter cuts the days apart
+    as slices: a file per day, each in the order asked."""
+    from spark_jobs.wide_writes import FilesWriter
+
+    table_schema = pa.schema([("date", pa.string()), ("connection_id", pa.string()), ("seq", pa.int64())])
+    made = [("2026-11-25", "c1", 5), ("2026-11-24", "c0", 9), ("2026-11-25", "c0", 2), ("2026-11-24", "c1", 1),
+            ("2026-11-24", "c0", 3), (None, "c2", 7), ("2026-11-25", "c0", 1)]
+    files = FilesWriter(str(tmp_path / "lake"), "t", table_schema, 100, ("connection_id", "seq"))
+    files.add(pa.Table.from_pylist([{"date": d, "connection_id": c, "seq": n} for d, c, n in made], schema=table_schema))
+    written = {}
+    for file in files.files().to_pylist():
+        rows = pq.read_table(os.path.join(files.writer.root, file["path"]), partitioning=None).to_pylist()
+        written[file["date"]] = [(r["connection_id"], r["seq"]) for r in rows]
+    assert written == {day: sorted((c, n) for d, c, n in made if d == day) for day in ("2026-11-24", "2026-11-25", None)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["2026-11-23", "2026-11-24", "2026-11-25", None]), max_size=40),
+       st.booleans(), st.integers(0, 40))
+def test_rows_by_day_are_each_days_rows_and_slices_of_a_table_sorted_by_day(days, sort, cut):
+    """lake.by_day, which TableWriter writes a file per day by: each day's rows in their order;
+    of a table sorted by day (and in one chunk), slices sharing its buffers, not copies."""
+    table = pa.table({"date": pa.array(days, pa.string()), "seq": pa.array(range(len(days)), pa.int64())})
+    if sort:
+        table = table.sort_by([("date", "ascending")])
+    chunked = pa.concat_tables([table.slice(0, cut), table.slice(cut)])  # as a pile of several batches
+    expected: dict = {}
+    for row in table.to_pylist():
+        expected.setdefault(row["date"], []).append(row["seq"])
+    for rows in (table, chunked):
+        parts = lake.by_day(rows)
+        assert len(parts) == len(expected)
+        assert {day: part["seq"].to_pylist() for day, part in parts} == expected
+    if sort and len(expected) > 1:
+        (data,) = table["seq"].chunks
+        for _day, part in lake.by_day(table):
+            (piece,) = part["seq"].chunks
+            assert piece.buffers()[1].address == data.buffers()[1].address
 
 
 def test_rows_written_beside_the_task_fail_the_task_when_it_waits(tmp_path):
