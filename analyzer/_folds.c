@@ -942,6 +942,76 @@ static PyObject *configure_hand_off(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* -- channel_metrics' bucket peak ------------------------------------------------------------------ */
+
+/* The low `n` bytes of a non-negative int `v` from byte `skip` on, as a u128 (n - skip <= 16):
+   0, or -1 with no error set for an int it does not read (negative, or wider than n bytes). */
+static int u128_of(PyObject *v, size_t n, size_t skip, u128 *out) {
+    unsigned char bytes[24];
+    if (!PyLong_CheckExact(v) || _PyLong_AsByteArray((PyLongObject *)v, bytes, n, 1, 0) < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    u128 value = 0;
+    for (size_t i = n; i > skip; i--) value = (value << 8) | bytes[i - 1];
+    *out = value;
+    return 0;
+}
+
+static int u128_order(const void *a, const void *b) {
+    u128 x = *(const u128 *)a, y = *(const u128 *)b;
+    return (x > y) - (x < y);
+}
+
+/* Read each int of `list` into values (sorted: qsort unless it came sorted). */
+static int read_sorted(PyObject *list, size_t n, size_t skip, u128 *values) {
+    Py_ssize_t count = PyList_GET_SIZE(list);
+    int sorted = 1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (u128_of(PyList_GET_ITEM(list, i), n, skip, &values[i]) < 0) return -1;
+        if (i && values[i] < values[i - 1]) sorted = 0;
+    }
+    if (!sorted) qsort(values, (size_t)count, sizeof *values, u128_order);
+    return 0;
+}
+
+/* metrics._peak_change(arrivals, departures) on the same ints: arrivals are outstanding items
+   (their instant is the item >> 64, 24 bytes at most), departures instants (16 bytes at most). */
+static PyObject *peak_change(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "peak_change(arrivals: list, departures: list)");
+        return NULL;
+    }
+    Py_ssize_t arrivals = PyList_GET_SIZE(args[0]), departures = PyList_GET_SIZE(args[1]);
+    if (!departures) return PyLong_FromSsize_t(arrivals);
+    if (!arrivals) return PyLong_FromLong(0);
+    u128 *a = PyMem_Malloc(sizeof(u128) * (size_t)(arrivals + departures));
+    if (!a) return PyErr_NoMemory();
+    u128 *d = a + arrivals;
+    PyObject *result = Py_None;
+    if (read_sorted(args[0], 24, 8, a) == 0 && read_sorted(args[1], 16, 0, d) == 0) {
+        /* The running level over both in instant order, its largest value; an instant's departures
+           come before its arrivals (their encodings are even and odd, so never equal). */
+        long long level = 0, peak = LLONG_MIN;
+        Py_ssize_t i = 0, j = 0;
+        while (i < arrivals || j < departures) {
+            if (j < departures && (i == arrivals || d[j] < a[i])) {
+                level--;
+                j++;
+            } else {
+                level++;
+                i++;
+            }
+            if (level > peak) peak = level;
+        }
+        result = PyLong_FromLongLong(peak);
+    } else {
+        Py_INCREF(result);   /* None: an int not read here; the Python takes it */
+    }
+    PyMem_Free(a);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"metrics_record", (PyCFunction)(void (*)(void))metrics_record, METH_FASTCALL,
      "metrics_record(metrics, record) -> True if ChannelMetrics' fold of it was done here; False (nothing changed)."},
@@ -950,6 +1020,8 @@ static PyMethodDef methods[] = {
     {"publish_add", (PyCFunction)(void (*)(void))publish_add, METH_FASTCALL,
      "publish_add(synchronous, publish) -> True if the detectors' fold of the publish was done here; False "
      "(nothing changed)."},
+    {"peak_change", (PyCFunction)(void (*)(void))peak_change, METH_FASTCALL,
+     "peak_change(arrivals, departures) -> metrics._peak_change's value, or None for an int it does not read."},
     {"configure_publish", configure_publish, METH_VARARGS,
      "configure_publish(classes, strings, max_evidence): the publish detectors' classes and constants."},
     {"configure_metrics", configure_metrics, METH_VARARGS,

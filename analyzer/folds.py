@@ -50,6 +50,14 @@ def metrics_fold(metrics: type, incarnation: type, bucket: type, counts: tuple[s
     return _folds.metrics_record
 
 
+def peak_change():
+    """`peak_change(arrivals, departures) -> int | None`, metrics._peak_change's value (None: an int
+    it does not read, which the Python takes), or None where the C module is not built or is off."""
+    if _folds is None or pure_python():
+        return None
+    return _folds.peak_change
+
+
 def buildup_fold(unacked: type, buildup: type, profile: type):
     """`fold(unacked_buildup, delivery) -> bool` (True: UnackedBuildup.add is done; False: nothing
     changed, the Python takes it), or None where the C module is not built or is off."""

@@ -171,6 +171,27 @@ def test_built_in_ci():
     check_built(BUILT, "analyzer._folds is not built")
 
 
+@SETTINGS
+@given(st.data())
+def test_a_buckets_peak_in_c_is_the_pythons(data):
+    """_folds.peak_change against metrics._peak_change on one level of a bucket as ChannelMetrics
+    keeps it: arrivals as outstanding items, sorted (as `_close` sorts them), departures as instants
+    in the order they came; a tight clock makes ties of ts. An int it does not read (negative, or
+    wider than the encodings) gives None, and the Python takes the bucket."""
+    ts = st.integers(0, 40) if data.draw(st.booleans(), label="tight clock") else st.integers(0, 2**63 - 1)
+    seq = st.integers(0, 2**40)
+    arrivals = sorted((((t * metrics._TS_SCALE + q * 2 + 3) << metrics._SETTLE_BITS) + settle + metrics._SETTLE_OFFSET)
+                      for t, q, settle in data.draw(st.lists(st.tuples(ts, seq, st.integers(-2**63, metrics.NEVER)),
+                                                             max_size=30), label="arrivals"))
+    departures = [t * metrics._TS_SCALE + (0 if q is None else q * 2 + 2)
+                  for t, q in data.draw(st.lists(st.tuples(ts, st.none() | seq), max_size=30), label="departures")]
+    assert _folds.peak_change(arrivals, departures) == metrics._peak_change(arrivals, departures)
+    if arrivals and departures:
+        for unread in (-1, 1 << 200):
+            assert _folds.peak_change([*arrivals, unread], departures) is None
+            assert _folds.peak_change(arrivals, [unread, *departures]) is None
+
+
 def traffic_or_damaged_variant(data) -> list[dict]:
     """Hypothesis traffic's frame rows, as they are or damaged by one of tests/variants.py's variants."""
     rows = valid_traffic(data).conv.rows

@@ -348,7 +348,10 @@ class ChannelMetrics:
                 peaks.append(before)
                 continue
             arrivals.sort()
-            peaks.append(before + max(0, _peak_change(arrivals, departures)))
+            change = None if _peak_change_in_c is None else _peak_change_in_c(arrivals, departures)
+            if change is None:
+                change = _peak_change(arrivals, departures)
+            peaks.append(before + max(0, change))
             inc.levels[level] = before + len(arrivals) - len(departures)
             inc.oldest[level] = _oldest_after(inc.queues[level], arrivals, end, inc.levels[level])
         if b.deliver_at is not None:
@@ -379,6 +382,8 @@ class ChannelMetrics:
 _NO_COUNTS = (0,) * len(COUNTS)
 # `_delivery` and `_publish` in C, for the records it takes (None: not built, or switched off).
 _fold_in_c = folds.metrics_fold(ChannelMetrics, _Incarnation, _Bucket, COUNTS)
+# `_peak_change` in C, for the ints it reads (None: not built, or switched off).
+_peak_change_in_c = folds.peak_change()
 
 
 def _peak_change(arrivals: list, departures: list) -> int:
