@@ -137,7 +137,7 @@ def release_run(spark: SparkSession) -> None:
 def _tell_jvm_of_collected_references(spark: SparkSession) -> None:
     """pyspark's py4j (pinned threads) queues the references Python collected for a worker thread
     that wakes once a second to send them: measured, a few hundred were still queued when the JVM
-    collected, and their shuffle files stayed (a third of a run's, or all). Sent here, at once, each
+    collected, and their shuffle files stayed (a quarter of them in two of three trials). Sent here, at once, each
     answered before the collection. A reference the worker took just before is sent by it meanwhile."""
     from py4j.clientserver import SHUTDOWN_FINALIZER_WORKER
 

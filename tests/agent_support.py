@@ -17,6 +17,7 @@ from collections import Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from analyzer import lake, schema
+from tests.lab.broker import HOST as BROKER_HOST, PORT as BROKER_PORT
 
 STARTUP_TIMEOUT = 60.0
 
@@ -40,7 +41,7 @@ class AgentProcess:
         self.lake_dir, self.agent_id = lake_dir, agent_id
         self.port = free_port()
         self.relay = BrokerRelay() if relayed else None
-        self.broker_port = self.relay.port if relayed else 5672
+        self.broker_port = self.relay.port if relayed else BROKER_PORT
         self.command = [*run_as, sys.executable, "-m", "analyzer.cli", "capture", "--iface", iface,
                         "--port", str(self.broker_port),
                         "--lake", lake_dir, "--metrics-addr", f"127.0.0.1:{self.port}", "--agent-id", agent_id,
@@ -114,7 +115,7 @@ class BrokerRelay:
     publisher flooding the broker beside a test made its agent drop rows, and count kernel drops and
     a gap, none of them the test's. `port` is where clients connect."""
 
-    def __init__(self, broker: tuple[str, int] = ("127.0.0.1", 5672)):
+    def __init__(self, broker: tuple[str, int] = (BROKER_HOST, BROKER_PORT)):
         self.broker = broker
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
@@ -194,9 +195,9 @@ def methods_of_ports(lake_dir: str, client_ports: set[int]) -> Counter:
 TLS_CLIENT_HELLO = bytes.fromhex("16030100a5010000a10303") + os.urandom(32) + b"\x00" * 20
 
 
-def send_and_close(payload: bytes, port: int = 5672) -> None:
+def send_and_close(payload: bytes, port: int = BROKER_PORT) -> None:
     """Bytes to the broker's port from a client of no protocol the agent decodes, until the broker hangs up."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+    with socket.create_connection((BROKER_HOST, port), timeout=10) as s:
         s.sendall(payload)
         s.settimeout(2)
         try:
@@ -210,7 +211,7 @@ def env_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def publish_confirmed(name: str, count: int, *, queue: str | None = None, close: bool = True, port: int = 5672):
+def publish_confirmed(name: str, count: int, *, queue: str | None = None, close: bool = True, port: int = BROKER_PORT):
     """A pika publisher named `name` sends `count` messages in confirm mode to a fresh exclusive
     queue (or `queue`), each confirmed, through `port`; returns the open connection when close is False."""
     import pika
