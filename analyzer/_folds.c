@@ -17,7 +17,9 @@
  * The state objects are slotted: their fields are read at the offsets `configure` resolves by name.
  *
  * HandOff (at the end) hands each record of a connection's timeline to these twins directly, where
- * the pass's Python took four calls to reach them (connection_analysis.py).
+ * the pass's Python took four calls to reach them (connection_analysis.py). Two more twins take
+ * lists, not records: peak_change (metrics._peak_change, a closing bucket's peak level) and
+ * boundary_records (carry.python_boundary_records, the checkpoint's prune of the records kept).
  */
 #include "_slots.h"
 
@@ -1012,6 +1014,104 @@ static PyObject *peak_change(PyObject *module, PyObject *const *args, Py_ssize_t
     return result;
 }
 
+/* -- the checkpoint's boundary records ------------------------------------------------------------- */
+
+static int boundary_configured = 0;
+
+/* configure_boundary(classes: dict key -> class, strings: dict name -> str) */
+static PyObject *configure_boundary(PyObject *module, PyObject *args) {
+    PyObject *given_classes, *given_strings;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &given_classes, &PyDict_Type, &given_strings)) return NULL;
+    boundary_configured = 0;
+    if (configure_part(given_classes, given_strings, BIT(DELIVERY) | BIT(PUBLISH)) < 0) return NULL;
+    boundary_configured = 1;
+    Py_RETURN_NONE;
+}
+
+/* A record's ts_ns and settle_ts_ns (None: *unsettled), each an exact int of 64 bits: 1, else 0. */
+static int record_times(PyObject *x, int is_delivery, long long *ts, long long *settle, int *unsettled) {
+    PyObject *settled = is_delivery ? GET(x, DELIVERY_settle_ts_ns) : GET(x, PUBLISH_settle_ts_ns);
+    *unsettled = settled == Py_None;
+    return as_i64(is_delivery ? GET(x, DELIVERY_ts_ns) : GET(x, PUBLISH_ts_ns), ts) &&
+           (*unsettled || as_i64(settled, settle));
+}
+
+/* carry._boundary_records(records, boundary_ns) on a list of records of the exact classes (and
+   others, skipped as the Python skips them): a new list of the same records, or None for what it
+   does not read (a subclass of either, a time or seq that is not an exact int of 64 bits, a method
+   that is not a str, a channel that is not a plain key), which the Python then takes. */
+static PyObject *boundary_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "boundary_records(records, boundary_ns)");
+        return NULL;
+    }
+    if (!boundary_configured) {
+        PyErr_SetString(PyExc_RuntimeError, "boundary_records: configure_boundary first");
+        return NULL;
+    }
+    PyObject *records = args[0];
+    long long boundary;
+    if (!PyList_CheckExact(records) || !as_i64(args[1], &boundary)) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *kept = PyList_New(0), *last_deliver = PyDict_New(), *where = NULL;
+    if (!kept || !last_deliver) goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
+        PyObject *x = PyList_GET_ITEM(records, i);
+        int is_delivery = is_a(x, K_DELIVERY);
+        if (!is_delivery && !is_a(x, K_PUBLISH)) {
+            if (PyType_IsSubtype(Py_TYPE(x), classes[K_DELIVERY]) || PyType_IsSubtype(Py_TYPE(x), classes[K_PUBLISH]))
+                goto decline;
+            continue;   /* not an item: the Python's isinstance skips it */
+        }
+        long long ts, settle, seq;
+        int unsettled;
+        if (!record_times(x, is_delivery, &ts, &settle, &unsettled)) goto decline;
+        if (ts >= boundary || unsettled || settle >= boundary) {
+            if (PyList_Append(kept, x) < 0) goto fail;
+            continue;
+        }
+        if (!is_delivery) continue;
+        PyObject *method = GET(x, DELIVERY_method);
+        if (!method || !PyUnicode_CheckExact(method)) goto decline;
+        if (!same_str(method, strings[S_basic_deliver])) continue;
+        PyObject *channel = GET(x, DELIVERY_channel), *incarnation = GET(x, DELIVERY_incarnation);
+        if (!as_i64(GET(x, DELIVERY_seq), &seq) || !plain_key(channel) || !plain_key(incarnation)) goto decline;
+        /* Each incarnation's latest basic.deliver by (ts_ns, seq); the first of equals stays. */
+        if (!(where = PyTuple_Pack(2, channel, incarnation))) goto fail;
+        PyObject *before = PyDict_GetItemWithError(last_deliver, where);
+        long long before_ts, before_seq;
+        if (before) {   /* a record read above: its ts_ns and seq are exact ints of 64 bits */
+            as_i64(GET(before, DELIVERY_ts_ns), &before_ts);
+            as_i64(GET(before, DELIVERY_seq), &before_seq);
+        } else if (PyErr_Occurred()) {
+            goto fail;
+        }
+        if ((!before || ts > before_ts || (ts == before_ts && seq > before_seq)) &&
+            PyDict_SetItem(last_deliver, where, x) < 0)
+            goto fail;
+        Py_CLEAR(where);
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(last_deliver, &pos, &key, &value))
+        if (PyList_Append(kept, value) < 0) goto fail;
+    Py_DECREF(last_deliver);
+    return kept;
+decline:
+    Py_XDECREF(kept);
+    Py_XDECREF(last_deliver);
+    Py_XDECREF(where);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(kept);
+    Py_XDECREF(last_deliver);
+    Py_XDECREF(where);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"metrics_record", (PyCFunction)(void (*)(void))metrics_record, METH_FASTCALL,
      "metrics_record(metrics, record) -> True if ChannelMetrics' fold of it was done here; False (nothing changed)."},
@@ -1022,6 +1122,10 @@ static PyMethodDef methods[] = {
      "(nothing changed)."},
     {"peak_change", (PyCFunction)(void (*)(void))peak_change, METH_FASTCALL,
      "peak_change(arrivals, departures) -> metrics._peak_change's value, or None for an int it does not read."},
+    {"boundary_records", (PyCFunction)(void (*)(void))boundary_records, METH_FASTCALL,
+     "boundary_records(records, boundary_ns) -> carry._boundary_records' list, or None for what it does not read."},
+    {"configure_boundary", configure_boundary, METH_VARARGS,
+     "configure_boundary(classes, strings): the record classes boundary_records reads."},
     {"configure_publish", configure_publish, METH_VARARGS,
      "configure_publish(classes, strings, max_evidence): the publish detectors' classes and constants."},
     {"configure_metrics", configure_metrics, METH_VARARGS,

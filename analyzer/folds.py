@@ -19,6 +19,8 @@ connection_analysis.py's Python does with it (out, the detectors, channel_metric
 checkpoint's kept records), each fold through its twin first and its Python method where the twin
 declines, where the Python took four calls per record to get there. tests/test_folds.py analyses
 each connection with it and without, and requires the same outputs and state after every row.
+`peak_change` and `boundary_records` are twins of two list functions (a closing bucket's peak
+level; the checkpoint's prune of the records it keeps), held to their Python the same way.
 
 Built by `pip install` (setup.py; optional); ACKSCOPE_PURE_PYTHON=1 leaves it out.
 """
@@ -56,6 +58,16 @@ def peak_change():
     if _folds is None or pure_python():
         return None
     return _folds.peak_change
+
+
+def boundary_records():
+    """`boundary_records(records, boundary_ns) -> list | None`, carry._boundary_records' list of the
+    same records (None: a record or value it does not read, which the Python takes), or None where
+    the C module is not built or is off."""
+    if _folds is None or pure_python():
+        return None
+    _folds.configure_boundary({"DELIVERY": r.Delivery, "PUBLISH": r.Publish}, STRINGS)
+    return _folds.boundary_records
 
 
 def buildup_fold(unacked: type, buildup: type, profile: type):

@@ -26,6 +26,7 @@ from analyzer.ingest import decode
 from analyzer.timeline import INPUT_COLUMNS, Timelines, metrics
 from analyzer.timeline import records as r
 from analyzer.timeline.metrics import ChannelMetrics
+from analyzer.timeline import carry
 from analyzer.timeline.carry import dump
 from analyzer.timeline.metrics_stream import announce_opens, horizons
 from spark_jobs.thresholds import Thresholds
@@ -37,8 +38,9 @@ from .test_timeline import EXAMPLES, SETTINGS, T0, renumbered, valid_traffic
 from .variants import VARIANTS
 
 METRICS_IN_C, BUILDUP_IN_C, PUBLISH_IN_C = metrics._fold_in_c, consumer._add_in_c, detectors._publish_in_c
-HAND_OFF = connection_analysis._hand_off
-BUILT = METRICS_IN_C is not None and BUILDUP_IN_C is not None and PUBLISH_IN_C is not None and HAND_OFF is not None
+HAND_OFF, BOUNDARY_IN_C = connection_analysis._hand_off, carry._boundary_in_c
+BUILT = (METRICS_IN_C is not None and BUILDUP_IN_C is not None and PUBLISH_IN_C is not None and HAND_OFF is not None
+         and BOUNDARY_IN_C is not None)
 _folds = folds._folds
 pytestmark = needs_built(BUILT, "analyzer._folds is not built")
 # Lab-scale thresholds as well as production ones: deliveries past them take the Python's Tally path.
@@ -190,6 +192,50 @@ def test_a_buckets_peak_in_c_is_the_pythons(data):
         for unread in (-1, 1 << 200):
             assert _folds.peak_change([*arrivals, unread], departures) is None
             assert _folds.peak_change(arrivals, [unread, *departures]) is None
+
+
+def kept_record(data, ts) -> object:
+    """A record as a prune meets it in WholeConnection.kept: a delivery or publish whose times,
+    seq, method and incarnation vary where _boundary_records reads them, or another record."""
+    kind = data.draw(st.sampled_from([r.Delivery, r.Delivery, r.Publish, r.ChannelFacts]), label="kind")
+    fields = {f.name: None for f in dataclasses.fields(kind)}
+    if kind is r.ChannelFacts:
+        return kind(**fields)
+    fields.update(ts_ns=data.draw(ts, label="ts"), seq=data.draw(st.integers(0, 40), label="seq"),
+                  settle_ts_ns=data.draw(st.none() | ts, label="settle"),
+                  channel=data.draw(st.integers(1, 3), label="channel"),
+                  incarnation=data.draw(st.integers(0, 2), label="incarnation"))
+    if kind is r.Delivery:
+        fields["method"] = data.draw(st.sampled_from(["basic.deliver", "basic.get-ok"]), label="method")
+    return kind(**fields)
+
+
+@SETTINGS
+@given(st.data())
+def test_the_checkpoints_boundary_records_in_c_are_the_pythons(data):
+    """_folds.boundary_records against carry.python_boundary_records on the kept records of a
+    prune: the same records, in the same order (a tight clock makes ties of ts and seq, where the
+    first of equals stays). Whatever it does not read (a time that is not an int of 64 bits, a
+    subclass) gives None, and the Python takes the list."""
+    ts = st.integers(0, 12) if data.draw(st.booleans(), label="tight clock") else st.integers(-2**63, 2**63 - 1)
+    records = data.draw(st.lists(st.builds(lambda: kept_record(data, ts)), max_size=40), label="records")
+    boundary = data.draw(ts, label="boundary")
+    kept = BOUNDARY_IN_C(records, boundary)
+    assert kept is not None
+    python = carry.python_boundary_records(records, boundary)
+    assert [id(x) for x in kept] == [id(x) for x in python]
+    items = [x for x in records if type(x) is not r.ChannelFacts]
+    if items:
+        odd = dataclasses.replace(items[-1], ts_ns=data.draw(st.sampled_from([None, 1 << 64, 1.5]), label="odd"))
+        assert BOUNDARY_IN_C([*records, odd], boundary) is None
+    assert BOUNDARY_IN_C(records, 1 << 64) is None and BOUNDARY_IN_C(tuple(records), boundary) is None
+
+    class Subclass(r.Delivery):
+        __slots__ = ()
+    subclassed = object.__new__(Subclass)   # (the records' __init__ would make it a Delivery)
+    for f in dataclasses.fields(r.Delivery):
+        object.__setattr__(subclassed, f.name, 0)
+    assert BOUNDARY_IN_C([subclassed], boundary) is None
 
 
 def traffic_or_damaged_variant(data) -> list[dict]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from .. import folds
 from . import records as r
 from . import state
 from .connection import ConnectionTimeline
@@ -315,7 +316,17 @@ def _newest(records: list) -> list:
 def _boundary_records(records: list, boundary_ns: int) -> list:
     """The deliveries and publishes channel_metrics needs for buckets from `boundary_ns` on: those
     arriving or settled from then on or never settled, and each incarnation's latest basic.deliver
-    before it."""
+    before it. Every prune walks every record the pass made since the last: in C where _folds.c
+    reads them all, else `python_boundary_records`."""
+    if _boundary_in_c is not None:
+        kept = _boundary_in_c(records, boundary_ns)
+        if kept is not None:
+            return kept
+    return python_boundary_records(records, boundary_ns)
+
+
+def python_boundary_records(records: list, boundary_ns: int) -> list:
+    """`_boundary_records`, the rule's one statement (the C twin is held to it)."""
     kept, last_deliver = [], {}
     items = (r.Delivery, r.Publish)
     for x in records:
@@ -331,6 +342,10 @@ def _boundary_records(records: list, boundary_ns: int) -> list:
             if where not in last_deliver or (x.ts_ns, x.seq) > (last_deliver[where].ts_ns, last_deliver[where].seq):
                 last_deliver[where] = x
     return kept + list(last_deliver.values())
+
+
+# `_boundary_records` in C, for the records it reads (None: not built, or switched off).
+_boundary_in_c = folds.boundary_records()
 
 
 # -- the state as bytes ---------------------------------------------------------------------------------
