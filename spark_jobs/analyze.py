@@ -46,7 +46,7 @@ from spark_jobs.evidence_packets import PACKETS, KnownPackets, finished_findings
 from spark_jobs.incremental import CarriedPass, carry_on_connections
 from spark_jobs.compaction import compact, small_final_files
 from spark_jobs.detectors import detect, raw_findings
-from spark_jobs.detectors.in_driver import findings_in_driver
+from spark_jobs.detectors.in_driver import findings_in_driver, full_run_findings_in_driver
 from spark_jobs.detectors.scoped import ACROSS_CONNECTIONS, message_kinds_deliveries, rescoped_findings
 from spark_jobs.metrics_redo import pass_channel_metrics, with_metrics_redone
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
@@ -476,10 +476,14 @@ def _connection_rows(run: _Run) -> int:
 def _full_run_findings(run: _Run, analysed: _Analysed, inputs: dict[str, DataFrame],
                        requeue_related: Callable[[], DataFrame], thresholds: Thresholds) -> None:
     """A full run's findings table: the pass's findings about one connection and the message kinds',
-    their evidence packets looked up in one scan of `frames`. The pass counted what the message
-    kinds can start from: without a delivery that came back they find nothing. `requeue_related`:
-    the stored deliveries the kinds can read (requeue_related.py)."""
+    their evidence packets looked up in one scan of `frames`; by the driver when they are few
+    (detectors/in_driver.py: two Spark jobs instead of five), else by Spark. The pass counted what
+    the message kinds can start from: without a delivery that came back they find nothing.
+    `requeue_related`: the stored deliveries the kinds can read (requeue_related.py)."""
     summary = analysed.summary
+    if full_run_findings_in_driver(run.lake, analysed.own.raw, analysed.own.rows, summary.came_back, thresholds,
+                                   run.frames_since, commit_tag(run.spark)):
+        return
     with joined_by_shuffle(run.spark):
         if summary.came_back:
             deliveries = message_kinds_deliveries(requeue_related())

@@ -3,6 +3,7 @@ Spark writing real Delta tables, findings checked against every example's expect
 `ackscope analyze` / `ackscope findings` commands as a user runs them."""
 
 import glob
+import io
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from analyzer import cli, lake, schema
 from analyzer.cli import build_parser
 from analyzer.timeline import replay_frames
 from spark_jobs import session
+from spark_jobs.detectors import in_driver
 from spark_jobs.analyze import OUTPUT_TABLES, analyze
 from spark_jobs.thresholds import Thresholds
 
@@ -70,14 +72,25 @@ def test_written_tables_are_the_reference_models_and_readable_by_delta_rs(analys
     assert report.frames == lake.read_table(lake_dir, "frames", schema.FRAMES).num_rows
 
 
-def test_a_second_full_run_gives_the_same_tables_and_finding_ids(spark, analysed, tmp_path, monkeypatch):
+@pytest.mark.parametrize("findings_by", ["driver", "spark"])
+def test_a_second_full_run_gives_the_same_tables_and_finding_ids(spark, analysed, tmp_path, monkeypatch,
+                                                                 findings_by):
     """Also with Spark's expressions compiled, as on a large lake (the first run, on a lake this
-    small, interpreted them: session.expressions_for)."""
+    small, interpreted them: session.expressions_for); and with the findings Spark's (forced by a
+    bound of -1) where the first run's were the driver's, as they are when few
+    (detectors/in_driver.py: the raw findings in one Spark job, the packets' scan in another)."""
     lake_dir = str(tmp_path / "lake")
     shutil.copytree(analysed[0], lake_dir)  # the shared lake stays as analysed
     before = {name: _table(lake_dir, name) for name in OUTPUT_TABLES}
+    assert {"requeue_loop", "redelivery_after_close"} <= set(before["findings"]["kind"].to_pylist())
     monkeypatch.setattr(session, "INTERPRETED_UP_TO_ROWS", 0)
-    assert analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS, full=True).scope == "full"
+    if findings_by == "spark":
+        monkeypatch.setattr(in_driver, "DRIVER_ROWS", -1)
+    progress = io.StringIO()
+    assert analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS, full=True, progress=progress).scope == "full"
+    findings_line = next(line for line in progress.getvalue().splitlines() if ": findings (" in line)
+    jobs = int(findings_line.rsplit(", ", 1)[1].split()[0])
+    assert jobs == 2 if findings_by == "driver" else jobs >= 4, findings_line
     for name in OUTPUT_TABLES:
         after = _table(lake_dir, name)
         key = [c for c in ("finding_id", "connection_id", "channel", "incarnation", "seq", "bucket_start_ns", "kind")
