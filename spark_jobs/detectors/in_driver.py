@@ -59,8 +59,11 @@ from spark_jobs.timeline.tables import TIMELINE_TABLES
 
 # Raw findings, and changed delivery rows, the driver takes at most (each a few hundred bytes).
 DRIVER_ROWS = 100_000
-# Evidence frames it scans `frames` for at most (literal lists in one filter).
+# Evidence frames it scans `frames` for at most.
 SCANNED_FRAMES = 10_000
+# The most frames the scan's literal lists may pick (every listed seq of every listed connection);
+# past it, a broadcast semi-join with the frames' pairs picks them.
+LISTED_FRAMES = 10_000
 # The stored requeue_related deliveries' files it reads at most (bench/jobs.py's 10 M-frame lake: 4.4 MB).
 CANDIDATE_BYTES = 64 << 20
 # The connections row's columns the findings take, in the order the first row seen is picked by
@@ -294,7 +297,7 @@ def _scanned(frames: DataFrame, unknown: set[Frame]) -> dict[Frame, tuple]:
     run: 1,186,568 rows for 8,805 frames of 226 connections, 8.4 s against 1.8 s)."""
     ids, seqs = sorted({c for c, _ in unknown}), sorted({seq for _, seq in unknown})
     frames = frames.select(*PACKETS)
-    if len(ids) * len(seqs) <= SCANNED_FRAMES:
+    if len(ids) * len(seqs) <= LISTED_FRAMES:
         picked = frames.where(F.col("connection_id").isin(ids) & F.col("seq").isin(seqs))
     else:
         pairs = pa.Table.from_pylist([{"connection_id": c, "seq": seq} for c, seq in sorted(unknown)],
