@@ -114,8 +114,8 @@ def full_run_findings_in_driver(lake: str, raw: DataFrame, raw_rows: int, came_b
     pass's raw findings (`raw`, RAW_FINDINGS rows, `raw_rows` of them: one Spark job) and the
     message kinds' from every stored candidate (the pass counted `came_back` deliveries they can
     start from: with none there is nothing to read), their packets from one scan of `frames`
-    (evidence_packets.finished_together's, picked by literal lists). False (nothing written) when
-    it is not small (the module's docstring): Spark's path then takes it (analyze.py)."""
+    (`_scanned`). False (nothing written) when it is not small (the module's docstring): Spark's
+    path then takes it (analyze.py)."""
     if raw_rows > DRIVER_ROWS:
         return False
     across = []
