@@ -38,6 +38,7 @@ from itertools import groupby, zip_longest
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -87,9 +88,8 @@ def findings_in_driver(lake: str, carried: CarriedPass, keys: list[str], new_fil
         return False
     if sum(f.size for f in snapshot_files(findings).values()) > delta_io.REWRITTEN_WHOLE_BYTES:
         return False
-    files = files_that_may_hold(deliveries, REQUEUE_RELATED) if carried.requeue_changed_rows else set()
-    logged = snapshot_files(deliveries) if files else {}
-    if sum(logged[path].size for path in files) > CANDIDATE_BYTES:
+    files = _candidate_files(deliveries) if carried.requeue_changed_rows else set()
+    if files is None:
         return False
     raw, changed = carried.in_driver(lake)
     raw_rows, across = raw.to_pylist(), []
@@ -121,9 +121,8 @@ def full_run_findings_in_driver(lake: str, raw: DataFrame, raw_rows: int, came_b
     across = []
     if came_back:
         deliveries = open_table(lake, "deliveries")
-        files = files_that_may_hold(deliveries, REQUEUE_RELATED)
-        logged = snapshot_files(deliveries)
-        if sum(logged[path].size for path in files) > CANDIDATE_BYTES:
+        files = _candidate_files(deliveries)
+        if files is None:
             return False
         # The run wrote every delivery row again: all of them count as changed (scoped.py), so
         # the kinds find what they find in the whole table.
@@ -138,6 +137,14 @@ def full_run_findings_in_driver(lake: str, raw: DataFrame, raw_rows: int, came_b
     commit(os.path.join(lake, "findings"), schema.FINDINGS, writer.actions, schema.PARTITION_BY, mode="overwrite",
            tag=tag)
     return True
+
+
+def _candidate_files(deliveries: DeltaTable) -> set[str] | None:
+    """The deliveries' files that can hold a candidate of the message kinds (requeue_related.py);
+    None where they hold more than CANDIDATE_BYTES, too much for the driver."""
+    files = files_that_may_hold(deliveries, REQUEUE_RELATED)
+    logged = snapshot_files(deliveries) if files else {}
+    return None if sum(logged[path].size for path in files) > CANDIDATE_BYTES else files
 
 
 def _finished(raw_rows: list[dict], across: list[dict], known: tuple[dict[Frame, tuple], set[Frame]],
