@@ -19,8 +19,13 @@
 #include "_row.h"
 
 /* Column kinds, as columns.py names them. */
-enum { K_INT64, K_INT32, K_INT16, K_INT8, K_BOOL, K_UTF8, K_LARGE_UTF8, K_NULL, K_COUNT };
-static const int WIDTH[K_COUNT] = {8, 4, 2, 1, 0, 4, 8, 0};
+enum { K_INT64, K_INT32, K_INT16, K_INT8, K_BOOL, K_UTF8, K_LARGE_UTF8, K_NULL, K_BINARY, K_LARGE_BINARY, K_COUNT };
+static const int WIDTH[K_COUNT] = {8, 4, 2, 1, 0, 4, 8, 0, 4, 8};
+
+/* Columns of values between offsets: str, or bytes (the carried pass's checkpoints). */
+static inline int has_offsets(int kind) {
+    return kind == K_UTF8 || kind == K_LARGE_UTF8 || kind == K_BINARY || kind == K_LARGE_BINARY;
+}
 
 static inline int bit(const uint8_t *bits, Py_ssize_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
 
@@ -70,10 +75,10 @@ static int column_open(Column *c, PyObject *spec, Py_ssize_t length) {
         return -1;
     }
     if (c->kind == K_BOOL) return c->data.len < (end + 7) / 8 ? too_short("data", c->data.len, (end + 7) / 8) : 0;
-    if (c->kind == K_UTF8 || c->kind == K_LARGE_UTF8) {
+    if (has_offsets(c->kind)) {
         Py_ssize_t need = (end + 1) * WIDTH[c->kind];
         if (!c->offsets.obj) {
-            PyErr_SetString(PyExc_ValueError, "a string column without its offsets buffer");
+            PyErr_SetString(PyExc_ValueError, "a string or binary column without its offsets buffer");
             return -1;
         }
         return c->offsets.len < need ? too_short("offsets", c->offsets.len, need) : 0;
@@ -83,7 +88,7 @@ static int column_open(Column *c, PyObject *spec, Py_ssize_t length) {
 
 static PyObject *string_at(Column *c, Py_ssize_t i) {
     int64_t start, stop;
-    if (c->kind == K_UTF8) {
+    if (WIDTH[c->kind] == 4) {
         const int32_t *o = (const int32_t *)c->offsets.buf;
         start = o[i], stop = o[i + 1];
     } else {
@@ -102,7 +107,8 @@ static PyObject *string_at(Column *c, Py_ssize_t i) {
         Py_INCREF(c->last);
         return c->last;
     }
-    PyObject *s = PyUnicode_DecodeUTF8(p, n, "strict");
+    PyObject *s = c->kind == K_BINARY || c->kind == K_LARGE_BINARY ? PyBytes_FromStringAndSize(p, n)
+                                                                    : PyUnicode_DecodeUTF8(p, n, "strict");
     if (!s) return NULL;
     Py_XSETREF(c->last, Py_NewRef(s));
     c->last_ptr = p, c->last_len = n;
@@ -849,7 +855,9 @@ PyMODINIT_FUNC PyInit__columns(void) {
     if (PyModule_AddIntConstant(m, "INT64", K_INT64) < 0 || PyModule_AddIntConstant(m, "INT32", K_INT32) < 0 ||
         PyModule_AddIntConstant(m, "INT16", K_INT16) < 0 || PyModule_AddIntConstant(m, "INT8", K_INT8) < 0 ||
         PyModule_AddIntConstant(m, "BOOL", K_BOOL) < 0 || PyModule_AddIntConstant(m, "UTF8", K_UTF8) < 0 ||
-        PyModule_AddIntConstant(m, "LARGE_UTF8", K_LARGE_UTF8) < 0 || PyModule_AddIntConstant(m, "NULL", K_NULL) < 0) {
+        PyModule_AddIntConstant(m, "LARGE_UTF8", K_LARGE_UTF8) < 0 || PyModule_AddIntConstant(m, "NULL", K_NULL) < 0 ||
+        PyModule_AddIntConstant(m, "BINARY", K_BINARY) < 0 ||
+        PyModule_AddIntConstant(m, "LARGE_BINARY", K_LARGE_BINARY) < 0) {
         Py_DECREF(m);
         return NULL;
     }

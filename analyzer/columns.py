@@ -71,7 +71,7 @@ def _row_columns(batch: pa.RecordBatch | pa.Table) -> tuple | None:
         buffers = column.buffers()
         if kind == _columns.NULL:
             specs.append((kind, 0, None, None, None))
-        elif kind in (_columns.UTF8, _columns.LARGE_UTF8):
+        elif kind in _OFFSET_KINDS:
             specs.append((kind, column.offset, buffers[0], buffers[2], buffers[1]))
         else:
             specs.append((kind, column.offset, buffers[0], buffers[1], None))
@@ -133,4 +133,7 @@ _RECORD_KINDS = {} if _columns is None else {
     pa.int64(): _columns.INT64, pa.int32(): _columns.INT32, pa.bool_(): _columns.BOOL, pa.string(): _columns.UTF8}
 _ROW_KINDS = {} if _columns is None else {
     **_RECORD_KINDS, pa.int16(): _columns.INT16, pa.int8(): _columns.INT8, pa.null(): _columns.NULL,
-    pa.large_string(): _columns.LARGE_UTF8}
+    pa.large_string(): _columns.LARGE_UTF8, pa.binary(): _columns.BINARY, pa.large_binary(): _columns.LARGE_BINARY}
+# Values between offsets (str or bytes): their buffers are (validity, offsets, data).
+_OFFSET_KINDS = () if _columns is None else (_columns.UTF8, _columns.LARGE_UTF8, _columns.BINARY,
+                                             _columns.LARGE_BINARY)

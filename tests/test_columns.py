@@ -183,6 +183,7 @@ KINDS = {
     pa.int16(): st.integers(-2**15, 2**15 - 1), pa.int8(): st.integers(-128, 127), pa.bool_(): st.booleans(),
     pa.string(): st.text(st.characters(blacklist_categories=("Cs",)), max_size=12),
     pa.large_string(): st.text(max_size=5),
+    pa.binary(): st.binary(max_size=12), pa.large_binary(): st.binary(max_size=5),
 }
 
 
