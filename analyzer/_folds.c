@@ -717,7 +717,7 @@ static PyObject *publish_add(PyObject *module, PyObject *const *args, Py_ssize_t
 
 /* HandOff(analysis, whole): the timeline's emit hook of a connection_analysis.ConnectionAnalysis
  * `analysis` over its carry.WholeConnection `whole` (whose `out` is analysis._record), both of the
- * exact classes configured. Called with each record, it does what `whole._emit` does, in one C call
+ * classes configured or subclasses of them that keep `_record` and `_emit`. Called with each record, it does what `whole._emit` does, in one C call
  * instead of four Python ones:
  *
  *   analysis.out_record(record)
@@ -829,9 +829,12 @@ static PyObject *hand_off_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     PyObject *analysis, *whole;
     static char *keywords[] = {"analysis", "whole", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:HandOff", keywords, &analysis, &whole)) return NULL;
-    if (!hand_off_configured || !is_a(analysis, K_ANALYSIS) || !is_a(whole, K_WHOLE))
+    /* Subclasses too (the carried ones): their instances hold the slots read here at the same
+     * offsets; connection_analysis.py hands off only for those that override neither method. */
+    if (!hand_off_configured || !PyObject_TypeCheck(analysis, classes[K_ANALYSIS]) ||
+        !PyObject_TypeCheck(whole, classes[K_WHOLE]))
         return PyErr_Format(PyExc_TypeError, "HandOff: a ConnectionAnalysis and its WholeConnection, of the "
-                                             "classes configure_hand_off was given");
+                                             "classes configure_hand_off was given or theirs");
     HandOff *h = PyObject_GC_New(HandOff, type);
     if (!h) return NULL;
     h->analysis = Py_NewRef(analysis);

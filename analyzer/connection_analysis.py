@@ -73,16 +73,15 @@ class ConnectionAnalysis:
         self.out_record, self.out_metrics, self.advance_every = out_record, out_metrics, advance_every
         self.out_open_record = out_open_record or out_record
         self.whole = self._machine(connection_id, agent_id, settings)
+        if _hand_off is not None and _hands_off(self, self.whole):
+            self.whole.timeline.emit = _hand_off(self, self.whole)
         self.metrics: ChannelMetrics | None = ChannelMetrics(settings.bucket_seconds)
         self.detectors = ConnectionDetectors({"connection_id": connection_id}, settings.thresholds)
         self.metrics_redo: str | None = None
         self.rows = 0
 
     def _machine(self, connection_id: str, agent_id: str | None, settings: Settings) -> WholeConnection:
-        whole = WholeConnection(connection_id, agent_id, self._record, settings.bucket_ns, settings.overdue_ns)
-        if _hand_off is not None and type(self) is ConnectionAnalysis:  # a subclass may hand records on otherwise
-            whole.timeline.emit = _hand_off(self, whole)
-        return whole
+        return WholeConnection(connection_id, agent_id, self._record, settings.bucket_ns, settings.overdue_ns)
 
     @property
     def connection_id(self) -> str:
@@ -166,6 +165,12 @@ class ConnectionAnalysis:
 _hand_off = folds.hand_off(ConnectionAnalysis, WholeConnection, ConnectionDetectors)
 
 
+def _hands_off(analysis: ConnectionAnalysis, whole: WholeConnection) -> bool:
+    """Whether the C hand-off does what `whole._emit` does: a subclass may hand records on otherwise."""
+    return (type(analysis)._record is ConnectionAnalysis._record and type(whole)._emit is WholeConnection._emit
+            and whole.out == analysis._record)
+
+
 class CarriedAnalysis(ConnectionAnalysis):
     """One connection carried on from its checkpoint (None: new to this run), streamed as
     ConnectionAnalysis streams one analysed whole: its timeline (carry.ResumedConnection), its
@@ -216,9 +221,11 @@ class CarriedAnalysis(ConnectionAnalysis):
             self.fallback = self.fallback or self.whole.fallback
 
     def feed_from(self, rows: list, at: int, stop: int) -> int:
-        """One row at a time: a carried connection's checks (ResumedConnection.feed) see each row."""
-        self.feed(rows[at])
-        return at + 1
+        """ConnectionAnalysis.feed_from, its plain frames bounded by ResumedConnection's checks
+        (WholeConnection.feed_plain); once it fell back, the rest of its rows one by one, unread."""
+        if self.fallback is not None:
+            return at + 1
+        return super().feed_from(rows, at, stop)
 
     def finish(self, connection: Mapping) -> Carried:
         """The new frames end. `connection`: its schema.CONNECTIONS row (or just its connection_id)."""

@@ -662,12 +662,15 @@ static PyObject *feed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_FALSE;
 }
 
-/* feed_rows(timeline, rows, start, stop) -> the index of the first row of rows[start:stop] not
- * taken (stop if every one was): `feed` on each row in turn, as long as it takes them and they are
- * the timeline's connection's (a row of another connection stops it, untouched). */
+/* feed_rows(timeline, rows, start, stop[, since_ns]) -> the index of the first row of
+ * rows[start:stop] not taken (stop if every one was): `feed` on each row in turn, as long as it
+ * takes them and they are the timeline's connection's (a row of another connection stops it,
+ * untouched), and, given `since_ns` (an int, or None for no bound), their ts_ns is an int not below
+ * it (an older row stops it, untouched: a carried connection's check, carry.ResumedConnection.feed). */
 static PyObject *feed_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyList_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "feed_rows(timeline, rows: list, start, stop)");
+    PyObject *since = nargs == 5 && args[4] != Py_None ? args[4] : NULL;
+    if ((nargs != 4 && nargs != 5) || !PyList_CheckExact(args[1]) || (since && !PyLong_CheckExact(since))) {
+        PyErr_SetString(PyExc_TypeError, "feed_rows(timeline, rows: list, start, stop, since_ns: int | None = None)");
         return NULL;
     }
     PyObject *timeline = args[0], *rows = args[1];
@@ -682,6 +685,13 @@ static PyObject *feed_rows(PyObject *module, PyObject *const *args, Py_ssize_t n
         if (!is_row(row)) break;
         PyObject *connection_id = row_get(row, R_connection_id);
         if (!connection_id || !id || !PyUnicode_CheckExact(id) || !same_str(connection_id, id)) break;
+        if (since) {
+            PyObject *ts = row_get(row, R_ts_ns);
+            if (!ts || !PyLong_CheckExact(ts)) break;   /* an error (raised below) or a row for Python */
+            int older = PyObject_RichCompareBool(ts, since, Py_LT);
+            if (older < 0) return NULL;
+            if (older) break;
+        }
         Py_INCREF(row);   /* the rows list stays the caller's to change (emit runs Python) */
         int done = feed_row(timeline, row);
         Py_DECREF(row);
@@ -753,8 +763,8 @@ static PyMethodDef methods[] = {
     {"feed", (PyCFunction)(void (*)(void))feed, METH_FASTCALL,
      "feed(timeline, row) -> True if the row was a plain frame, done here; False (nothing changed) otherwise."},
     {"feed_rows", (PyCFunction)(void (*)(void))feed_rows, METH_FASTCALL,
-     "feed_rows(timeline, rows, start, stop) -> the index of the first row not taken: feed on each row of the "
-     "timeline's connection in turn, while it takes them."},
+     "feed_rows(timeline, rows, start, stop, since_ns=None) -> the index of the first row not taken: feed on each "
+     "row of the timeline's connection (and not older than since_ns) in turn, while it takes them."},
     {"configure", configure, METH_VARARGS, "configure(classes, strings): the machine's classes (and Row, if any) and constants."},
     {NULL, NULL, 0, NULL},
 };

@@ -118,7 +118,9 @@ class WholeConnection:
 
     # Slotted: connection_analysis.py's C hand-off appends to `kept` per record.
     __slots__ = ("out", "bucket_ns", "kept", "timeline", "rows", "pruned_to", "no_checkpoint")
-    fallback: str | None = None  # ResumedConnection's
+    # ResumedConnection's: why it cannot carry on, and its carried bucket (no new frame may be older).
+    fallback: str | None = None
+    boundary_ns: int | None = None
 
     def __init__(self, connection_id: str, agent_id: str | None, out, bucket_ns: int,
                  overdue_ns: int = r.DEFAULT_OVERDUE_NS):
@@ -141,9 +143,11 @@ class WholeConnection:
 
     def feed_plain(self, rows: list, start: int, stop: int) -> int:
         """`feed` on rows[start:stop] in turn while each is a plain frame of this connection
-        (ConnectionTimeline.feed_plain), stopping at the next prune: the index of the first row not fed."""
+        (ConnectionTimeline.feed_plain) and not older than `boundary_ns` (a resumed connection's:
+        `feed` takes an older one, and falls back), stopping at the next prune: the index of the
+        first row not fed."""
         stop = min(stop, start + PRUNE_EVERY_ROWS - self.rows % PRUNE_EVERY_ROWS)
-        done = self.timeline.feed_plain(rows, start, stop)
+        done = self.timeline.feed_plain(rows, start, stop, self.boundary_ns)
         if done > start:
             self.rows += done - start
             if self.rows % PRUNE_EVERY_ROWS == 0:
@@ -206,6 +210,10 @@ class ResumedConnection(WholeConnection):
             # Every record open at the last run comes out again (or the carry falls back), so only
             # the final ones of the boundary are carried in: what channel_metrics starts from.
             self.kept = [x for x in checkpoint.boundary if _key(x) not in self.old]
+        # Every record the timeline emits lands in `kept` (WholeConnection._emit, or the C hand-off
+        # of connection_analysis.py): they are checked there, in order, before each prune and at
+        # the end, not one call each as they come out. `kept[:checked]` are checked (or carried in).
+        self.checked = len(self.kept)
         self.stale = list(self.old.values())
         self.touched: set = set()
         self.came_out: set = set()   # keys of `old` records out again
@@ -223,27 +231,38 @@ class ResumedConnection(WholeConnection):
         else:
             super().feed(row)
 
-    def _emit(self, record) -> None:
-        self._check(record)
-        super()._emit(record)
+    def feed_plain(self, rows: list, start: int, stop: int) -> int:
+        return start if self.fallback is not None else super().feed_plain(rows, start, stop)
 
-    def _check(self, record) -> None:
-        where = (record.channel, record.incarnation)
-        self.touched.add(where)
-        if type(record) is r.ChannelFacts:
-            self.facts.add(where)
-        old = None
-        if self.old:
-            key = _key(record)
-            old = self.old.get(key)
-            if old is not None:
-                self.came_out.add(key)
-        if self.boundary_ns is not None and self.moved is None:
-            self.moved = _moved_before(old, record, self.boundary_ns)
+    def _prune(self) -> None:
+        self._check_kept()
+        super()._prune()
+        self.checked = len(self.kept)
+
+    def _check_kept(self) -> None:
+        self._check(self.kept[self.checked:])
+        self.checked = len(self.kept)
+
+    def _check(self, records: list) -> None:
+        touched, facts, came_out, old_records, boundary_ns = self.touched, self.facts, self.came_out, self.old, \
+            self.boundary_ns
+        for record in records:
+            where = (record.channel, record.incarnation)
+            touched.add(where)
+            if type(record) is r.ChannelFacts:
+                facts.add(where)
+            old = None
+            if old_records:
+                key = _key(record)
+                old = old_records.get(key)
+                if old is not None:
+                    came_out.add(key)
+            if boundary_ns is not None and self.moved is None:
+                self.moved = _moved_before(old, record, boundary_ns)
 
     def _verify(self, provisional: list) -> None:
-        for record in provisional:
-            self._check(record)
+        self._check_kept()
+        self._check(provisional)
         if len(self.came_out) < len(self.old):
             self.fallback = "a record open at the last run did not come out again"
         elif self.moved is not None:

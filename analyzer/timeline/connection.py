@@ -86,11 +86,12 @@ class ConnectionTimeline:
         if _plain_feed is None or not _plain_feed(self, row):
             self.python_feed(row)
 
-    def feed_plain(self, rows: list, start: int, stop: int) -> int:
+    def feed_plain(self, rows: list, start: int, stop: int, since_ns: int | None = None) -> int:
         """rows[start:stop] fed in turn while each is a plain frame of this connection (no row of
-        another connection is fed): the index of the first row not fed. Exactly `feed` on each of
-        those rows, with no Python call per row; `start` where the C module is not built."""
-        return start if _plain_feed_rows is None else _plain_feed_rows(self, rows, start, stop)
+        another connection is fed) with an int ts_ns not below `since_ns` (if given): the index of
+        the first row not fed. Exactly `feed` on each of those rows, with no Python call per row;
+        `start` where the C module is not built."""
+        return start if _plain_feed_rows is None else _plain_feed_rows(self, rows, start, stop, since_ns)
 
     def python_feed(self, row: Mapping) -> None:
         """Every transition, in Python: the rules' one statement."""

@@ -122,15 +122,11 @@ class _Carrying:
         self.streamed = False       # some of its rows left in a flush
         self.frames = 0
 
-    def feed(self, row: dict) -> None:
-        self.frames += 1
-        if self.analysis is not None:
-            self.analysis.feed(row)
-
     def feed_from(self, rows: list, at: int, stop: int) -> int:
-        """One row (ConnectionsPartition's protocol): a carried connection's checks see each row."""
-        self.feed(rows[at])
-        return at + 1
+        """ConnectionsPartition's protocol: CarriedAnalysis.feed_from (one row at a time if refused)."""
+        done = at + 1 if self.analysis is None else self.analysis.feed_from(rows, at, stop)
+        self.frames += done - at
+        return done
 
 
 class _CarriedPartition(ConnectionsPartition):
