@@ -343,6 +343,13 @@ static PyObject *departure(Placed *p) {
 #define SETTLE_OFFSET (1ULL << 63)
 #define NEVER_PART (~0ULL)   /* NEVER (2**63 - 1) + 2**63 */
 
+/* metrics.ever_outstanding(x) of a delivery or publish whose outcome (and mode, or no_ack) were
+ * read as the callers read them: 1 or 0. */
+static int ever_outstanding(PyObject *x, int is_delivery) {
+    if (same_str(is_delivery ? GET(x, DELIVERY_outcome) : GET(x, PUBLISH_outcome), strings[S_unknown])) return 0;
+    return is_delivery ? GET(x, DELIVERY_no_ack) == Py_False : same_str(GET(x, PUBLISH_mode), strings[S_confirm]);
+}
+
 /* ChannelMetrics._delivery: 1 done, 0 not taken, -1 error. */
 static int metrics_delivery(PyObject *metrics, PyObject *d) {
     PyObject *method = GET(d, DELIVERY_method), *outcome = GET(d, DELIVERY_outcome), *no_ack = GET(d, DELIVERY_no_ack);
@@ -358,7 +365,7 @@ static int metrics_delivery(PyObject *metrics, PyObject *d) {
     int known = !same_str(outcome, strings[S_unknown]);
     int which = same_str(outcome, strings[S_ack]) ? C_acks : same_str(outcome, strings[S_nack]) ? C_nacks
               : same_str(outcome, strings[S_reject]) ? C_rejects : -1;
-    int counted = no_ack == Py_False && known;
+    int counted = ever_outstanding(d, 1);
 
     if (placed(metrics, d, &p) < 0) return -1;
     PyObject *b = p.arrived_in;
@@ -407,7 +414,7 @@ static int metrics_publish(PyObject *metrics, PyObject *x) {
     int known = !same_str(outcome, strings[S_unknown]);
     int which = same_str(outcome, strings[S_acked]) ? C_confirms : same_str(outcome, strings[S_nacked]) ? C_confirm_nacks
               : same_str(outcome, strings[S_lost]) ? C_lost : -1;
-    int counted = same_str(mode, strings[S_confirm]) && known;
+    int counted = ever_outstanding(x, 0);
 
     if (placed(metrics, x, &p) < 0) return -1;
     PyObject *b = p.arrived_in;
@@ -1039,10 +1046,20 @@ static int record_times(PyObject *x, int is_delivery, long long *ts, long long *
            (*unsettled || as_i64(settled, settle));
 }
 
+/* Whether ever_outstanding reads x as the Python does: its outcome (and its mode) exact str, its
+ * no_ack present. */
+static int outcome_read(PyObject *x, int is_delivery) {
+    PyObject *outcome = is_delivery ? GET(x, DELIVERY_outcome) : GET(x, PUBLISH_outcome);
+    if (!outcome || !PyUnicode_CheckExact(outcome)) return 0;
+    if (is_delivery) return GET(x, DELIVERY_no_ack) != NULL;
+    PyObject *mode = GET(x, PUBLISH_mode);
+    return mode && PyUnicode_CheckExact(mode);
+}
+
 /* carry._boundary_records(records, boundary_ns) on a list of records of the exact classes (and
    others, skipped as the Python skips them): a new list of the same records, or None for what it
-   does not read (a subclass of either, a time or seq that is not an exact int of 64 bits, a method
-   that is not a str, a channel that is not a plain key), which the Python then takes. */
+   does not read (a subclass of either, a time or seq that is not an exact int of 64 bits, a method,
+   outcome or mode that is not a str, a channel that is not a plain key), which the Python then takes. */
 static PyObject *boundary_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "boundary_records(records, boundary_ns)");
@@ -1071,7 +1088,8 @@ static PyObject *boundary_records(PyObject *module, PyObject *const *args, Py_ss
         long long ts, settle, seq;
         int unsettled;
         if (!record_times(x, is_delivery, &ts, &settle, &unsettled)) goto decline;
-        if (ts >= boundary || unsettled || settle >= boundary) {
+        if (unsettled && ts < boundary && !outcome_read(x, is_delivery)) goto decline;
+        if (ts >= boundary || (unsettled ? ever_outstanding(x, is_delivery) : settle >= boundary)) {
             if (PyList_Append(kept, x) < 0) goto fail;
             continue;
         }

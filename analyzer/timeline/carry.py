@@ -33,6 +33,7 @@ from .. import folds
 from . import records as r
 from . import state
 from .connection import ConnectionTimeline
+from .metrics import ever_outstanding
 from .state import FORMAT, StateError  # noqa: F401 - the checkpoint format and its error, for callers
 
 # Rows between two prunings of the records kept for the next checkpoint's boundary.
@@ -334,8 +335,9 @@ def _newest(records: list) -> list:
 
 def _boundary_records(records: list, boundary_ns: int) -> list:
     """The deliveries and publishes channel_metrics needs for buckets from `boundary_ns` on: those
-    arriving or settled from then on or never settled, and each incarnation's latest basic.deliver
-    before it. Every prune walks every record the pass made since the last: in C where _folds.c
+    arriving or settled from then on, those never settled that count as outstanding (all the later
+    buckets' levels hold them; one that never counts, a publish without confirms, adds to its
+    arrival's bucket alone), and each incarnation's latest basic.deliver before it. Every prune walks every record the pass made since the last: in C where _folds.c
     reads them all, else `python_boundary_records`."""
     if _boundary_in_c is not None:
         kept = _boundary_in_c(records, boundary_ns)
@@ -354,7 +356,7 @@ def python_boundary_records(records: list, boundary_ns: int) -> list:
         # Once ts_ns is below the boundary, `_settled_at(x) >= boundary_ns` is settle_ts_ns's test
         # alone: written out, as a prune walks every record it keeps (no call per record).
         settle_ts_ns = x.settle_ts_ns
-        if x.ts_ns >= boundary_ns or settle_ts_ns is None or settle_ts_ns >= boundary_ns:
+        if x.ts_ns >= boundary_ns or (ever_outstanding(x) if settle_ts_ns is None else settle_ts_ns >= boundary_ns):
             kept.append(x)
         elif isinstance(x, r.Delivery) and x.method == "basic.deliver":
             where = (x.channel, x.incarnation)

@@ -212,9 +212,7 @@ class ChannelMetrics:
         arrived = ts * _TS_SCALE + seq * 2 + 3
         if d.method == "basic.deliver" and (b.deliver_at is None or arrived > b.deliver_at):
             b.deliver_at, b.consumer_prefetch, b.channel_prefetch = arrived, d.consumer_prefetch, d.channel_prefetch
-        # Only manual-ack deliveries with a known outcome are ever unacked: an unknown one cannot say
-        # how long it was, and neither can one whose ack mode is unknown.
-        counted = d.no_ack is False and known
+        counted = ever_outstanding(d)
         if settle_ts is None:
             if counted:
                 b.arrivals[UNACKED].append((arrived << _SETTLE_BITS) + NEVER + _SETTLE_OFFSET)
@@ -251,7 +249,7 @@ class ChannelMetrics:
         known = outcome != UNKNOWN
         if not known:
             counts[PUBLISHES_UNKNOWN] += 1
-        counted = p.mode == CONFIRM and known
+        counted = ever_outstanding(p)
         if counted:
             b.arrivals[UNCONFIRMED].append(((ts * _TS_SCALE + seq * 2 + 3) << _SETTLE_BITS)
                                            + (NEVER if settle_ts is None else settle_ts) + _SETTLE_OFFSET)
@@ -380,6 +378,16 @@ class ChannelMetrics:
 
 
 _NO_COUNTS = (0,) * len(COUNTS)
+def ever_outstanding(item) -> bool:
+    """Whether a delivery or publish ever counts as outstanding (unacked, unconfirmed): a manual-ack
+    delivery or a publish in confirm mode, with a known outcome (an unknown one cannot say how long
+    it was, and neither can a delivery whose ack mode is unknown). One that never does adds to its
+    arrival's bucket (and its settle's) only: what a checkpoint need not carry (carry.py)."""
+    if isinstance(item, r.Delivery):
+        return item.no_ack is False and item.outcome != UNKNOWN
+    return item.mode == CONFIRM and item.outcome != UNKNOWN
+
+
 # `_delivery` and `_publish` in C, for the records it takes (None: not built, or switched off).
 _fold_in_c = folds.metrics_fold(ChannelMetrics, _Incarnation, _Bucket, COUNTS)
 # `_peak_change` in C, for the ints it reads (None: not built, or switched off).
