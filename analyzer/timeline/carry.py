@@ -11,8 +11,9 @@ A `Checkpoint` is that state plus what the stored tables need to be patched inst
   the state). The next run deletes exactly those rows and writes their new versions.
 - `boundary`: the Delivery and Publish records channel_metrics needs for buckets from
   `boundary_ns` (the bucket of the connection's last frame) on: what arrived or was settled from
-  then on, what is still open, and the latest basic.deliver before it (its prefetch is the one in
-  force). The next run recomputes those buckets, and only those, from them and its own records.
+  then on, what is still outstanding (never settled, and counted as unacked or unconfirmed), and
+  the latest basic.deliver before it (its prefetch is the one in force). The next run recomputes
+  those buckets, and only those, from them and its own records.
 
 The checkpoint is exact only if the new frames continue the old ones and nothing they change lands
 in a bucket before the boundary; `ResumedConnection` checks both and otherwise says why
