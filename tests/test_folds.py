@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import analyzer.detectors as detectors
 from analyzer import connection_analysis, folds
-from analyzer.connection_analysis import ANALYSIS_COLUMNS, ConnectionAnalysis, Settings
+from analyzer.connection_analysis import ANALYSIS_COLUMNS, CarriedAnalysis, ConnectionAnalysis, Settings
 from analyzer.detectors import ConnectionDetectors, consumer
 from analyzer.detectors.consumer import UnackedBuildup
 from analyzer.detectors.context import Context
@@ -465,6 +465,31 @@ def test_the_hand_off_on_busy_generated_traffic():
     table, _ = pass_cpu.pass_input(Params(frames=30_000, hot_deliveries=8_000))
     rows = [row for row in table.select(ANALYSIS_COLUMNS).to_pylist() if row["seq"] != pass_cpu.HEADER_SEQ]
     analysed_both_ways(rows, THRESHOLDS[0], advance_every=4096, every_row=False)
+
+
+def test_the_hand_off_is_taken_where_records_are_handed_on_as_the_python_does():
+    """A carried analysis (CarriedAnalysis over a ResumedConnection) keeps `_record` and `_emit`,
+    so its records go through the C hand-off too (its checks read them where they are kept); a
+    subclass handing records on otherwise keeps its own way."""
+    settings = Settings(HAND_OFF_BUCKET_SECONDS, r.DEFAULT_OVERDUE_NS, THRESHOLDS[0])
+    carried = CarriedAnalysis(None, "c", None, settings, [].append, [].extend)
+    assert type(carried.whole.timeline.emit) is _folds.HandOff
+
+    class Counting(ConnectionAnalysis):
+        def _record(self, record) -> None:
+            super()._record(record)
+
+    class Resumed(carry.ResumedConnection):
+        def _emit(self, record) -> None:
+            super()._emit(record)
+
+    class CarriedOtherwise(CarriedAnalysis):
+        def _machine(self, connection_id, agent_id, settings):
+            return Resumed(None, connection_id, agent_id, self._record, settings.bucket_ns)
+
+    for otherwise in (Counting("c", None, settings, [].append, [].extend),
+                      CarriedOtherwise(None, "c", None, settings, [].append, [].extend)):
+        assert type(otherwise.whole.timeline.emit) is not _folds.HandOff
 
 
 def analysis_rows(path: str) -> list[dict]:

@@ -267,6 +267,17 @@ def test_feed_rows_is_feed_on_each_row_and_stops_where_feed_declines():
         assert C_FEED_ROWS(timeline, [rows[plain], odd, rows[plain + 1]], 0, 3) == 1
         assert doc(timeline) == doc(fed_to(plain + 1))
 
+    # `since_ns` (a carried connection's bucket): a row older than it stops the run, untouched.
+    later = next(at for at in range(plain + 1, plain + 3) if rows[at]["ts_ns"] > rows[plain]["ts_ns"])
+    timeline = fed_to(plain)
+    assert C_FEED_ROWS(timeline, rows, plain, plain + 3, rows[later]["ts_ns"]) == plain
+    assert doc(timeline) == doc(fed_to(plain))
+    assert C_FEED_ROWS(timeline, rows, plain, plain + 3, rows[plain]["ts_ns"]) == plain + 3
+    assert doc(timeline) == doc(fed_to(plain + 3))
+    assert C_FEED_ROWS(fed_to(plain), rows, plain, plain + 3, None) == plain + 3
+    with pytest.raises(TypeError):
+        C_FEED_ROWS(fed_to(plain), rows, plain, plain + 3, float(rows[plain]["ts_ns"]))
+
 
 @pytest.mark.parametrize("advance_every", [1, 7, 4096])
 def test_an_analysis_fed_runs_of_rows_equals_one_fed_row_by_row(advance_every):
