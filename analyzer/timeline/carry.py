@@ -338,8 +338,9 @@ def _boundary_records(records: list, boundary_ns: int) -> list:
     """The deliveries and publishes channel_metrics needs for buckets from `boundary_ns` on: those
     arriving or settled from then on, those never settled that count as outstanding (all the later
     buckets' levels hold them; one that never counts, a publish without confirms, adds to its
-    arrival's bucket alone), and each incarnation's latest basic.deliver before it. Every prune walks every record the pass made since the last: in C where _folds.c
-    reads them all, else `python_boundary_records`."""
+    arrival's bucket alone), and each incarnation's latest basic.deliver before it. Every prune
+    walks every record the pass made since the last: in C where _folds.c reads them all, else
+    `python_boundary_records`."""
     if _boundary_in_c is not None:
         kept = _boundary_in_c(records, boundary_ns)
         if kept is not None:
