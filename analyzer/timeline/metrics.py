@@ -378,6 +378,8 @@ class ChannelMetrics:
 
 
 _NO_COUNTS = (0,) * len(COUNTS)
+
+
 def ever_outstanding(item) -> bool:
     """Whether a delivery or publish ever counts as outstanding (unacked, unconfirmed): a manual-ack
     delivery or a publish in confirm mode, with a known outcome (an unknown one cannot say how long
