@@ -68,30 +68,39 @@ def split_by_time(rows: pa.Table, tail: float) -> tuple[pa.Table, pa.Table, int]
     return head, frames.filter(pc.greater_equal(frames["ts_ns"], cut)), cut
 
 
+# The columns a carried pass's rows have besides the frames' (its header rows' values; null in frame rows).
+HEADER_COLUMNS = pa.schema([(HEADER, pa.string()), ("format", pa.string()), ("checkpoint", pa.binary()),
+                            ("carried_records", pa.int64()), (STORED, pa.bool_())])
+
+
+def carried_layout(frames: pa.Table, states: dict[str, dict], headers: dict[str, str]) -> pa.Table:
+    """The carried pass's input as `carry_on` lays it out for `mapInArrow`: for each connection of
+    `frames` (its new frame rows), a header row (its connections row as the pass's header JSON,
+    `headers`, and its analysis_state row's STATE_COLUMNS, `states`, if stored), then its frames,
+    by connection and seq."""
+    for field in HEADER_COLUMNS:
+        if field.name not in frames.column_names:
+            frames = frames.append_column(field, pa.nulls(frames.num_rows, field.type))
+    header_rows = [{"connection_id": c, "seq": HEADER_SEQ, HEADER: headers.get(c), STORED: c in states,
+                    **{name: states.get(c, {}).get(name) for name in STATE_COLUMNS}}
+                   for c in sorted(set(frames["connection_id"].to_pylist()))]
+    rows = pa.Table.from_pylist(header_rows, schema=frames.schema)
+    return pa.concat_tables([rows, frames]).sort_by([("connection_id", "ascending"), ("seq", "ascending")])
+
+
 def carried_input(rows: pa.Table, head_out: list[pa.RecordBatch], tail: pa.Table) -> tuple[pa.Table, int, int]:
-    """The carried pass's input (header rows with the checkpoints, then new frames, by connection
-    and seq), the checkpoints' bytes and their carried records."""
+    """The carried pass's input after the head's pass (`head_out`), the checkpoints' bytes and
+    their carried records."""
     states = {}
     for batch in head_out:
         for row in batch.filter(pc.equal(batch[RECORD], STATE_TABLE)).column(STATE_TABLE).to_pylist():
             states[row["connection_id"]] = row
-    connections = {row["connection_id"]: row[HEADER] for row in
-                   rows.filter(pc.equal(rows["seq"], HEADER_SEQ)).select(["connection_id", HEADER]).to_pylist()}
-    touched = sorted(set(tail["connection_id"].to_pylist()))
-    header_rows = [{"connection_id": c, "seq": HEADER_SEQ, HEADER: connections.get(c), STORED: c in states,
-                    **{name: states.get(c, {}).get(name) for name in STATE_COLUMNS}} for c in touched]
-    columns = [*tail.schema.names, *STATE_COLUMNS, STORED]
-    header_schema = pa.schema([tail.schema.field(n) for n in tail.schema.names] + [
-        ("format", pa.string()), ("checkpoint", pa.binary()), ("carried_records", pa.int64()), (STORED, pa.bool_())])
-    headers = pa.Table.from_pylist([{name: row.get(name) for name in columns} for row in header_rows],
-                                   schema=header_schema)
-    frames = tail.append_column("format", pa.nulls(tail.num_rows, pa.string())).append_column(
-        "checkpoint", pa.nulls(tail.num_rows, pa.binary())).append_column(
-        "carried_records", pa.nulls(tail.num_rows, pa.int64())).append_column(
-        STORED, pa.nulls(tail.num_rows, pa.bool_()))
-    table = pa.concat_tables([headers, frames]).sort_by([("connection_id", "ascending"), ("seq", "ascending")])
-    checkpoints = [states[c] for c in touched if c in states and states[c]["checkpoint"] is not None]
-    return table, sum(len(s["checkpoint"]) for s in checkpoints), sum(s["carried_records"] for s in checkpoints)
+    headers = {row["connection_id"]: row[HEADER] for row in
+               rows.filter(pc.equal(rows["seq"], HEADER_SEQ)).select(["connection_id", HEADER]).to_pylist()}
+    touched = set(tail["connection_id"].to_pylist())
+    checkpoints = [state for c, state in states.items() if c in touched and state["checkpoint"] is not None]
+    return (carried_layout(tail, states, headers), sum(len(s["checkpoint"]) for s in checkpoints),
+            sum(s["carried_records"] for s in checkpoints))
 
 
 def run_carried(batches: list[pa.RecordBatch], settings: Settings, folder: str) -> list[pa.RecordBatch]:

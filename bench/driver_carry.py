@@ -93,9 +93,11 @@ def in_process(lake_dir: str) -> None:
 
     from analyzer.connection_analysis import ANALYSIS_COLUMNS
     from analyzer.timeline.records import DEFAULT_OVERDUE_NS
-    from spark_jobs.connection_pass import HEADER, HEADER_SEQ, Settings
+    from carried_cpu import carried_layout
+    from pass_cpu import HEADER_FIELDS
+    from spark_jobs.connection_pass import Settings
     from spark_jobs.thresholds import Thresholds
-    from spark_jobs.timeline.carried import STATE_COLUMNS, STORED, _CarriedPartition
+    from spark_jobs.timeline.carried import STATE_COLUMNS, _CarriedPartition
     imported = time.monotonic()   # the process's wall clock (timed by the caller) holds the interpreter and imports
 
     frames = deltalake.DeltaTable(os.path.join(lake_dir, "frames"))
@@ -110,16 +112,9 @@ def in_process(lake_dir: str) -> None:
     read = time.monotonic()
 
     stored = {row["connection_id"]: row for row in states.to_pylist()}
-    header_of = {row["connection_id"]: json.dumps(row, default=str) for row in connections.to_pylist()}
-    extra = [pa.field(HEADER, pa.string()), pa.field("format", pa.string()), pa.field("checkpoint", pa.binary()),
-             pa.field("carried_records", pa.int64()), pa.field(STORED, pa.bool_())]
-    layout = pa.schema([*new.schema, *extra])
-    headers = pa.Table.from_pylist([{"connection_id": c, "seq": HEADER_SEQ, HEADER: header_of.get(c),
-                                     STORED: c in stored, **{n: stored.get(c, {}).get(n) for n in STATE_COLUMNS}}
-                                    for c in ids.to_pylist()], schema=layout)
-    for f in extra:
-        new = new.append_column(f, pa.nulls(new.num_rows, f.type))
-    rows = pa.concat_tables([headers, new]).sort_by([("connection_id", "ascending"), ("seq", "ascending")])
+    headers = {row["connection_id"]: json.dumps({name: row[name] for name in HEADER_FIELDS}, default=str)
+               for row in connections.to_pylist()}
+    rows = carried_layout(new, stored, headers)
     laid_out = time.monotonic()
 
     with tempfile.TemporaryDirectory() as folder:
