@@ -370,21 +370,29 @@ def run_analyze(args) -> int:
         print(f"ackscope analyze: no frames table in {args.lake}: run `ackscope ingest` first", file=sys.stderr)
         return 2
     plan, planned_seconds = _planned(args, thresholds) if every_s is None else (None, 0.0)
-    if plan is not None and (unchanged := _unchanged(args, plan, planned_seconds)) is not None:
-        return unchanged  # nothing new: the report, without starting Spark
+    started: list = []   # the session, once one is started (a run without Spark may start it late)
+
+    def start_spark():
+        if not started:
+            started.append(get_spark(args.master, "ackscope-analyze", driver_memory=args.driver_memory,
+                                     quick_start=plan is not None and _quick_start(plan)))
+        return started[0]
+
     try:
-        spark = get_spark(args.master, "ackscope-analyze", driver_memory=args.driver_memory,
-                          quick_start=plan is not None and _quick_start(plan))
-    except DriverDidNotStart as exc:  # no java, a bad --driver-memory: the JVM's own words
-        print(f"ackscope analyze: {exc}", file=sys.stderr)
-        return EXIT_ANALYSIS_FAILED
-    try:
+        if plan is not None and (done := _without_spark(args, plan, planned_seconds, thresholds,
+                                                        start_spark)) is not None:
+            return done  # nothing new, or few new frames: the driver's run, Spark started only if needed
+        try:
+            spark = start_spark()
+        except DriverDidNotStart as exc:  # no java, a bad --driver-memory: the JVM's own words
+            print(f"ackscope analyze: {exc}", file=sys.stderr)
+            return EXIT_ANALYSIS_FAILED
         if every_s is None:
             return _analyze_once(args, spark, thresholds, plan=plan)
         return _analyze_every(args, spark, thresholds, every_s)
     finally:
-        if driver_alive(spark):  # a JVM that is gone has nothing to stop, and py4j would raise
-            spark.stop()
+        if started and driver_alive(started[0]):  # a JVM that is gone has nothing to stop, and py4j would raise
+            started[0].stop()
 
 
 def _planned(args, thresholds):
@@ -402,16 +410,21 @@ def _planned(args, thresholds):
     return plan, time.monotonic() - started
 
 
-def _unchanged(args, plan, planned_seconds: float) -> int | None:
-    """A run with nothing new (a scheduled run over an idle lake) needs no Spark: its report and
-    push, and the command's exit status; None where the run needs Spark."""
+def _without_spark(args, plan, planned_seconds: float, thresholds, start_spark, scheduled: bool = False) -> int | None:
+    """A run the driver makes without Spark (spark_jobs/analyze.py's analyze_without_spark: nothing
+    new, or few new frames it carries on itself, with Spark from `start_spark` only if its findings
+    need it): its report and push (_reported), and the command's exit status; None where the run
+    needs Spark."""
     from spark_jobs.analyze import analyze_without_spark
 
     try:
-        report = analyze_without_spark(args.lake, plan, planned_seconds, progress=sys.stderr)
+        report = analyze_without_spark(args.lake, plan, planned_seconds, progress=sys.stderr, thresholds=thresholds,
+                                       bucket_seconds=args.bucket_seconds,
+                                       overdue_ns=int(args.overdue_seconds * 1e9), delta_mode=args.delta_mode,
+                                       start_spark=start_spark)
     except Exception as exc:  # noqa: BLE001 - reported as a failed analysis, as with Spark
         return _failed(args, exc, spark_log=False)
-    return None if report is None else _reported(args, report)
+    return None if report is None else _reported(args, report, scheduled)
 
 
 def _quick_start(plan) -> bool:
@@ -491,7 +504,11 @@ def _analyze_every(args, spark, thresholds, every_s: float) -> int:
             print(f"ackscope analyze: no frames table in {args.lake} yet: the next run at its time",
                   file=sys.stderr, flush=True)
             return True
-        status = _analyze_once(args, spark, thresholds, scheduled=True)
+        plan, planned_seconds = _planned(args, thresholds)
+        status = None if plan is None else _without_spark(args, plan, planned_seconds, thresholds, lambda: spark,
+                                                           scheduled=True)
+        if status is None:
+            status = _analyze_once(args, spark, thresholds, scheduled=True, plan=plan)
         if status == 2:
             exit_status = status
             return False

@@ -10,6 +10,10 @@ A run analyses the connections with frames it has not seen (run_scope.py says wh
 replaces their rows in the per-connection tables, each table in one commit; then it computes again
 the findings those rows can change (detectors/scoped.py), or all of them on a full run. The run is
 logged in `analysis_runs` last: a run cut short is simply done again by the next one.
+
+A scheduled run with nothing new, or with an append small enough for the driver to carry its
+connections on itself (carried_in_driver.py), is made without starting Spark
+(`analyze_without_spark`, which `ackscope analyze` tries first).
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ from analyzer.connection_analysis import Settings
 from analyzer.detectors import MAX_EVIDENCE
 
 # Absolute imports: spark-submit runs this file as a script, outside its package.
+from spark_jobs import carried_in_driver
+from spark_jobs.carried_in_driver import DriverCarried, carry_on_in_driver
 from spark_jobs.delta_io import (Listed, Match, Replacement, Rewrite, connections_match, read_delta, read_files,
-                                 replace_all, replace_matching, rewrite_all, write_delta)
+                                 replace_all, replace_matching, rewrite_all, rewrite_all_in_driver, write_delta)
 from spark_jobs.evidence_packets import PACKETS, KnownPackets, finished_findings, finished_together, measured_findings
 from spark_jobs.incremental import CarriedPass, carry_on_connections
 from spark_jobs.compaction import compact, small_final_files
@@ -52,14 +58,15 @@ from spark_jobs.metrics_redo import pass_channel_metrics, with_metrics_redone
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
 from spark_jobs.requeue_related import REQUEUE_RELATED
 from spark_jobs.run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, finished_runs, plan_run, thresholds_json
-from spark_jobs.session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, expressions_for, use_lake
+from spark_jobs.session import (commit_tag, commits_tagged, delta_mode as resolve_delta_mode, expressions_for,
+                                tag_session, use_lake)
 from spark_jobs.steps import Steps
 from spark_jobs.table_files import commit, distinct_strings, rows_in
 from spark_jobs.stored_findings import stored_raw_findings
 from spark_jobs.thresholds import Thresholds
 from spark_jobs.types import spark_schema
 from spark_jobs.connection_pass import STATE_TABLE, PassSummary, connection_pass, pass_rows, summarised_pass
-from spark_jobs.timeline.plans import (first_day, first_seen, joined_by_shuffle, of_connections,
+from spark_jobs.timeline.plans import (IN_LIST_CONNECTIONS, first_day, first_seen, joined_by_shuffle, of_connections,
                                       sized_shuffles)
 from spark_jobs.timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 from spark_jobs.wide_writes import FILE_FLAGS, write_wide
@@ -141,21 +148,136 @@ def planned_run(lake: str, since: str | None, until: str | None, full: bool, buc
                     flagged_tables=FLAGGED_TABLES)
 
 
-def analyze_without_spark(lake: str, plan: RunScope, planned_seconds: float,
-                          progress: TextIO | None = None) -> AnalysisReport | None:
-    """The report of a run that has nothing for Spark to do, made without starting Spark: no frames
-    file added since the last complete run, and findings up to date with the thresholds (a scheduled
-    run over an idle lake). None when the run needs Spark. `plan`: planned_run's, `planned_seconds`
-    what planning it took. Like such a run with Spark, it writes nothing."""
-    if not plan.nothing_new:
-        return None
+def analyze_without_spark(lake: str, plan: RunScope, planned_seconds: float, progress: TextIO | None = None,
+                          thresholds: Thresholds | None = None, bucket_seconds: int = 10,
+                          overdue_ns: int = DEFAULT_OVERDUE_NS, delta_mode: str = "auto",
+                          start_spark: Callable[[], SparkSession] | None = None) -> AnalysisReport | None:
+    """A run made without starting Spark, and its report; None (nothing written) when the run needs
+    Spark. Two sorts: a run with nothing new (no frames file added since the last complete run,
+    findings up to date with the thresholds: a scheduled run over an idle lake), which writes
+    nothing; and a scheduled run whose new frames are few enough for the driver to carry their
+    connections on itself (carried_in_driver.py, `_carried_by_driver`), which then starts Spark
+    (`start_spark`; None: it is not taken) only if its findings need it. `plan`: planned_run's
+    with these options, `planned_seconds` what planning it took."""
     started = time.monotonic() - planned_seconds
     steps = Steps(None, progress)
+    if not plan.nothing_new:
+        if start_spark is None or not _driver_can_carry(plan):
+            return None
+        settings = Settings(bucket_seconds, overdue_ns, thresholds if thresholds is not None else Thresholds())
+        run_id = uuid.uuid4().hex
+        with commits_tagged(None, run_id):
+            return _carried_by_driver(lake, run_id, plan, settings, delta_mode, started, planned_seconds, steps,
+                                      _SparkWhenNeeded(start_spark, steps, delta_mode))
     steps.took("plan", planned_seconds, detail=f"{plan.scope}, 0 connection(s): no Spark")
     report = AnalysisReport(lake=lake, delta_mode=NO_SPARK, scope=plan.scope, reason=plan.reason,
                             frames_version=plan.frames_version)
     _nothing_to_analyse(lake, report)
     return _finished(report, started, steps)
+
+
+def _driver_can_carry(plan: RunScope) -> bool:
+    """Is the run one whose connections the driver may carry on itself (carried_in_driver.py), as
+    far as its plan says: a scheduled run (new_data) with findings up to date and few new frame rows."""
+    return (plan.scope == NEW_DATA and bool(plan.new_files) and not plan.findings_stale
+            and plan.new_rows is not None and plan.new_rows <= carried_in_driver.DRIVER_FRAMES)
+
+
+class _SparkWhenNeeded:
+    """The session of a run that starts Spark only if a step needs it: started on the first call
+    (`start`: the caller's, who stops it), its commits tagged with the run's, its jobs counted."""
+
+    def __init__(self, start: Callable[[], SparkSession], steps: Steps, requested_mode: str):
+        self.start, self.steps, self.requested_mode = start, steps, requested_mode
+        self.session: SparkSession | None = None
+        self.mode = NO_SPARK
+
+    def __call__(self) -> SparkSession:
+        if self.session is None:
+            with self.steps.step("start Spark"):
+                self.session = self.start()
+                tag_session(self.session)
+                self.mode = resolve_delta_mode(self.session, self.requested_mode)
+            self.steps.started(self.session)
+        return self.session
+
+
+def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Settings, delta_mode: str, started: float,
+                       planned_seconds: float, steps: Steps, spark: _SparkWhenNeeded) -> AnalysisReport | None:
+    """A scheduled run whose connections the driver carries on (carried_in_driver.py): where every
+    table it replaces can only hold provisional rows of them (`_provisional_only`) in files the
+    driver rewrites (delta_io.rewrite_all_in_driver), and no connection falls back; else None,
+    nothing written, for Spark's path. Its commits and findings are those of Spark's path for a run
+    that carried every connection on (`_per_connection_tables`, `_refresh_findings`)."""
+    started_ts = datetime.now(timezone.utc)
+    keys = distinct_strings(plan.new_files, "connection_id")
+    if len(keys) > IN_LIST_CONNECTIONS or _provisional_only(lake) != set(PER_CONNECTION_TABLES):
+        return None
+    ahead = rewrite_all_in_driver(lake, _replaced_ahead(None, lake, keys)) if keys else {}
+    if ahead is None:
+        return None
+    steps.took("plan", planned_seconds, detail=f"{plan.scope}, {len(keys)} connection(s): carried on by the driver")
+    report = AnalysisReport(lake=lake, delta_mode=NO_SPARK, scope=plan.scope, reason=plan.reason,
+                            frames_version=plan.frames_version)
+    if not keys:   # new files without a connection's frames: logged
+        _nothing_to_analyse(lake, report)
+        _log_run(lake, run_id, plan, report, started_ts, settings.bucket_seconds, settings.overdue_ns,
+                 settings.thresholds)
+        return _finished(report, started, steps)
+    try:
+        with steps.step("carry on from checkpoints") as carrying:
+            carried = carry_on_in_driver(lake, plan.new_files, keys, settings, plan.frames_version)
+            if carried.fallbacks:
+                carried.discard(lake)
+                carrying.detail = (f"{len(carried.fallbacks)} connection(s) to analyse whole: "
+                                   "Spark takes the run")
+    except BaseException:
+        for rewrite in ahead.values():
+            rewrite.discard()
+        raise
+    if carried.fallbacks:
+        for rewrite in ahead.values():
+            rewrite.discard()
+        return None
+    _report_carried(carried, report)
+    with steps.step("write tables"):
+        for name, rewrite in ahead.items():
+            rewrite.commit(carried.written[name])
+        report.rows = carried.rows
+    with ThreadPoolExecutor(1) as beside:
+        # As Spark's path does beside its findings step (delta-spark's tables are left to its OPTIMIZE).
+        merged = (beside.submit(_compacted, lake, COMPACTED_BESIDE_FINDINGS, commit_tag())
+                  if delta_mode != "native" else None)
+        with steps.step("findings"):
+            _driver_carried_findings(lake, plan, keys, carried, settings, steps, spark)
+            report.rows["findings"] = _count_findings(lake, report)
+        if merged is not None:
+            _compact_tables(lake, steps, report, merged)
+    report.delta_mode = spark.mode
+    _log_run(lake, run_id, plan, report, started_ts, settings.bucket_seconds, settings.overdue_ns,
+             settings.thresholds)
+    return _finished(report, started, steps)
+
+
+def _driver_carried_findings(lake: str, plan: RunScope, keys: list[str], carried: DriverCarried, settings: Settings,
+                             steps: Steps, spark: _SparkWhenNeeded) -> None:
+    """The findings after the driver carried `keys` on: by the driver (detectors/in_driver.py),
+    with Spark only for a scan of `frames` for evidence packets, or where they are too many for the
+    driver, by Spark's path from the carried pass's rows (`_refresh_findings`)."""
+    def frames_since(day: str | None) -> DataFrame:
+        session = spark()
+        return read_delta(session, lake, "frames", schema.FRAMES, spark.mode, since=day, version=plan.frames_version)
+
+    if findings_in_driver(lake, carried, keys, plan.new_files, settings.thresholds, frames_since):
+        return
+    session = spark()
+    connections = read_delta(session, lake, "connections", schema.CONNECTIONS, spark.mode)
+    run = _Run(session, lake, spark.mode, plan, keys, connections, settings.bucket_seconds, settings.overdue_ns,
+               settings.thresholds, steps)
+    changed = session.createDataFrame(carried.changed, spark_schema(carried.changed.schema))
+    raw = session.createDataFrame(carried.raw, spark_schema(carried.raw.schema))
+    analysed = _Analysed(None, keys, 0, changed, carried.requeue_changed_rows, raw, carried.raw_rows)
+    _refresh_findings(run, analysed, run.frames_since(None), settings.thresholds)
 
 
 def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str | None = None,
@@ -206,13 +328,13 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
         with ThreadPoolExecutor(1) as beside:
             # A scoped run's per-connection tables are written: their small files are merged while the
             # findings, which only read them, are computed (the driver mostly waits on Spark meanwhile).
-            merged = (beside.submit(_compacted, lake, COMPACTED_BESIDE_FINDINGS, commit_tag(spark))
+            merged = (beside.submit(_compacted, lake, COMPACTED_BESIDE_FINDINGS, commit_tag())
                       if keys is not None and mode == "bridge" else None)
             with steps.step("findings"):
                 _refresh_findings(run, analysed, all_frames, thresholds)
                 report.rows["findings"] = _count_findings(lake, report)
             if merged is not None:
-                _compact_tables(run, report, merged)
+                _compact_tables(lake, steps, report, merged)
         _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
     return _finished(report, started, steps)
 
@@ -307,17 +429,24 @@ def _carried_with_rewrites(run: _Run) -> tuple[CarriedPass, dict[str, Rewrite]]:
 
 
 def _rewritten_ahead(run: _Run) -> dict[str, Rewrite]:
-    """delta_io.rewrite_all of what a carried run replaces, should no connection fall back: every
-    analysis_state row of its connections, and in the tables where it can only replace provisional
-    rows (`_provisional_only`), those of its connections."""
+    """delta_io.rewrite_all of what a carried run replaces, should no connection fall back
+    (`_replaced_ahead`)."""
+    return rewrite_all(run.lake, _replaced_ahead(run.spark, run.lake, run.keys))
+
+
+def _replaced_ahead(spark: SparkSession | None, lake: str, keys: list[str]) -> dict[str, Replacement]:
+    """What a run that carries every one of `keys` on replaces: every analysis_state row of its
+    connections, and in the tables where it can only replace provisional rows (`_provisional_only`),
+    those of its connections. `spark`: None where the keys are few enough to be listed
+    (plans.IN_LIST_CONNECTIONS)."""
     def replacing(name: str, match: Match | Listed, provisional_only: bool = False) -> Replacement:
         # No rows: the pass writes them all as files, committed with the rewrite (_write_tables).
         return Replacement(None, OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE), [match], provisional_only)
 
-    replacements = {name: replacing(name, connections_match(run.spark, run.keys, **{PROVISIONAL: (True,)}), True)
-                    for name in _provisional_only(run)}
-    replacements[STATE_TABLE] = replacing(STATE_TABLE, connections_match(run.spark, run.keys))
-    return rewrite_all(run.lake, replacements)
+    replacements = {name: replacing(name, connections_match(spark, keys, **{PROVISIONAL: (True,)}), True)
+                    for name in _provisional_only(lake)}
+    replacements[STATE_TABLE] = replacing(STATE_TABLE, connections_match(spark, keys))
+    return replacements
 
 
 def _write_tables(run: _Run, outputs: dict, written: dict, analysed_whole: list, carried: CarriedPass | None,
@@ -343,12 +472,12 @@ def _write_tables(run: _Run, outputs: dict, written: dict, analysed_whole: list,
                    for name in outputs if name != STATE_TABLE}
 
 
-def _provisional_only(run: _Run) -> set[str]:
+def _provisional_only(lake: str) -> set[str]:
     """The tables where the rows a run that carries every connection on replaces can only be
     provisional ones (provisional.py): no commit since a finished run's."""
-    finished = finished_runs(run.lake)
+    finished = finished_runs(lake)
     return {name for name in PER_CONNECTION_TABLES
-            if last_written_by_finished_run(open_table(run.lake, name), finished)}
+            if last_written_by_finished_run(open_table(lake, name), finished)}
 
 
 def _report_carried(carried: CarriedPass, report: AnalysisReport) -> None:
@@ -393,7 +522,7 @@ def _write_whole_lake(run: _Run, wide: DataFrame, summary: PassSummary, report: 
                                                                  written_to=run.lake), run.lake, tables)}
     for name, table_schema in {**in_files, **tables}.items():
         commit(os.path.join(run.lake, name), table_schema, adds.get(name, []), schema.PARTITION_BY,
-               mode="overwrite", tag=commit_tag(run.spark))
+               mode="overwrite", tag=commit_tag())
     report.rows = {name: rows_in(adds.get(name, []))
                    for name in PER_CONNECTION_TABLES}
 
@@ -482,7 +611,7 @@ def _full_run_findings(run: _Run, analysed: _Analysed, inputs: dict[str, DataFra
     `requeue_related`: the stored deliveries the kinds can read (requeue_related.py)."""
     summary = analysed.summary
     if full_run_findings_in_driver(run.lake, analysed.own.raw, analysed.own.rows, summary.came_back, thresholds,
-                                   run.frames_since, commit_tag(run.spark)):
+                                   run.frames_since, commit_tag()):
         return
     with joined_by_shuffle(run.spark):
         if summary.came_back:
@@ -511,18 +640,18 @@ def _compacted(lake: str, names: list[str], tag: str | None) -> dict[str, int]:
     return {name: compact(lake, name, found, tag) for name, found in groups.items()}
 
 
-def _compact_tables(run: _Run, report: AnalysisReport, beside: Future) -> None:
+def _compact_tables(lake: str, steps: Steps, report: AnalysisReport, beside: Future) -> None:
     """The findings table's small files merged too, now that it is written, and with what was
     merged `beside` the findings step (`_compacted`), reported; in a step of its own that only a
     run with something to merge has, which counts what the run waited for. A full run rewrites
     every table whole; delta-spark's tables (native mode) are left to its OPTIMIZE."""
     started = time.monotonic()
     merged = beside.result()
-    findings = small_final_files(run.lake, "findings")
+    findings = small_final_files(lake, "findings")
     if findings.groups:
-        merged["findings"] = compact(run.lake, "findings", findings, commit_tag(run.spark))
+        merged["findings"] = compact(lake, "findings", findings, commit_tag())
     if merged:
-        run.steps.took("compact tables", time.monotonic() - started)
+        steps.took("compact tables", time.monotonic() - started)
     report.files_compacted = merged
 
 

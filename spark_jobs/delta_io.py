@@ -205,7 +205,7 @@ class Rewrite:
     def commit(self, written: list[AddAction] = ()) -> int | None:
         """Removed and added in one commit, with more files already written (`written`); the new
         version, or None when there was nothing to do."""
-        return self.search.commit(self.removed, [*self.adds, *written], session.commit_tag(self.search.spark))
+        return self.search.commit(self.removed, [*self.adds, *written], session.commit_tag())
 
     def discard(self) -> None:
         """The files it wrote deleted (no log names them), the table left as it was."""
@@ -223,9 +223,8 @@ def rewrite_all(lake: str, replacements: dict[str, Replacement]) -> dict[str, Re
     and schedule than to read."""
     if not replacements:
         return {}
-    searches = {name: _Search(open_table(lake, name), os.path.join(lake, name), replaced)
-                for name, replaced in replacements.items()}
-    in_spark = {name: search for name, search in searches.items() if not search.in_driver}
+    searches = _searches(lake, replacements)
+    in_spark = {name: search.planned() for name, search in searches.items() if not search.in_driver}
     doomed = [search.doomed_files(name) for name, search in in_spark.items()
               if search.marked is not None and not search.whole]
     touched = {name: [] for name in searches}
@@ -238,6 +237,20 @@ def rewrite_all(lake: str, replacements: dict[str, Replacement]) -> dict[str, Re
             for name, search in searches.items()}
 
 
+def rewrite_all_in_driver(lake: str, replacements: dict[str, Replacement]) -> dict[str, Rewrite] | None:
+    """`rewrite_all` when the driver does every table's (no Spark session is needed); None, with
+    nothing written, where a table needs Spark's search or write."""
+    searches = _searches(lake, replacements)
+    if not all(search.in_driver for search in searches.values()):
+        return None
+    return {name: Rewrite(search, search.rewritten([]), search.kept_in_driver()) for name, search in searches.items()}
+
+
+def _searches(lake: str, replacements: dict[str, Replacement]) -> dict[str, "_Search"]:
+    return {name: _Search(open_table(lake, name), os.path.join(lake, name), replaced)
+            for name, replaced in replacements.items()}
+
+
 class _Search:
     """One table of `replace_all`: its current rows marked doomed or not (`marked`; None when no
     file can hold a doomed row), of the files searched (`searched`, paths relative to the table);
@@ -246,30 +259,38 @@ class _Search:
 
     def __init__(self, table: DeltaTable | None, location: str, replaced: Replacement):
         self.table, self.location, self.replaced = table, location, replaced
-        self.spark = replaced.rows.sparkSession if isinstance(replaced.rows, DataFrame) else SparkSession.active()
         self.struct = spark_schema(replaced.schema)
         self.logged = snapshot_files(table) if table is not None else {}
-        narrowed = files_with_provisional_rows(table) if table is not None and replaced.provisional_only else None
-        self.searched = [path for path in self.logged if narrowed is None or path in narrowed]
-        searched_bytes = sum(self.logged[path].size for path in self.searched)
-        matched = bool(self.searched and replaced.matches)    # a searched file may hold a doomed row
-        self.marked, self.whole = None, matched and searched_bytes <= REWRITTEN_WHOLE_BYTES
+        self.narrowed = files_with_provisional_rows(table) if table is not None and replaced.provisional_only else None
+        self.searched = [path for path in self.logged if self.narrowed is None or path in self.narrowed]
+        self.searched_bytes = sum(self.logged[path].size for path in self.searched)
+        self.matched = bool(self.searched and replaced.matches)    # a searched file may hold a doomed row
+        self.marked, self.whole = None, self.matched and self.searched_bytes <= REWRITTEN_WHOLE_BYTES
         # No Spark job where there is nothing for one to do.
-        self.in_driver = not isinstance(replaced.rows, DataFrame) and (not matched or self.whole and all(
+        self.in_driver = not isinstance(replaced.rows, DataFrame) and (not self.matched or self.whole and all(
             isinstance(match, (Listed, Keyed)) for match in replaced.matches))
         if not self.in_driver and (isinstance(replaced.rows, pa.Table)
                                    or any(isinstance(match, Keyed) for match in replaced.matches)):
             raise ValueError(f"{location}: rows in Arrow and Keyed matches need a table the driver rewrites "
-                             f"whole ({searched_bytes} bytes searched, at most {REWRITTEN_WHOLE_BYTES}) "
+                             f"whole ({self.searched_bytes} bytes searched, at most {REWRITTEN_WHOLE_BYTES}) "
                              "matched by literals only")
-        if matched and not self.in_driver:
-            shuffled = searched_bytes <= SHUFFLED_SEARCH_BYTES
-            current = (_read_bridge(self.spark, table, location, self.struct, None, None, narrowed)
+
+    @property
+    def spark(self) -> SparkSession:
+        rows = self.replaced.rows
+        return rows.sparkSession if isinstance(rows, DataFrame) else SparkSession.active()
+
+    def planned(self) -> "_Search":
+        """Itself, its Spark search planned (`marked`): a table not `in_driver`."""
+        if self.matched:
+            shuffled = self.searched_bytes <= SHUFFLED_SEARCH_BYTES
+            current = (_read_bridge(self.spark, self.table, self.location, self.struct, None, None, self.narrowed)
                        .withColumn("_file", F.col("_metadata.file_path")))
-            self.marked = _marked(current, replaced.matches, shuffled)
-            if shuffled and not self.whole and any(isinstance(match, Match) for match in replaced.matches):
+            self.marked = _marked(current, self.replaced.matches, shuffled)
+            if shuffled and not self.whole and any(isinstance(match, Match) for match in self.replaced.matches):
                 # Read twice (the files to rewrite, the rows they keep): the key joins once.
                 self.marked = materialised(self.marked)
+        return self
 
     def doomed_files(self, name: str) -> DataFrame:
         """The files holding a doomed row (Spark names files by URI; the Delta log by path
@@ -418,7 +439,7 @@ def _write_bridge(data: DataFrame, path: str, schema: pa.Schema, app_id: str | N
     Until the commit, nothing in the log names them, so no reader sees a partial write."""
     # "overwrite" removes every file of the snapshot in this same commit.
     commit(path, schema, _write_parquet(data, path, partition_by), partition_by, app_id, mode,
-           tag=session.commit_tag(data.sparkSession))
+           tag=session.commit_tag())
 
 
 def _write_parquet(data: DataFrame, location: str, partition_by: list[str]) -> list[AddAction]:

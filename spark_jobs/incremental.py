@@ -46,7 +46,7 @@ from .table_files import adds_that_may_hold, rows_in
 from .timeline.carried import (CARRIED_TABLES, ROLES, STALE, WRITTEN_TABLES, carried_rows, carry_on,
                                without_fallbacks)
 from .timeline.plans import measured, of_connections
-from .timeline.wide import RECORD, ROLE, column
+from .timeline.wide import RECORD, ROLE, column, rows_from_wide
 from .timeline.tables import TIMELINE_TABLES
 from .wide_writes import add_actions, read_written
 
@@ -80,19 +80,21 @@ class CarriedPass:
         stale = (F.col(RECORD) == "deliveries") & (F.col(ROLE) == STALE) & column("deliveries", REQUEUE_RELATED)
         rows = self.wide.where((F.col(RECORD) == "raw_findings") | stale).select(
             RECORD, "raw_findings", "deliveries").toArrow()
-        of = {name: rows.filter(pc.equal(rows[RECORD], name)).column(name).combine_chunks()
-              for name in ("raw_findings", "deliveries")}
-        raw = pa.Table.from_arrays([pc.struct_field(of["raw_findings"], field.name).cast(field.type)
-                                    for field in RAW_FINDINGS], schema=RAW_FINDINGS)
-        deliveries = TIMELINE_TABLES["deliveries"]
-        columns = pa.schema([deliveries.field(name) for name in COLUMNS])
-        replaced = pa.Table.from_arrays([pc.struct_field(of["deliveries"], field.name).cast(field.type)
-                                         for field in columns], schema=columns)
-        writer = TableWriter(lake, "deliveries", deliveries)
-        written = [writer.read_file(add.path, add.partition_values["date"])
-                   for add in adds_that_may_hold(self.written.get("deliveries", []), REQUEUE_RELATED)]
-        return raw, pa.concat_tables([replaced, *[part.filter(pc.fill_null(part[REQUEUE_RELATED], False))
-                                                  .select(COLUMNS) for part in written]])
+        return (rows_from_wide(rows, "raw_findings", RAW_FINDINGS),
+                changed_in_driver(lake, rows_from_wide(rows, "deliveries", TIMELINE_TABLES["deliveries"]),
+                                  self.written.get("deliveries", [])))
+
+
+def changed_in_driver(lake: str, stale: pa.Table, written: list[AddAction]) -> pa.Table:
+    """What a carried run changes of what the message kinds read (`_requeue_changed`), in the
+    driver and in their COLUMNS: the requeue_related rows of `stale` (delivery rows replaced) and
+    of the deliveries' files the pass wrote (`written`), read from those that may hold one."""
+    deliveries = TIMELINE_TABLES["deliveries"]
+    writer = TableWriter(lake, "deliveries", deliveries)
+    parts = [stale, *[writer.read_file(add.path, add.partition_values["date"])
+              for add in adds_that_may_hold(written, REQUEUE_RELATED)]]
+    return pa.concat_tables([part.filter(pc.fill_null(part[REQUEUE_RELATED], False)).select(COLUMNS)
+                             for part in parts])
 
 
 def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, ...], keys: list[str], mode: str,

@@ -15,6 +15,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from importlib.metadata import version
 from pathlib import Path
 
@@ -193,18 +194,34 @@ PYTHON_DAEMON = "spark_jobs.python_daemon"
 COMMIT_TAG_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
+# The tag of the commits being made (commits_tagged): delta-rs's commits read it here, where no
+# session may exist (a run that carries its connections on in the driver starts none).
+_COMMIT_TAG: ContextVar[str | None] = ContextVar("ackscope_commit_tag", default=None)
+
+
 @contextmanager
-def commits_tagged(spark: SparkSession, tag: str) -> Iterator[None]:
-    """Every Delta commit the session makes meanwhile carries `tag` (provisional.py: the run id)."""
-    spark.conf.set(COMMIT_TAG_CONF, tag)
+def commits_tagged(spark: SparkSession | None, tag: str) -> Iterator[None]:
+    """Every Delta commit made meanwhile carries `tag` (provisional.py: the run id): delta-rs's
+    (commit_tag), and the session's own, if there is one (None: none yet; `tag_session` when it starts)."""
+    token = _COMMIT_TAG.set(tag)
+    if spark is not None:
+        tag_session(spark)
     try:
         yield
     finally:
-        spark.conf.unset(COMMIT_TAG_CONF)
+        _COMMIT_TAG.reset(token)
+        if spark is not None:
+            spark.conf.unset(COMMIT_TAG_CONF)
 
 
-def commit_tag(spark: SparkSession) -> str | None:
-    return spark.conf.get(COMMIT_TAG_CONF, None)
+def tag_session(spark: SparkSession) -> None:
+    """delta-spark's commits of this session carry the current tag too (commits_tagged unsets it)."""
+    spark.conf.set(COMMIT_TAG_CONF, _COMMIT_TAG.get())
+
+
+def commit_tag() -> str | None:
+    """The tag the commits made now carry (commits_tagged), None outside a run."""
+    return _COMMIT_TAG.get()
 
 
 def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memory: str | None = None,

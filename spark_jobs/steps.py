@@ -20,13 +20,18 @@ class Steps:
     """`spark`: None for a run that starts no Spark (its steps start no Spark job)."""
 
     def __init__(self, spark: SparkSession | None, progress: TextIO | None = None, label: str = "ackscope analyze"):
-        self.context = spark.sparkContext if spark is not None else None
+        self.context = None
         self.progress, self.label = progress, label
         # Every job of this run carries the group, so the status tracker can count them.
         self.group = f"ackscope-{uuid.uuid4().hex[:12]}"
-        if self.context is not None:
-            self.context.setJobGroup(self.group, label)
+        if spark is not None:
+            self.started(spark)
         self.seconds: dict[str, float] = {}
+
+    def started(self, spark: SparkSession) -> None:
+        """The run's Spark jobs are counted from now on (a run that starts Spark only when it needs it)."""
+        self.context = spark.sparkContext
+        self.context.setJobGroup(self.group, self.label)
 
     @contextmanager
     def step(self, name: str):

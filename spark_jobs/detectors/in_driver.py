@@ -198,7 +198,7 @@ def _found_across(lake: str, rows: list[dict], changed_rows: list[dict],
     places = ({_place(d) for d in changed_rows if left_at_close(d)}
               | {_place(d) for d in closed if came_back.get(d["message_identity"], False)})
     closed_there = {d["message_identity"] for d in closed if _place(d) in places}
-    connections = _connections(lake, {d["connection_id"] for d in rows})
+    connections = connections_in_driver(lake, {d["connection_id"] for d in rows})
     involved = [{**d, "connection_name": connections.get(d["connection_id"], {}).get("connection_name")}
                 for d in rows if d["message_identity"] in closed_there
                 and (left_at_close(d) or d["redelivered"] is True)]
@@ -235,7 +235,7 @@ def _ordered(columns: tuple[str, ...]):
     return lambda d: tuple((d[c] is not None, d[c]) for c in columns)
 
 
-def _connections(lake: str, ids: set[str]) -> dict[str, dict]:
+def connections_in_driver(lake: str, ids: set[str]) -> dict[str, dict]:
     """connection_pass.connection_rows of these connections, as the dicts their JSON reads back as:
     the row first seen (CONNECTION_FIELDS' order, nulls first), with the last time any agent saw it."""
     table = read_table(lake, "connections", schema.CONNECTIONS, columns=["connection_id", *CONNECTION_FIELDS,

@@ -71,6 +71,15 @@ def arrow_column(rows: pa.Table | pa.RecordBatch, table: str, name: str) -> pa.A
     return pc.struct_field(rows.column(table), name)
 
 
+def rows_from_wide(rows: pa.Table, name: str, table_schema: pa.Schema | None = None) -> pa.Table:
+    """The rows of table `name` among a wide table's Arrow rows, as a table of its columns (those of
+    `table_schema`, in its types; None: all of them)."""
+    mine = rows.filter(pc.equal(rows.column(RECORD), name)).column(name)
+    fields = table_schema if table_schema is not None else pa.schema(list(mine.type))
+    return pa.Table.from_arrays([pc.struct_field(mine, field.name).cast(field.type) for field in fields],
+                                schema=pa.schema(fields))
+
+
 def records_from_wide(rows: pa.Table | pa.RecordBatch, name: str, record_type) -> list:
     """The rows of table `name` among `rows` (a wide table's Arrow rows, in Python), back as the
     frozen records whose fields are that table's columns (analyzer/timeline/records.py)."""
