@@ -42,9 +42,11 @@ import frames_generator as generator  # noqa: E402
 from pass_cpu import SPARK_BATCH_ROWS, pass_input, run_pass  # noqa: E402
 
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS  # noqa: E402
+from analyzer.connection_analysis import ANALYSIS_COLUMNS  # noqa: E402
+from spark_jobs.carried_in_driver import carried_layout  # noqa: E402
 from spark_jobs.connection_pass import HEADER, HEADER_SEQ, STATE_TABLE, Settings  # noqa: E402
 from spark_jobs.thresholds import Thresholds  # noqa: E402
-from spark_jobs.timeline.carried import STATE_COLUMNS, STORED, _CarriedPartition  # noqa: E402
+from spark_jobs.timeline.carried import _CarriedPartition  # noqa: E402
 from spark_jobs.timeline.wide import RECORD  # noqa: E402
 
 FILE_ROWS = 1_000_000    # wide_writes.FILE_ROWS's order: a carried run's few rows make one file a table
@@ -68,26 +70,6 @@ def split_by_time(rows: pa.Table, tail: float) -> tuple[pa.Table, pa.Table, int]
     return head, frames.filter(pc.greater_equal(frames["ts_ns"], cut)), cut
 
 
-# The columns a carried pass's rows have besides the frames' (its header rows' values; null in frame rows).
-HEADER_COLUMNS = pa.schema([(HEADER, pa.string()), ("format", pa.string()), ("checkpoint", pa.binary()),
-                            ("carried_records", pa.int64()), (STORED, pa.bool_())])
-
-
-def carried_layout(frames: pa.Table, states: dict[str, dict], headers: dict[str, str]) -> pa.Table:
-    """The carried pass's input as `carry_on` lays it out for `mapInArrow`: for each connection of
-    `frames` (its new frame rows), a header row (its connections row as the pass's header JSON,
-    `headers`, and its analysis_state row's STATE_COLUMNS, `states`, if stored), then its frames,
-    by connection and seq."""
-    for field in HEADER_COLUMNS:
-        if field.name not in frames.column_names:
-            frames = frames.append_column(field, pa.nulls(frames.num_rows, field.type))
-    header_rows = [{"connection_id": c, "seq": HEADER_SEQ, HEADER: headers.get(c), STORED: c in states,
-                    **{name: states.get(c, {}).get(name) for name in STATE_COLUMNS}}
-                   for c in sorted(set(frames["connection_id"].to_pylist()))]
-    rows = pa.Table.from_pylist(header_rows, schema=frames.schema)
-    return pa.concat_tables([rows, frames]).sort_by([("connection_id", "ascending"), ("seq", "ascending")])
-
-
 def carried_input(rows: pa.Table, head_out: list[pa.RecordBatch], tail: pa.Table) -> tuple[pa.Table, int, int]:
     """The carried pass's input after the head's pass (`head_out`), the checkpoints' bytes and
     their carried records."""
@@ -99,7 +81,7 @@ def carried_input(rows: pa.Table, head_out: list[pa.RecordBatch], tail: pa.Table
                rows.filter(pc.equal(rows["seq"], HEADER_SEQ)).select(["connection_id", HEADER]).to_pylist()}
     touched = set(tail["connection_id"].to_pylist())
     checkpoints = [state for c, state in states.items() if c in touched and state["checkpoint"] is not None]
-    return (carried_layout(tail, states, headers), sum(len(s["checkpoint"]) for s in checkpoints),
+    return (carried_layout(tail.select(list(ANALYSIS_COLUMNS)), states, headers), sum(len(s["checkpoint"]) for s in checkpoints),
             sum(s["carried_records"] for s in checkpoints))
 
 

@@ -1,21 +1,15 @@
-"""A scheduled run's carried pass without a JVM, measured: issue 13's proposal for fresh processes.
+"""A scheduled run carried on by the driver without a JVM, next to Spark's carried pass: each in a
+new process, as a CronJob runs it (spark_jobs/carried_in_driver.py).
 
-A scheduled run in a fresh process (a CronJob's) costs ~0.21 of a full run on the 10 M lake, where
-the same run in a warm driver costs ~0.11 (bench/README.md, session 49): starting the JVM, the
-session, the plan and the Python worker cold is most of it. The proposal: when the new frames are
-few, the driver's Python does the carried pass itself, with no JVM. This script measures what that
-would cost before it is built, next to `ackscope analyze` on the same lake: each in a new process,
-on a fresh copy of a lake whose last frames append is not analysed yet.
+A scheduled run in a fresh process cost ~0.21 of a full run on the 10 M lake with Spark's carried
+pass, ~0.11 in a warm driver (bench/README.md, session 49): starting the JVM, the session, the
+plans and the Python worker cold was most of it. `ackscope analyze` now carries a few new frames
+on in the driver (up to carried_in_driver.DRIVER_FRAMES): this script times it against Spark's
+path for the same run (spark_jobs.analyze.analyze with a new session, which always takes Spark's
+carried pass: what `ackscope analyze` ran before), on fresh copies of a lake whose last frames
+append is not analysed yet; `--check` then compares the two lakes' tables, row for row.
 
-The prototype's process reads the appended frames files (delta-rs's file list of the last version
-against the one before), the stored analysis_state and connections rows of their connections
-(analyzer/lake.py), lays them out as the carried pass's `mapInArrow` gets them (header rows, then
-frames by connection and seq) and runs `timeline/carried.py`'s `_CarriedPartition` over them,
-writing its files into a temporary folder. Not in it, so a lower bound of such a run: the commits
-(delta-rs, a few per run), the rewrite of the files holding the replaced provisional rows, and the
-findings (already the driver's for a scheduled run: ~0.6 s here).
-
-    .venv/bin/python bench/driver_carry.py [--frames 10000000] [--hot-deliveries 3000000] [--repeat 3]
+    .venv/bin/python bench/driver_carry.py [--frames 10000000] [--hot-deliveries 3000000] [--repeat 3] [--check]
 
 The lake: the generator's (cached as analyze.py and incremental.py cache it) cut by time at the
 last `--tail` share, its head analysed once by `ackscope analyze` and kept under
@@ -65,65 +59,47 @@ def prepared(args) -> tuple[str, str]:
     return head_lake, tail_file
 
 
-def appended_copy(head_lake: str, tail_file: str) -> str:
-    work = os.path.join(os.path.dirname(head_lake), "work")
+def appended_copy(head_lake: str, tail_file: str, name: str) -> str:
+    work = os.path.join(os.path.dirname(head_lake), name)
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(head_lake, work)
     incremental.append(work, "frames", tail_file, schema.FRAMES, "tail")
     return work
 
 
-def timed(cmd: list[str]) -> tuple[float, str]:
+# Spark's path in a new process: a session started as `ackscope analyze` starts it, one run.
+SPARK_RUN = """
+import json, sys
+from spark_jobs.analyze import analyze
+from spark_jobs.session import get_spark
+spark = get_spark(sys.argv[2], "ackscope-analyze", driver_memory=sys.argv[3], quick_start=True)
+print(json.dumps(analyze(spark, sys.argv[1]).as_json()))
+"""
+
+
+def timed(cmd: list[str]) -> tuple[float, dict]:
+    """A command's wall seconds and the JSON report it printed last."""
     started = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return seconds, done.stdout
+    return seconds, json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def in_process(lake_dir: str) -> None:
-    """The prototype, in this (new) process: prints one JSON line of its phases' seconds."""
-    import tempfile
+def differing_tables(one: str, other: str) -> list[str]:
+    """The output tables and checkpoints of two lakes that differ (each sorted the same way)."""
+    from spark_jobs.analyze import OUTPUT_TABLES
+    from spark_jobs.connection_pass import STATE_TABLE
 
-    import deltalake
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from analyzer.connection_analysis import ANALYSIS_COLUMNS
-    from analyzer.timeline.records import DEFAULT_OVERDUE_NS
-    from carried_cpu import carried_layout
-    from pass_cpu import HEADER_FIELDS
-    from spark_jobs.connection_pass import Settings
-    from spark_jobs.thresholds import Thresholds
-    from spark_jobs.timeline.carried import STATE_COLUMNS, _CarriedPartition
-    imported = time.monotonic()   # the process's wall clock (timed by the caller) holds the interpreter and imports
-
-    frames = deltalake.DeltaTable(os.path.join(lake_dir, "frames"))
-    before = set(deltalake.DeltaTable(os.path.join(lake_dir, "frames"), version=frames.version() - 1).file_uris())
-    new = pa.concat_tables([pq.read_table(uri, columns=list(ANALYSIS_COLUMNS))
-                            for uri in frames.file_uris() if uri not in before])
-    ids = pc.unique(new["connection_id"])
-    states = lake.read_table(lake_dir, "analysis_state", schema.ANALYSIS_STATE)
-    states = states.filter(pc.is_in(states["connection_id"], ids)).select(["connection_id", *STATE_COLUMNS])
-    connections = lake.read_table(lake_dir, "connections", schema.CONNECTIONS)
-    connections = connections.filter(pc.is_in(connections["connection_id"], ids))
-    read = time.monotonic()
-
-    stored = {row["connection_id"]: row for row in states.to_pylist()}
-    headers = {row["connection_id"]: json.dumps({name: row[name] for name in HEADER_FIELDS}, default=str)
-               for row in connections.to_pylist()}
-    rows = carried_layout(new, stored, headers)
-    laid_out = time.monotonic()
-
-    with tempfile.TemporaryDirectory() as folder:
-        partition = _CarriedPartition(Settings(10, DEFAULT_OVERDUE_NS, Thresholds()), frames.version(), 50_000,
-                                      folder, 250_000)
-        for _ in partition.run(iter(rows.to_batches(max_chunksize=10_000))):
-            pass
-    passed = time.monotonic()
-    print(json.dumps({"frames": new.num_rows, "connections": len(ids), "reads": read - imported, "layout": laid_out - read, "pass": passed - laid_out}))
+    keys = ("finding_id", "connection_id", "channel", "incarnation", "seq", "bucket_start_ns", "kind")
+    differ = []
+    for name, table_schema in {**OUTPUT_TABLES, STATE_TABLE: schema.ANALYSIS_STATE}.items():
+        order = [(key, "ascending") for key in keys if key in table_schema.names]
+        first, second = (lake.read_table(folder, name, table_schema).sort_by(order) for folder in (one, other))
+        if not first.equals(second):
+            differ.append(name)
+    return differ
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,26 +107,26 @@ def main(argv: list[str] | None = None) -> int:
     generator.add_spark_run_arguments(parser, frames=10_000_000, hot_deliveries=3_000_000)
     parser.add_argument("--tail", type=float, default=0.05, help="share of the frames appended last (default %(default)s)")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--in-process", metavar="LAKE", help=argparse.SUPPRESS)  # the prototype's own process
+    parser.add_argument("--check", action="store_true", help="compare the two paths' tables after each repeat")
     args = parser.parse_args(argv)
-    if args.in_process:
-        in_process(args.in_process)
-        return 0
 
     head_lake, tail_file = prepared(args)
     for n in range(args.repeat):
-        work = appended_copy(head_lake, tail_file)
-        seconds, out = timed([sys.executable, os.path.abspath(__file__), "--in-process", work])
-        phases = json.loads(out.strip().splitlines()[-1])
-        print(f"run {n + 1}: the carried pass in a new Python process, no JVM: {seconds:.1f} s "
-              f"({phases['frames']:,} new frames of {phases['connections']} connections; of it reads "
-              f"{phases['reads']:.2f}, layout {phases['layout']:.2f}, pass {phases['pass']:.2f} s)", flush=True)
-        work = appended_copy(head_lake, tail_file)
-        seconds, out = timed([incremental.ACKSCOPE, "analyze", "--lake", work, "--master", args.master,
-                              "--driver-memory", args.driver_memory, "--json"])
-        report = json.loads(out)
-        print(f"run {n + 1}: `ackscope analyze` in a new process: {seconds:.1f} s ({report['spark_jobs']} Spark "
+        driver_lake = appended_copy(head_lake, tail_file, "driver")
+        seconds, report = timed([incremental.ACKSCOPE, "analyze", "--lake", driver_lake, "--master", args.master,
+                                 "--driver-memory", args.driver_memory, "--json"])
+        print(f"run {n + 1}: `ackscope analyze` in a new process: {seconds:.1f} s ({report['frames']:,} new frames of "
+              f"{report['connections']} connections; delta_mode {report['delta_mode']}, {report['spark_jobs']} Spark "
               f"jobs, {report['seconds_by_step']})", flush=True)
+        spark_lake = appended_copy(head_lake, tail_file, "spark")
+        spark_seconds, report = timed([sys.executable, "-c", SPARK_RUN, spark_lake, args.master, args.driver_memory])
+        print(f"run {n + 1}: Spark's carried pass in a new process: {spark_seconds:.1f} s ({report['spark_jobs']} "
+              f"Spark jobs, {report['seconds_by_step']}); the driver's took {seconds / spark_seconds:.2f} of it",
+              flush=True)
+        if args.check:
+            differ = differing_tables(driver_lake, spark_lake)
+            print(f"run {n + 1}: tables {'differ: ' + ', '.join(differ) if differ else 'equal, row for row'}",
+                  flush=True)
     return 0
 
 

@@ -91,7 +91,8 @@ def tables_digest(lake_dir: str) -> dict[str, str]:
 
 class OneDriver:
     """The runs in this process's own Spark driver, kept up between them as `ackscope analyze
-    --every` keeps it (and released after each the same way): only the first pays the JVM's start."""
+    --every` keeps it (and released after each the same way): only the first pays the JVM's start.
+    A small append's run is the driver's without Spark, as `--every` makes it (carried_in_driver.py)."""
 
     def __init__(self, master: str, driver_memory: str):
         from spark_jobs.session import get_spark
@@ -99,11 +100,17 @@ class OneDriver:
         self.spark = get_spark(master, "ackscope-bench-incremental", driver_memory=driver_memory)
 
     def run(self, lake_dir: str, full: bool = False) -> tuple[float, dict]:
-        from spark_jobs.analyze import analyze
+        """One run as `--every` makes it: planned, then by the driver without Spark where it can
+        (analyze_without_spark: a small append), else with this driver's Spark."""
+        from analyzer.timeline.records import DEFAULT_OVERDUE_NS
+        from spark_jobs.analyze import analyze, analyze_without_spark, planned_run
         from spark_jobs.schedule import release_run
+        from spark_jobs.thresholds import Thresholds
 
         started = time.monotonic()
-        report = analyze(self.spark, lake_dir, full=full).as_json()
+        plan = planned_run(lake_dir, None, None, full, 10, DEFAULT_OVERDUE_NS, Thresholds())
+        report = (analyze_without_spark(lake_dir, plan, time.monotonic() - started, start_spark=lambda: self.spark)
+                  or analyze(self.spark, lake_dir, full=full, plan=plan)).as_json()
         seconds = time.monotonic() - started
         release_run(self.spark)
         return seconds, report
