@@ -95,6 +95,10 @@ def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | Non
     if version is not None:
         table.load_as_version(version)
     wanted = [f for f in schema if columns is None or f.name in columns]
+    # Files read in the schema's types (`where` may name columns not wanted); a column a file lacks
+    # (written before the table had it) reads as nulls, as in Spark.
+    in_files = pa.schema([f for f in schema if f.name not in PARTITION_BY])
+    read = [f.name for f in wanted if f.name not in PARTITION_BY]
     parts = []
     fs, root = filesystem(os.path.join(lake, name))
     actions = pa.table(table.get_add_actions(flatten=True))
@@ -103,12 +107,11 @@ def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | Non
         if files is not None and unquote(path) not in files:
             continue
         part = pq.read_table(f"{root}/{unquote(path)}", filesystem=fs, partitioning=None,  # the log holds URI-encoded paths
-                             columns=[f.name for f in wanted if f.name not in PARTITION_BY], filters=where)
+                             schema=in_files, columns=read, filters=where)
         n = part.num_rows
         by_name = dict(zip(PARTITION_BY, values))
         parts.append(pa.Table.from_arrays(
-            [pa.repeat(pa.scalar(by_name[f.name], f.type), n) if f.name in by_name
-             else part[f.name].cast(f.type) if f.name in part.column_names else pa.nulls(n, f.type)
+            [pa.repeat(pa.scalar(by_name[f.name], f.type), n) if f.name in by_name else part[f.name]
              for f in wanted], schema=pa.schema(wanted)))
     if not parts:
         return pa.schema(wanted).empty_table()

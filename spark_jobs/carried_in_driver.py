@@ -23,11 +23,11 @@ it to the tables Spark's path writes.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
 from analyzer import schema
@@ -37,7 +37,7 @@ from analyzer.lake import filesystem, read_table
 from .connection_pass import FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, STATE_TABLE
 from .detectors.in_driver import connections_in_driver
 from .incremental import changed_in_driver
-from .table_files import rows_in
+from .table_files import relative_in_table, rows_in, spark_location
 from .timeline.carried import STALE, STATE_COLUMNS, STORED, WIDE, WRITTEN_TABLES, _CarriedPartition
 from .timeline.tables import TIMELINE_TABLES
 from .timeline.wide import RECORD, ROLE, rows_from_wide
@@ -97,7 +97,7 @@ def carry_on_in_driver(lake: str, new_files: tuple[str, ...], keys: list[str], s
                        frames_version: int) -> DriverCarried:
     """The carried pass over the frames of `new_files` (the connections `keys`), in this process:
     its files written into the lake's tables, uncommitted."""
-    frames = new_frames(new_files)
+    frames = new_frames(lake, new_files, frames_version)
     stored = read_table(lake, STATE_TABLE, schema.ANALYSIS_STATE, columns=["connection_id", *STATE_COLUMNS],
                         where=pc.field("connection_id").isin(keys))
     states = {row["connection_id"]: row for row in stored.to_pylist()} if stored is not None else {}
@@ -118,19 +118,11 @@ def carry_on_in_driver(lake: str, new_files: tuple[str, ...], keys: list[str], s
                          connections=len(keys) - len(fallbacks), records=pc.sum(tally["carried_records"]).as_py() or 0)
 
 
-def new_frames(new_files: tuple[str, ...]) -> pa.Table:
-    """The rows of these frames files (the table's, where the run's plan names them), in FRAME_COLUMNS."""
-    parts = [FRAME_COLUMNS.empty_table()]
-    for location in new_files:
-        fs, path = filesystem(location)
-        part = pq.read_table(path, filesystem=fs, partitioning=None,
-                             columns=[name for name in FRAME_COLUMNS.names
-                                      if name in pq.read_schema(path, filesystem=fs).names])
-        # A column the file lacks (written before the table had it) reads as nulls, as in Spark.
-        parts.append(pa.Table.from_arrays([part[f.name].cast(f.type) if f.name in part.column_names
-                                           else pa.nulls(part.num_rows, f.type) for f in FRAME_COLUMNS],
-                                          schema=FRAME_COLUMNS))
-    return pa.concat_tables(parts)
+def new_frames(lake: str, new_files: tuple[str, ...], frames_version: int) -> pa.Table:
+    """The rows of these files of `frames` at `frames_version` (as the run's plan names them), in FRAME_COLUMNS."""
+    base = spark_location(os.path.join(lake, "frames"))
+    return read_table(lake, "frames", FRAME_COLUMNS, files={relative_in_table(uri, base) for uri in new_files},
+                      version=frames_version)
 
 
 def carried_layout(frames: pa.Table, states: dict[str, dict], headers: dict[str, str]) -> pa.Table:

@@ -231,3 +231,19 @@ def test_decode_gives_the_garbage_collector_back_even_when_writing_fails(tmp_pat
     assert gc.isenabled()
     decode(str(tmp_path / "missing.pcap"), lambda batch: None)  # unreadable: reported, not raised
     assert gc.isenabled()
+
+
+def test_read_table_reads_a_column_its_files_lack_as_nulls(tmp_path):
+    """A table read in today's schema (analyzer/lake.read_table) whose files were written before a
+    column existed: that column reads as nulls, the others in today's types, as Spark reads them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    before = pa.schema([("date", pa.string()), ("seq", pa.int32())])
+    writer = lake.TableWriter(str(tmp_path), "t", before)
+    writer.write(pa.table({"date": ["2026-12-05", "2026-12-05"], "seq": [1, 2]}, schema=before))
+    writer.commit("one")
+    now = pa.schema([("date", pa.string()), ("seq", pa.int64()), ("added", pa.string())])
+    read = lake.read_table(str(tmp_path), "t", now, where=pc.field("seq") == 2)
+    assert read.schema == now and read.to_pylist() == [{"date": "2026-12-05", "seq": 2, "added": None}]
+    assert lake.read_table(str(tmp_path), "t", now, columns=["added"]).to_pylist() == [{"added": None}] * 2
