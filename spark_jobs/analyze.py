@@ -224,6 +224,7 @@ def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Setting
         _log_run(lake, run_id, plan, report, started_ts, settings.bucket_seconds, settings.overdue_ns,
                  settings.thresholds)
         return _finished(report, started, steps)
+    carried = None
     try:
         with steps.step("carry on from checkpoints") as carrying:
             carried = carry_on_in_driver(lake, plan.new_files, keys, settings, plan.frames_version)
@@ -231,13 +232,11 @@ def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Setting
                 carried.discard(lake)
                 carrying.detail = (f"{len(carried.fallbacks)} connection(s) to analyse whole: "
                                    "Spark takes the run")
-    except BaseException:
-        for rewrite in ahead.values():
-            rewrite.discard()
-        raise
+    finally:
+        if carried is None or carried.fallbacks:   # failed, or Spark's: the rewrites are not committed
+            for rewrite in ahead.values():
+                rewrite.discard()
     if carried.fallbacks:
-        for rewrite in ahead.values():
-            rewrite.discard()
         return None
     _report_carried(carried, report)
     with steps.step("write tables"):
