@@ -88,18 +88,13 @@ def timed(cmd: list[str]) -> tuple[float, dict]:
 
 
 def differing_tables(one: str, other: str) -> list[str]:
-    """The output tables and checkpoints of two lakes that differ (each sorted the same way)."""
+    """The output tables and checkpoints of two lakes whose rows differ (incremental.tables_digest)."""
     from spark_jobs.analyze import OUTPUT_TABLES
     from spark_jobs.connection_pass import STATE_TABLE
 
-    keys = ("finding_id", "connection_id", "channel", "incarnation", "seq", "bucket_start_ns", "kind")
-    differ = []
-    for name, table_schema in {**OUTPUT_TABLES, STATE_TABLE: schema.ANALYSIS_STATE}.items():
-        order = [(key, "ascending") for key in keys if key in table_schema.names]
-        first, second = (lake.read_table(folder, name, table_schema).sort_by(order) for folder in (one, other))
-        if not first.equals(second):
-            differ.append(name)
-    return differ
+    tables = {**OUTPUT_TABLES, STATE_TABLE: schema.ANALYSIS_STATE}
+    first, second = (incremental.tables_digest(folder, tables) for folder in (one, other))
+    return [name for name in tables if first[name] != second[name]]
 
 
 def main(argv: list[str] | None = None) -> int:
