@@ -86,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "frames added since the last run and replaces their rows (each table in one commit); "
                     "the findings those connections can change are recomputed. The first run, --full, or frames "
                     "deleted (or compacted before a run read them) since the last run analyse everything; "
-                    "a run with nothing new reports the stored findings without starting Spark. Runs are "
+                    "a run with nothing new reports the stored findings without starting Spark, and one "
+                    "after a small append (docs/analysis.md) is carried on by this process "
+                    "itself, starting Spark only if its findings need it. Runs are "
                     "logged in LAKE/analysis_runs. The same job runs on a cluster with --master, or through "
                     "spark-submit spark_jobs/analyze.py with these options.",
         epilog="Exit status: 0 done; 2 bad arguments, no frames table, or an S3 lake and no s3a connector in "
