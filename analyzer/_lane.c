@@ -6,10 +6,14 @@
  * nothing unseen, and AMQP frames that are ack/nack/reject, content methods, content headers and
  * bodies. For those it does what the Python path does (connection.py, reassembly.py, framing.py),
  * appending the same row tuples to the same RowSink lists and using the connection's own decode
- * memo. Everything else goes back to Python at a clean boundary:
+ * memo. A connection inside TLS is taken once its handshake is done: the lane cuts its stream into
+ * records and hands each to the connection's TLS layer in Python to open (`cryptography`), then
+ * frames the plaintext the same way. Everything else goes back to Python at a clean boundary:
  *   - before a packet it does not take, untouched (native.py disarms that connection first);
  *   - or, inside a packet, at the first frame it does not take: the connection is disarmed with
- *     its state as of that frame boundary, and Python feeds the rest of the stream bytes.
+ *     its state as of that frame boundary, and Python feeds the rest of the stream bytes (TLS: the
+ *     rest of the record's plaintext, then the stream bytes after the record; or the stream
+ *     bytes from a record it does not take, from its first byte).
  * It never decides anything the Python path would decide differently: when in doubt, it stops.
  * Every read is bounds-checked against the record and the frame; bad input only ever makes it
  * stop early. It holds the GIL throughout (rows are Python tuples).
@@ -30,6 +34,10 @@
 #define MAX_PENDING 64             /* contents open at once per connection; more goes to Python */
 #define MAX_PENDING_BODY (256u << 10)  /* body bytes held per open content; a longer body goes to Python */
 #define MAX_MEMO_BODY 4096         /* the last body per direction kept to skip hashing it again */
+
+#define TLS_HEADER 5
+#define TLS_APPLICATION_DATA 23
+#define TLS_MAX_RECORD ((1u << 14) + 2048)  /* tls/records.MAX_RECORD */
 
 #define ID_ACK ((60u << 16) | 80u)
 #define ID_NACK ((60u << 16) | 120u)
@@ -68,6 +76,24 @@ static int buf_append(Buf *b, const uint8_t *p, size_t n) {
     return 0;
 }
 static void buf_free(Buf *b) { PyMem_Free(b->data); b->data = NULL; b->len = b->cap = 0; }
+/* The buffer's memory, handed to the caller; the buffer left empty. */
+static Buf take_buf(Buf *b) {
+    Buf taken = *b;
+    b->data = NULL;
+    b->len = b->cap = 0;
+    return taken;
+}
+/* data[from:size] kept as the buffer's content: what a reader holds until more bytes come. `data`
+ * may be the buffer's own bytes. */
+static int keep_tail(Buf *b, const uint8_t *data, size_t size, size_t from) {
+    if (data == b->data) {
+        memmove(b->data, b->data + from, size - from);
+        b->len = size - from;
+        return 0;
+    }
+    b->len = 0;
+    return buf_append(b, data + from, size - from);
+}
 #define PUT(buf, type, value) do { type v_ = (type)(value); if (buf_append(&(buf), (const uint8_t *)&v_, sizeof v_) < 0) return ERROR; } while (0)
 
 /* Content (method, header, body frames) being assembled: connection.PendingContent, with the body
@@ -130,6 +156,8 @@ typedef struct {
     PyObject *unseen_acks;  /* TcpDirection.unseen_acks, as Python had it (in-order data resets it) */
     int reset_unseen;
     Buf carry;              /* FrameReader._chunks joined: the start of a frame not yet complete */
+    Buf records;            /* TLS: RecordReader.buf, the start of a record not yet complete */
+    long long nrecords;     /* TLS: records opened here, for TlsLayer.records */
     long long offset;       /* FrameReader.offset: stream offset of the carry's first byte */
     uint64_t max_frame;
     long long frames, bytes, headers, bodies;
@@ -147,6 +175,7 @@ typedef struct {
     PyObject *conn;         /* NULL: the slot is free */
     long index;
     PyObject *facts, *memo, *memo_methods, *memo_properties, *keys[2];
+    PyObject *open[2];      /* TLS: per direction, TlsLayer.lane_openers(); NULL: the wire bytes are AMQP */
     long long seq, ts_ns, packet;
     Lane lanes[2];
     Pending pending[MAX_PENDING];
@@ -172,6 +201,7 @@ typedef struct {
 
 static void lane_clear(Lane *l) {
     Py_CLEAR(l->unseen_acks);
+    buf_free(&l->records);
     buf_free(&l->last_method);
     buf_free(&l->last_header);
     Py_CLEAR(l->last_fields);
@@ -198,6 +228,8 @@ static void slot_clear(Slot *s) {
     Py_CLEAR(s->memo_properties);
     Py_CLEAR(s->keys[0]);
     Py_CLEAR(s->keys[1]);
+    Py_CLEAR(s->open[0]);
+    Py_CLEAR(s->open[1]);
     for (int d = 0; d < 2; d++) lane_clear(&s->lanes[d]);
     for (int i = 0; i < s->npending; i++) pending_clear(&s->pending[i]);
     s->npending = 0;
@@ -217,19 +249,30 @@ static int dict_add(PyObject *dict, PyObject *key, long long delta) {
     return rc;
 }
 
-/* Engine.arm(conn, index, seq, key_to_broker, key_to_client, lane0, lane1, facts, memo)
+/* Engine.arm(conn, index, seq, key_to_broker, key_to_client, lane0, lane1, facts, memo[, tls])
  * laneN = (next_seq, unseen_acks, carry, offset, max_frame). The connection must have no content
- * open (native.py checks what may be armed). */
+ * open (native.py checks what may be armed). tls, for a connection whose AMQP is inside TLS:
+ * (open0, open1, records0, records1), openN(version, fragment) -> the plaintext of direction N's
+ * next application-data record, or None for a record the lane leaves to Python (which reads it
+ * again from its start); recordsN: RecordReader.buf. */
 static PyObject *engine_arm(Engine *e, PyObject *args) {
-    PyObject *conn, *keys[2], *lanes[2], *facts, *memo;
+    PyObject *conn, *keys[2], *lanes[2], *facts, *memo, *tls = Py_None;
+    PyObject *opens[2] = {NULL, NULL}, *records[2] = {NULL, NULL};
     long index;
     long long seq;
-    if (!PyArg_ParseTuple(args, "OlLSSO!O!O!O", &conn, &index, &seq, &keys[0], &keys[1], &PyTuple_Type, &lanes[0],
-                          &PyTuple_Type, &lanes[1], &PyDict_Type, &facts, &memo))
+    if (!PyArg_ParseTuple(args, "OlLSSO!O!O!O|O", &conn, &index, &seq, &keys[0], &keys[1], &PyTuple_Type, &lanes[0],
+                          &PyTuple_Type, &lanes[1], &PyDict_Type, &facts, &memo, &tls))
         return NULL;
     if (PyBytes_GET_SIZE(keys[0]) != 12 || PyBytes_GET_SIZE(keys[1]) != 12) {
         PyErr_SetString(PyExc_ValueError, "flow keys are 12 bytes (IPv4)");
         return NULL;
+    }
+    if (tls != Py_None) {
+        if (!PyArg_ParseTuple(tls, "OOSS", &opens[0], &opens[1], &records[0], &records[1])) return NULL;
+        if (!PyCallable_Check(opens[0]) || !PyCallable_Check(opens[1])) {
+            PyErr_SetString(PyExc_TypeError, "TLS openers are callables");
+            return NULL;
+        }
     }
     int k = 0;
     while (k < e->nslots && e->slots[k].conn) k++;
@@ -267,7 +310,9 @@ static PyObject *engine_arm(Engine *e, PyObject *args) {
         l->unseen_acks = unseen;
         l->offset = offset;
         l->max_frame = max_frame;
-        if (buf_append(&l->carry, (const uint8_t *)PyBytes_AS_STRING(carry), PyBytes_GET_SIZE(carry)) < 0) {
+        if (buf_append(&l->carry, (const uint8_t *)PyBytes_AS_STRING(carry), PyBytes_GET_SIZE(carry)) < 0
+            || (records[d] && buf_append(&l->records, (const uint8_t *)PyBytes_AS_STRING(records[d]),
+                                         PyBytes_GET_SIZE(records[d])) < 0)) {
             Py_DECREF(methods);
             Py_DECREF(properties);
             slot_clear(s);
@@ -276,6 +321,10 @@ static PyObject *engine_arm(Engine *e, PyObject *args) {
     }
     s->memo_methods = methods;
     s->memo_properties = properties;
+    for (int d = 0; d < 2; d++) {
+        Py_XINCREF(opens[d]);
+        s->open[d] = opens[d];
+    }
     Py_INCREF(conn); s->conn = conn;
     s->index = index;
     Py_INCREF(facts); s->facts = facts;
@@ -298,10 +347,14 @@ static PyObject *engine_arm(Engine *e, PyObject *args) {
 
 /* The slot's state for Python, its counters added to the facts and counts dicts, and the slot
  * freed: (conn, seq, ts_ns, packet, lane0, lane1, pending, resume), laneN = (next_seq,
- * unseen_acks, carry, offset); pending: (direction, channel, row, body_size, received,
- * properties or None, body) in the order they were opened; resume: None, or (direction, the
- * stream bytes from the frame boundary where the lane stopped). */
-static PyObject *disarm(Engine *e, int k, int resume_direction, const uint8_t *rest, Py_ssize_t rest_len) {
+ * unseen_acks, carry, offset, records, nrecords) (TLS: the start of a record, and the records
+ * opened); pending: (direction, channel, row, body_size, received, properties or None, body) in
+ * the order they were opened; resume: None, or (direction, rest, wire): rest, the bytes from the
+ * frame boundary where the lane stopped (of the stream, or TLS: of the record's plaintext), and
+ * wire, None, or TLS: the stream bytes after that record (from the record the lane stopped
+ * before, if it stopped there, with rest empty). */
+static PyObject *disarm(Engine *e, int k, int resume_direction, const uint8_t *rest, Py_ssize_t rest_len,
+                        const uint8_t *wire, Py_ssize_t wire_len) {
     Slot *s = &e->slots[k];
     PyObject *out = NULL, *lanes[2] = {NULL, NULL}, *pending = NULL, *resume = NULL;
     for (int d = 0; d < 2; d++) {
@@ -312,8 +365,10 @@ static PyObject *disarm(Engine *e, int k, int resume_direction, const uint8_t *r
         l->frames = l->bytes = l->headers = l->bodies = 0;
         PyObject *unseen = l->reset_unseen ? PyLong_FromLong(0) : (Py_INCREF(l->unseen_acks), l->unseen_acks);
         if (!unseen) goto done;
-        lanes[d] = Py_BuildValue("(kNy#L)", (unsigned long)l->next_seq, unseen,
-                                 l->carry.data ? (const char *)l->carry.data : "", (Py_ssize_t)l->carry.len, l->offset);
+        lanes[d] = Py_BuildValue("(kNy#Ly#L)", (unsigned long)l->next_seq, unseen,
+                                 l->carry.data ? (const char *)l->carry.data : "", (Py_ssize_t)l->carry.len, l->offset,
+                                 l->records.data ? (const char *)l->records.data : "", (Py_ssize_t)l->records.len,
+                                 l->nrecords);
         if (!lanes[d]) goto done;
     }
     pending = PyList_New(s->npending);
@@ -332,7 +387,9 @@ static PyObject *disarm(Engine *e, int k, int resume_direction, const uint8_t *r
         PyList_SET_ITEM(pending, i, item);
     }
     if (resume_direction >= 0) {
-        resume = Py_BuildValue("(iy#)", resume_direction, rest ? (const char *)rest : "", rest_len);
+        resume = wire ? Py_BuildValue("(iy#y#)", resume_direction, rest ? (const char *)rest : "", rest_len,
+                                      (const char *)wire, wire_len)
+                      : Py_BuildValue("(iy#O)", resume_direction, rest ? (const char *)rest : "", rest_len, Py_None);
         if (!resume) goto done;
     } else {
         Py_INCREF(Py_None);
@@ -362,7 +419,7 @@ static PyObject *engine_release(Engine *e, PyObject *key) {
         if (PyErr_Occurred()) return NULL;
         Py_RETURN_NONE;  /* an ignored flow: nothing to hand over */
     }
-    return disarm(e, (int)(c / 2), -1, NULL, 0);
+    return disarm(e, (int)(c / 2), -1, NULL, 0, NULL, 0);
 }
 
 /* Engine.release_all() -> [state, ...] of every armed connection (the end of the capture). */
@@ -371,7 +428,7 @@ static PyObject *engine_release_all(Engine *e, PyObject *unused) {
     if (!out) return NULL;
     for (int k = 0; k < e->nslots; k++) {
         if (!e->slots[k].conn) continue;
-        PyObject *state = disarm(e, k, -1, NULL, 0);
+        PyObject *state = disarm(e, k, -1, NULL, 0, NULL, 0);
         if (!state || PyList_Append(out, state) < 0) {
             Py_XDECREF(state);
             Py_DECREF(out);
@@ -753,6 +810,98 @@ stop:
 
 /* -- packets --------------------------------------------------------------------------------------- */
 
+/* Stream bytes through the direction's framer, after what it carries: the wire's bytes, or the
+ * plaintext of a TLS record. TAKEN or ERROR; or STOP at the first frame left to Python: the
+ * bytes from that frame boundary on are *rest (*rest_len of them), which point into the given
+ * bytes or into *held, the lane's carry taken out of it (emptied), for the caller to free once
+ * Python has them. */
+static int stream(Engine *e, Slot *s, int direction, const uint8_t *payload, size_t len,
+                  const uint8_t **rest, size_t *rest_len, Buf *held) {
+    Lane *l = &s->lanes[direction];
+    const uint8_t *data = payload;
+    size_t size = len;
+    if (l->carry.len) {
+        if (buf_append(&l->carry, payload, len) < 0) return ERROR;
+        data = l->carry.data;
+        size = l->carry.len;
+        /* a frame still incomplete waits for more, as FrameReader does with _need */
+    }
+    size_t stopped = 0;
+    int rc = frames(e, s, direction, data, size, &stopped);
+    if (rc == ERROR) return ERROR;
+    if (rc == STOP) {
+        *held = take_buf(&l->carry);
+        *rest = data + stopped;
+        *rest_len = size - stopped;
+        return STOP;
+    }
+    return keep_tail(&l->carry, data, size, stopped) < 0 ? ERROR : TAKEN;
+}
+
+/* A TLS connection's stream bytes (connection._through_tls): cut into records as
+ * tls/records.RecordReader does, each application-data record opened by the connection's TLS
+ * layer in Python (`cryptography`), its plaintext framed as a plain connection's wire bytes are.
+ * Python takes the connection over at the first record the lane does not take, from its first
+ * byte: another content type or record version, one that does not open, or whose content is not
+ * application data (a KeyUpdate, a session ticket); the layer's opener leaves its sequence
+ * number as it was. Or at a frame boundary inside a record's plaintext, the rest of the
+ * plaintext and the stream bytes after the record handed over apart. */
+static int tls_records(Engine *e, Slot *s, int k, int direction, const uint8_t *payload, size_t len,
+                       PyObject **handback) {
+    Lane *l = &s->lanes[direction];
+    const uint8_t *data = payload;
+    size_t size = len, pos = 0;
+    if (l->records.len) {
+        if (buf_append(&l->records, payload, len) < 0) return ERROR;
+        data = l->records.data;
+        size = l->records.len;
+    }
+    const uint8_t *rest = NULL;
+    size_t rest_len = 0;
+    Buf held = {0};
+    PyObject *plain = NULL;
+    int rc = TAKEN;
+    while (size - pos >= TLS_HEADER) {
+        const uint8_t *h = data + pos;
+        size_t length = be16(h + 3);
+        if (h[0] != TLS_APPLICATION_DATA || be16(h + 1) != 0x0303 || length > TLS_MAX_RECORD) {
+            rc = STOP;
+            break;
+        }
+        if (length > size - pos - TLS_HEADER) break;  /* the record goes on in the next segments */
+        PyObject *fragment = PyBytes_FromStringAndSize((const char *)h + TLS_HEADER, (Py_ssize_t)length);
+        if (!fragment) return ERROR;
+        plain = PyObject_CallOneArg(s->open[direction], fragment);
+        Py_DECREF(fragment);
+        if (!plain || !PyBytes_Check(plain)) {  /* None: not a record for the lane; an error: Python's to meet */
+            if (!plain) PyErr_Clear();
+            Py_CLEAR(plain);
+            rc = STOP;
+            break;
+        }
+        pos += TLS_HEADER + length;
+        l->nrecords++;
+        rc = PyBytes_GET_SIZE(plain) ? stream(e, s, direction, (const uint8_t *)PyBytes_AS_STRING(plain),
+                                              (size_t)PyBytes_GET_SIZE(plain), &rest, &rest_len, &held)
+                                     : TAKEN;
+        if (rc == ERROR) {
+            Py_DECREF(plain);
+            return ERROR;
+        }
+        if (rc == STOP) break;  /* rest may point into plain: kept until Python has it */
+        Py_CLEAR(plain);
+    }
+    if (rc == STOP) {
+        Buf records = take_buf(&l->records);  /* what Python reads next is all in wire below */
+        *handback = disarm(e, k, direction, rest, (Py_ssize_t)rest_len, data + pos, (Py_ssize_t)(size - pos));
+        Py_XDECREF(plain);
+        buf_free(&held);
+        buf_free(&records);
+        return *handback ? STOP : ERROR;
+    }
+    return keep_tail(&l->records, data, size, pos) < 0 ? ERROR : TAKEN;
+}
+
 static inline int32_t seq_diff(uint32_t a, uint32_t b) { return (int32_t)(a - b); }
 
 /* One captured packet. TAKEN: decoded. STOP: not taken, nothing changed (Python decodes it).
@@ -795,38 +944,20 @@ static int packet(Engine *e, int linktype, const uint8_t *d, size_t n, long long
     l->reset_unseen = 1;
     l->next_seq = seq + (uint32_t)len;
     l->bytes += (long long)len;
-    const uint8_t *data = payload;
-    size_t size = len;
-    if (l->carry.len) {
-        if (buf_append(&l->carry, payload, len) < 0) return ERROR;
-        data = l->carry.data;
-        size = l->carry.len;
-        /* a frame still incomplete waits for more, as FrameReader does with _need */
-    }
-    size_t stopped = 0;
-    int rc = frames(e, s, direction, data, size, &stopped);
-    if (rc == ERROR) return ERROR;
+    int k = (int)(c / 2);
+    if (s->open[direction]) return tls_records(e, s, k, direction, payload, len, handback);
+    const uint8_t *rest = NULL;
+    size_t rest_len = 0;
+    Buf held = {0};
+    int rc = stream(e, s, direction, payload, len, &rest, &rest_len, &held);
     if (rc == STOP) {
         /* Python takes the connection over at this frame boundary: the rest of these bytes are fed
          * to its frame reader, which starts empty (the rest is what it would have held). */
-        Buf keep = l->carry;
-        l->carry.data = NULL;
-        l->carry.len = l->carry.cap = 0;
-        *handback = disarm(e, (int)(c / 2), direction, data + stopped, (Py_ssize_t)(size - stopped));
-        buf_free(&keep);
+        *handback = disarm(e, k, direction, rest, (Py_ssize_t)rest_len, NULL, 0);
+        buf_free(&held);
         return *handback ? STOP : ERROR;
     }
-    if (stopped < size) {
-        if (data == l->carry.data) {
-            memmove(l->carry.data, l->carry.data + stopped, size - stopped);
-            l->carry.len = size - stopped;
-        } else if (buf_append(&l->carry, data + stopped, size - stopped) < 0) {
-            return ERROR;
-        }
-    } else {
-        l->carry.len = 0;
-    }
-    return TAKEN;
+    return rc;
 }
 
 /* -- records --------------------------------------------------------------------------------------- */

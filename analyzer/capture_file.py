@@ -31,11 +31,12 @@ class CaptureFileError(Exception):
         self.damaged = damaged  # True: packets before the damage were read and are good
 
 
-def read_packets(path: str, lane=None) -> Iterator[tuple[int, int, int | None, bytes | int]]:
+def read_packets(path: str, lane=None, read_size: int = READ_SIZE) -> Iterator[tuple[int, int, int | None, bytes | int]]:
     """Yield (packet number from 1, timestamp ns, link type, bytes) for every packet of a capture file.
 
     With a native lane (native.NativeLane), the packets it takes are decoded by it and not yielded:
-    after each stretch of them comes (number of the last, its timestamp, None, their captured bytes)."""
+    after each stretch of them comes (number of the last, its timestamp, None, their captured bytes).
+    `read_size`: bytes read per system call (a small one for a look at the first packets)."""
     try:
         f = open(path, "rb")
     except OSError as exc:
@@ -43,9 +44,9 @@ def read_packets(path: str, lane=None) -> Iterator[tuple[int, int, int | None, b
     with f:
         magic = f.read(4)
         if magic in PCAP_MAGICS:
-            yield from _pcap(path, f, *PCAP_MAGICS[magic], lane)
+            yield from _pcap(path, f, *PCAP_MAGICS[magic], lane, read_size)
         elif magic == PCAPNG_MAGIC:
-            yield from _pcapng(path, f, lane)
+            yield from _pcapng(path, f, lane, read_size)
         else:
             raise CaptureFileError(f"{path}: not a pcap or pcapng file (starts with {magic.hex() or 'nothing'})")
 
@@ -53,15 +54,16 @@ def read_packets(path: str, lane=None) -> Iterator[tuple[int, int, int | None, b
 class _Blocks:
     """The file as a sliding window of bytes: `need(n)` makes n bytes from `pos` available."""
 
-    def __init__(self, f, start: bytes = b""):
+    def __init__(self, f, start: bytes = b"", read_size: int = READ_SIZE):
         self.f, self.buf, self.pos, self.base, self.eof = f, start, 0, 0, False
+        self.read_size = read_size
 
     def need(self, n: int) -> bool:
         if len(self.buf) - self.pos >= n:
             return True
         if self.eof:
             return False
-        chunk = self.f.read(max(READ_SIZE, n))
+        chunk = self.f.read(max(self.read_size, n))
         if not chunk:
             self.eof = True
             return False
@@ -78,14 +80,15 @@ class _Blocks:
         return len(self.buf) - self.pos
 
 
-def _pcap(path: str, f, order: str, nanos: bool, lane=None) -> Iterator[tuple[int, int, int | None, bytes | int]]:
+def _pcap(path: str, f, order: str, nanos: bool, lane=None, read_size: int = READ_SIZE
+          ) -> Iterator[tuple[int, int, int | None, bytes | int]]:
     rest = f.read(20)
     if len(rest) < 20:
         raise CaptureFileError(f"{path}: truncated pcap file header")
     linktype = Struct(order + "I").unpack_from(rest, 16)[0] & 0x0FFFFFFF  # upper bits: FCS length flags
     record = Struct(order + "IIII")
     scale = 1 if nanos else 1000
-    blocks = _Blocks(f)
+    blocks = _Blocks(f, read_size=read_size)
     number = 0
     if order != "<":
         lane = None  # the lane reads little-endian records only
@@ -114,8 +117,8 @@ def _pcap(path: str, f, order: str, nanos: bool, lane=None) -> Iterator[tuple[in
         yield number, sec * 1_000_000_000 + frac * scale, linktype, blocks.buf[start:start + caplen]
 
 
-def _pcapng(path: str, f, lane=None) -> Iterator[tuple[int, int, int | None, bytes | int]]:
-    blocks = _Blocks(f, PCAPNG_MAGIC)
+def _pcapng(path: str, f, lane=None, read_size: int = READ_SIZE) -> Iterator[tuple[int, int, int | None, bytes | int]]:
+    blocks = _Blocks(f, PCAPNG_MAGIC, read_size)
     order = "<"
     u32 = Struct("<I")
     epb = Struct("<IIIII")
@@ -212,3 +215,37 @@ def _interface(buf: bytes, pos: int, length: int, order: str) -> tuple[int, int,
             ticks = 2 ** (value & 0x7F) if value & 0x80 else 10 ** value
         option += 4 + ((size + 3) & ~3)
     return linktype, ticks, snaplen
+
+
+def interface_name(path: str) -> str | None:
+    """The name of a pcapng file's first capture interface (its IDB's if_name option), bounded and
+    with control characters left out; None for a pcap file or one that does not say."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return None
+    if not head.startswith(PCAPNG_MAGIC) or len(head) < 12:
+        return None
+    order = "<" if head[8:12] == b"\x4d\x3c\x2b\x1a" else ">"
+    u32, option_head = Struct(order + "I"), Struct(order + "HH")
+    pos = 0
+    while pos + 12 <= len(head):
+        block_type, length = u32.unpack_from(head, pos)[0], u32.unpack_from(head, pos + 4)[0]
+        if length < 12 or length % 4 or pos + length > len(head):
+            return None
+        if block_type == IDB:
+            option, end = pos + 16, pos + length - 4
+            while option + 4 <= end:
+                code, size = option_head.unpack_from(head, option)
+                if code == 0:
+                    break
+                if code == 2:  # if_name
+                    name = head[option + 4:option + 4 + min(size, 128)].decode("utf-8", "replace")
+                    return "".join(c for c in name if c.isprintable()).strip() or None
+                option += 4 + ((size + 3) & ~3)
+            return None
+        if block_type in (EPB, SPB, PB_OBSOLETE):
+            return None
+        pos += length
+    return None

@@ -12,7 +12,8 @@ from importlib import resources
 from .fingerprint import Fingerprints
 from .gcpause import cyclic_gc_paused
 from .pandas_probe import answer_pandas_probe_without_pandas
-from .spec import DEFAULT_BROKER_PORTS, DEFAULT_MAX_FRAME
+from .spec import DEFAULT_BROKER_PORTS, DEFAULT_CONTINUE_WITHIN_S, DEFAULT_MAX_FRAME
+from .terminal import LINE_LIMIT, PrintableFormatter, printable
 from .worker_pool import worker_pool
 
 EXIT_OK = 0
@@ -20,6 +21,8 @@ EXIT_DAMAGED = 3      # a capture was truncated or corrupt: everything read befo
 EXIT_UNREADABLE = 4   # a file was not a readable capture: nothing was ingested from it
 EXIT_ANALYSIS_FAILED = 5
 EXIT_PUSH_FAILED = 6  # the Pushgateway could not be reached or refused the push
+EXIT_AGENT_FAILED = 7  # the live agent met an internal error: it flushed what was consistent, restart it
+EXIT_LAKE_DAMAGED = 8  # a data file of a table could not be read (damaged, cut short, missing): it is named
 
 DESCRIPTION = """\
 ackscope: AMQP 0-9-1 (RabbitMQ) traffic analyser. It decodes captures into Delta Lake tables and
@@ -27,10 +30,12 @@ finds lost publisher confirms, unacked-message buildup, requeue loops and out-of
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["capture"]:
+        choose_agent_allocators()  # first, before anything loads pyarrow or delta-rs
     parser = build_parser()
     args = parser.parse_args(argv)
     if argv is not None or args.run is not run_ingest:
-        return args.run(args)
+        return run_command(args)
     # `ackscope ingest` as a process of its own (not demo, whose Spark half hands pandas objects to
     # pyarrow, nor a caller in the same process): it can start without pandas, and end without tearing
     # the interpreter down (modules, Arrow's memory pools, delta-rs's runtime: ~0.1 s) once everything
@@ -41,6 +46,23 @@ def main(argv: list[str] | None = None) -> int:
     os._exit(status)
 
 
+def run_command(args) -> int:
+    """The command, with what befalls any of them said plainly: a data file of the lake that cannot
+    be read, named (a reader meets it; `analyze` itself sets an analysis table aside and rebuilds
+    it, see docs/analysis.md), and a reader that went away (`ackscope findings | head`)."""
+    from .lake import UnreadableFile
+    try:
+        return args.run(args)
+    except UnreadableFile as exc:
+        print(f"ackscope: a table of the lake cannot be read: {printable(exc, LINE_LIMIT)}. An analysis table "
+              f"(findings, deliveries, ...) is set aside and made again by the next `ackscope analyze`; frames "
+              f"or connections must be restored from a copy or ingested again", file=sys.stderr)
+        return EXIT_LAKE_DAMAGED
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141  # as a shell reports a command ended by SIGPIPE
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ackscope", description=DESCRIPTION)
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
@@ -49,13 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
         "ingest", help="decode pcap/pcapng files into the frames and connections Delta tables",
         description="Decode AMQP 0-9-1 traffic from pcap/pcapng files into the Delta tables LAKE/frames "
                     "(one row per method frame, plus heartbeats, capture gaps and TCP ends) and "
-                    "LAKE/connections (one row per TCP flow on a broker port). Each file lands in one "
-                    "atomic commit per table; a file already ingested is skipped. Message bodies and "
-                    "SASL credentials are never stored.",
+                    "LAKE/connections (one row per TCP flow on a broker port). The files are one capture "
+                    "in pieces (a ring buffer's, rotated files): read in the order of their first "
+                    "packets, a connection going on across them; connections still open at the end are "
+                    "saved in LAKE/flow_state and continued by the next ingest of the same --source. "
+                    "They land in one atomic commit per table; a file already ingested is skipped. "
+                    "Message bodies and SASL credentials are never stored.",
         epilog=f"Exit status: {EXIT_OK} all files decoded; {EXIT_DAMAGED} a file was truncated or corrupt "
                f"(every packet before the damage was committed); {EXIT_UNREADABLE} a file was not a "
                "readable capture (nothing ingested from it); 2 bad arguments.")
-    ingest.add_argument("files", nargs="+", metavar="FILE", help="pcap or pcapng capture files")
+    ingest.add_argument("files", nargs="*", metavar="FILE", help="pcap or pcapng capture files, one capture "
+                        "in pieces (read in the order of their first packets)")
     ingest.add_argument("--lake", required=True, metavar="DIR", help="folder holding the Delta tables")
     ingest.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     ingest.add_argument("--agent-id", default="", metavar="ID",
@@ -64,12 +90,34 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="P,P", help="broker ports: flows on them are decoded, or reported "
                         "unsupported if they speak another protocol (default %(default)s); AMQP 0-9-1 "
                         "on any other port is found by its protocol header")
+    ingest.add_argument("--tls-keylog", action="append", default=[], metavar="KEYLOG",
+                        help="TLS key log in the NSS format (SSLKEYLOGFILE, keylog_filename) that amqps "
+                        "connections are decrypted with; repeat for several. As sensitive as the traffic: "
+                        "its secrets are never stored or shown. Without a key a TLS connection is recorded "
+                        "as not decrypted, with no frames")
     ingest.add_argument("--max-frame-size", type=int, default=DEFAULT_MAX_FRAME, metavar="BYTES",
                         help="largest frame accepted before frame_max is negotiated (default %(default)s)")
     ingest.add_argument("--workers", type=int, default=1, metavar="N",
                         help="decode with N processes, flows split between them (default %(default)s)")
     ingest.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress line on stderr (default: when stderr is a terminal)")
+    ingest.add_argument("--source", default=None, metavar="NAME",
+                        help="the capture source the files come from: a later ingest of the same source "
+                             "continues the connections still open at the end of these files (default: "
+                             "the capture interface a pcapng file names, 'interface:NAME', else the "
+                             "file's folder, 'folder:PATH')")
+    ingest.add_argument("--continue-within", type=float, default=DEFAULT_CONTINUE_WITHIN_S, metavar="SECONDS",
+                        help="continue the source's open connections when the first packet comes at most "
+                             "this long after the last one ingested, else they end there; also the "
+                             "longest time gap between two files read as one capture (default %(default)s: "
+                             "two RabbitMQ default heartbeat intervals)")
+    ingest.add_argument("--watch", default=None, metavar="DIR",
+                        help="follow a capture ring in DIR instead of reading FILEs: each file is ingested "
+                             "once its writer has rotated past it (a newer file exists), in order, its "
+                             "connections continued; restarted, it resumes from the lake; SIGTERM or "
+                             "SIGINT stops it after the ingest under way")
+    ingest.add_argument("--pattern", default=None, metavar="GLOB",
+                        help="with --watch: the ring's file names (default '*.pcap*')")
     ingest.set_defaults(run=run_ingest)
 
     summary = commands.add_parser("summary", help="what the lake holds: connections and frames by method",
@@ -90,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "after a small append (docs/analysis.md) is carried on by this process "
                     "itself, starting Spark only if its findings need it. Runs are "
                     "logged in LAKE/analysis_runs. The same job runs on a cluster with --master, or through "
-                    "spark-submit spark_jobs/analyze.py with these options.",
+                    "spark-submit spark_jobs/job.py with these options.",
         epilog="Exit status: 0 done; 2 bad arguments, no frames table, or an S3 lake and no s3a connector in "
                f"Spark; {EXIT_ANALYSIS_FAILED} the analysis failed; {EXIT_PUSH_FAILED} its push failed. With --every: "
                f"0 stopped by a signal; 2 as above; {EXIT_ANALYSIS_FAILED} the Spark driver is gone (a failed run "
@@ -98,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--lake", required=True, metavar="LAKE",
                          help="folder, or S3 URL (s3a://bucket/prefix; AWS_* variables and the hadoop-aws JARs, "
                               "docs/deployment.md), holding the Delta tables")
-    analyze.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
+    analyze.add_argument("--master", help="Spark master (default local[*]; under spark-submit, the master "
+                                          "spark-submit was given). On a cluster every run with new frames runs there")
     analyze.add_argument("--driver-memory", default=None, metavar="SIZE",
                          help="Spark driver memory when this command starts the driver, e.g. 2g")
     analyze.add_argument("--since", metavar="DAY",
@@ -179,49 +228,90 @@ def add_capture_command(commands) -> None:
                     "filter on the broker ports; needs CAP_NET_RAW), decode it with the same core as "
                     "`ingest`, commit the frames and connections tables to LAKE every flush interval, and "
                     "serve live per-channel gauges on /metrics. Runs until SIGTERM or SIGINT, then flushes. "
-                    "See docs/agent.md.")
+                    "See docs/agent.md.",
+        epilog=f"Exit status: {EXIT_OK} stopped by a signal (everything flushed); 2 bad arguments or the "
+               f"interface cannot be captured; {EXIT_AGENT_FAILED} an internal error (said on /readyz and in "
+               "one log line): the rows already decoded whole were flushed, the rest is left for the restarted "
+               "agent, which its supervisor should start again.")
     capture.add_argument("--iface", required=True, help="interface to capture (lo, eth0, any)")
     capture.add_argument("--port", type=int, action="append", metavar="PORT",
                          help="broker port (repeat for several; default 5672, 5671, 5552, 5551)")
     capture.add_argument("--lake", required=True, metavar="DIR", help="folder holding the Delta tables")
     capture.add_argument("--metrics-addr", metavar="HOST:PORT", help="serve /metrics, /healthz and /readyz here")
     capture.add_argument("--flush-interval", type=float, default=10.0, metavar="SECONDS",
-                         help="commit buffered rows this often (default %(default)s); a crash loses at most this")
+                         help="commit buffered rows this often (default %(default)s); a crash loses at most this, "
+                              "the flush under way and 0.25 s")
     capture.add_argument("--agent-id", default="", metavar="ID",
                          help="this agent's name in the lake (default: the host name); one per agent")
-    capture.add_argument("--pcap-out", metavar="DIR", help="also write the raw packets as rotating pcapng files")
+    capture.add_argument("--pcap-out", metavar="DIR",
+                         help="also write the raw packets as rotating pcapng files, readable by their owner only "
+                              "(0600, the folder 0700 when created): they hold message bodies, and each "
+                              "connection.start-ok's password blanked (lengths kept; the user name kept) unless "
+                              "--pcap-keep-credentials")
+    capture.add_argument("--pcap-keep-credentials", action="store_true",
+                         help="write the SASL response (the password) in --pcap-out files as captured")
     capture.add_argument("--rotate-size", type=float, default=100.0, metavar="MB", help="pcapng file size (default %(default)s)")
     capture.add_argument("--rotate-keep", type=int, default=10, metavar="N", help="pcapng files kept (default %(default)s)")
     capture.add_argument("--compact-interval", type=float, default=3600.0, metavar="SECONDS",
                          help="compact small files, checkpoint and vacuum this often (default %(default)s)")
     capture.add_argument("--retention-hours", type=float, default=1.0, metavar="H",
-                         help="vacuum removes unreferenced files older than this (default %(default)s)")
+                         help="at each compaction, vacuum removes the files the tables stopped referencing "
+                              "longer ago than this; at least 1, for readers of older versions "
+                              "(default %(default)s)")
     capture.add_argument("--idle-timeout", type=float, default=600.0, metavar="SECONDS",
                          help="a connection silent this long is ended (default %(default)s)")
     capture.add_argument("--max-buffered-rows", type=int, default=1_000_000, metavar="N",
                          help="rows kept while the lake cannot be written; the oldest beyond are dropped, counted")
     capture.add_argument("--max-applications", type=int, default=200, metavar="N",
                          help="application label values before folding into \"other\" (default %(default)s)")
+    capture.add_argument("--max-vhosts", type=int, default=100, metavar="N",
+                         help="vhost label values before folding into \"other\" (default %(default)s); only "
+                              "connections the broker accepted take a value")
     capture.add_argument("--buffer-mb", type=int, default=64, metavar="MB", help="kernel socket buffer (default %(default)s)")
+    capture.add_argument("--tls-keylog", metavar="KEYLOG",
+                         help="TLS key log (NSS format) the applications append to, followed as it grows: amqps "
+                         "connections are decrypted with it; records wait up to 10 s for their key. Must be "
+                         "readable by its owner only. See docs/tls.md")
     capture.add_argument("--json", action="store_true", help="on exit, print one JSON object instead of the summary")
     capture.set_defaults(run=run_capture)
+
+
+def choose_agent_allocators() -> None:
+    """The agent's allocators, set in the environment, which each library reads once, when it loads
+    or first allocates: so before pyarrow and delta-rs load. (Both loaded first, with the parser,
+    when run_capture set these: Arrow's C++ still mapped its 1 GiB mimalloc arena.)"""
+    # delta-rs allocates with a jemalloc of its own, read from this variable when it loads, which by
+    # default keeps the pages a flush frees for reuse, arena by arena (a Tokio worker each): the
+    # agent's anonymous memory rose with every flush and compaction until the process ended.
+    # Measured (200 flushes and 4 compactions in a loop, as in bench/soak.py): 135 -> 177 MB by
+    # default, 77 -> 84 MB with freed pages handed back at once, for 0.03 s more CPU a flush. A value
+    # set in the environment wins.
+    os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
+    # malloc rather than jemalloc or mimalloc: the agent's Arrow buffers are small and short-lived,
+    # and those keep freed pages (measured: 20 MB more peak RSS at 10,000 connections,
+    # bench/capture.py). set_memory_pool reaches only what pyarrow's Python calls allocate; Arrow's
+    # C++ (Parquet reads and writes, compression) takes its default pool, mimalloc, unless this
+    # variable says otherwise before it loads: in the soak its 1 GiB arena held 6.5 MB and grew. A
+    # value set in the environment wins.
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 
 def run_capture(args) -> int:
     import logging
 
+    choose_agent_allocators()  # too late if pyarrow or delta-rs loaded already: main() calls it first
     if "pandas" not in sys.modules:  # the agent never hands pyarrow pandas objects: ~40 MB of RSS saved
         answer_pandas_probe_without_pandas()
     import pyarrow
-    # malloc rather than jemalloc: the agent's Arrow buffers are small and short-lived, and jemalloc
-    # keeps freed pages (measured: 20 MB more peak RSS at 10,000 connections, bench/capture.py).
     pyarrow.set_memory_pool(pyarrow.system_memory_pool())
 
     from .agent.capture import CaptureError
     from .agent.http import parse_address
-    from .agent.run import Agent, AgentConfig
+    from .agent.run import Agent, AgentConfig, AgentFailed
 
-    logging.basicConfig(level=logging.WARNING, format="ackscope capture: %(message)s")
+    handler = logging.StreamHandler()  # its lines quote the wire (names, flows): printable, like every other line
+    handler.setFormatter(PrintableFormatter("ackscope capture: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     try:
         config = AgentConfig(
             iface=args.iface, lake=args.lake, ports=tuple(args.port or sorted(DEFAULT_BROKER_PORTS)),
@@ -229,14 +319,22 @@ def run_capture(args) -> int:
             flush_interval_s=args.flush_interval, compact_interval_s=args.compact_interval,
             retention_hours=args.retention_hours, idle_timeout_s=args.idle_timeout,
             max_buffered_rows=args.max_buffered_rows, max_applications=args.max_applications,
+            max_vhosts=args.max_vhosts,
             buffer_bytes=args.buffer_mb << 20, pcap_out=args.pcap_out,
-            rotate_bytes=int(args.rotate_size * (1 << 20)), rotate_keep=args.rotate_keep)
+            pcap_keep_credentials=args.pcap_keep_credentials,
+            rotate_bytes=int(args.rotate_size * (1 << 20)), rotate_keep=args.rotate_keep, tls_keylog=args.tls_keylog)
         agent = Agent(config)
     except (CaptureError, ValueError, OSError) as exc:
-        print(f"ackscope capture: {exc}", file=sys.stderr)
+        print(f"ackscope capture: {printable(exc, LINE_LIMIT)}", file=sys.stderr)
         return 2
-    print(f"ackscope capture: capturing {args.iface} into {args.lake} as agent {agent.agent_id}", file=sys.stderr, flush=True)
-    report = agent.run()
+    print(f"ackscope capture: capturing {printable(args.iface)} into {printable(args.lake)} as agent "
+          f"{printable(agent.agent_id)}", file=sys.stderr, flush=True)
+    try:
+        report = agent.run()
+    except AgentFailed as failed:
+        if args.json:
+            print(json.dumps(failed.report, sort_keys=True))
+        return EXIT_AGENT_FAILED
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:
@@ -253,33 +351,104 @@ def run_ingest(args, own_process: bool = False) -> int:
     except ValueError:
         print(f"ackscope ingest: --ports takes comma-separated numbers, not {args.ports!r}", file=sys.stderr)
         return 2
+    if not args.continue_within >= 0:
+        print(f"ackscope ingest: --continue-within takes seconds >= 0, not {args.continue_within}", file=sys.stderr)
+        return 2
+    watch = getattr(args, "watch", None)
+    if bool(watch) == bool(args.files) or (getattr(args, "pattern", None) and not watch):
+        print("ackscope ingest: give capture FILEs, or --watch DIR (with --pattern GLOB), not both",
+              file=sys.stderr)
+        return 2
+    try:
+        keylog = read_keylogs(args.tls_keylog)
+    except OSError as exc:  # the file's name and the system's reason; never its contents
+        print(f"ackscope ingest: cannot read the TLS key log {printable(exc.filename)}: {exc.strerror}", file=sys.stderr)
+        return 2
+    if watch:
+        if not os.path.isdir(watch):
+            print(f"ackscope ingest: --watch {printable(watch)}: not a folder", file=sys.stderr)
+            return 2
+        with worker_pool(max(1, args.workers)) as pool:
+            return _watch(args, ports, pool, own_process)
     fingerprints = Fingerprints(args.files)  # hashed while the workers and the imports below start
     with worker_pool(max(1, args.workers)) as pool:
-        return _ingest_files(args, ports, fingerprints, pool, own_process)
+        return _ingest_files(args, ports, fingerprints, pool, own_process, keylog)
 
 
-def _ingest_files(args, ports, fingerprints, pool, own_process: bool) -> int:
+def read_keylogs(paths: list[str]):
+    """The key logs given, as one tls.KeyLog (None when none is given)."""
+    if not paths:
+        return None
+    from .tls.keylog import KeyLog, read_keylog
+    keylog = KeyLog()
+    for path in paths:
+        read_keylog(path, keylog)
+    return keylog
+
+
+def _ingest_options(args, ports, pool, own_process: bool) -> dict:
     with cyclic_gc_paused():  # these imports bring in pyarrow: start-up is faster without it
         if own_process:  # see main()
             answer_pandas_probe_without_pandas()
-        from .ingest import ingest_file
-
-    from .lake import make_dir
+        from . import ingest  # noqa: F401  (imported here for the pause; used by the callers)
+        from .lake import make_dir
 
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
     make_dir(args.lake)
-    reports = [ingest_file(path, args.lake, agent_id=args.agent_id, broker_ports=ports,
-                           max_frame=args.max_frame_size, show_progress=show_progress and not args.json,
-                           workers=max(1, args.workers), pool=pool, fingerprint_of=fingerprints)
-               for path in args.files]
+    return dict(source=args.source, continue_within_s=args.continue_within, agent_id=args.agent_id,
+                broker_ports=ports, max_frame=args.max_frame_size, show_progress=show_progress and not args.json,
+                workers=max(1, args.workers), pool=pool)
+
+
+def _watch(args, ports, pool, own_process: bool) -> int:
+    from .ingest import ingest_files
+    from .watch import DEFAULT_PATTERN, KeyLogFiles, Watcher
+
+    options = _ingest_options(args, ports, pool, own_process)
+    keylogs = KeyLogFiles(args.tls_keylog)
+
+    def show(reports) -> None:
+        _print_reports(args, reports)
+        sys.stdout.flush()
+
+    def ingest(paths):  # the key logs grow as clients connect: read again for each batch of files
+        keylog, notes = keylogs.read()
+        for note in notes:
+            print(f"ackscope ingest: note: {note}", file=sys.stderr, flush=True)
+        return ingest_files(paths, args.lake, tls_keylog=keylog, **options)
+
+    watcher = Watcher(args.watch, args.pattern or DEFAULT_PATTERN, ingest, show)
+    print(f"ackscope ingest: watching {printable(args.watch)} for {printable(args.pattern or DEFAULT_PATTERN)} "
+          f"(SIGTERM or Ctrl-C stops)", file=sys.stderr)
+    status = watcher.run()
+    print("ackscope ingest: stopped watching", file=sys.stderr)
+    return status
+
+
+def _ingest_files(args, ports, fingerprints, pool, own_process: bool, keylog) -> int:
+    options = _ingest_options(args, ports, pool, own_process)
+    from .ingest import ingest_files
+
+    reports = ingest_files(args.files, args.lake, fingerprint_of=fingerprints, tls_keylog=keylog, **options)
+    return _print_reports(args, reports, keylog)
+
+
+def _print_reports(args, reports, keylog=None) -> int:
     if args.json:
-        print(json.dumps(combined_json(reports), sort_keys=True))
+        combined = combined_json(reports)
+        if keylog is not None:
+            combined["tls_keylog"] = {"key_lines": keylog.lines, "corrupted_lines": keylog.corrupted}
+        print(json.dumps(combined, sort_keys=True))
     else:
         for report in reports:
             print(human_report(report, args.lake))
+        if keylog is not None:
+            print(f"TLS key log: {keylog.lines} key line(s) for {len(keylog)} handshake(s)"
+                  + (f", {keylog.corrupted} line(s) not in the key log format skipped (not shown: they may hold secrets)"
+                     if keylog.corrupted else ""))
     for report in reports:
         for error in report.errors:
-            print(f"ackscope: {error}", file=sys.stderr)
+            print(f"ackscope: {printable(error, LINE_LIMIT)}", file=sys.stderr)
     if any(r.unreadable for r in reports):
         return EXIT_UNREADABLE
     if any(r.damaged for r in reports):
@@ -302,30 +471,49 @@ def combined_json(reports) -> dict:
         "gaps": sum(r.gaps for r in reports),
         "unsupported_flows": sum(unsupported.values()),
         "unsupported_protocols": dict(unsupported),
+        "tls_connections": sum(r.tls_connections for r in reports),
+        "tls_not_decrypted": dict(sum((r.tls_not_decrypted for r in reports), Counter())),
         "rows": sum(r.rows for r in reports),
         "errors": [e for r in reports for e in r.errors],
+        "notes": [n for r in reports for n in r.notes],
     }
 
 
 def human_report(report, lake_dir: str) -> str:
+    """An ingested file in a few lines; its errors and notes may quote the wire, so every value is printable."""
+    file, lake_text = printable(report.file), printable(lake_dir)
+    notes = "".join(f"\n  note: {printable(note, LINE_LIMIT)}" for note in report.notes)
     if report.unreadable:
-        return f"{report.file}: not ingested ({report.errors[0] if report.errors else 'unreadable'})"
+        return f"{file}: not ingested ({printable(report.errors[0] if report.errors else 'unreadable', LINE_LIMIT)})" + notes
     if report.skipped:
-        return f"{report.file}: already in {lake_dir} (sha256 {report.sha256[:12]}), nothing added"
-    lines = [f"{report.file}: {report.packets:,} packets, {report.amqp_connections} AMQP 0-9-1 connection(s)"
+        return (f"{file}: already in {lake_text} (sha256 {report.sha256[:12]}), nothing added" + notes
+                if not report.notes else f"{file}: nothing added" + notes)
+    lines = [f"{file}: {report.packets:,} packets, {report.amqp_connections} AMQP 0-9-1 connection(s)"
              + (f" ({report.midstream_connections} joined mid-stream)" if report.midstream_connections else "")
-             + (", unsupported flows: " + ", ".join(f"{n} {p}" for p, n in report.unsupported.most_common())
+             + (", unsupported flows: " + ", ".join(f"{n} {printable(p)}" for p, n in report.unsupported.most_common())
                 if report.unsupported else "")]
+    if report.tls_connections:
+        not_decrypted = sum(report.tls_not_decrypted.values())
+        lines.append(f"  TLS connections: {report.tls_connections}, {report.tls_connections - not_decrypted} decrypted"
+                     + (f", {not_decrypted} not decrypted (" + "; ".join(
+                         f"{n}: {why}" for why, n in report.tls_not_decrypted.most_common()) + ")"
+                        if not_decrypted else ""))
     total = sum(report.frames_by_method.values())
     if total:
-        top = ", ".join(f"{name} {n:,}" for name, n in report.frames_by_method.most_common(8))
+        top = ", ".join(f"{printable(name)} {n:,}" for name, n in report.frames_by_method.most_common(8))
         lines.append(f"  frames: {total:,} ({top}{', ...' if len(report.frames_by_method) > 8 else ''})")
     lines.append(f"  capture gaps: {report.gaps}   errors: {len(report.errors)}"
                  + ("   FILE DAMAGED: kept what came before the damage" if report.damaged else ""))
-    lines.append(f"  wrote {report.rows:,} frame rows to {os.path.join(lake_dir, 'frames')}"
-                 + (f" (version {report.frames_version})" if report.frames_version is not None else "")
-                 + f" in {report.seconds:.2f}s")
-    return "\n".join(lines)
+    if report.committed_with:
+        lines.append(f"  one capture with the files after it: its rows are counted with {printable(report.committed_with)}")
+    else:
+        lines.append(f"  wrote {report.rows:,} frame rows to {printable(os.path.join(lake_dir, 'frames'))}"
+                     + (f" (version {report.frames_version})" if report.frames_version is not None else "")
+                     + f" in {report.seconds:.2f}s")
+    if report.continued_connections:
+        lines.append(f"  continued {report.continued_connections} open connection(s) of capture source "
+                     f"{printable(report.source)}")
+    return "\n".join(lines) + notes
 
 
 def run_summary(args) -> int:
@@ -344,7 +532,7 @@ def sample_captures() -> list[str]:
 def run_analyze(args) -> int:
     from spark_jobs.schedule import driver_alive, parse_interval
     from spark_jobs.session import DriverDidNotStart, get_spark
-    from spark_jobs.thresholds import Thresholds
+    from analyzer.detectors.thresholds import Thresholds
 
     try:
         thresholds = Thresholds.from_pairs(args.threshold)
@@ -381,9 +569,10 @@ def run_analyze(args) -> int:
         return started[0]
 
     try:
-        if plan is not None and (done := _without_spark(args, plan, planned_seconds, thresholds,
-                                                        start_spark)) is not None:
-            return done  # nothing new, or few new frames: the driver's run, Spark started only if needed
+        if plan is not None:
+            done, plan = _without_spark(args, plan, planned_seconds, thresholds, _if_local(args, start_spark))
+            if done is not None:
+                return done  # nothing new, or few new frames: the driver's run, Spark started only if needed
         try:
             spark = start_spark()
         except DriverDidNotStart as exc:  # no java, a bad --driver-memory: the JVM's own words
@@ -412,21 +601,33 @@ def _planned(args, thresholds):
     return plan, time.monotonic() - started
 
 
-def _without_spark(args, plan, planned_seconds: float, thresholds, start_spark, scheduled: bool = False) -> int | None:
+def _without_spark(args, plan, planned_seconds: float, thresholds, start_spark, scheduled: bool = False):
     """A run the driver makes without Spark (spark_jobs/analyze.py's analyze_without_spark: nothing
     new, or few new frames it carries on itself, with Spark from `start_spark` only if its findings
     need it): its report and push (_reported), and the command's exit status; None where the run
-    needs Spark."""
-    from spark_jobs.analyze import analyze_without_spark
+    needs Spark. With it, the plan of the run Spark is to make: `plan`, or a whole analysis where
+    the driver found a table it reads damaged and set it aside."""
+    from spark_jobs.analyze import RebuildWhole, analyze_without_spark
 
     try:
         report = analyze_without_spark(args.lake, plan, planned_seconds, progress=sys.stderr, thresholds=thresholds,
                                        bucket_seconds=args.bucket_seconds,
                                        overdue_ns=int(args.overdue_seconds * 1e9), delta_mode=args.delta_mode,
                                        start_spark=start_spark)
+    except RebuildWhole as rebuild:
+        return None, rebuild.plan
     except Exception as exc:  # noqa: BLE001 - reported as a failed analysis, as with Spark
-        return _failed(args, exc, spark_log=False)
-    return None if report is None else _reported(args, report, scheduled)
+        return _failed(args, exc, spark_log=False), plan
+    return (None if report is None else _reported(args, report, scheduled)), plan
+
+
+def _if_local(args, start_spark):
+    """`start_spark` where the master is local, else None: the driver carries a small append's
+    connections on itself (the local executor) only where it is the machine the run was given; on a
+    cluster every run with new frames runs there, and only a run with nothing new stays in the driver."""
+    from spark_jobs.session import is_local, resolved_master
+
+    return start_spark if is_local(resolved_master(args.master)) else None
 
 
 def _quick_start(plan) -> bool:
@@ -466,7 +667,7 @@ def _failed(args, exc: Exception, spark_log: bool) -> int:
     """A failed run: said once with its cause (and where Spark's log is, when Spark ran), and pushed."""
     from spark_jobs.session import spark_log_path
 
-    print(f"ackscope analyze: the analysis of {args.lake} failed: {exc}"
+    print(f"ackscope analyze: the analysis of {printable(args.lake)} failed: {printable(exc, LINE_LIMIT)}"
           + (f"\n  Spark's log: {spark_log_path()}" if spark_log else ""), file=sys.stderr)
     if args.pushgateway:
         _push_after_analysis(args, failed=True)
@@ -507,8 +708,10 @@ def _analyze_every(args, spark, thresholds, every_s: float) -> int:
                   file=sys.stderr, flush=True)
             return True
         plan, planned_seconds = _planned(args, thresholds)
-        status = None if plan is None else _without_spark(args, plan, planned_seconds, thresholds, lambda: spark,
-                                                           scheduled=True)
+        status = None
+        if plan is not None:
+            status, plan = _without_spark(args, plan, planned_seconds, thresholds, _if_local(args, lambda: spark),
+                                          scheduled=True)
         if status is None:
             status = _analyze_once(args, spark, thresholds, scheduled=True, plan=plan)
         if status == 2:
@@ -530,10 +733,10 @@ def _analyze_every(args, spark, thresholds, every_s: float) -> int:
 
 
 def add_push_options(parser, url_option: str, job_option: str, url_help: str, required: bool = False) -> None:
-    from .push import DEFAULT_JOB
+    from .metric_names import DEFAULT_PUSH_JOB
 
     parser.add_argument(url_option, dest="pushgateway", required=required, metavar="URL", help=url_help)
-    parser.add_argument(job_option, dest="push_job", default=DEFAULT_JOB, metavar="NAME",
+    parser.add_argument(job_option, dest="push_job", default=DEFAULT_PUSH_JOB, metavar="NAME",
                         help="the job of the pushed group (default %(default)s)")
 
 
@@ -552,7 +755,7 @@ def run_push(args) -> int:
     print(f"pushed {pushed.samples} samples of {args.lake} to {args.pushgateway} "
           f"(job={args.push_job}, lake={lake_label(args.lake)})")
     if pushed.folded:
-        print("  the application cap folded series into application=\"other\": "
+        print("  the label caps folded series into vhost or application \"other\": "
               + ", ".join(f"{name} {n}" for name, n in sorted(pushed.folded.items())), file=sys.stderr)
     return EXIT_OK
 
@@ -578,15 +781,18 @@ def run_findings(args) -> int:
 
 
 def run_report(args) -> int:
+    from .lake import UnreadableFile
     from .report import LakeMissing, write_report
 
     try:
         size = write_report(args.lake, args.output)
     except LakeMissing as exc:
-        print(f"ackscope report: {exc}", file=sys.stderr)
+        print(f"ackscope report: {printable(exc, LINE_LIMIT)}", file=sys.stderr)
         return 2
+    except UnreadableFile:
+        raise  # the lake's, not the output's: said by run_command
     except OSError as exc:  # the output cannot be written (a folder, no permission, disk full)
-        print(f"ackscope report: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"ackscope report: cannot write {printable(args.output)}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"wrote the report to {args.output} ({size / 1024:,.0f} KiB): open it in a browser")
     return EXIT_OK
@@ -597,7 +803,8 @@ def run_demo(args) -> int:
     print(f"ackscope demo: ingesting {len(samples)} bundled sample capture(s) into {args.lake}\n")
     status = run_ingest(argparse.Namespace(files=samples, lake=args.lake, json=False, agent_id="demo",
                                            ports=",".join(str(p) for p in sorted(DEFAULT_BROKER_PORTS)),
-                                           max_frame_size=DEFAULT_MAX_FRAME, progress=False, workers=1))
+                                           max_frame_size=DEFAULT_MAX_FRAME, progress=False, workers=1,
+                                           tls_keylog=[], source=None, continue_within=DEFAULT_CONTINUE_WITHIN_S))
     if status != EXIT_OK:
         return status
     print(f"\nackscope demo: analysing {args.lake} with Spark ({args.master})\n")

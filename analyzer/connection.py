@@ -10,20 +10,23 @@ names for the rest.
 
 import functools
 import hashlib
+import ipaddress
 from struct import Struct
 
 from pamqp import decode as pamqp_decode
 
 from . import spec
 from .spec import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
-from .framing import FrameReader, FramingError, ProtocolHeader, Synchronised, Unsupported
+from .flow_state import FORMAT_VERSION, Fields, check_value, encode_bytes
+from .framing import HUNT, START, FrameReader, FramingError, ProtocolHeader, Synchronised, Unsupported
 from .methods import (ACK_DECODERS, CONTENT_DECODERS, DecodeMemo, MalformedFrame, decode_method,
                       delivery_tag_offset, to_json)
 from .runs import MessageRun, MessageShape
 from .reassembly import Gap, TcpDirection
 from .methods import NO_PROPERTIES
-from .schema import CONNECTION_TIMESTAMPS, CONNECTIONS
-from .rows import DIRECTION_NAMES, PREFIX, PROPERTY_FIELDS, SHARED_METHOD_FIELDS, RowSink
+from .schema import CONNECTION_TIMESTAMPS, CONNECTIONS, FRAMES
+from .rows import DIRECTION_NAMES, LANE_CONTENT_METHODS as CONTENT_METHODS, PREFIX, PROPERTY_FIELDS, SHARED_METHOD_FIELDS, RowSink
+from .tls import KeyLog, TlsLayer, looks_like_client_hello, looks_like_tls_records
 
 TO_BROKER, TO_CLIENT = 0, 1
 CONNECTION_FIELDS = [n for n in CONNECTIONS.names if n not in CONNECTION_TIMESTAMPS and n != "date"]
@@ -35,10 +38,10 @@ MESSAGE_ID = PROPERTY_FIELDS.index("message_id")
 _METHOD_ID = Struct("!I")
 MAX_SHAPES = 16  # message shapes remembered per direction; a stream with more starts over
 MAX_MEMO_BODY = 4096  # a shape remembers its last body (to skip hashing it again) up to this size
+MAX_KEPT_BODY = 1 << 20  # body bytes of an unfinished message kept for the flow's snapshot (flow_state.py)
 
 
 def address_text(raw: bytes) -> str:
-    import ipaddress
     return str(ipaddress.ip_address(raw))
 
 
@@ -87,7 +90,7 @@ def _routing_hasher(exchange: str | None, routing_key: str | None):
 
 class PendingContent:
     """A content-carrying method (its row so far, as a tuple) waiting for its header and body frames."""
-    __slots__ = ("row", "body_size", "received", "hasher", "properties")
+    __slots__ = ("row", "body_size", "received", "hasher", "properties", "body")
 
     def __init__(self, row: tuple):
         self.row = row
@@ -95,12 +98,24 @@ class PendingContent:
         self.received = 0
         self.hasher = hashlib.blake2b(digest_size=16)
         self.properties: tuple | None = None  # set when the content header arrives
+        # The body so far, for a snapshot of the flow (a hasher's state cannot be saved): None once
+        # past MAX_KEPT_BODY, and a flow saved then finishes this message as incomplete.
+        self.body: list | None = []
+
+    def add_body(self, payload: bytes) -> None:
+        self.hasher.update(payload)
+        self.received += len(payload)
+        if self.body is not None:
+            if self.received <= MAX_KEPT_BODY:
+                self.body.append(payload)
+            else:
+                self.body = None
 
 
 class AmqpConnection:
     def __init__(self, *, client: tuple[bytes, int], server: tuple[bytes, int], first_ts_ns: int,
                  started_at_syn: bool, sink: RowSink, counts: dict, errors: list, source: str,
-                 agent_id: str, max_frame: int):
+                 agent_id: str, max_frame: int, keylog: KeyLog | None = None):
         client_addr, server_addr = address_text(client[0]), address_text(server[0])
         self.id = f"{client_addr}:{client[1]}>{server_addr}:{server[1]}@{first_ts_ns}"
         self.client_end, self.server_end = client, server  # (raw address, port): the flow keys
@@ -110,6 +125,9 @@ class AmqpConnection:
         self.index = sink.add_connection((self.id, agent_id, source, client_addr, client[1], server_addr, server[1]))
         self.tcp = (TcpDirection(), TcpDirection())
         self.framers = (FrameReader(True, started_at_syn, max_frame), FrameReader(False, started_at_syn, max_frame))
+        # Between the two: TLS, when the client opens with a ClientHello (helpers/FLOW_STATE.md).
+        self.keylog = keylog
+        self.tls: TlsLayer | None = None
         self.content: dict[tuple[int, int], PendingContent] = {}
         self.memo = DecodeMemo()
         self.shapes: tuple[dict, dict] = ({}, {})  # per direction: message shapes seen (runs.py)
@@ -148,11 +166,29 @@ class AmqpConnection:
         elif flags & 0x01:
             self._pseudo(direction, spec.TCP_FIN)
 
-    def resume(self, direction: int, rest: bytes) -> None:
+    def resume(self, direction: int, rest: bytes, wire: bytes | None = None) -> None:
         """Go on with stream bytes the native lane stopped at (native.py): from a frame boundary, the
-        rest of what reassembly delivered, already counted in bytes_to_* by the lane."""
-        self.facts["bytes_to_broker" if direction == TO_BROKER else "bytes_to_client"] -= len(rest)
-        self._stream(direction, [rest])
+        rest of what reassembly delivered, already counted in bytes_to_* by the lane. Inside TLS
+        (`wire` not None): `rest` is the rest of the plaintext of the record the lane stopped in, and
+        `wire` the stream bytes after that record (or from the record it stopped before)."""
+        facts = self.facts
+        key = "bytes_to_broker" if direction == TO_BROKER else "bytes_to_client"
+        if wire is None:
+            facts[key] -= len(rest)
+            self._stream(direction, [rest])
+            return
+        if rest:
+            self._frames(direction, [rest], False)
+        if wire:
+            facts[key] -= len(wire)
+            self._stream(direction, [wire])
+
+    def continue_in(self, source: str) -> None:
+        """The capture goes on in another file (pieces.py): rows from here on name it as their source.
+        Rows already waiting (pending content) keep the key of the file their method came in."""
+        self.source = source
+        constants = self.sink.connections[self.index]
+        self.index = self.sink.add_connection(constants[:2] + (source,) + constants[3:])
 
     def finish(self, ended_by: str = "end-of-capture") -> None:
         """The flow is over: deliver what reassembly still holds, and close out unfinished content."""
@@ -171,16 +207,74 @@ class AmqpConnection:
         self.finished = True
 
     def _stream(self, direction: int, items: list) -> None:
+        """Stream items (bytes, reassembly.Gap) of one direction, as reassembly delivers them."""
+        if self.tls is None and (self.framers[direction].offset or not self._tls_begins(direction, items)):
+            self._frames(direction, items, True)
+        else:
+            self._through_tls(direction, items)
+
+    def _tls_begins(self, direction: int, items: list) -> bool:
+        """Is this a TLS flow? Asked of a direction's first bytes only: a client's ClientHello, or
+        TLS records where a capture joined a connection after its handshake."""
+        first, state = items[0], self.framers[direction].state
+        if first.__class__ is not bytes:
+            return False
+        if direction == TO_BROKER and state == START and looks_like_client_hello(first):
+            self.tls = TlsLayer(self.keylog)
+        elif state == HUNT and not self.framers[direction].synced_once and looks_like_tls_records(first):
+            self.tls = TlsLayer.joined_late(self.keylog)
+        else:
+            return False
+        self.facts["protocol"] = "tls"  # until the plaintext shows the AMQP protocol header
+        return True
+
+    def _through_tls(self, direction: int, items: list) -> None:
+        """The wire bytes and gaps are counted here; the TLS layer's plaintext and gaps go to framing."""
+        facts = self.facts
+        for item in items:
+            if item.__class__ is bytes:
+                facts["bytes_to_broker" if direction == TO_BROKER else "bytes_to_client"] += len(item)
+            else:
+                self._count_gap(item)
+        plain = self.tls.feed(direction, items, self.ts_ns, self.packet)
+        if self.tls.replay:
+            self._replay_held()
+        if plain:
+            self._frames(direction, plain, False)
+
+    def _replay_held(self) -> None:
+        """Plaintext of records held until their key arrived, at the time and packet they came in."""
+        ts_ns, packet = self.ts_ns, self.packet
+        replay, self.tls.replay = self.tls.replay, []
+        for direction, self.ts_ns, self.packet, plain in replay:
+            self._frames(direction, plain, False)
+        self.ts_ns, self.packet = ts_ns, packet
+
+    def tls_retry(self, ts_ns: int) -> None:
+        """Live: a connection holding records for its key looks again (the key log grew), or gives up
+        past its bound."""
+        if self.tls is not None:
+            self.tls.retry(ts_ns)
+            if self.tls.replay:
+                self._replay_held()
+                if self.finished:  # the flow ended while its records waited: close out what they opened
+                    for key in list(self.content):
+                        self._emit_content(key, complete=False)
+
+    def _frames(self, direction: int, items: list, wire: bool) -> None:
+        """AMQP framing of a direction's stream: the wire's (`wire`), or the plaintext of its TLS."""
         framer = self.framers[direction]
         counts, content = self.counts, self.content
         frames = headers = bodies = 0
         for item in items:
             if item.__class__ is bytes:
-                self.facts["bytes_to_broker" if direction == TO_BROKER else "bytes_to_client"] += len(item)
+                if wire:
+                    self.facts["bytes_to_broker" if direction == TO_BROKER else "bytes_to_client"] += len(item)
                 found = framer.feed(item)
             else:
-                self._gap(direction, item)
-                found = framer.gap(item.nbytes)
+                self._gap(direction, item, wire)
+                # A gap in TLS plaintext is of unknown size (records were lost whole or in part).
+                found = framer.gap(item.nbytes, exact=wire)
             n = len(found)
             i = 0
             while i < n:
@@ -207,8 +301,7 @@ class AmqpConnection:
                     bodies += 1
                     pending = content.get((direction, channel))
                     if pending is not None and pending.properties is not None:
-                        pending.hasher.update(payload)
-                        pending.received += len(payload)
+                        pending.add_body(payload)
                         if pending.received >= pending.body_size:
                             self._emit_content((direction, channel), complete=pending.received == pending.body_size)
                 elif ftype == FRAME_METHOD:
@@ -227,14 +320,18 @@ class AmqpConnection:
         if frames:
             self.facts["frames_to_broker" if direction == TO_BROKER else "frames_to_client"] += frames
 
-    def _gap(self, direction: int, gap: Gap) -> None:
-        self.facts["gaps"] += 1
-        self.facts["gap_bytes"] += gap.nbytes
-        self.counts["gaps"] = self.counts.get("gaps", 0) + 1
+    def _gap(self, direction: int, gap: Gap, wire: bool = True) -> None:
+        if wire:  # a TLS connection's gaps are counted on the wire, as they happen (_through_tls)
+            self._count_gap(gap)
         # Content that was being assembled in this direction can no longer be completed.
         for key in [k for k in self.content if k[0] == direction]:
             self._emit_content(key, complete=False)
         self._pseudo(direction, spec.CAPTURE_GAP, {"gap_bytes": gap.nbytes, "detail": gap.reason})
+
+    def _count_gap(self, gap: Gap) -> None:
+        self.facts["gaps"] += 1
+        self.facts["gap_bytes"] += gap.nbytes
+        self.counts["gaps"] = self.counts.get("gaps", 0) + 1
 
     def _stream_note(self, direction: int, note) -> None:
         cls = note.__class__
@@ -467,11 +564,106 @@ class AmqpConnection:
             facts["closed_by"] = "client" if direction == TO_BROKER else "broker"
             facts["ended_by"] = "connection.close"
 
+    # -- state as data (flow_state.py) --------------------------------------------------------------
+
+    def snapshot(self) -> dict:
+        """The open flow between two packets, as plain data (helpers/FLOW_STATE.md). The native
+        lane must have handed the connection back first (native.NativeLane.finish)."""
+        return {
+            "version": FORMAT_VERSION, "id": self.id, "rows_source": self.source,
+            "client": [address_text(self.client_end[0]), self.client_end[1]],
+            "server": [address_text(self.server_end[0]), self.server_end[1]],
+            "first_ts_ns": self.facts["first_ts_ns"], "started_at_syn": self.facts["started_at_syn"],
+            "facts": dict(self.facts), "seq": self.seq, "ts_ns": self.ts_ns, "packet": self.packet,
+            "content": [self._pending_snapshot(key, pending) for key, pending in self.content.items()],
+            "tcp": [tcp.snapshot() for tcp in self.tcp], "framers": [framer.snapshot() for framer in self.framers],
+            "tls": self.tls.snapshot() if self.tls is not None else None,
+        }
+
+    def _pending_snapshot(self, key: tuple[int, int], pending: PendingContent) -> dict:
+        index, seq, ts_ns, direction, channel, name, packet, tag, shared = pending.row
+        return {"direction": direction, "channel": channel, "seq": seq, "ts_ns": ts_ns, "method": name,
+                "source": self.sink.connections[index][2], "packet": packet, "delivery_tag": tag,
+                "shared": list(shared), "body_size": pending.body_size,
+                "properties": None if pending.properties is None else list(pending.properties),
+                "body": None if pending.body is None else encode_bytes(b"".join(pending.body))}
+
+    @classmethod
+    def restore(cls, doc, *, sink: RowSink, counts: dict, errors: list, max_frame: int,
+                keylog: KeyLog | None = None) -> "AmqpConnection":
+        """The flow `snapshot()` described, with a fresh key in `sink`; its rows name the file they
+        named when it was saved until `continue_in` names the next. Raises flow_state.FlowStateError
+        naming the first field that fails a check."""
+        f = Fields(doc, "connection")
+        f.int("version", FORMAT_VERSION, FORMAT_VERSION)
+        source = f.str("rows_source")
+        ends = [f.end("client"), f.end("server")]
+        facts_in = f.obj("facts")
+        facts = {}
+        for name, value in facts_in.doc.items():
+            if name not in CONNECTIONS.names or name in CONNECTION_TIMESTAMPS or name == "date":
+                facts_in.fail(name, "not a connection fact")
+            facts[name] = check_value(value, CONNECTIONS.field(name).type, f"connection.facts.{name}")
+        conn = cls(client=ends[0], server=ends[1], first_ts_ns=f.int("first_ts_ns"),
+                   started_at_syn=f.bool("started_at_syn"), sink=sink, counts=counts, errors=errors, source=source,
+                   agent_id=facts.get("agent_id") or "", max_frame=max_frame, keylog=keylog)
+        if f.str("id") != conn.id:
+            f.fail("id", "not the id of these ends and first timestamp")
+        missing = set(conn.facts) - set(facts)
+        if missing:
+            facts_in.fail(sorted(missing)[0], "missing")
+        conn.facts = facts
+        conn.seq, conn.ts_ns, conn.packet = f.int("seq"), f.int("ts_ns"), f.int("packet")
+        conn.tcp = tuple(TcpDirection.restore(d, f"connection.tcp[{i}]")
+                         for i, d in enumerate(f.list("tcp", 2, length=2)))
+        conn.framers = tuple(FrameReader.restore(d, f"connection.framers[{i}]")
+                             for i, d in enumerate(f.list("framers", 2, length=2)))
+        if [framer.from_client for framer in conn.framers] != [True, False]:
+            f.fail("framers", "not the client's reader then the broker's")
+        if f.raw("tls") is not None:  # its keys derived again from the key log, never saved
+            conn.tls = TlsLayer.restore(f.raw("tls"), keylog)
+        for i, item in enumerate(f.list("content", 2 * 65536)):
+            key, pending = conn._restored_pending(Fields(item, f"connection.content[{i}]"))
+            if key in conn.content:
+                f.fail("content", f"two messages pending on direction {key[0]} channel {key[1]}")
+            conn.content[key] = pending
+            if pending.body is None:
+                conn._emit_content(key, complete=False)
+        return conn
+
+    def _restored_pending(self, f: Fields) -> tuple[tuple[int, int], PendingContent]:
+        direction, channel = f.int("direction", 0, 1), f.int("channel", 0, 0xFFFF)
+        seq = f.int("seq", 1, self.seq)
+        ts_ns, packet = f.int("ts_ns"), f.int("packet")
+        name = f.str("method", choices=CONTENT_METHODS)
+        source = f.str("source")
+        tag = check_value(f.raw("delivery_tag"), FRAMES.field("delivery_tag").type, f"{f.where}.delivery_tag")
+        shared = f.list("shared", len(SHARED_METHOD_FIELDS), length=len(SHARED_METHOD_FIELDS))
+        shared = tuple(check_value(v, FRAMES.field(n).type, f"{f.where}.shared.{n}")
+                       for n, v in zip(SHARED_METHOD_FIELDS, shared))
+        constants = (self.id,) + self.sink.connections[self.index][1:]
+        index = self.sink.add_connection(constants[:2] + (source,) + constants[3:])
+        pending = PendingContent((index, seq, ts_ns, direction, channel, name, packet, tag, shared))
+        if f.raw("properties") is not None:
+            values = f.list("properties", len(PROPERTY_FIELDS), length=len(PROPERTY_FIELDS))
+            pending.properties = tuple(check_value(v, FRAMES.field(n).type, f"{f.where}.properties.{n}")
+                                       for n, v in zip(PROPERTY_FIELDS, values))
+            pending.body_size = f.int("body_size")
+            if f.raw("body") is None:  # past what a snapshot keeps: no hash of it, it ends incomplete
+                pending.body = None
+            else:
+                pending.add_body(f.bytes("body", MAX_KEPT_BODY))
+                if pending.received >= pending.body_size and pending.body_size:
+                    f.fail("body", "as long as the message: it would not be pending")
+        return (direction, channel), pending
+
     def connection_row(self) -> dict:
         """This connection as a row of schema.CONNECTIONS (its derived timestamp and date columns aside)."""
         row = dict.fromkeys(CONNECTION_FIELDS)
         row.update(self.facts)
         row["last_ts_ns"] = self.ts_ns
+        if self.tls is not None:
+            row.update(self.tls.facts())
         if row["protocol"] is None:
             row["protocol"] = "none" if not (row["bytes_to_broker"] or row["bytes_to_client"]) else "unknown"
         return row
@@ -493,8 +685,8 @@ def sasl_user(mechanism, response) -> str | None:
     if not response:
         return None
     try:
-        if mechanism == "PLAIN":  # authzid \0 authcid \0 password
-            parts = response.split(b"\x00")
+        if mechanism == "PLAIN":  # authzid \0 authcid \0 password (which RabbitMQ reads to the end, NULs and all)
+            parts = response.split(b"\x00", 2)
             return parts[1].decode("utf-8", "replace") if len(parts) == 3 else None
         if mechanism == "AMQPLAIN":  # a field table without its length prefix
             _, table = pamqp_decode.field_table(len(response).to_bytes(4, "big") + response)

@@ -42,7 +42,7 @@ ADVANCE_EVERY_ROWS = 4096
 @dataclass(frozen=True)
 class Settings:
     """What a run fixes for every connection: the metrics' bucket, the overdue timeout and the
-    detectors' thresholds (spark_jobs/thresholds.py)."""
+    detectors' thresholds (analyzer/detectors/thresholds.py)."""
     bucket_seconds: int
     overdue_ns: int
     thresholds: object

@@ -13,6 +13,7 @@ followed by another frame or the end of the segment), never guessing.
 from dataclasses import dataclass
 from struct import Struct
 
+from .flow_state import Fields, encode_bytes
 from .methods import MalformedFrame, decode_content_header, plausible_method
 from .spec import (DEFAULT_MAX_FRAME, METHOD_NAMES, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD,
                    FRAME_TYPES, PROTOCOL_HEADER_091)
@@ -116,9 +117,10 @@ class FrameReader:
             self._frames(data, pos, out)
         return out
 
-    def gap(self, nbytes: int) -> list:
+    def gap(self, nbytes: int, exact: bool = True) -> list:
         """Bytes were lost. Inside a frame whose length we read, and ending before it does, the frame is
-        lost but the next one starts where it ends; otherwise hunt for the next frame boundary."""
+        lost but the next one starts where it ends; otherwise hunt for the next frame boundary. A gap
+        whose size is not `exact` (TLS plaintext lost with its records) always hunts."""
         out: list = []
         if self.state == HUNT and self._chunks:
             # A hunt was waiting for a candidate frame to complete; it never will. Judge the held bytes
@@ -131,7 +133,7 @@ class FrameReader:
         left_in_frame = self._frame_len - self._have if self.state == FRAMES and self._frame_len else 0
         self.offset += self._have + nbytes
         self._chunks, self._have, self._frame_len = [], 0, 0
-        if nbytes < left_in_frame - self._skip:
+        if exact and nbytes < left_in_frame - self._skip:
             self._skip += left_in_frame - nbytes
             return out
         self._skip = 0
@@ -145,6 +147,34 @@ class FrameReader:
         if 0 < frame_max < self.max_frame:
             self.max_frame = frame_max
             self.shape = None  # learnt under the old limit: its frames may be over the new one
+
+    # -- state as data (flow_state.py) --------------------------------------------------------------
+
+    def snapshot(self) -> dict:
+        """The reader between two feeds. Its message shape is not kept: a fast path only (runs.py),
+        learnt again from the next whole message."""
+        return {"state": self.state, "from_client": self.from_client, "max_frame": self.max_frame,
+                "offset": self.offset, "held": encode_bytes(b"".join(self._chunks)), "need": self._need,
+                "frame_len": self._frame_len, "skip": self._skip, "synced_once": self.synced_once,
+                "hunted": self.hunted, "skipped": self.skipped}
+
+    @classmethod
+    def restore(cls, doc, where: str = "framer") -> "FrameReader":
+        f = Fields(doc, where)
+        reader = cls(f.bool("from_client"), True, f.int("max_frame", 8, 1 << 32))
+        reader.state = f.str("state", choices=(START, FRAMES, HUNT, UNSUPPORTED))
+        reader.offset = f.int("offset")
+        held = f.bytes("held", reader.max_frame + 16)
+        reader._chunks, reader._have = ([held], len(held)) if held else ([], 0)
+        reader._need = f.int("need", 0, reader.max_frame + 16)
+        reader._frame_len = f.int("frame_len", 0, reader.max_frame + 16)
+        reader._skip = f.int("skip", 0, 1 << 32)
+        reader.synced_once = f.bool("synced_once")
+        reader.hunted = f.int("hunted")
+        reader.skipped = f.int("skipped")
+        if held and reader._need <= len(held):
+            f.fail("need", "no more than the bytes held: a reader holds bytes only while it needs more")
+        return reader
 
     # -- states ----------------------------------------------------------------------------------
 

@@ -17,17 +17,25 @@ import json
 import os
 import time
 import uuid
+from contextlib import contextmanager
+from dataclasses import replace
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import TableNotFoundError
-from deltalake.transaction import AddAction
+from deltalake import CommitProperties, DeltaTable, Field, Transaction
+from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction
 
 from .schema import PARTITION_BY
+
+# Every data file is written with a CRC32 of each page and read with it checked: bytes damaged
+# inside a page (a bad disk, a torn copy) are an error naming the file, never other values read
+# as if they were the table's. A file written without them (an older ackscope) is read unchecked.
+WRITE_CHECKSUMS = {"write_page_checksum": True}
+READ_CHECKSUMS = {"page_checksum_verification": True}
 
 
 S3_SCHEMES = ("s3", "s3a")
@@ -77,6 +85,65 @@ def open_table(lake: str, name: str) -> DeltaTable | None:
         return None
 
 
+def unreadable(lake: str, name: str) -> str | None:
+    """Why the table cannot be read: its log does not load (an entry cut short, not JSON), or a data
+    file it names is missing or has no Parquet footer (cut short). None: it reads, or there is none.
+    Each file's footer is one small read; a file damaged inside its pages passes."""
+    try:
+        table = open_table(lake, name)
+        for uri in table.file_uris() if table is not None else ():
+            fs, inner = filesystem(uri)
+            with fs.open_input_file(inner) as data:
+                pq.read_metadata(data)
+    except (DeltaError, pa.ArrowInvalid, FileNotFoundError) as error:
+        return (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return None
+
+
+class UnreadableFile(OSError):
+    """A data file of a table that cannot be read (missing, cut short, damaged inside its pages):
+    `path` names it, `why` is the reader's reason."""
+
+    def __init__(self, path: str, why: str):
+        super().__init__(f"{path}: unreadable ({why})")
+        self.path, self.why = path, why
+
+
+@contextmanager
+def reading(path: str):
+    """Errors reading the data file at `path` raised as UnreadableFile naming it (pyarrow's own
+    say only what failed, not in which file)."""
+    try:
+        yield
+    except UnreadableFile:
+        raise
+    except (OSError, pa.ArrowException) as error:
+        raise UnreadableFile(path, (str(error).strip().splitlines() or [type(error).__name__])[0]) from error
+
+
+def damaged_file(uri: str) -> str | None:
+    """Why this data file cannot be read whole, its page checksums checked; None: it reads."""
+    try:
+        fs, inner = filesystem(uri)
+        with fs.open_input_file(inner) as data:
+            pq.read_table(data, **READ_CHECKSUMS)
+    except (OSError, pa.ArrowException) as error:
+        return (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return None
+
+
+def set_aside(lake: str, name: str) -> str | None:
+    """Move an unreadable table out of the way (a local lake keeps it beside, as NAME.unreadable-TIME,
+    for whoever wants to look; an object store drops it): the path it was moved to, or None."""
+    fs, inner = filesystem(os.path.join(lake, name))
+    if isinstance(fs, pafs.LocalFileSystem):
+        aside = f"{inner}.unreadable-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        fs.move(inner, aside)
+        return aside
+    fs.delete_dir(inner)
+    return None
+
+
 def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | None = None,
                where: pc.Expression | None = None, files: set[str] | None = None,
                version: int | None = None) -> pa.Table | None:
@@ -106,8 +173,9 @@ def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | Non
                             zip(*(actions[f"partition.{p}"].to_pylist() for p in PARTITION_BY))):
         if files is not None and unquote(path) not in files:
             continue
-        part = pq.read_table(f"{root}/{unquote(path)}", filesystem=fs, partitioning=None,  # the log holds URI-encoded paths
-                             schema=in_files, columns=read, filters=where)
+        with reading(f"{root}/{unquote(path)}"):
+            part = pq.read_table(f"{root}/{unquote(path)}", filesystem=fs, partitioning=None,  # the log holds URI-encoded paths
+                                 schema=in_files, columns=read, filters=where, **READ_CHECKSUMS)
         n = part.num_rows
         by_name = dict(zip(PARTITION_BY, values))
         parts.append(pa.Table.from_arrays(
@@ -137,6 +205,14 @@ def committed(lake: str, name: str, app_id: str) -> bool:
     return table is not None and table.transaction_version(app_id) is not None
 
 
+# A merge of files (TableWriter.write_merged) reads them this many rows at a time, on one thread, and
+# holds at most about so many bytes of rows (Arrow, decoded) before it writes them as a row group of
+# the new file: what a compaction holds, whatever it merges. Measured merging 24 of the agent's frames
+# files (bench/compaction.py's rows, 4.8 MB): anonymous memory +80 MB at 16 MB and 16,384 rows on
+# pyarrow's threads, +58 MB on one thread, +32 MB at 4 MB and 8,192 rows; less gains nothing.
+MERGE_BATCH_ROWS = 8_192
+MERGE_ROW_GROUP_BYTES = 4 * 1024 * 1024
+
 # How Hive, Spark and Delta writers name the folder of a null partition value.
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
@@ -157,8 +233,9 @@ class TableWriter:
     combination of their values), each file's add action carrying each column's min, max and null
     count (the Spark jobs' `provisional` and the deliveries' `requeue_related`)."""
 
-    def __init__(self, lake: str, name: str, schema: pa.Schema, split_by: tuple[str, ...] = ()):
+    def __init__(self, lake: str, name: str, schema: pa.Schema, split_by: tuple[str, ...] = (), prefix: str = ""):
         self.path = os.path.join(lake, name)
+        self.prefix = f"{prefix}-" if prefix else ""  # in the files' names: files_named() finds them
         self.fs, self.root = filesystem(self.path)
         self.schema = schema
         self.split_by = split_by
@@ -171,15 +248,24 @@ class TableWriter:
         for date, whole in by_day(table):
             # Delta keeps partition values in the log, not in the data files.
             for part, values in by_flags(whole.drop_columns(PARTITION_BY), self.split_by):
-                relative = f"date={NULL_PARTITION if date is None else date}/part-{uuid.uuid4().hex}.zstd.parquet"
-                full = f"{self.root}/{relative}"
-                make_dir_in(self.fs, os.path.dirname(full))
+                relative, full = self._new_file(date)
                 pq.write_table(part, full, compression="zstd", use_dictionary=dictionary_columns(part.schema),
-                               filesystem=self.fs)
-                self.actions.append(AddAction(relative, self.fs.get_file_info(full).size, {"date": date},
-                                              int(time.time() * 1000), True,
-                                              json.dumps(_file_stats(part.num_rows, values))))
-                self.rows += part.num_rows
+                               filesystem=self.fs, **WRITE_CHECKSUMS)
+                self._written(relative, date, part.num_rows, values)
+
+    def _new_file(self, date: str | None) -> tuple[str, str]:
+        """A new data file's path relative to the table and in the store, its folder made."""
+        relative = (f"date={NULL_PARTITION if date is None else date}/"
+                    f"part-{self.prefix}{uuid.uuid4().hex}.zstd.parquet")
+        full = f"{self.root}/{relative}"
+        make_dir_in(self.fs, os.path.dirname(full))
+        return relative, full
+
+    def _written(self, relative: str, date: str | None, rows: int, values: dict) -> None:
+        """A file written, into the next commit."""
+        self.actions.append(AddAction(relative, self.fs.get_file_info(f"{self.root}/{relative}").size, {"date": date},
+                                      int(time.time() * 1000), True, json.dumps(_file_stats(rows, values))))
+        self.rows += rows
 
     def take_back(self, relative: str) -> pa.Table:
         """A file written so far, out of the next commit and deleted: its rows, in the writer's
@@ -195,12 +281,31 @@ class TableWriter:
         """The rows of a data file of this table (its path relative to the table, as the store
         names it) in the writer's schema, with `date`, its partition value (the log's, not in the
         file)."""
-        rows = pq.read_table(f"{self.root}/{relative}", filesystem=self.fs, partitioning=None)
-        n = rows.num_rows
-        # A column the file lacks (written before the table had it) reads as nulls, as in Spark.
-        return pa.Table.from_arrays([pa.repeat(pa.scalar(date, pa.string()), n) if f.name == "date"
-                                     else rows[f.name].cast(f.type) if f.name in rows.column_names
-                                     else pa.nulls(n, f.type) for f in self.schema], schema=self.schema)
+        with reading(f"{self.root}/{relative}"):
+            rows = pq.read_table(f"{self.root}/{relative}", filesystem=self.fs, partitioning=None, **READ_CHECKSUMS)
+        return _conformed(rows, self.schema, {"date": date})
+
+    def write_merged(self, date: str | None, files: list[str]) -> None:
+        """The rows of these data files of the table (paths relative to it, all of partition `date`)
+        into one new file, streamed: a batch of a file at a time is read, and at most
+        MERGE_ROW_GROUP_BYTES of rows are held before they are written as a row group, so the memory
+        is bounded whatever the files add up to."""
+        in_file = pa.schema([f for f in self.schema if f.name not in PARTITION_BY])
+        relative, full = self._new_file(date)
+        held: list[pa.Table] = []
+        rows = 0
+        with pq.ParquetWriter(full, in_file, compression="zstd", use_dictionary=dictionary_columns(in_file),
+                              filesystem=self.fs, **WRITE_CHECKSUMS) as out:
+            for path in files:
+                for batch in _batches(self.fs, f"{self.root}/{path}"):
+                    held.append(_conformed(batch, in_file, {}))
+                    rows += batch.num_rows
+                    if sum(t.nbytes for t in held) >= MERGE_ROW_GROUP_BYTES:
+                        out.write_table(pa.concat_tables(held))
+                        held = []
+            if held:
+                out.write_table(pa.concat_tables(held))
+        self._written(relative, date, rows, {})
 
     def files(self) -> list[tuple]:
         """The files written so far, as plain tuples another process can hand to `adopt()`."""
@@ -212,19 +317,90 @@ class TableWriter:
             self.actions.append(AddAction(path, size, partition_values, mtime, True, stats))
         self.rows += rows
 
-    def commit(self, app_id: str, metadata: dict | None = None, version: int = 1) -> int:
+    def commit(self, app_id: str | list[str], metadata: dict | None = None, version: int = 1,
+               remove: list[str] = (), data_change: bool = True, table: DeltaTable | None = None) -> int:
         """Add every file written so far in one commit tagged with the app transaction (app_id,
-        version); returns the table version."""
-        table = open_or_create(self.path, self.schema)
+        version), or with each of several ids; `remove`: files of the table (paths
+        relative to it) taken out in the same commit. `data_change` false: the commit moves rows
+        between files and changes none (a compaction), and readers of changes skip it. Returns the
+        table version.
+
+        `table`: this table, kept open by a caller that commits again and again (the agent's
+        sink): it is brought up to date by reading only the commits since it was (Delta's log
+        read incrementally), instead of loaded anew from the last checkpoint, and is left up to
+        date, this commit included."""
+        if table is None:
+            table = open_or_create(self.path, self.schema)
+        else:
+            table.update_incremental()
+        add_missing_columns(table, self.schema)
+        ids = [app_id] if isinstance(app_id, str) else app_id
+        adds = self.actions if data_change else [replace(add, data_change=False) for add in self.actions]
         table.create_write_transaction(
-            self.actions, mode="append", schema=self.schema, partition_by=PARTITION_BY,
+            [*adds, *removals(table, remove, data_change)], mode="append", schema=self.schema, partition_by=PARTITION_BY,
             commit_properties=CommitProperties(
                 custom_metadata={k: str(v) for k, v in (metadata or {}).items()},
-                app_transactions=[Transaction(app_id, version)]))
-        return DeltaTable(self.path).version()
+                app_transactions=[Transaction(i, version) for i in ids]))
+        table.update_incremental()  # a commit leaves the table object at the version it read
+        return table.version()
+
+
+def _batches(fs: pafs.FileSystem, path: str):
+    """A data file's rows, MERGE_BATCH_ROWS at a time, on one thread."""
+    with reading(path), fs.open_input_file(path) as source:
+        yield from pq.ParquetFile(source, **READ_CHECKSUMS).iter_batches(batch_size=MERGE_BATCH_ROWS, use_threads=False)
+
+
+def table_files(table: DeltaTable) -> dict[str, tuple[int, dict]]:
+    """Each data file of the table's snapshot by its path relative to the table (unquoted): its
+    size and partition values."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    partitions = [c for c in PARTITION_BY if f"partition.{c}" in actions.column_names]
+    return {unquote(row["path"]): (row["size_bytes"], {c: row[f"partition.{c}"] for c in partitions})
+            for row in actions.select(["path", "size_bytes"] + [f"partition.{c}" for c in partitions]).to_pylist()}
+
+
+def files_named(lake: str, name: str, prefix: str) -> list[str]:
+    """The table's files a TableWriter with this `prefix` wrote (paths relative to the table)."""
+    table = open_table(lake, name)
+    mark = f"part-{prefix}-"
+    return sorted(p for p in table_files(table) if p.rsplit("/", 1)[-1].startswith(mark)) if table else []
+
+
+def has_files(lake: str, name: str, paths: list[str]) -> bool:
+    """Does the table's snapshot hold every one of these files?"""
+    if not paths:
+        return True
+    table = open_table(lake, name)
+    return table is not None and set(paths) <= set(table_files(table))
+
+
+def removals(table: DeltaTable, paths: list[str], data_change: bool = True) -> list[RemoveAction]:
+    """Remove actions for these files of the table; KeyError names one the snapshot does not hold."""
+    if not paths:
+        return []
+    files = table_files(table)
+    now = int(time.time() * 1000)
+    return [RemoveAction(path, data_change, now, files[path][0], files[path][1]) for path in paths]
 
 
 CREATE_RACE_WAIT_S = 10.0
+
+
+def add_missing_columns(table: DeltaTable, schema: pa.Schema) -> None:
+    """A table made before columns were added to its schema (ackscope upgraded under an existing
+    lake) gains them, nullable: its older rows read them as null. Another writer may add them at
+    the same time: its commit wins, and the columns are there."""
+    have = {field.name for field in table.schema().fields}
+    missing = [field for field in schema if field.name not in have]
+    if not missing:
+        return
+    try:
+        table.alter.add_columns([Field.from_arrow(field) for field in missing])
+    except Exception:
+        table.update_incremental()
+        if any(field.name not in {f.name for f in table.schema().fields} for field in missing):
+            raise
 
 
 def open_or_create(path: str, schema: pa.Schema, partition_by: list[str] = PARTITION_BY) -> DeltaTable:
@@ -283,6 +459,15 @@ def _by_value(table: pa.Table, column: str) -> list[tuple[pa.Table, bool | None]
                 pc.is_null(flags) if value is None else pc.equal(flags, value))
             parts.append((part, value))
     return parts
+
+
+def _conformed(rows: pa.Table | pa.RecordBatch, schema: pa.Schema, partition_values: dict) -> pa.Table:
+    """A data file's rows in `schema`, the partition columns from their values (the log's, not in
+    the file). A column the file lacks (written before the table had it) reads as nulls, as in Spark."""
+    n = rows.num_rows
+    return pa.Table.from_arrays([pa.repeat(pa.scalar(partition_values[f.name], f.type), n) if f.name in partition_values
+                                 else rows.column(f.name).cast(f.type) if f.name in rows.schema.names
+                                 else pa.nulls(n, f.type) for f in schema], schema=schema)
 
 
 def _file_stats(rows: int, values: dict[str, bool | None]) -> dict:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 GAUGE, COUNTER, HISTOGRAM = "gauge", "counter", "histogram"
 AGENT, ANALYSIS = "agent", "analysis"
+# The Pushgateway `job` the analysis pushes its results under unless told otherwise (--push-job, --job).
+DEFAULT_PUSH_JOB = "ackscope-analysis"
 WHERE = ("vhost", "application")          # every per-traffic series carries these
 FINDING = ("kind", "severity") + WHERE
 
@@ -62,7 +64,7 @@ METRICS = (
     Metric("ackscope_deliver_ack_seconds", HISTOGRAM, AGENT, WHERE,
            "Time from a manual-ack delivery to its ack, nack or reject."),
     Metric("ackscope_series_folded_total", COUNTER, AGENT, ("metric",),
-           "Series folded into application=\"other\" by the series cap."),
+           "Series folded into vhost or application other by the label caps."),
     # -- the agent's own health ---------------------------------------------------------------------
     Metric("ackscope_agent_packets_total", COUNTER, AGENT, (), "Packets captured (loopback counted once)."),
     Metric("ackscope_agent_bytes_total", COUNTER, AGENT, (), "Bytes of the packets captured."),
@@ -71,8 +73,11 @@ METRICS = (
            "Packets the kernel dropped before the agent read them (PACKET_STATISTICS)."),
     Metric("ackscope_agent_decode_errors_total", COUNTER, AGENT, (), "Malformed frames and framing errors."),
     Metric("ackscope_agent_capture_gaps_total", COUNTER, AGENT, (), "Capture gaps (bytes never seen) in flows."),
+    Metric("ackscope_agent_tls_connections_total", COUNTER, AGENT, (), "TLS (amqps) connections seen."),
+    Metric("ackscope_agent_tls_not_decrypted_total", COUNTER, AGENT, (),
+           "TLS connections not decrypted: no key in the key log for them, or it came past the hold bound."),
     Metric("ackscope_agent_unsupported_flows_total", COUNTER, AGENT, ("protocol",),
-           "Flows on a broker port speaking something else (AMQP 1.0, TLS, ...)."),
+           "Flows on a broker port speaking something else (AMQP 1.0, the stream protocol, ...)."),
     Metric("ackscope_agent_buffered_rows", GAUGE, AGENT, (), "Rows decoded and not yet committed."),
     Metric("ackscope_agent_flushes_total", COUNTER, AGENT, ("outcome",), "Flushes to the lake, by outcome."),
     Metric("ackscope_agent_flush_duration_seconds", HISTOGRAM, AGENT, (), "Time one flush took."),
@@ -80,6 +85,10 @@ METRICS = (
            "Unix time of the last successful flush."),
     Metric("ackscope_agent_rows_dropped_total", COUNTER, AGENT, ("table",),
            "Rows dropped because the sink failed and the buffer was full."),
+    Metric("ackscope_agent_label_folds_total", COUNTER, AGENT, ("label",),
+           "Label values the cap of their label (vhost, application) answered with other."),
+    Metric("ackscope_agent_label_truncations_total", COUNTER, AGENT, ("label",),
+           "Label values cut to the length bound (they end with a marker of how much was cut), by label."),
     # The agent process itself: client_python's standard process collector, under its standard names
     # (every exporter has them, and Prometheus users know them), so no ackscope_ prefix.
     Metric("process_resident_memory_bytes", GAUGE, AGENT, (), "Resident memory of the agent process."),

@@ -18,6 +18,14 @@ columns, which RowSink.take adds to the batch), with the connection's own decode
   a frame that does not decode, a lost frame boundary): the lane hands the connection back as of
   that frame boundary, and Python feeds it the rest of the stream bytes (`FlowTable.resume`).
 
+A connection inside TLS is armed once its TLS layer is in its plain state too (past the handshake,
+decrypting both directions, nothing held or lost: TlsLayer.lane_openers): the lane cuts the stream
+into records itself and hands each record to the layer's opener (Python, `cryptography`), then frames
+the plaintext as above. A record it does not take (another content type, one that does not open, a
+KeyUpdate) hands the connection back from that record's first byte; a frame it does not take, as of
+that frame boundary, with the rest of the record's plaintext and the stream bytes after the record
+apart. A TLS connection that will never be decrypted is never armed (`_python_only`).
+
 After every packet Python decodes, its connection is armed again if it is plain again.
 ACKSCOPE_PURE_PYTHON=1 switches the lane off; without the compiled module there is no lane.
 """
@@ -62,6 +70,7 @@ class NativeLane:
             body_digests, incomplete_identity, NO_PROPERTIES)
         flows.sink.lane = self.engine  # its rows, kept as columns, join the batch at RowSink.take
         self._interfaces = (None, 0, ())
+        self._python_only: set = set()  # connections the lane never takes (TLS not decrypted), let go of already
 
     # -- records: what capture_file hands the lane ---------------------------------------------------
 
@@ -93,7 +102,18 @@ class NativeLane:
     # -- packets Python decodes ----------------------------------------------------------------------
 
     def packet(self, number: int, ts_ns: int, seg) -> None:
-        """FlowTable.packet, with the connection taken back from the lane before and armed again after."""
+        """FlowTable.packet, with the connection taken back from the lane before and armed again after.
+        A TLS connection that will not be decrypted is never armed (see `_arm`): once the lane let go
+        of it, its packets go straight to FlowTable, without the look-ups that would find nothing to
+        hand over."""
+        flow = (seg.src, seg.sport, seg.dst, seg.dport)
+        entry = self.flows.flows.get(flow)
+        if entry is not None and entry[0] in self._python_only:
+            self.flows.packet(number, ts_ns, seg)
+            after = self.flows.flows.get(flow)
+            if after is not None and after[0] is not entry[0]:  # a new connection on the same ports
+                self._arm(after[0])
+            return
         ipv4 = len(seg.src) == 4
         if ipv4:
             state = self.engine.release(_flow_key(seg.src, seg.sport, seg.dst, seg.dport))
@@ -101,7 +121,6 @@ class NativeLane:
                 self._take_back(state)
         self.flows.packet(number, ts_ns, seg)
         if ipv4:
-            flow = (seg.src, seg.sport, seg.dst, seg.dport)
             entry = self.flows.flows.get(flow)
             if entry is not None:
                 self._arm(entry[0])
@@ -113,11 +132,27 @@ class NativeLane:
         for state in self.engine.release_all():
             self._take_back(state)
 
+    def next_file(self) -> None:
+        """Every connection taken back at the end of a file of a capture in pieces (pieces.py): the
+        next file names itself in their rows, and brings interfaces of its own (the cache is keyed
+        by the list's identity, which a new list may reuse)."""
+        self.finish()
+        self._interfaces = (None, 0, ())
+
     # -- handing connections over and back -------------------------------------------------------------
 
     def _arm(self, conn) -> None:
         keys = (_flow_key(*conn.client_end, *conn.server_end), _flow_key(*conn.server_end, *conn.client_end))
+        tls = conn.tls
+        if tls is not None and tls.settled_in_python:
+            self._forget(keys)
+            self._python_only.add(conn)  # for good: a connection's TLS layer stays, and stays so
+            return
         if conn.finished or conn.content or conn.facts["protocol"] != "amqp-0-9-1" or len(conn.client_end[0]) != 4:
+            self._forget(keys)
+            return
+        openers = tls.lane_openers() if tls is not None else None
+        if tls is not None and openers is None:
             self._forget(keys)
             return
         lanes = []
@@ -127,7 +162,9 @@ class NativeLane:
                 self._forget(keys)
                 return
             lanes.append((tcp.next_seq, tcp.unseen_acks, b"".join(framer._chunks), framer.offset, framer.max_frame))
-        self.engine.arm(conn, conn.index, conn.seq, keys[0], keys[1], lanes[0], lanes[1], conn.facts, conn.memo)
+        inside_tls = () if tls is None else (openers + (tls.readers[0].buf, tls.readers[1].buf),)
+        self.engine.arm(conn, conn.index, conn.seq, keys[0], keys[1], lanes[0], lanes[1], conn.facts, conn.memo,
+                        *inside_tls)
 
     def _forget(self, keys) -> None:
         for key in keys:  # a flow Python ignored before it became this connection's
@@ -139,7 +176,12 @@ class NativeLane:
         conn.seq = seq
         if packet >= 0:
             conn.ts_ns, conn.packet = ts_ns, packet
-        for (next_seq, unseen_acks, carry, offset), tcp, framer in zip((lane0, lane1), conn.tcp, conn.framers):
+        tls = conn.tls
+        for d, (next_seq, unseen_acks, carry, offset, records, opened) in enumerate((lane0, lane1)):
+            tcp, framer = conn.tcp[d], conn.framers[d]
+            if tls is not None:  # as RecordReader.feed leaves it: the start of a record, or nothing
+                tls.readers[d].buf = records
+                tls.records += opened
             tcp.next_seq, tcp.unseen_acks = next_seq, unseen_acks
             framer.offset = offset
             if carry:  # as FrameReader._keep leaves it: a frame header read, or fewer than 8 bytes
@@ -150,12 +192,12 @@ class NativeLane:
         for direction, channel, row, body_size, received, properties, body in pending:
             content = PendingContent(row)
             if properties is not None:
-                content.body_size, content.properties, content.received = body_size, properties, received
-                content.hasher.update(body)
+                content.body_size, content.properties = body_size, properties
+                content.add_body(body)
             conn.content[(direction, channel)] = content
         if resume is not None:
-            direction, rest = resume
-            self.flows.resume(conn, direction, rest, packet)
+            direction, rest, wire = resume
+            self.flows.resume(conn, direction, rest, packet, wire)
             self._arm(conn)
 
 

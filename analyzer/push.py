@@ -6,8 +6,9 @@ from Prometheus too. Every family is built fresh from the tables (delta-rs, no S
 like a custom collector of client_python: nothing carries over from an earlier push.
 
 What is pushed is exactly the `analysis` metrics of metric_names.py, labelled by vhost and
-application (labels.py, one cap per push over the sorted applications, so the same lake always
-gives the same labels). A failed analysis pushes only ackscope_analysis_failures=1, with POST, so
+application (labels.py, the caps built per push over the sorted values of the connections that
+opened a channel, which only a connection the broker accepted does, so the same lake always gives
+the same labels and refused connections take no slot). A failed analysis pushes only ackscope_analysis_failures=1, with POST, so
 the findings of the last good analysis stay beside it.
 """
 
@@ -25,8 +26,10 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import push_to_gateway, pushadd_to_gateway
 
 from . import labels, lake, metric_names, schema
+from .published import read_published
+from .timeline.tables import CHANNELS
 
-DEFAULT_JOB = "ackscope-analysis"
+DEFAULT_JOB = metric_names.DEFAULT_PUSH_JOB
 NS = 1e9
 # A delivery or publish counts in a latency histogram only when settled by the peer: a close, a
 # capture gap or the end of the data is no measure of how fast the peer answers.
@@ -41,12 +44,12 @@ class PushError(Exception):
 @dataclass
 class Where:
     """Per-connection label values, from the connections table (vhost, application)."""
-    by_connection: dict = field(default_factory=dict)   # connection_id -> (vhost, application) before the cap
-    cap: labels.ApplicationCap = field(default_factory=labels.ApplicationCap)
+    by_connection: dict = field(default_factory=dict)   # connection_id -> (vhost, application) before the caps
+    caps: labels.SeriesCaps = field(default_factory=labels.SeriesCaps)
 
     def of(self, connection_id: str | None, metric: str, fallback_name: str | None = None) -> tuple[str, str]:
-        vhost, app = self.by_connection.get(connection_id, (labels.UNKNOWN, labels.application(fallback_name, None, None)))
-        return vhost, self.cap.label(app, metric)
+        where = self.by_connection.get(connection_id, (labels.UNKNOWN, labels.application(fallback_name, None, None)))
+        return self.caps.where(where, metric)
 
 
 def lake_label(lake_dir: str) -> str:
@@ -54,20 +57,30 @@ def lake_label(lake_dir: str) -> str:
     return lake_dir if "://" in lake_dir else os.path.abspath(lake_dir)
 
 
-def read_where(lake_dir: str, max_applications: int) -> Where:
+def read_where(lake_dir: str, max_applications: int, max_vhosts: int) -> Where:
     table = lake.read_table(lake_dir, "connections", schema.CONNECTIONS,
                             columns=["connection_id", "vhost", "connection_name", "client_product", "client_addr"])
-    where = Where(cap=labels.ApplicationCap(max_applications))
+    where = Where(caps=labels.SeriesCaps(max_applications, max_vhosts))
     if table is None:
         return where
     for row in table.to_pylist():
         where.by_connection[row["connection_id"]] = (
             labels.vhost(row["vhost"]),
             labels.application(row["connection_name"], row["client_product"], row["client_addr"]))
-    # Admit applications in sorted order: which ones the cap keeps must not depend on file order.
-    for app in sorted({app for _, app in where.by_connection.values()}):
-        where.cap.label(app, "")
-    where.cap.folded.clear()
+    # Admit values in sorted order: which ones a cap keeps must not depend on file order. Only the
+    # connections with a channel or a finding take a slot here (a connection the broker refused has
+    # neither); any other gets one only if it has something pushed and room is left.
+    accepted = set()
+    for name, table_schema in (("channels", CHANNELS), ("findings", schema.FINDINGS)):
+        table = read_published(lake_dir, name, table_schema, columns=["connection_id"])
+        if table is not None:
+            accepted.update(pc.unique(table["connection_id"]).to_pylist())
+    admitted = [where.by_connection[c] for c in accepted if c in where.by_connection]
+    for cap, values in ((where.caps.vhost, {v for v, _ in admitted}),
+                        (where.caps.application, {a for _, a in admitted})):
+        for value in sorted(values):
+            cap.label(value)
+        cap.folds = 0
     return where
 
 
@@ -81,9 +94,10 @@ class Pushed:
         return sum(len(f.samples) for f in self.families)
 
 
-def analysis_families(lake_dir: str, max_applications: int = labels.DEFAULT_MAX_APPLICATIONS) -> Pushed:
+def analysis_families(lake_dir: str, max_applications: int = labels.DEFAULT_MAX_APPLICATIONS,
+                      max_vhosts: int = labels.DEFAULT_MAX_VHOSTS) -> Pushed:
     """Every analysis metric family of this lake, as the tables hold it now."""
-    where = read_where(lake_dir, max_applications)
+    where = read_where(lake_dir, max_applications, max_vhosts)
     families = [*_findings_families(lake_dir, where), *_end_state_families(lake_dir, where),
                 _latency_family(lake_dir, where, "publishes", schema.PUBLISHES,
                                 "ackscope_analysis_publish_confirm_seconds",
@@ -95,7 +109,7 @@ def analysis_families(lake_dir: str, max_applications: int = labels.DEFAULT_MAX_
     pushed = {f.name for f in families}
     expected = {m.name for m in metric_names.METRICS if m.source == metric_names.ANALYSIS}
     assert pushed == expected, f"push and metric_names disagree: {sorted(pushed ^ expected)}"
-    return Pushed(families, {name: n for name, n in where.cap.folded.items() if n})
+    return Pushed(families, {name: n for name, n in where.caps.folded.items() if n})
 
 
 def _family(name: str):
@@ -113,7 +127,7 @@ def _gauge(name: str, value: float | None):
 
 def _findings_families(lake_dir: str, where: Where) -> list:
     findings, items = _family("ackscope_findings"), _family("ackscope_finding_items")
-    table = lake.read_table(lake_dir, "findings", schema.FINDINGS,
+    table = read_published(lake_dir, "findings", schema.FINDINGS,
                             columns=["kind", "severity", "connection_id", "connection_name", "count"])
     counted, summed = defaultdict(int), defaultdict(int)
     for row in (table.to_pylist() if table is not None else []):
@@ -148,7 +162,7 @@ def _end_state_families(lake_dir: str, where: Where) -> list:
              "ackscope_analysis_unconfirmed_publishes", "ackscope_analysis_oldest_unconfirmed_seconds")
     families = [_family(name) for name in names]
     incarnation = ["connection_id", "channel", "incarnation"]
-    table = lake.read_table(lake_dir, "channel_metrics", schema.CHANNEL_METRICS,
+    table = read_published(lake_dir, "channel_metrics", schema.CHANNEL_METRICS,
                             columns=[*incarnation, "bucket_start_ns", "unacked", "oldest_unacked_age_ns",
                                      "unconfirmed", "oldest_unconfirmed_age_ns"])
     if table is None or table.num_rows == 0:
@@ -172,7 +186,7 @@ def _end_state_families(lake_dir: str, where: Where) -> list:
 def _latency_family(lake_dir: str, where: Where, table_name: str, table_schema: pa.Schema, name: str,
                     settled: pc.Expression):
     family = _family(name)
-    table = lake.read_table(lake_dir, table_name, table_schema,
+    table = read_published(lake_dir, table_name, table_schema,
                             columns=["connection_id", "outcome", "no_ack", "settle_latency_ns"])
     if table is None:
         return family

@@ -8,6 +8,8 @@ Retransmissions and overlaps are trimmed so every stream byte is delivered at mo
 
 from dataclasses import dataclass
 
+from .flow_state import Fields, encode_bytes
+
 SEQ_MOD = 1 << 32
 HALF = 1 << 31
 DEFAULT_MAX_PENDING = 4 << 20  # out-of-order bytes held per direction before giving up on a hole
@@ -165,3 +167,35 @@ class TcpDirection:
                 self.next_seq = end
         self.closed = True
         return out
+
+    # -- state as data (flow_state.py) --------------------------------------------------------------
+
+    def snapshot(self) -> dict:
+        return {"next_seq": self.next_seq, "pending": [[seq, encode_bytes(data)] for seq, data in self.pending.items()],
+                "max_pending": self.max_pending, "started_at_syn": self.started_at_syn,
+                "retransmitted_bytes": self.retransmitted_bytes, "fin_seq": self.fin_seq, "closed": self.closed,
+                "unseen_acks": self.unseen_acks, "peer_acked": self.peer_acked, "isn": self.isn}
+
+    @classmethod
+    def restore(cls, doc, where: str = "tcp") -> "TcpDirection":
+        f = Fields(doc, where)
+        tcp = cls(f.int("max_pending", 1, 1 << 30))
+        tcp.next_seq = f.int("next_seq", 0, SEQ_MOD - 1, optional=True)
+        for i, item in enumerate(f.list("pending", 1 << 16)):
+            entry = Fields({"seq": item[0], "data": item[1]} if type(item) is list and len(item) == 2 else None,
+                           f"{where}.pending[{i}]")
+            seq, data = entry.int("seq", 0, SEQ_MOD - 1), entry.bytes("data", tcp.max_pending)
+            if seq in tcp.pending or not data:
+                entry.fail("seq", "repeated, or with no data")
+            tcp.pending[seq] = data
+            tcp.pending_bytes += len(data)
+        if tcp.pending_bytes > tcp.max_pending or (tcp.pending and tcp.next_seq is None):
+            f.fail("pending", "more bytes than max_pending, or data pending before the stream started")
+        tcp.started_at_syn = f.bool("started_at_syn")
+        tcp.retransmitted_bytes = f.int("retransmitted_bytes")
+        tcp.fin_seq = f.int("fin_seq", 0, SEQ_MOD - 1, optional=True)
+        tcp.closed = f.bool("closed")
+        tcp.unseen_acks = f.int("unseen_acks", 0, ACKS_BEFORE_LOSS)
+        tcp.peer_acked = f.int("peer_acked", 0, SEQ_MOD - 1, optional=True)
+        tcp.isn = f.int("isn", 0, SEQ_MOD - 1, optional=True)
+        return tcp

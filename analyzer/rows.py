@@ -3,7 +3,8 @@
 The hot rows (acks and content methods, most of any capture) are tuples in a fixed layout,
 turned into columns with one `zip` and one `pa.array` per column; a dict per row cost more
 than decoding the frame. Rare methods stay dicts. Columns shared by every row of a connection
-(its id, addresses, source) are stored once and joined by index at conversion. So are the
+(its id, addresses, source) are stored once, under a key the connection keeps for its life, and
+joined by that key at conversion. So are the
 groups of columns a message shares with the messages before it: a content row holds its method
 fields (all but the delivery tag) and its properties as two tuples the decode memo hands out
 again and again, converted once per distinct tuple and spread over the rows by index. Runs of
@@ -31,7 +32,7 @@ def _directions() -> pa.Array:
     # pandas, which an ingest process answers first without pandas (pandas_probe).
     return pa.array(DIRECTION_NAMES)
 
-# Leading columns of every row; `conn` indexes the connection constants.
+# Leading columns of every row; `conn` is the connection's key in RowSink.connections.
 PREFIX = ("conn", "seq", "ts_ns", "direction", "channel", "method", "source_packet")
 CONNECTION_COLUMNS = ("connection_id", "agent_id", "source", "client_addr", "client_port", "server_addr", "server_port")
 ACK_FIELDS = ("delivery_tag", "multiple", "requeue")
@@ -54,11 +55,21 @@ LANE_ACK_METHODS = ("basic.ack", "basic.nack", "basic.reject")
 LANE_CONTENT_METHODS = ("basic.publish", "basic.deliver", "basic.get-ok", "basic.return")
 
 
+class UnplacedRow(RuntimeError):
+    """A row names a connection the sink no longer knows: a bug of ours, never the wire's. Writing
+    the row anyway would file it under the wrong connection (or crash on a bad index), so nothing
+    of the batch is converted."""
+
+
 class RowSink:
     """Collects one batch of frame rows; `take()` hands them over as an Arrow table and starts anew."""
 
     def __init__(self):
-        self.connections: list[tuple] = []   # constants per connection, by index
+        # Constants per connection, by a key that never changes while any row or pending content
+        # may hold it: rows wait for their content frames across takes, and a position in a list
+        # that is compacted would send them to another connection.
+        self.connections: dict[int, tuple] = {}
+        self._next_key = 0
         self.acks: list[tuple] = []
         self.contents: list[tuple] = []      # content rows as they come one by one, in CONTENT_LAYOUT
         self.others: list[dict] = []
@@ -74,8 +85,14 @@ class RowSink:
         self.lane = None  # the native lane's engine (native.py), which keeps its rows as columns
 
     def add_connection(self, constants: tuple) -> int:
-        self.connections.append(constants)
-        return len(self.connections) - 1
+        key = self._next_key
+        self._next_key += 1
+        self.connections[key] = constants
+        return key
+
+    def forget_connection(self, key: int) -> None:
+        """The connection will make no more rows (its flow is forgotten): its constants go."""
+        self.connections.pop(key, None)
 
     def __len__(self) -> int:
         lane_rows = self.lane.rows() if self.lane is not None else 0
@@ -128,11 +145,15 @@ class RowSink:
 
     def _finish(self, partial: pa.Table) -> pa.Table:
         """Join connection constants, name directions, derive ts/date, and order columns as the schema says."""
-        conn = partial["conn"]
-        constants = list(zip(*self.connections))
+        keys = pa.array(list(self.connections), type=pa.int32())
+        at = pc.index_in(partial["conn"], value_set=keys)
+        if at.null_count:
+            unknown = sorted(set(pc.filter(partial["conn"], pc.is_null(at)).to_pylist()))
+            raise UnplacedRow(f"{at.null_count} frame row(s) name connection key(s) {unknown[:5]} the sink does not hold")
+        constants = list(zip(*self.connections.values()))
         by_name = {name: partial[name] for name in partial.column_names}
         for name, values in zip(CONNECTION_COLUMNS, constants):
-            by_name[name] = pa.array(values, type=FRAMES.field(name).type).take(conn)
+            by_name[name] = pa.array(values, type=FRAMES.field(name).type).take(at)
         by_name["direction"] = _directions().take(partial["direction"])
         ts = _ns_to_timestamp(partial["ts_ns"])
         by_name["ts"] = ts

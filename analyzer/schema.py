@@ -58,6 +58,16 @@ CONNECTIONS = pa.schema([
     ("frames_to_broker", _i64), ("frames_to_client", _i64), ("bytes_to_broker", _i64),
     ("bytes_to_client", _i64), ("heartbeats", _i64), ("gaps", _i64), ("gap_bytes", _i64),
     ("retransmitted_bytes", _i64), ("framing_errors", _i64),
+    # TLS (amqps): null for plaintext. Not decrypted: protocol "tls", no frames, and tls_note says why.
+    ("tls_version", _str), ("tls_cipher_suite", _str), ("tls_sni", _str), ("tls_decrypted", _bool),
+    ("tls_note", _str),
+])
+
+# A capture's open flows between two ingests (flow_lake.py): per capture source, one row per flow
+# holding its decoder state (flow_state.py) as JSON, and the source's own row (connection_id "").
+FLOW_STATE = pa.schema([
+    ("date", _str), ("source", _str), ("connection_id", _str), ("format_version", _i32), ("state", _str),
+    ("last_ts_ns", _i64),
 ])
 
 # Connections: timestamp columns derived from nanosecond ones, and where the date partition comes from.

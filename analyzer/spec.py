@@ -91,3 +91,10 @@ def method_id(class_id: int, method: int) -> int:
 
 METHOD_NAMES = {method_id(c, m): name for (c, m), name in METHODS.items()}
 METHOD_IDS = {name: mid for mid, name in METHOD_NAMES.items()}
+
+# Saved flows continue when the next file's first packet comes at most this long after the last
+# one ingested (ingest.py, pieces.py). What a ring's rotation needs is the longest silence of a
+# capture that holds a live connection: RabbitMQ's default heartbeat timeout is 60 s (a heartbeat
+# frame every 30 s each way), so two of them cover any capture of a live connection; a capture
+# silent longer has lost its connections anyway. docs/ingest.md.
+DEFAULT_CONTINUE_WITHIN_S = 120.0

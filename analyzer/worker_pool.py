@@ -18,8 +18,8 @@ def worker_pool(workers: int):
 
 
 def _ready_to_ingest() -> None:
-    # A worker only ingests: it starts without pandas (pandas_probe), and imports the decoder now,
-    # not when the first file arrives.
+    # A worker only ingests: it starts without pandas (pandas_probe), and imports the decoder and
+    # the lake's writer now, not when the first file arrives (what ingest.py itself adds is small).
     from .pandas_probe import answer_pandas_probe_without_pandas
     answer_pandas_probe_without_pandas()
-    from . import ingest  # noqa: F401
+    from . import capture_file, fingerprint, flows, lake, native, packets, rows  # noqa: F401

@@ -8,7 +8,10 @@ dumpcap's file decoded by tshark (method frames, by method, for that rate's conn
 agent's CPU in cores over the step, and its RSS. Then the state-scale check: 10,000 connections
 and 100,000 outstanding deliveries through the agent's decoder and live state, peak RSS.
 
-    .venv/bin/python bench/capture.py [--rates 250,500,1000,2000,4000,8000] [--seconds 5]
+    .venv/bin/python bench/capture.py [--rates 250,500,1000,2000,4000,8000] [--seconds 5] [--tls]
+
+`--tls`: the same over amqps (the broker's TLS listener on 5671, TLS 1.3), the clients writing a
+key log that the agent follows (`--tls-keylog`) and tshark decrypts with.
 """
 
 from __future__ import annotations
@@ -29,15 +32,30 @@ from collections import Counter
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-HOST, PORT = "127.0.0.1", 5672
+HOST = "127.0.0.1"
+# --tls (main sets it for the traffic's child processes too): the key log the clients write.
+TLS_KEYLOG = os.environ.get("ACKSCOPE_BENCH_TLS_KEYLOG")
+PORT = 5671 if TLS_KEYLOG else 5672
 TICKS_PER_SECOND = 50
+
+
+async def connect(name: str):
+    import aio_pika
+    if not TLS_KEYLOG:
+        return await aio_pika.connect(host=HOST, port=PORT, client_properties={"connection_name": name})
+    import ssl
+    context = ssl.create_default_context(cafile="/var/lib/ackscope-test-tls/ca.pem")
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.keylog_filename = TLS_KEYLOG
+    return await aio_pika.connect(host=HOST, port=PORT, ssl=True, ssl_context=context,
+                                  client_properties={"connection_name": name})
 
 
 # -- the traffic (run as child processes: `capture.py publish|consume ...`) ------------------------
 
 async def publish(name: str, queue: str, rate: int, seconds: float) -> None:
     import aio_pika
-    connection = await aio_pika.connect(host=HOST, port=PORT, client_properties={"connection_name": name})
+    connection = await connect(name)
     channel = await connection.channel(publisher_confirms=True)
     await channel.declare_queue(queue, auto_delete=False, arguments={"x-expires": 120_000})
     body = b"x" * 64
@@ -56,8 +74,7 @@ async def publish(name: str, queue: str, rate: int, seconds: float) -> None:
 
 
 async def consume(name: str, queue: str, seconds: float) -> None:
-    import aio_pika
-    connection = await aio_pika.connect(host=HOST, port=PORT, client_properties={"connection_name": name})
+    connection = await connect(name)
     channel = await connection.channel()
     await channel.set_qos(prefetch_count=500)
     declared = await channel.declare_queue(queue, auto_delete=False, arguments={"x-expires": 120_000})
@@ -99,7 +116,8 @@ def scrape(port: int, name: str) -> float:
 def tshark_frames_by_port(capture: str) -> dict[int, Counter]:
     """tshark's AMQP frames by method per client port (content header/body and heartbeats too)."""
     from analyzer.spec import METHODS
-    out = subprocess.run(["tshark", "-r", capture, "-Y", "amqp", "-T", "fields", "-e", "tcp.srcport", "-e", "tcp.dstport",
+    keys = ["-o", f"tls.keylog_file:{TLS_KEYLOG}"] if TLS_KEYLOG else []
+    out = subprocess.run(["tshark", *keys, "-r", capture, "-Y", "amqp", "-T", "fields", "-e", "tcp.srcport", "-e", "tcp.dstport",
                           "-e", "amqp.type", "-e", "amqp.method.class", "-e", "amqp.method.method",
                           "-E", "occurrence=a", "-E", "aggregator=,"], capture_output=True, text=True).stdout
     names = {"2": "content.header", "3": "content.body", "8": "heartbeat"}
@@ -137,7 +155,8 @@ def run_rates(rates: list[int], seconds: float, out: str) -> list[dict]:
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     agent = subprocess.Popen([sys.executable, "-m", "analyzer.cli", "capture", "--iface", "lo", "--port", str(PORT),
                               "--lake", lake_dir, "--metrics-addr", f"127.0.0.1:{metrics_port}", "--agent-id", "bench",
-                              "--flush-interval", "5", "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              "--flush-interval", "5", "--json", *(["--tls-keylog", TLS_KEYLOG] if TLS_KEYLOG else [])],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                              text=True, cwd=ROOT)
     for _ in range(600):
         try:
@@ -203,12 +222,12 @@ def state_scale(connections: int, deliveries_each: int) -> dict:
     from analyzer.agent.decoder import LiveDecoder
     from analyzer.agent.live_state import LiveState
     from analyzer.agent.run import release_freed_memory
-    from analyzer.labels import ApplicationCap
+    from analyzer.labels import SeriesCaps
     from analyzer.packets import LINKTYPE_ETHERNET
     from tests.wire import Conversation, content, handshake, method
 
     decoder = LiveDecoder(source="bench", agent_id="bench", broker_ports=(PORT,), linktype=LINKTYPE_ETHERNET)
-    state = LiveState(ApplicationCap())
+    state = LiveState(SeriesCaps())
     opening = handshake(name="bench-scale") + [
         (0, method(commands.Basic.Qos(prefetch_count=0))), (1, method(commands.Basic.QosOk())),
         (0, method(commands.Basic.Consume(queue="q", consumer_tag="c"))), (1, method(commands.Basic.ConsumeOk("c")))]
@@ -255,10 +274,16 @@ def main() -> None:
     parser.add_argument("--scale-deliveries", type=int, default=10, help="outstanding deliveries per connection")
     parser.add_argument("--skip-scale", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--tls", action="store_true", help="amqps on 5671, decrypted with the clients' key log")
     args = parser.parse_args()
     if shutil.which("dumpcap") is None or shutil.which("tshark") is None:
         sys.exit("dumpcap and tshark are needed: deploy/ci/services.sh installs them")
     with tempfile.TemporaryDirectory(prefix="ackscope-bench-capture-") as out:
+        if args.tls:
+            global TLS_KEYLOG, PORT
+            TLS_KEYLOG = os.environ["ACKSCOPE_BENCH_TLS_KEYLOG"] = os.path.join(out, "keys.log")
+            os.close(os.open(TLS_KEYLOG, os.O_CREAT | os.O_WRONLY, 0o600))  # the agent wants it private
+            PORT = 5671
         steps, report = run_rates([int(r) for r in args.rates.split(",")], args.seconds, out)
     print(f"{'rate':>6} {'pub/s':>6} {'ack/s':>6} {'pkt/s':>7} {'frames/s':>8} {'drops':>5} {'agent frames':>12} {'tshark':>7} "
           f"{'methods=':>8} {'cores':>6} {'RSS MiB':>8}")

@@ -45,7 +45,7 @@ from analyzer.timeline.records import DEFAULT_OVERDUE_NS  # noqa: E402
 from analyzer.connection_analysis import ANALYSIS_COLUMNS  # noqa: E402
 from spark_jobs.carried_in_driver import carried_layout  # noqa: E402
 from spark_jobs.connection_pass import HEADER, HEADER_SEQ, STATE_TABLE, Settings  # noqa: E402
-from spark_jobs.thresholds import Thresholds  # noqa: E402
+from analyzer.detectors.thresholds import Thresholds  # noqa: E402
 from spark_jobs.timeline.carried import _CarriedPartition  # noqa: E402
 from spark_jobs.timeline.wide import RECORD  # noqa: E402
 

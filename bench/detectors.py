@@ -29,7 +29,7 @@ from analyzer.detectors.state import to_state  # noqa: E402
 from analyzer.timeline import Timelines  # noqa: E402
 from analyzer.timeline.metrics_stream import item_horizons  # noqa: E402
 from bench.frames_generator import Params, generate  # noqa: E402
-from spark_jobs.thresholds import Thresholds  # noqa: E402
+from analyzer.detectors.thresholds import Thresholds  # noqa: E402
 
 BATCH = 50_000
 

@@ -927,6 +927,15 @@ def frames_table(params: Params) -> tuple[pa.Table, dict]:
     raise AssertionError("unreachable")
 
 
+def lake_tables(params: Params) -> tuple[pa.Table, pa.Table]:
+    """Everything in memory (small scales: tests): the frames and connections tables."""
+    frames, connection_rows = [], []
+    for item in generate(params):
+        if not isinstance(item, dict):
+            frames.extend(item[0].tables())
+            connection_rows.append(item[1])
+    return pa.concat_tables(frames), connections_table(connection_rows)
+
 
 def as_appended(frames: pa.Table, quantiles: list[float]) -> list[pa.Table]:
     """`frames` cut by time at these quantiles of `ts_ns` into the pieces an agent would append, in

@@ -105,7 +105,7 @@ class OneDriver:
         from analyzer.timeline.records import DEFAULT_OVERDUE_NS
         from spark_jobs.analyze import analyze, analyze_without_spark, planned_run
         from spark_jobs.schedule import release_run
-        from spark_jobs.thresholds import Thresholds
+        from analyzer.detectors.thresholds import Thresholds
 
         started = time.monotonic()
         plan = planned_run(lake_dir, None, None, full, 10, DEFAULT_OVERDUE_NS, Thresholds())

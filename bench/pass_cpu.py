@@ -35,7 +35,7 @@ import frames_generator as generator  # noqa: E402
 
 from spark_jobs.connection_pass import (ADVANCE_EVERY_ROWS, ANALYSIS_COLUMNS, FLUSH_RECORDS, HEADER, HEADER_SEQ,  # noqa: E402
                                         STATE_TABLE, WIDE, Settings, _Partition)
-from spark_jobs.thresholds import Thresholds  # noqa: E402
+from analyzer.detectors.thresholds import Thresholds  # noqa: E402
 from spark_jobs.timeline.wide import RECORD, ROLE  # noqa: E402
 from analyzer import schema  # noqa: E402
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS  # noqa: E402

@@ -2,7 +2,7 @@
 
 Validated here, documented here, nowhere else: `python -m dashboards.rules --set name=value` writes
 rules with other values, and the end-to-end test writes lab-scale ones (its captures last seconds).
-The findings the analysis pushes are verdicts already (spark_jobs/thresholds.py decided them), so
+The findings the analysis pushes are verdicts already (analyzer/detectors/thresholds.py decided them), so
 their alerts compare with 0; these numbers are for the agent's live gauges and counters, and for
 the health of ackscope itself. Durations are whole seconds.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from spark_jobs.thresholds import Thresholds
+from analyzer.detectors.thresholds import Thresholds
 
 
 @dataclass(frozen=True)

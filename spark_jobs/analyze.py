@@ -2,13 +2,13 @@
 channel_metrics and findings out, as Delta tables of the same lake.
 
 The I/O shell around one pass of the reference state machine (connection_pass.py: the timeline
-tables, channel_metrics, the findings about one connection and checkpoints) and the Spark
-aggregation of the findings across connections after it (detectors/). Runs the same from
-`ackscope analyze` and from `spark-submit spark_jobs/analyze.py --lake ...` on a cluster.
+tables, channel_metrics, the findings about one connection and checkpoints) and the findings step
+after it (findings.py: the findings across connections, evidence packets, the commit). Runs the same from
+`ackscope analyze` and from `spark-submit spark_jobs/job.py --lake ...` on a cluster.
 
 A run analyses the connections with frames it has not seen (run_scope.py says which and why) and
 replaces their rows in the per-connection tables, each table in one commit; then it computes again
-the findings those rows can change (detectors/scoped.py), or all of them on a full run. The run is
+the findings those rows can change (findings.py), or all of them on a full run. The run is
 logged in `analysis_runs` last: a run cut short is simply done again by the next one.
 
 A scheduled run with nothing new, or with an append small enough for the driver to carry its
@@ -19,15 +19,14 @@ connections on itself (carried_in_driver.py), is made without starting Spark
 from __future__ import annotations
 
 import os
-import sys
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
-from functools import partial, reduce
-from dataclasses import dataclass, field
+from functools import reduce
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TextIO
 
@@ -37,37 +36,32 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analyzer import schema
-from analyzer.lake import TableWriter, logged_rows, open_table, read_table
+from analyzer.lake import TableWriter, open_table, read_table
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
 from analyzer.connection_analysis import Settings
-from analyzer.detectors import MAX_EVIDENCE
 
-# Absolute imports: spark-submit runs this file as a script, outside its package.
 from spark_jobs import carried_in_driver
 from spark_jobs.carried_in_driver import DriverCarried, carry_on_in_driver
-from spark_jobs.delta_io import (Listed, Match, Replacement, Rewrite, connections_match, read_delta, read_files,
-                                 replace_all, replace_matching, rewrite_all, rewrite_all_in_driver, write_delta)
-from spark_jobs.evidence_packets import PACKETS, KnownPackets, finished_findings, finished_together, measured_findings
+from spark_jobs.delta_io import (Listed, Match, Replacement, Rewrite, connections_match, read_delta, replace_all,
+                                 rewrite_all, rewrite_all_in_driver)
+from spark_jobs.findings import refresh_findings
 from spark_jobs.incremental import CarriedPass, carry_on_connections
 from spark_jobs.compaction import compact, small_final_files
-from spark_jobs.detectors import detect, raw_findings
-from spark_jobs.detectors.in_driver import findings_in_driver, full_run_findings_in_driver
-from spark_jobs.detectors.scoped import ACROSS_CONNECTIONS, message_kinds_deliveries, rescoped_findings
 from spark_jobs.metrics_redo import pass_channel_metrics, with_metrics_redone
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
-from spark_jobs.requeue_related import REQUEUE_RELATED
-from spark_jobs.run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, RunScope, finished_runs, plan_run, thresholds_json
+from spark_jobs.run_scope import DAYS, FULL, NEW_DATA, RunScope, plan_run, set_aside_damaged, thresholds_json
 from spark_jobs.session import (commit_tag, commits_tagged, delta_mode as resolve_delta_mode, expressions_for,
                                 tag_session, use_lake)
 from spark_jobs.steps import Steps
 from spark_jobs.table_files import commit, distinct_strings, rows_in
 from spark_jobs.stored_findings import stored_raw_findings
-from spark_jobs.thresholds import Thresholds
+from analyzer.detectors.thresholds import Thresholds
+from analyzer.published import RUNS_TABLE, finished_runs
 from spark_jobs.types import spark_schema
-from spark_jobs.connection_pass import STATE_TABLE, PassSummary, connection_pass, pass_rows, summarised_pass
-from spark_jobs.timeline.plans import (IN_LIST_CONNECTIONS, first_day, first_seen, joined_by_shuffle, of_connections,
-                                      sized_shuffles)
+from spark_jobs.connection_pass import (RAW_FINDINGS, STATE_TABLE, PassSummary, connection_pass, pass_rows,
+                                        summarised_pass)
+from spark_jobs.timeline.plans import IN_LIST_CONNECTIONS, first_day, first_seen, of_connections
 from spark_jobs.timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 from spark_jobs.wide_writes import FILE_FLAGS, write_wide
 
@@ -158,7 +152,22 @@ def analyze_without_spark(lake: str, plan: RunScope, planned_seconds: float, pro
     nothing; and a scheduled run whose new frames are few enough for the driver to carry their
     connections on itself (carried_in_driver.py, `_carried_by_driver`), which then starts Spark
     (`start_spark`; None: it is not taken) only if its findings need it. `plan`: planned_run's
-    with these options, `planned_seconds` what planning it took."""
+    with these options, `planned_seconds` what planning it took. A table the run reads found
+    damaged is set aside and RebuildWhole raised: its plan, a whole analysis, is `analyze`'s to make."""
+    try:
+        return _without_spark(lake, plan, planned_seconds, progress, thresholds, bucket_seconds, overdue_ns,
+                              delta_mode, start_spark)
+    except Exception as error:
+        whole = _whole_after_damage(lake, error, [], bucket_seconds, overdue_ns,
+                                    thresholds if thresholds is not None else Thresholds(), progress)
+        if whole is None:
+            raise
+        raise RebuildWhole(whole) from error
+
+
+def _without_spark(lake: str, plan: RunScope, planned_seconds: float, progress: TextIO | None,
+                   thresholds: Thresholds | None, bucket_seconds: int, overdue_ns: int, delta_mode: str,
+                   start_spark: Callable[[], SparkSession] | None) -> AnalysisReport | None:
     started = time.monotonic() - planned_seconds
     steps = Steps(None, progress)
     if not plan.nothing_new:
@@ -248,7 +257,7 @@ def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Setting
         merged = (beside.submit(_compacted, lake, COMPACTED_BESIDE_FINDINGS, commit_tag())
                   if delta_mode != "native" else None)
         with steps.step("findings"):
-            _driver_carried_findings(lake, plan, keys, carried, settings, steps, spark)
+            _driver_carried_findings(lake, plan, keys, carried, settings, spark)
             report.rows["findings"] = _count_findings(lake, report)
         if merged is not None:
             _compact_tables(lake, steps, report, merged)
@@ -259,24 +268,15 @@ def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Setting
 
 
 def _driver_carried_findings(lake: str, plan: RunScope, keys: list[str], carried: DriverCarried, settings: Settings,
-                             steps: Steps, spark: _SparkWhenNeeded) -> None:
-    """The findings after the driver carried `keys` on: by the driver (detectors/in_driver.py),
-    with Spark only for a scan of `frames` for evidence packets, or where they are too many for the
-    driver, by Spark's path from the carried pass's rows (`_refresh_findings`)."""
+                             spark: _SparkWhenNeeded) -> None:
+    """The findings step (findings.py) after the driver carried `keys` on, Spark started only if
+    the step needs it (a scan of `frames` for evidence packets; a large findings table)."""
     def frames_since(day: str | None) -> DataFrame:
         session = spark()
         return read_delta(session, lake, "frames", schema.FRAMES, spark.mode, since=day, version=plan.frames_version)
 
-    if findings_in_driver(lake, carried, keys, plan.new_files, settings.thresholds, frames_since):
-        return
-    session = spark()
-    connections = read_delta(session, lake, "connections", schema.CONNECTIONS, spark.mode)
-    run = _Run(session, lake, spark.mode, plan, keys, connections, settings.bucket_seconds, settings.overdue_ns,
-               settings.thresholds, steps)
-    changed = session.createDataFrame(carried.changed, spark_schema(carried.changed.schema))
-    raw = session.createDataFrame(carried.raw, spark_schema(carried.raw.schema))
-    analysed = _Analysed(None, keys, 0, changed, carried.requeue_changed_rows, raw, carried.raw_rows)
-    _refresh_findings(run, analysed, run.frames_since(None), settings.thresholds)
+    refresh_findings(lake, carried.raw, keys, [carried.changed] if carried.changed.num_rows else [],
+                     settings.thresholds, plan.new_files, frames_since, spark)
 
 
 def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str | None = None,
@@ -292,11 +292,50 @@ def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str
     next run. None: the run plans itself."""
     started, started_ts = time.monotonic(), datetime.now(timezone.utc)
     use_lake(spark, lake)  # a lake Spark cannot reach fails here, before any step
-    run_id = uuid.uuid4().hex
-    with commits_tagged(spark, run_id):  # every commit of the run names it (provisional.py)
-        return _run(spark, lake, run_id, started, started_ts, since, until, delta_mode,
-                    thresholds if thresholds is not None else Thresholds(), bucket_seconds, overdue_ns, full, progress,
-                    plan)
+    thresholds = thresholds if thresholds is not None else Thresholds()
+    set_aside: list[str] = []
+    while True:
+        run_id = uuid.uuid4().hex
+        try:
+            with commits_tagged(spark, run_id):  # every commit of the run names it (provisional.py)
+                return _run(spark, lake, run_id, started, started_ts, since, until, delta_mode, thresholds,
+                            bucket_seconds, overdue_ns, full, progress, plan)
+        except Exception as error:
+            plan = _whole_after_damage(lake, error, set_aside, bucket_seconds, overdue_ns, thresholds, progress)
+            if plan is None:
+                raise
+
+
+class RebuildWhole(Exception):
+    """A run without Spark found a table it reads damaged and set it aside (`_whole_after_damage`):
+    `plan`, a whole analysis, is to be made with Spark."""
+
+    def __init__(self, plan: RunScope):
+        super().__init__(plan.reason)
+        self.plan = plan
+
+
+def _whole_after_damage(lake: str, error: Exception, set_aside: list[str], bucket_seconds: int, overdue_ns: int,
+                        thresholds: Thresholds, progress: TextIO | None) -> RunScope | None:
+    """After a run failed: where it failed reading a data file of a table the analysis writes,
+    damaged inside its pages (which planning, reading footers only, let pass), that table set
+    aside (run_scope.set_aside_damaged) and the plan of a whole analysis to make instead, its
+    reason naming the table and file; None where the failure was another (raised again). A damaged
+    file of the analysis' input raises run_scope.DamagedInput naming it. `set_aside`: the reasons
+    of the tables set aside so far in this run; as many as the analysis writes tables, and the
+    next failure is raised (a disk that damages every file written is not written to forever)."""
+    written = [*OUTPUT_TABLES, STATE_TABLE, RUNS_TABLE]
+    if len(set_aside) >= len(written):
+        return None
+    note = set_aside_damaged(lake, error, written)
+    if note is None:
+        return None
+    set_aside.append(note)
+    if progress is not None:
+        print(f"ackscope analyze: {note}: the run is made again, as a whole analysis", file=progress, flush=True)
+    plan = planned_run(lake, None, None, True, bucket_seconds, overdue_ns, thresholds)
+    also = "" if plan.reason == "asked for (--full)" else f"; {plan.reason}"
+    return replace(plan, reason="; ".join(set_aside) + ": rebuilt by a whole analysis" + also)
 
 
 def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts: datetime, since: str | None,
@@ -338,29 +377,15 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
     return _finished(report, started, steps)
 
 
-@dataclass(frozen=True)
-class _OwnFindings:
-    """The pass's findings about one connection, before their evidence packets."""
-    raw: DataFrame                      # connection_pass.RAW_FINDINGS
-    rows: int
-    frames: DataFrame                   # the frames the pass read (their packets are among them)
-
-    def finished(self) -> DataFrame:
-        return finished_findings(self.raw, self.frames, self.rows)
-
-
 @dataclass
 class _Analysed:
     """What the per-connection step leaves for the findings step."""
-    own: _OwnFindings | None            # of the connections analysed whole (None: none was)
-    carried_keys: list[str]             # connections carried on from their checkpoints
+    own: DataFrame | None = None        # raw findings of the connections analysed whole (None: none was)
+    own_rows: int = 0
+    whole_keys: list[str] = field(default_factory=list)
     whole_deliveries: int = 0           # delivery rows written for the connections analysed whole
-    carried_changed: DataFrame | None = None    # the requeue_related delivery rows the carried connections
-    carried_changed_rows: int = 0               # wrote and replaced (CarriedPass.requeue_changed), so many
-    carried_findings: DataFrame | None = None     # their raw findings about one connection (RAW_FINDINGS)
-    carried_findings_rows: int = 0
-    summary: PassSummary | None = None  # a full run: what its pass holds
-    carried: CarriedPass | None = None  # the carried pass, when it carried every connection on
+    came_back: int = 0                  # a full run: deliveries the message kinds can start from
+    carried: CarriedPass | None = None  # the carried pass, where it carried connections on
 
 
 def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisReport) -> _Analysed:
@@ -369,10 +394,10 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     checkpoints read only their new frames; the rest are analysed whole, their findings too."""
     if run.keys is None:
         with run.steps.step("timelines"):
-            wide, own, summary = _analysed_whole(run, all_frames, None, report)
+            wide, summary = _analysed_whole(run, all_frames, None, report)
         with run.steps.step("write tables"):
             _write_whole_lake(run, wide, summary, report)
-        return _Analysed(own, [], summary=summary)
+        return _Analysed(pass_rows(wide, "raw_findings"), summary.rows["raw_findings"], came_back=summary.came_back)
     carried, ahead = None, {}
     if run.plan.scope == NEW_DATA:
         with run.steps.step("carry on from checkpoints"):
@@ -385,10 +410,10 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
         ahead = {}
     outputs = {name: [] for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
     written = {name: [] for name in outputs}     # the files the passes wrote
-    own, summary = None, None
+    summary = None
     if whole_keys:
         with run.steps.step("timelines"):
-            wide, own, summary = _analysed_whole(run, run.frames_of(whole_keys), whole_keys, report)
+            wide, summary = _analysed_whole(run, run.frames_of(whole_keys), whole_keys, report)
             for name, rows in _pass_tables(run, wide, summary).items():
                 outputs[name].append(rows)
         for name, files in summary.written.items():
@@ -396,17 +421,15 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     if carried is not None:
         for name, files in carried.written.items():
             written[name] += files
-    analysed_whole = [connections_match(run.spark, whole_keys)] if whole_keys else []
+    analysed_whole = [connections_match(whole_keys)] if whole_keys else []
     with run.steps.step("write tables"):
         _write_tables(run, outputs, written, analysed_whole, carried, ahead, report,
                       summary.rows if summary else {})
-    carried_keys = sorted(set(run.keys) - set(whole_keys)) if carried is not None else []
-    whole_deliveries = summary.rows["deliveries"] if summary else 0
-    if carried is None or not carried_keys:
-        return _Analysed(own, carried_keys, whole_deliveries)
-    return _Analysed(own, carried_keys, whole_deliveries, carried.requeue_changed, carried.requeue_changed_rows,
-                     carried_findings=carried.raw_findings, carried_findings_rows=carried.raw_rows,
-                     carried=carried if not whole_keys else None)
+    carried_keys = set(run.keys) - set(whole_keys) if carried is not None else set()
+    if summary is None:
+        return _Analysed(carried=carried if carried_keys else None)
+    return _Analysed(pass_rows(wide, "raw_findings"), summary.rows["raw_findings"], whole_keys,
+                     summary.rows["deliveries"], carried=carried if carried_keys else None)
 
 
 def _carried_with_rewrites(run: _Run) -> tuple[CarriedPass, dict[str, Rewrite]]:
@@ -442,9 +465,9 @@ def _replaced_ahead(spark: SparkSession | None, lake: str, keys: list[str]) -> d
         # No rows: the pass writes them all as files, committed with the rewrite (_write_tables).
         return Replacement(None, OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE), [match], provisional_only)
 
-    replacements = {name: replacing(name, connections_match(spark, keys, **{PROVISIONAL: (True,)}), True)
+    replacements = {name: replacing(name, connections_match(keys, **{PROVISIONAL: (True,)}), True)
                     for name in _provisional_only(lake)}
-    replacements[STATE_TABLE] = replacing(STATE_TABLE, connections_match(spark, keys))
+    replacements[STATE_TABLE] = replacing(STATE_TABLE, connections_match(keys))
     return replacements
 
 
@@ -488,7 +511,7 @@ def _report_carried(carried: CarriedPass, report: AnalysisReport) -> None:
 
 
 def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None,
-                    report: AnalysisReport) -> tuple[DataFrame, _OwnFindings, PassSummary]:
+                    report: AnalysisReport) -> tuple[DataFrame, PassSummary]:
     """The pass's wide table (materialised) of these connections (None: all) from all their
     frames, in one pass of the reference state machine (connection_pass.py): the per-connection
     tables (the timeline tables as files it wrote into the lake, uncommitted), checkpoints and
@@ -498,7 +521,7 @@ def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None,
                                                     write_to=run.lake))
     report.frames += summary.frames
     report.connections += summary.connections
-    return wide, _OwnFindings(pass_rows(wide, "raw_findings"), summary.rows["raw_findings"], frames), summary
+    return wide, summary
 
 
 def _pass_tables(run: _Run, wide: DataFrame, summary: PassSummary) -> dict[str, DataFrame]:
@@ -527,108 +550,34 @@ def _write_whole_lake(run: _Run, wide: DataFrame, summary: PassSummary, report: 
 
 
 def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFrame, thresholds: Thresholds) -> None:
-    """A scoped run computes again the findings its connections can change and replaces just those;
-    a full run (or new thresholds) computes them all and replaces the table. The findings about one
-    connection come from the pass for the connections it analysed whole, from the carried pass for
-    those carried on from their checkpoints, and from the stored rows (stored_findings.py) when the
-    thresholds changed; the cross-connection kinds from the deliveries gathered by message
-    (detectors/messages.py), from the delivery rows the run changed of what they read (detectors/scoped.py).
-    A run that carried every connection on does all that in the driver when it is small (detectors/in_driver.py)."""
-    # As written: read from their Parquet files, a run's tables cost a fraction of a scan of the
-    # pass's output, which holds every table's rows together.
-    def stored(names) -> dict[str, DataFrame]:
-        return {name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in names}
-
-    # The message kinds' inputs (detectors.INPUTS); the other timeline tables are read for new
-    # thresholds only (stored_findings.py): each read lists a table's files in the JVM.
-    if run.keys and not run.plan.findings_stale and analysed.carried is not None and findings_in_driver(
-            run.lake, analysed.carried, run.keys, run.plan.new_files, thresholds, run.frames_since):
+    """The findings step (findings.py), fed by Spark's executor: a scoped run hands it the raw
+    findings about one connection of the connections it analysed (the pass's for those analysed
+    whole, the carried pass's for those carried on) and the delivery rows it changed; a full run
+    the pass's raw findings of every connection; new thresholds those of every connection from
+    their stored rows (stored_findings.py)."""
+    if run.keys is not None and not run.plan.findings_stale:
+        own, changed = [], []
+        if analysed.own is not None:
+            own.append(analysed.own.toArrow() if analysed.own_rows else RAW_FINDINGS.empty_table())
+            if analysed.whole_deliveries:
+                deliveries = read_delta(run.spark, run.lake, "deliveries", OUTPUT_TABLES["deliveries"], run.mode)
+                changed.append(of_connections(deliveries, analysed.whole_keys))
+        if analysed.carried is not None:
+            raw, carried_changed = analysed.carried.in_driver(run.lake)
+            own.append(raw)
+            if carried_changed.num_rows:
+                changed.append(carried_changed)
+        refresh_findings(run.lake, pa.concat_tables(own) if own else RAW_FINDINGS.empty_table(), run.keys, changed,
+                         thresholds, run.plan.new_files, run.frames_since, lambda: run.spark)
         return
-    inputs = {**stored(["deliveries"]), "frames": all_frames, "connections": run.connections}
-    requeue_related = partial(_stored_requeue_related, run)
-    if run.keys and not run.plan.findings_stale:
-        whole_keys = sorted(set(run.keys) - set(analysed.carried_keys))
-        changed = [of_connections(inputs["deliveries"], whole_keys)] if whole_keys else []
-        if analysed.carried_changed is not None:
-            changed.append(analysed.carried_changed)
-        changed = reduce(DataFrame.unionByName, changed) if changed else inputs["deliveries"].limit(0)
-        rescoped = rescoped_findings(inputs, requeue_related, run.keys, changed, thresholds,
-                                     analysed.whole_deliveries + analysed.carried_changed_rows)
-        # What is shuffled from here on: the candidates' findings, the raw ones, their packets, and
-        # every connection's row (the facts each finding takes of its connection).
-        own_rows = analysed.own.rows if analysed.own is not None else 0
-        shuffled = (rescoped.candidates + (analysed.carried_findings_rows + own_rows) * MAX_EVIDENCE
-                    + _connection_rows(run))
-        with joined_by_shuffle(run.spark), sized_shuffles(run.spark, shuffled):
-            # The carried connections' findings and the message kinds' take their packets from what
-            # the lake knows, `frames` scanned only for the rest (evidence_packets.py).
-            findings = finished_together(analysed.carried_findings, analysed.carried_findings_rows,
-                                         partial(run.first_day, analysed.carried_keys), rescoped.across,
-                                         run.frames_since, run.spark, _known_packets(run))
-            if analysed.own is not None:
-                findings = analysed.own.finished().unionByName(findings)
-            replace_matching(findings, run.lake, "findings", schema.FINDINGS, rescoped.replaces)
+    if analysed is not None and run.keys is None:
+        own = analysed.own.toArrow() if analysed.own_rows else RAW_FINDINGS.empty_table()
+        changed = None if analysed.came_back else []
     else:
-        if analysed is not None and run.keys is None:
-            _full_run_findings(run, analysed, inputs, requeue_related, thresholds)
-            return
-        inputs.update(stored([name for name in TIMELINE_TABLES if name not in inputs]))
-        findings = _own_findings_from_stored(run, inputs, thresholds).unionByName(detect(
-            {**inputs, "deliveries": message_kinds_deliveries(requeue_related())}, thresholds,
-            kinds=ACROSS_CONNECTIONS))
-        write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=run.mode)
-
-
-def _known_packets(run: _Run) -> KnownPackets:
-    """The packets a scoped run's findings can take without a scan of `frames` (evidence_packets.py):
-    from the findings stored before it, and its new frames."""
-    new_frames = read_files(run.spark, run.lake, "frames", run.plan.new_files, PACKETS) if run.plan.new_files else None
-    return KnownPackets(read_delta(run.spark, run.lake, "findings", schema.FINDINGS, run.mode), new_frames)
-
-
-def _stored_requeue_related(run: _Run) -> DataFrame:
-    """All the message kinds read of the stored deliveries (requeue_related.py), from only the files
-    that can hold it; read where they have something to find (a run may have nothing for them)."""
-    return read_delta(run.spark, run.lake, "deliveries", OUTPUT_TABLES["deliveries"], run.mode,
-                      files_where=REQUEUE_RELATED)
-
-
-def _connection_rows(run: _Run) -> int:
-    """The connections table's rows, as its log counts them; where a file has no count, at most
-    one a frame."""
-    table = open_table(run.lake, "connections")
-    rows = logged_rows(table) if table is not None else 0
-    return rows if rows is not None else run.plan.frames_rows or 0
-
-
-def _full_run_findings(run: _Run, analysed: _Analysed, inputs: dict[str, DataFrame],
-                       requeue_related: Callable[[], DataFrame], thresholds: Thresholds) -> None:
-    """A full run's findings table: the pass's findings about one connection and the message kinds',
-    their evidence packets looked up in one scan of `frames`; by the driver when they are few
-    (detectors/in_driver.py: two Spark jobs instead of five), else by Spark. The pass counted what
-    the message kinds can start from: without a delivery that came back they find nothing.
-    `requeue_related`: the stored deliveries the kinds can read (requeue_related.py)."""
-    summary = analysed.summary
-    if full_run_findings_in_driver(run.lake, analysed.own.raw, analysed.own.rows, summary.came_back, thresholds,
-                                   run.frames_since, commit_tag()):
-        return
-    with joined_by_shuffle(run.spark):
-        if summary.came_back:
-            deliveries = message_kinds_deliveries(requeue_related())
-            across = measured_findings(raw_findings({**inputs, "deliveries": deliveries}, thresholds,
-                                                    ACROSS_CONNECTIONS))
-            findings = finished_together(analysed.own.raw, analysed.own.rows, lambda: None, across, run.frames_since,
-                                         run.spark)
-        else:
-            findings = analysed.own.finished()
-        write_delta(findings, run.lake, "findings", schema.FINDINGS, mode="overwrite", delta_mode=run.mode)
-
-
-def _own_findings_from_stored(run: _Run, inputs: dict[str, DataFrame], thresholds: Thresholds) -> DataFrame:
-    """The findings about one connection of every connection, from their stored rows (new thresholds)."""
-    raw = stored_raw_findings({name: inputs[name] for name in TIMELINE_TABLES}, inputs["frames"], run.connections,
-                              thresholds)
-    return finished_findings(raw, inputs["frames"])
+        stored = {name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in TIMELINE_TABLES}
+        own = stored_raw_findings(stored, all_frames, run.connections, thresholds).toArrow()
+        changed = None
+    refresh_findings(run.lake, own, None, changed, thresholds, (), run.frames_since, lambda: run.spark)
 
 
 def _compacted(lake: str, names: list[str], tag: str | None) -> dict[str, int]:
@@ -718,12 +667,3 @@ def render_report(report: AnalysisReport) -> str:
         lines.append("  findings: none")
     return "\n".join(lines)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """spark-submit entry point: the same options as `ackscope analyze`."""
-    from analyzer.cli import main as cli_main
-    return cli_main(["analyze", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

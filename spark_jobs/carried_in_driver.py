@@ -35,7 +35,7 @@ from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
 from analyzer.lake import filesystem, read_table
 
 from .connection_pass import FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, STATE_TABLE
-from .detectors.in_driver import connections_in_driver
+from .findings import facts_in_lake
 from .incremental import changed_in_driver
 from .table_files import relative_in_table, rows_in, spark_location
 from .timeline.carried import STALE, STATE_COLUMNS, STORED, WIDE, WRITTEN_TABLES, _CarriedPartition
@@ -73,18 +73,6 @@ class DriverCarried:
         """Rows written per table (analysis_state's aside: a run reports the others)."""
         return {name: rows_in(self.written.get(name, [])) for name in WRITTEN_TABLES if name != STATE_TABLE}
 
-    # What detectors/in_driver.findings_in_driver reads of a carried pass, as of Spark's.
-    @property
-    def raw_rows(self) -> int:
-        return self.raw.num_rows
-
-    @property
-    def requeue_changed_rows(self) -> int:
-        return self.changed.num_rows
-
-    def in_driver(self, lake: str) -> tuple[pa.Table, pa.Table]:
-        return self.raw, self.changed
-
     def discard(self, lake: str) -> None:
         """The files the pass wrote deleted (no log names them)."""
         for name, adds in self.written.items():
@@ -101,7 +89,7 @@ def carry_on_in_driver(lake: str, new_files: tuple[str, ...], keys: list[str], s
     stored = read_table(lake, STATE_TABLE, schema.ANALYSIS_STATE, columns=["connection_id", *STATE_COLUMNS],
                         where=pc.field("connection_id").isin(keys))
     states = {row["connection_id"]: row for row in stored.to_pylist()} if stored is not None else {}
-    headers = {key: json.dumps(row) for key, row in connections_in_driver(lake, set(keys)).items()}
+    headers = {key: json.dumps(row) for key, row in facts_in_lake(lake)(set(keys)).items()}
     rows = carried_layout(frames, states, headers)
     del frames
     partition = _CarriedPartition(settings, frames_version, FLUSH_RECORDS, lake, FILE_ROWS)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from itertools import groupby
 
 import pyarrow as pa
 from deltalake.transaction import AddAction
@@ -49,13 +50,18 @@ from .wide_writes import FILE_ROWS, FILES, FilesWriter, add_actions
 # A header row sorts before every frame of its connection (frame seqs count from 1).
 HEADER_SEQ = -1
 HEADER = "connection"        # the header row's column: its schema.CONNECTIONS row as JSON
+# The connections row's columns a connection's facts take, in the order the first row seen is picked by.
+CONNECTION_FIELDS = ("first_ts_ns", "agent_id", "connection_name", "client_addr", "client_port", "server_addr",
+                     "server_port", "source")
+CONNECTION_COLUMNS = ["connection_id", *CONNECTION_FIELDS, "last_ts_ns"]
+CONNECTION_FACTS = pa.schema([("connection_id", pa.string()), (HEADER, pa.string())])
 TALLY = pa.schema([("connection_id", pa.string()), ("frames", pa.int64()), ("metrics_redo", pa.string())])
 # A finding of one connection before its evidence packets are known: the RawFinding and the
 # connection row (JSON, for findings.finish_raw), and the frame seqs its evidence names.
 RAW_FINDINGS = pa.schema([("connection_id", pa.string()), ("connection", pa.string()), ("finding", pa.string()),
                           ("seqs", pa.list_(pa.int64()))])
 # Of the deliveries out of one flush: how many the cross-connection kinds can start from
-# (detectors/messages.py).
+# (cross_connection_findings.py).
 COUNTS = pa.schema([("came_back", pa.int64())])
 STATE_TABLE = "analysis_state"
 PASS_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "raw_findings": RAW_FINDINGS,
@@ -99,14 +105,41 @@ def headers(connections: DataFrame) -> DataFrame:
 
 
 def connection_rows(connections: DataFrame) -> DataFrame:
-    """(connection_id, connection): one schema.CONNECTIONS row per connection as JSON, what the
-    detectors' `finish` reads of it: the row first seen (should two agents have seen it), with the
-    last time any of them saw it."""
-    first = connections.groupBy("connection_id").agg(
-        F.min(F.struct("first_ts_ns", "agent_id", "connection_name", "client_addr", "client_port", "server_addr",
-                       "server_port", "source")).alias("c"),
-        F.max("last_ts_ns").alias("last_ts_ns"))
-    return first.select("connection_id", F.to_json(F.struct("connection_id", "c.*", "last_ts_ns")).alias("connection"))
+    """(connection_id, connection): each connection's `connection_facts` as JSON, what the
+    detectors' `finish` reads of it: the one function over the connections table in one task (a
+    row per connection and agent: small next to the frames)."""
+    rows = connections.select(*CONNECTION_COLUMNS)
+    return rows.coalesce(1).mapInArrow(_facts_as_json, spark_schema(CONNECTION_FACTS))
+
+
+def _facts_as_json(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    batches = list(batches)
+    if batches:
+        facts = connection_facts(pa.Table.from_batches(batches))
+        yield pa.RecordBatch.from_pylist([{"connection_id": connection_id, HEADER: json.dumps(row)}
+                                          for connection_id, row in facts.items()], schema=CONNECTION_FACTS)
+
+
+def connection_facts(rows: pa.Table | None) -> dict[str, dict]:
+    """What a finding takes of its connection, per connection of these schema.CONNECTIONS rows (at
+    least CONNECTION_COLUMNS), as the dict its JSON reads back as (nulls left out): the row first
+    seen (CONNECTION_FIELDS' order, nulls first), should two agents have seen it, with the last
+    time any of them saw it."""
+    out = {}
+    for connection_id, group in groupby(sorted(rows.select(CONNECTION_COLUMNS).to_pylist() if rows is not None else [],
+                                               key=nulls_first(("connection_id", *CONNECTION_FIELDS))),
+                                        key=lambda row: row["connection_id"]):
+        group = list(group)
+        last = [row["last_ts_ns"] for row in group if row["last_ts_ns"] is not None]
+        first = {"connection_id": connection_id, **{c: group[0][c] for c in CONNECTION_FIELDS},
+                 "last_ts_ns": max(last) if last else None}
+        out[connection_id] = {k: v for k, v in first.items() if v is not None}
+    return out
+
+
+def nulls_first(columns: tuple[str, ...]):
+    """A sort key on these columns as Spark sorts them ascending: nulls first."""
+    return lambda d: tuple((d[c] is not None, d[c]) for c in columns)
 
 
 def pass_rows(wide: DataFrame, name: str) -> DataFrame:
@@ -120,7 +153,7 @@ class PassSummary:
     frames: int                    # frame rows read
     connections: int
     metrics_redo: list[str]        # connections whose channel_metrics must be computed from all their records
-    came_back: int                 # deliveries the cross-connection kinds can start from (detectors/messages.py)
+    came_back: int                 # deliveries the cross-connection kinds can start from (cross_connection_findings.py)
     written: dict[str, list[AddAction]]   # the files the pass wrote (`write_to`), per table
 
 
@@ -226,7 +259,7 @@ class _Partition(ConnectionsPartition):
         super().__init__(flush_records, write_to)
         self.settings, self.frames_version, self.advance_every = settings, frames_version, advance_every
         # Emptied by each flush, never replaced: a connection's machine keeps appending to them.
-        # Each counts the deliveries the cross-connection kinds can start from (detectors/messages.py).
+        # Each counts the deliveries the cross-connection kinds can start from (cross_connection_findings.py).
         self.records = RecordTables(Delivery, came_back)
         self.open_records = RecordTables(Delivery, came_back)   # the checkpoints' provisional records (provisional.py)
         self.metrics: list[dict] = []

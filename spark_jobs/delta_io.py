@@ -14,13 +14,12 @@ import time
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from functools import reduce
-from math import prod
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -32,16 +31,10 @@ from .provisional import PROVISIONAL, files_with_provisional_rows
 from .table_files import (OPEN_COST_BYTES, TRANSACTION_VERSION, commit, commit_properties, delete_staging,
                           files_that_may_hold, files_to_read, new_staging_folder, place_written_files,
                           relative_in_table, snapshot_files, spark_location)
-from .timeline.plans import IN_LIST_CONNECTIONS, lookup, materialised
 from .types import spark_schema
 from .wide_writes import FILE_FLAGS, write_tables
 
 SAVE_MODES = ("append", "overwrite")
-# A replace that searches files of at most this many bytes (the findings table; a carried run's
-# provisional files) joins them with its keys by shuffling both, stages of the jobs that read them;
-# larger ones get the keys broadcast (a Spark job of its own for each query that runs it), so that
-# the table is never shuffled.
-SHUFFLED_SEARCH_BYTES = 16 << 20
 # A replace whose searched files hold no more bytes than opening one file costs Spark
 # (table_files.OPEN_COST_BYTES: the findings table, a carried run's provisional files, a small
 # lake's tables) rewrites them all: finding which of them hold a replaced row would cost a Spark
@@ -121,38 +114,75 @@ def read_files(spark: SparkSession, lake: str, name: str, files: tuple[str, ...]
 
 @dataclass(frozen=True)
 class Match:
-    """Rows equal to one of `keys` on the columns `on`; with `at_least` (column, key column), only
-    those whose column is at least that key row's key column."""
-    keys: DataFrame
+    """Rows equal to one of `keys` on the columns `on` (a null matches none); with `at_least`
+    (column, key column), only those whose column is at least the smallest key column of their
+    key's rows. Keys in Spark are gathered by the driver when the replace is planned."""
+    keys: DataFrame | pa.Table
     on: tuple[str, ...]
     at_least: tuple[str, str] | None = None
-    rows: int | None = None             # at most how many key rows, if known (else they are counted)
 
 
 @dataclass(frozen=True)
 class Listed:
-    """Rows whose every column named holds one of its listed values: a literal IN filter, so no
-    join and no broadcast job (plans.IN_LIST_CONNECTIONS)."""
+    """Rows whose every column named holds one of its listed values."""
     values: dict[str, tuple]
 
 
 @dataclass(frozen=True)
 class Keyed:
-    """Rows whose columns `on` hold one of `keys`, tuples the driver holds (a null matches none):
-    for a table the driver rewrites (`_Search.in_driver`), where a DataFrame of them (`Match`)
-    would cost a Spark job to plan and run."""
+    """Rows whose columns `on` hold one of `keys`, tuples the driver holds (a null matches none)."""
     on: tuple[str, ...]
     keys: frozenset[tuple]
 
 
-def connections_match(spark: SparkSession, keys: list[str], **also: tuple) -> Match | Listed:
+def connections_match(keys: list[str], **also: tuple) -> Listed:
     """The rows of these connections (and, per column of `also`, one of its values)."""
-    if len(keys) <= IN_LIST_CONNECTIONS:
-        return Listed({"connection_id": tuple(keys), **also})
-    ids = spark.createDataFrame([(k,) for k in keys], "connection_id string")
-    for column, values in also.items():
-        ids = ids.crossJoin(spark.createDataFrame([(v,) for v in values], [column]))
-    return Match(ids, ("connection_id", *also), rows=len(keys) * prod(len(v) for v in also.values()))
+    return Listed({"connection_id": tuple(keys), **also})
+
+
+def doomed(rows: pa.Table | pa.RecordBatch, matches: list["Match | Listed | Keyed"]) -> pa.Array:
+    """Does any of `matches` name each row: a replace's one rule, in the driver's rewrite and in
+    Spark's tasks alike (`_Search`). A null matches no listed value, nor any key; `Match` keys in
+    Arrow (`_Search` gathers Spark's)."""
+    hit = pa.repeat(pa.scalar(False), rows.num_rows)
+    for match in matches:
+        if isinstance(match, Listed):
+            named = reduce(pc.and_, [pc.is_in(rows[column], value_set=pa.array(list(values), rows[column].type))
+                                     for column, values in match.values.items()])
+        else:
+            named = _keyed(rows, _as_keys(match))
+        hit = pc.or_(hit, pc.fill_null(named, False))
+    return hit
+
+
+def _as_keys(match: "Match | Keyed") -> Match:
+    """Keyed tuples as a Match of Arrow keys (their types the row's: `_keyed` casts them)."""
+    if isinstance(match, Match):
+        return match
+    columns = list(zip(*match.keys)) if match.keys else [() for _ in match.on]
+    return Match(pa.table({column: pa.array(list(values)) if values else pa.nulls(0)
+                           for column, values in zip(match.on, columns)}), match.on)
+
+
+def _keyed(rows: pa.Table | pa.RecordBatch, match: Match) -> pa.Array:
+    """Which rows a Match of Arrow keys names: a hash join of their key columns with the keys."""
+    on = list(match.on)
+    position = pa.array(range(rows.num_rows), pa.int64())
+    columns = on + ([match.at_least[0]] if match.at_least else [])
+    mine = pa.table([rows[column] for column in columns] + [position], names=[*columns, "_row"])
+    keys = match.keys.select(on + ([match.at_least[1]] if match.at_least else []))
+    keys = pa.table([keys[column].cast(mine[column].type) for column in on]
+                    + ([keys[match.at_least[1]]] if match.at_least else []),
+                    names=[*on, *(["_from"] if match.at_least else [])])
+    if match.at_least:
+        keys = keys.group_by(on, use_threads=False).aggregate([("_from", "min")])
+        keys = keys.rename_columns(["_from" if name == "_from_min" else name for name in keys.column_names])
+    else:
+        keys = keys.group_by(on, use_threads=False).aggregate([])
+    joined = mine.join(keys, keys=on, join_type="inner", use_threads=False)
+    if match.at_least:
+        joined = joined.filter(pc.greater_equal(joined[match.at_least[0]], joined["_from"]))
+    return pc.is_in(position, value_set=joined["_row"].combine_chunks())
 
 
 def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, matches: list[Match | Listed],
@@ -174,9 +204,9 @@ def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, mat
 @dataclass(frozen=True)
 class Replacement:
     """One table's part of `replace_all`: the rows `matches` names deleted, `rows` appended (None:
-    none, but for files already written: replace_all's `written`). Rows in Arrow and `Keyed`
-    matches are the driver's: only for a table small enough to be rewritten whole
-    (REWRITTEN_WHOLE_BYTES), matched by literals (`Listed`, `Keyed`)."""
+    none, but for files already written: replace_all's `written`). Rows in Arrow and matches of
+    keys in Arrow (`Keyed`, a Match of an Arrow table) need no Spark session where the table is
+    small enough for the driver to rewrite whole (REWRITTEN_WHOLE_BYTES)."""
     rows: DataFrame | pa.Table | None
     schema: pa.Schema
     matches: list[Match | Listed | Keyed]
@@ -225,10 +255,9 @@ def rewrite_all(lake: str, replacements: dict[str, Replacement]) -> dict[str, Re
         return {}
     searches = _searches(lake, replacements)
     in_spark = {name: search.planned() for name, search in searches.items() if not search.in_driver}
-    doomed = [search.doomed_files(name) for name, search in in_spark.items()
-              if search.marked is not None and not search.whole]
+    files = [search.doomed_files(name) for name, search in in_spark.items() if search.matched and not search.whole]
     touched = {name: [] for name in searches}
-    for row in (reduce(DataFrame.union, doomed).collect() if doomed else []):
+    for row in (reduce(DataFrame.union, files).collect() if files else []):
         touched[row["table"]].append(row["_file"])
     adds = write_tables(lake, {name: (search.kept(sorted(touched[name])), search.replaced.schema)
                                for name, search in in_spark.items()}) if in_spark else {}
@@ -252,10 +281,10 @@ def _searches(lake: str, replacements: dict[str, Replacement]) -> dict[str, "_Se
 
 
 class _Search:
-    """One table of `replace_all`: its current rows marked doomed or not (`marked`; None when no
-    file can hold a doomed row), of the files searched (`searched`, paths relative to the table);
-    `whole`: every searched file is rewritten, with no search for those holding a doomed row;
-    `in_driver`: by the driver (rewrite_all), `marked` left unplanned."""
+    """One table of `replace_all`: of the files searched (`searched`, paths relative to the table),
+    those holding a row its matches name (`doomed`) rewritten without those rows; `whole`: every
+    searched file is rewritten, with no search for those holding one; `in_driver`: by the driver
+    (rewrite_all), else in Spark's tasks, with the same rule (`planned`)."""
 
     def __init__(self, table: DeltaTable | None, location: str, replaced: Replacement):
         self.table, self.location, self.replaced = table, location, replaced
@@ -265,15 +294,11 @@ class _Search:
         self.searched = [path for path in self.logged if self.narrowed is None or path in self.narrowed]
         self.searched_bytes = sum(self.logged[path].size for path in self.searched)
         self.matched = bool(self.searched and replaced.matches)    # a searched file may hold a doomed row
-        self.marked, self.whole = None, self.matched and self.searched_bytes <= REWRITTEN_WHOLE_BYTES
+        self.whole = self.matched and self.searched_bytes <= REWRITTEN_WHOLE_BYTES
         # No Spark job where there is nothing for one to do.
-        self.in_driver = not isinstance(replaced.rows, DataFrame) and (not self.matched or self.whole and all(
-            isinstance(match, (Listed, Keyed)) for match in replaced.matches))
-        if not self.in_driver and (isinstance(replaced.rows, pa.Table)
-                                   or any(isinstance(match, Keyed) for match in replaced.matches)):
-            raise ValueError(f"{location}: rows in Arrow and Keyed matches need a table the driver rewrites "
-                             f"whole ({self.searched_bytes} bytes searched, at most {REWRITTEN_WHOLE_BYTES}) "
-                             "matched by literals only")
+        self.in_driver = not isinstance(replaced.rows, DataFrame) and (not self.matched or self.whole and not any(
+            isinstance(match, Match) and isinstance(match.keys, DataFrame) for match in replaced.matches))
+        self.shipped = None
 
     @property
     def spark(self) -> SparkSession:
@@ -281,21 +306,35 @@ class _Search:
         return rows.sparkSession if isinstance(rows, DataFrame) else SparkSession.active()
 
     def planned(self) -> "_Search":
-        """Itself, its Spark search planned (`marked`): a table not `in_driver`."""
+        """Itself, its matches shipped to Spark's tasks (a table not `in_driver`): the keys of a
+        Match in Spark gathered in the driver (a Spark job each), all broadcast."""
         if self.matched:
-            shuffled = self.searched_bytes <= SHUFFLED_SEARCH_BYTES
-            current = (_read_bridge(self.spark, self.table, self.location, self.struct, None, None, self.narrowed)
-                       .withColumn("_file", F.col("_metadata.file_path")))
-            self.marked = _marked(current, self.replaced.matches, shuffled)
-            if shuffled and not self.whole and any(isinstance(match, Match) for match in self.replaced.matches):
-                # Read twice (the files to rewrite, the rows they keep): the key joins once.
-                self.marked = materialised(self.marked)
+            matches = [Match(match.keys.select(*match.on, *(match.at_least or ())[1:]).toArrow(), match.on,
+                             match.at_least)
+                       if isinstance(match, Match) and isinstance(match.keys, DataFrame) else match
+                       for match in self.replaced.matches]
+            self.shipped = self.spark.sparkContext.broadcast(matches)
         return self
+
+    def _read(self, only: set[str] | None, columns: list[str] | None = None) -> DataFrame:
+        current = _read_bridge(self.spark, self.table, self.location, self.struct, None, None, only)
+        return current if columns is None else current.select(*columns, F.col("_metadata.file_path").alias("_file"))
 
     def doomed_files(self, name: str) -> DataFrame:
         """The files holding a doomed row (Spark names files by URI; the Delta log by path
-        relative to the table), with the table's name."""
-        return self.marked.where(F.col("_doomed")).select(F.lit(name).alias("table"), "_file").distinct()
+        relative to the table), with the table's name: only the columns the matches read are read."""
+        keys = [_as_keys(match) for match in self.replaced.matches if not isinstance(match, Listed)]
+        columns = sorted({*(column for match in self.replaced.matches if isinstance(match, Listed)
+                            for column in match.values),
+                          *(column for match in keys for column in (*match.on, *(match.at_least or ())[:1]))})
+        shipped = self.shipped
+
+        def files(batches):
+            for batch in batches:
+                yield batch.filter(doomed(batch, shipped.value)).select(["_file"])
+
+        return (self._read(self.narrowed, columns).mapInArrow(files, "_file string")
+                .select(F.lit(name).alias("table"), "_file").distinct())
 
     def rewritten(self, touched: list[str]) -> list[str]:
         """The files to rewrite (relative paths), of those found holding a doomed row (URIs)."""
@@ -306,11 +345,19 @@ class _Search:
 
     def kept(self, touched: list[str]) -> DataFrame:
         """The rows the rewritten files keep, and the new rows."""
-        new = [] if self.replaced.rows is None else [_schema_contract(self.replaced.rows, self.struct)]
-        if self.whole:
-            kept = self.marked.where(~F.col("_doomed")).select(*self.struct.names)
-        elif touched:
-            kept = self.marked.where(F.col("_file").isin(*touched) & ~F.col("_doomed")).select(*self.struct.names)
+        rows = self.replaced.rows
+        if isinstance(rows, pa.Table):
+            rows = self.spark.createDataFrame(rows.select(self.struct.names), self.struct)
+        new = [] if rows is None else [_schema_contract(rows, self.struct)]
+        if self.whole or touched:
+            shipped = self.shipped
+
+            def keep(batches):
+                for batch in batches:
+                    yield batch.filter(pc.invert(doomed(batch, shipped.value)))
+
+            current = self._read(self.narrowed if self.whole else set(self.rewritten(touched)))
+            kept = current.mapInArrow(keep, current.schema).select(*self.struct.names)
         else:
             kept = self.spark.createDataFrame([], self.struct)
         return reduce(DataFrame.unionByName, [kept, *new])
@@ -325,7 +372,7 @@ class _Search:
         if self.whole:
             for path in self.searched:
                 current = writer.read_file(path, self.logged[path].partition_values.get("date"))
-                rows.append(current.filter(pc.invert(_doomed_in_driver(current, self.replaced.matches))))
+                rows.append(current.filter(pc.invert(doomed(current, self.replaced.matches))))
         if self.replaced.rows is not None:
             rows.append(self.replaced.rows.select(self.replaced.schema.names).cast(self.replaced.schema))
         if rows:
@@ -348,44 +395,6 @@ class _Search:
 
     def _version(self) -> int:
         return open_table(os.path.dirname(self.location), os.path.basename(self.location)).version()
-
-
-def _doomed_in_driver(rows: pa.Table, matches: list[Listed | Keyed]) -> pa.Array:
-    """`_marked`'s `_doomed` in Arrow, for the driver's rewrite: does any match name the row (a null
-    matches no listed value, nor any key)."""
-    doomed = pa.repeat(pa.scalar(False), rows.num_rows)
-    for match in matches:
-        if isinstance(match, Listed):
-            hit = reduce(pc.and_, [pc.is_in(rows[column], value_set=pa.array(list(values), rows[column].type))
-                                   for column, values in match.values.items()])
-        else:
-            columns = [rows[column].to_pylist() for column in match.on]
-            hit = pa.array([None not in key and key in match.keys for key in zip(*columns)], pa.bool_())
-        doomed = pc.or_(doomed, hit)
-    return doomed
-
-
-def _marked(current: DataFrame, matches: list[Match | Listed], shuffled: bool = False) -> DataFrame:
-    """`current` with `_doomed`: does any match name the row. Key sets are small next to the table
-    (broadcast where they are: plans.lookup; `shuffled`: the table is small too, and both sides are
-    shuffled) and made distinct, so a left join never repeats a row."""
-    doomed = F.lit(False)
-    for i, match in enumerate(matches):
-        if isinstance(match, Listed):
-            # A null matches no listed value (so the row is kept, not dropped by a null `_doomed`).
-            listed = reduce(Column.__and__, [F.col(c).isin(list(v)) for c, v in match.values.items()])
-            doomed = doomed | F.coalesce(listed, F.lit(False))
-            continue
-        hit, since = f"_hit_{i}", f"_from_{i}"
-        keys = (match.keys.groupBy(*match.on).agg(F.min(match.at_least[1]).alias(since)) if match.at_least
-                else match.keys.select(*match.on).distinct()).withColumn(hit, F.lit(True))
-        keys = keys.hint("shuffle_hash") if shuffled else lookup(keys, match.rows)
-        current = current.join(keys, on=list(match.on), how="left")
-        reached = F.col(hit).isNotNull()
-        if match.at_least:
-            reached = reached & (F.col(match.at_least[0]) >= F.col(since))
-        doomed = doomed | F.coalesce(reached, F.lit(False))
-    return current.withColumn("_doomed", doomed)
 
 
 def _schema_contract(df: DataFrame, struct: T.StructType) -> DataFrame:

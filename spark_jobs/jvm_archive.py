@@ -5,9 +5,7 @@ start, SparkContext and SparkSession took 4-8 s of the demo's run, and the first
 and tasks some more (bench/README.md, session 13). A dynamic CDS archive holds those classes
 already parsed and verified, mapped from one file: the JVM reads them instead of the JARs.
 
-The archive is made once per Java and Spark installation by a training run (`python -m
-spark_jobs.jvm_archive [--if-missing]`; `make venv` and `make test` run it): the bundled sample
-analysed with `-XX:ArchiveClassesAtExit`, the JVM's dump waited for, the file renamed into place.
+The archive is made once per Java and Spark installation by a training run (make_jvm_archive.py).
 Its name hashes the `java` Spark starts and Spark's JARs (names, sizes, times), so a different Java
 or pyspark finds none and runs as before; the JVM checks the rest itself (its own build, the class
 path) and, with its CDS messages off, silently runs without an archive that does not match. Nothing
@@ -23,8 +21,6 @@ import glob
 import hashlib
 import os
 import shutil
-import sys
-import tempfile
 
 import pyspark
 
@@ -63,51 +59,6 @@ def java_options() -> str:
     return f"-XX:SharedArchiveFile={path} {QUIET}"
 
 
-def build(master: str = "local[2]") -> str:
-    """Train and write the archive: the bundled sample ingested and analysed in a new driver JVM
-    that dumps its classes when it exits. Returns the archive's path."""
-    from analyzer.cli import sample_captures
-    from analyzer.ingest import ingest_file
-    from pyspark.core.context import SparkContext
-
-    from .analyze import analyze
-    from .session import get_spark
-
-    path = archive_path()
-    if path is None:
-        raise RuntimeError("no java found: set JAVA_HOME or put java on PATH")
-    if SparkContext._gateway is not None:
-        raise RuntimeError("a Spark driver JVM is already running in this process: build the archive in a new one")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    dumping = f"{path}.{os.getpid()}.tmp"
-    with tempfile.TemporaryDirectory(prefix="ackscope-jvm-archive-") as lake:
-        for capture in sample_captures():
-            ingest_file(capture, lake)
-        spark = get_spark(master, "ackscope-jvm-archive",
-                          extra_java_options=f"-XX:ArchiveClassesAtExit={dumping} {QUIET}", class_archive=False)
-        try:
-            analyze(spark, lake)
-        finally:
-            spark.stop()
-            _exit_driver_jvm()
-    if not os.path.isfile(dumping):
-        raise RuntimeError(f"the driver JVM wrote no archive ({dumping})")
-    os.replace(dumping, path)  # whole or not at all, for runs starting meanwhile
-    return path
-
-
-def _exit_driver_jvm() -> None:
-    """End the gateway's JVM and wait while it writes the archive (it exits when its stdin closes)."""
-    from pyspark.core.context import SparkContext
-
-    gateway = SparkContext._gateway
-    proc = gateway.proc
-    gateway.shutdown()
-    proc.stdin.close()
-    proc.wait(timeout=600)
-    SparkContext._gateway, SparkContext._jvm = None, None
-
-
 def _java() -> str | None:
     """The `java` spark-class runs: JAVA_HOME's, else the first on PATH."""
     home = os.environ.get("JAVA_HOME")
@@ -117,21 +68,3 @@ def _java() -> str | None:
 
 def _spark_home() -> str:
     return os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    path = archive_path()
-    if "--if-missing" in args and path is not None and os.path.isfile(path):
-        print(f"jvm archive: {path} is there already", file=sys.stderr)
-        return 0
-    try:
-        print(f"jvm archive: wrote {build()}", file=sys.stderr)
-    except RuntimeError as exc:  # runs work without it, only slower
-        print(f"jvm archive: not made: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

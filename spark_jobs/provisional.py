@@ -27,13 +27,12 @@ from __future__ import annotations
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from analyzer.published import RUN_ID_KEY
 from analyzer.timeline.records import ChannelFacts
 
 from .table_files import files_that_may_hold
 
 PROVISIONAL = "provisional"
-# The commitInfo key naming the analysis run that wrote a commit (delta-spark's `userMetadata`).
-RUN_ID_KEY = "userMetadata"
 
 
 def stored_schema(table_schema: pa.Schema) -> pa.Schema:

@@ -22,18 +22,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, replace
+from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
 from analyzer import schema
-from analyzer.lake import logged_rows, open_table, read_table
+from analyzer.lake import (UnreadableFile, damaged_file, filesystem, logged_rows, open_table, read_table, set_aside,
+                           table_files, unreadable)
+from analyzer.published import RUNS_TABLE
 
 from .table_files import changes_between, relative_in_table, spark_location
-from .thresholds import Thresholds
+from analyzer.detectors.thresholds import Thresholds
 
-RUNS_TABLE = "analysis_runs"
 FULL, NEW_DATA, DAYS = "full", "new_data", "days"
 COMPLETE_SCOPES = (FULL, NEW_DATA)  # runs that leave every frame up to their version analysed
 
@@ -74,11 +77,82 @@ def plan_run(lake: str, since: str | None, until: str | None, full: bool, bucket
     if frames is None:
         raise FileNotFoundError(f"no frames table in {lake}")
     version = frames.version()
-    scope = _scope(lake, frames, version, since, until, full, bucket_seconds, overdue_ns, thresholds,
-                   output_tables, flagged_tables or {})
+    damaged = _set_aside_unreadable(lake, [*output_tables, RUNS_TABLE])
+    if damaged:
+        scope = RunScope(FULL, f"{damaged}: rebuilt by a whole analysis", version)
+    else:
+        scope = _scope(lake, frames, version, since, until, full, bucket_seconds, overdue_ns, thresholds,
+                       output_tables, flagged_tables or {})
     new_files = {relative_in_table(path, spark_location(os.path.join(lake, "frames"))) for path in scope.new_files}
     return replace(scope, frames_rows=logged_rows(frames),
                    new_rows=logged_rows(frames, new_files) if scope.scope == NEW_DATA else None)
+
+
+def _set_aside_unreadable(lake: str, tables: list[str]) -> str:
+    """The tables the analysis writes that cannot be read (a damaged log entry or data file), each
+    set aside (lake.set_aside), as one reason; "" if every one reads. They hold only what the
+    analysis derives from frames, so a whole analysis writes them again; a run that read them
+    would fail, and so would every run after it."""
+    said = []
+    for name in tables:
+        why = unreadable(lake, name)
+        if why is not None:
+            aside = set_aside(lake, name)
+            said.append(f"table {name} unreadable ({why})" + (f", set aside as {os.path.basename(aside)}" if aside else ""))
+    return "; ".join(said)
+
+
+INPUT_TABLES = ("frames", "connections")   # the captured traffic: the ingest's, which no analysis can write again
+
+
+class DamagedInput(Exception):
+    """A data file of `frames` or `connections` that cannot be read: the run stops, naming it."""
+
+
+def set_aside_damaged(lake: str, error: BaseException, tables: list[str]) -> str | None:
+    """After a run failed: if what it failed on is a data file of one of `tables` (the ones the
+    analysis writes) that cannot be read whole (damaged inside its pages: its footer passed
+    `unreadable` at plan time), that table set aside and the reason, as `_set_aside_unreadable`
+    gives it; else None (the run's own failure). A damaged file of frames or connections raises
+    DamagedInput naming it. The file is found by its path in the error (lake.UnreadableFile's, or
+    Spark's message, which names the file it failed to read), then read again here, checked: an
+    error that merely names a file cannot set a table aside."""
+    for name, relative in _files_named(lake, error):
+        if name not in tables and name not in INPUT_TABLES:
+            continue
+        try:
+            table = open_table(lake, name)
+            held = table is not None and relative in table_files(table)
+        except Exception:  # noqa: BLE001 - a log that does not load now: not this file's fault to tell
+            held = False
+        why = damaged_file(os.path.join(lake, name, relative)) if held else None
+        if why is None:
+            continue
+        if name in INPUT_TABLES:
+            raise DamagedInput(f"the {name} table's file {os.path.join(lake, name, relative)} cannot be read ({why}): "
+                               f"it holds captured traffic, which no analysis can write again; restore the file from "
+                               f"a copy, or ingest the captures again into a new lake") from error
+        aside = set_aside(lake, name)
+        return (f"table {name} unreadable ({relative}: {why})"
+                + (f", set aside as {os.path.basename(aside)}" if aside else ""))
+    return None
+
+
+def _files_named(lake: str, error: BaseException) -> list[tuple[str, str]]:
+    """(table, file path relative to it) of every data file of the lake the error or its causes name."""
+    root = filesystem(lake)[1].rstrip("/")
+    named = []
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = error.path if isinstance(error, UnreadableFile) else str(error)
+        for token in re.findall(r"[^\s'\"()\[\],]+\.parquet", text):
+            at = token.find(root + "/")
+            if at >= 0 and "/" in (rest := token[at + len(root) + 1:]):
+                name, relative = rest.split("/", 1)
+                named.append((name, unquote(relative)))
+        error = error.__cause__ or error.__context__
+    return list(dict.fromkeys(named))
 
 
 def _scope(lake: str, frames: DeltaTable, version: int, since: str | None, until: str | None, full: bool,
@@ -124,12 +198,6 @@ def last_complete_run(lake: str) -> dict | None:
         return None
     complete = [r for r in runs.to_pylist() if r["scope"] in COMPLETE_SCOPES]
     return max(complete, key=lambda r: (r["frames_version"], r["finished_ts"]), default=None)
-
-
-def finished_runs(lake: str) -> set[str]:
-    """The ids of the runs that finished (logged), whatever their scope."""
-    runs = read_table(lake, RUNS_TABLE, schema.ANALYSIS_RUNS, columns=["run_id"])
-    return set(runs["run_id"].to_pylist()) if runs is not None else set()
 
 
 def thresholds_json(thresholds: Thresholds) -> str:

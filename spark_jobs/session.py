@@ -65,6 +65,10 @@ _SESSION_CONF = {
     # only to name that line in an error's DataFrame context. Measured without it: `analyze --full`
     # of the demo's lake in a new driver 18 s instead of 24 (bench/README.md, "Session 30").
     "spark.python.sql.dataFrameDebugging.enabled": "false",
+    # Each page written with its CRC32 and read with it checked, as pyarrow does (analyzer/lake.py):
+    # bytes damaged inside a data file fail the read naming the file, never read as other values.
+    "spark.hadoop.parquet.page.write-checksum.enabled": "true",
+    "spark.hadoop.parquet.page.verify-checksum.enabled": "true",
 }
 
 
@@ -224,12 +228,13 @@ def commit_tag() -> str | None:
     return _COMMIT_TAG.get()
 
 
-def get_spark(master: str = "local[*]", app_name: str = "ackscope", driver_memory: str | None = None,
+def get_spark(master: str | None = "local[*]", app_name: str = "ackscope", driver_memory: str | None = None,
               extra_java_options: str = "", class_archive: bool = True, quick_start: bool = False) -> SparkSession:
-    """The session for a job; `driver_memory` (e.g. "8g"), `extra_java_options`, `class_archive`
+    """The session for a job on `master` (None: resolved_master's); `driver_memory` (e.g. "8g"), `extra_java_options`, `class_archive`
     (a local driver maps the CDS archive of Spark's classes, if one was made: jvm_archive.py) and
     `quick_start` (a local driver for one small run: QUICK_START) count only if this call starts
     the driver JVM."""
+    master = resolved_master(master)
     conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(_SESSION_CONF.items()))
     cores = _local_cores(master)
     if cores is not None:
@@ -373,6 +378,25 @@ def _class_loadable(jvm, name: str) -> bool:
             return False
         raise
     return True
+
+
+def resolved_master(master: str | None) -> str:
+    """The master a run uses: the one it names, else under spark-submit the one spark-submit was
+    given (`spark-submit --master spark://... spark_jobs/job.py`: its driver JVM holds it), else
+    local[*]."""
+    if master is not None:
+        return master
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        SparkContext._ensure_initialized()
+        submitted = SparkContext._jvm.java.lang.System.getProperty("spark.master")
+        if submitted:
+            return submitted
+    return "local[*]"
+
+
+def is_local(master: str) -> bool:
+    """Does `master` run the tasks in the driver's process (local, local[N]) rather than on a cluster?"""
+    return _local_cores(master) is not None
 
 
 def _local_cores(master: str) -> int | None:

@@ -10,6 +10,8 @@ from typing import TextIO
 
 from pyspark.sql import SparkSession
 
+from analyzer.terminal import LINE_LIMIT, printable
+
 
 class Step:
     """What a step says of itself on its progress line, after its time (`detail`, set while it runs)."""
@@ -43,7 +45,7 @@ class Steps:
         """A step timed by its caller (one known to have taken place only once it is over)."""
         self.seconds[name] = round(self.seconds.get(name, 0.0) + seconds, 2)
         if self.progress is not None:
-            said = f": {detail}" if detail else ""
+            said = f": {printable(detail, LINE_LIMIT)}" if detail else ""  # may quote a refused checkpoint
             print(f"{self.label}: {name} ({seconds:.1f}s, {spark_jobs} Spark jobs){said}", file=self.progress,
                   flush=True)
 

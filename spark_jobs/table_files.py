@@ -34,7 +34,8 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction
 
-from analyzer.lake import NULL_PARTITION, filesystem, is_local, is_s3, make_dir_in, open_or_create
+from analyzer.lake import (NULL_PARTITION, READ_CHECKSUMS, filesystem, is_local, is_s3, make_dir_in, open_or_create,
+                           reading)
 
 # Where Spark writes before the commit; a leading underscore hides it from Delta and Spark readers.
 STAGING_DIR = "_ackscope_staging"
@@ -185,8 +186,8 @@ def distinct_strings(files: tuple[str, ...], column: str) -> list[str]:
     values: set[str] = set()
     for location in files:
         fs, path = filesystem(location)
-        with fs.open_input_file(path) as source:
-            parquet = pq.ParquetFile(source, read_dictionary=[column])
+        with reading(location), fs.open_input_file(path) as source:
+            parquet = pq.ParquetFile(source, read_dictionary=[column], **READ_CHECKSUMS)
             for group in range(parquet.metadata.num_row_groups):
                 for chunk in parquet.read_row_group(group, columns=[column]).column(0).chunks:
                     chunk = chunk.unique()
@@ -209,8 +210,8 @@ def changes_between(lake: str, name: str, old_version: int, new_version: int) ->
     """The files of rows added after `old_version` (up to `new_version`), and the files whose rows
     changed or whose new rows cannot be read alone any more.
 
-    Read from the commits in between: a compaction (delta-rs `optimize`, as the agent runs it)
-    rewrites files without changing their rows (`dataChange: false`), so it neither adds new rows
+    Read from the commits in between: a compaction (the agent's, analyzer/agent/compaction.py, or
+    delta-rs `optimize`) rewrites files without changing their rows (`dataChange: false`), so it neither adds new rows
     nor loses any, unless it swallowed a file of rows added since `old_version`: those rows now sit
     in a file with older ones. Where a commit is no longer in the log (cleaned up), the two
     snapshots are compared instead, and every rewritten file counts as removed."""

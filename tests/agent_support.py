@@ -34,15 +34,16 @@ class AgentProcess:
 
     `relayed`: the agent captures a BrokerRelay of its own, not the broker's port, so it sees only
     the connections made to `broker_port`: for tests that count what the agent saw in all (gaps,
-    drops, unsupported flows) or bound its buffer below other tests' traffic."""
+    drops, unsupported flows) or bound its buffer below other tests' traffic. `entry`: the module run
+    (and its leading arguments), for a test that starts the agent through a module of its own."""
 
     def __init__(self, lake_dir: str, *, agent_id: str = "test", iface: str = "lo", flush_interval: float = 1.0,
-                 extra: tuple = (), run_as: tuple = (), relayed: bool = False):
+                 extra: tuple = (), run_as: tuple = (), relayed: bool = False, entry: tuple = ("analyzer.cli", "capture")):
         self.lake_dir, self.agent_id = lake_dir, agent_id
         self.port = free_port()
         self.relay = BrokerRelay() if relayed else None
         self.broker_port = self.relay.port if relayed else BROKER_PORT
-        self.command = [*run_as, sys.executable, "-m", "analyzer.cli", "capture", "--iface", iface,
+        self.command = [*run_as, sys.executable, "-m", *entry, "--iface", iface,
                         "--port", str(self.broker_port),
                         "--lake", lake_dir, "--metrics-addr", f"127.0.0.1:{self.port}", "--agent-id", agent_id,
                         "--flush-interval", str(flush_interval), "--json", *extra]

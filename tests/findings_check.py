@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 
-from spark_jobs.thresholds import Thresholds
+from analyzer.detectors.thresholds import Thresholds
 
 LAB_THRESHOLDS = Thresholds(
     unacked_age_seconds=1.2,          # evidence: near 1.0 s, clear 1.5 s

@@ -29,7 +29,7 @@ import pytest
 from dashboards import rules
 from dashboards.alert_settings import AlertSettings
 from dashboards.grafana import panel_queries
-from tests.agent_support import TLS_CLIENT_HELLO, AgentProcess, send_and_close
+from tests.agent_support import AgentProcess, send_and_close
 from tests.findings_check import LAB_THRESHOLDS
 from tests.lab.clients import pika_connection
 from tests.lab.lab import Lab, connection_name
@@ -112,7 +112,7 @@ def test_a_running_agent_feeds_prometheus_alertmanager_and_the_agent_dashboard(t
         hold_unacked_deliveries(webhook)
         for alert in received(webhook, "AmqpUnackedBuildup", application=STUCK):
             assert STUCK in alert["annotations"]["description"]
-        send_and_close(TLS_CLIENT_HELLO)  # an unsupported flow, for its panel
+        send_and_close(b"AMQP\x00\x01\x00\x00")  # an unsupported flow (AMQP 1.0), for its panel
 
         # A counter series new within the window alerts only where Prometheus knew the agent then.
         wait_for(lambda: query(prometheus_url, f'up{{job="{JOB}"}} offset {NEW_SERIES_WINDOW}s'),

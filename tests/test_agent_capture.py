@@ -28,12 +28,15 @@ def test_garbage_a_2gib_frame_claim_amqp_1_0_and_tls_are_counted_and_skipped(tmp
         send_and_close(b"\x00\xff\x13garbage" * 100, port)             # not a protocol at all
         send_and_close(b"AMQP\x00\x00\x09\x01" + struct.pack("!BHI", 1, 0, 0x80000000) + b"\x00" * 64, port)  # 2 GiB
         publish_confirmed("agent-test-after-garbage", 10, port=port)  # decoding goes on for everyone else
-        assert wait_for(lambda: agent.value("ackscope_agent_unsupported_flows_total", protocol="tls") == 1)
+        # A ClientHello is TLS: counted as TLS not decrypted (no key log given), not as unsupported.
+        assert wait_for(lambda: agent.value("ackscope_agent_tls_not_decrypted_total") == 1)
+        assert agent.value("ackscope_agent_tls_connections_total") == 1
         assert agent.value("ackscope_agent_unsupported_flows_total", protocol="amqp-1.0") == 1
         assert agent.value("ackscope_agent_decode_errors_total") >= 1  # the 2 GiB frame header
         assert agent.status("/healthz") == 200
         report = agent.stop()
-    assert report["unsupported_protocols"]["tls"] == 1 and report["unsupported_flows"] >= 3
+    assert report["tls_not_decrypted"] == 1 and "tls" not in report["unsupported_protocols"]
+    assert report["unsupported_flows"] >= 2
     assert any("frame" in error for error in report["errors"])
     methods = Counter(r["method"] for r in rows_of(lake_dir, "agent-test-after-garbage"))
     assert methods["basic.publish"] == 10 and methods["basic.ack"] == 10
@@ -75,11 +78,11 @@ def test_iface_any_sees_loopback_once_like_lo_and_the_pcapng_output_ingests_to_t
 def test_compaction_checkpoint_and_vacuum_run_while_capturing_and_the_tables_still_read_whole(tmp_path):
     lake_dir = str(tmp_path / "lake")
     with AgentProcess(lake_dir, agent_id="compact", flush_interval=0.2,
-                      extra=("--compact-interval", "1", "--retention-hours", "0")) as agent:
+                      extra=("--compact-interval", "1", "--retention-hours", "1")) as agent:
         for burst in range(4):
             publish_confirmed(f"agent-test-compact-{burst}", 15)
             time.sleep(0.5)
-        assert wait_for(lambda: any(h.get("operation") == "OPTIMIZE"
+        assert wait_for(lambda: any(h.get("ackscope.operation") == "compaction"
                                     for h in lake.open_table(lake_dir, "frames").history()), timeout=30)
         publish_confirmed("agent-test-compact-after", 15)  # capture and flushes go on after compactions
         agent.stop()
@@ -156,3 +159,28 @@ def test_the_pcapng_output_rotates_inside_one_batch_of_packets(tmp_path):
     for path in output.files:
         assert os.path.getsize(path) <= 4000 + 32 + 516
         assert not ingest_file(path, str(tmp_path / "check")).unreadable
+
+
+@pytest.mark.parametrize("command", ["capture", "ingest"])
+def test_capture_chooses_its_allocators_before_the_parser_loads_pyarrow_and_delta_rs(monkeypatch, command):
+    """Each library reads its allocator's setting once, as it loads; the parser once loaded both
+    (analyzer/push.py), and run_capture set them after it: Arrow's C++ kept mimalloc. They are set
+    first, whatever the parser imports."""
+    from analyzer import cli
+    for name in ("ARROW_DEFAULT_MEMORY_POOL", "_RJEM_MALLOC_CONF"):
+        monkeypatch.setenv(name, "placeholder")  # restored, absent, after the test
+        monkeypatch.delenv(name)
+    seen = {}
+
+    def parser_seeing_the_environment():
+        seen.update(os.environ)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli, "build_parser", parser_seeing_the_environment)
+    with pytest.raises(SystemExit):
+        cli.main([command, "--lake", "unused"])
+    chosen = {name: seen.get(name) for name in ("ARROW_DEFAULT_MEMORY_POOL", "_RJEM_MALLOC_CONF")}
+    if command == "capture":
+        assert chosen == {"ARROW_DEFAULT_MEMORY_POOL": "system", "_RJEM_MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0"}
+    else:  # the agent's choices are the agent's
+        assert chosen == {"ARROW_DEFAULT_MEMORY_POOL": None, "_RJEM_MALLOC_CONF": None}

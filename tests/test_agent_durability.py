@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -15,6 +16,7 @@ import pytest
 
 from analyzer import lake, schema
 from analyzer.agent.sink import LakeSink, app_id_of
+from spark_jobs.table_files import snapshot_files
 from tests.agent_support import AgentProcess, lake_frames, publish_confirmed, rows_of, wait_for
 
 pytestmark = pytest.mark.rabbitmq
@@ -167,3 +169,35 @@ def test_a_lake_unreadable_at_start_is_read_before_the_first_commit_not_guessed(
     assert lake.open_table(lake_dir, "connections").transaction_version(app_id_of("restart")) == 3
     ids = lake.read_table(lake_dir, "connections", schema.CONNECTIONS)["connection_id"].to_pylist()
     assert sorted(ids) == ["a0", "a1", "b0", "b1", "c0", "c1", "c2"]
+
+
+def _parquet_files(table_dir: str) -> set[str]:
+    return {os.path.relpath(os.path.join(folder, name), table_dir) for folder, _, names in os.walk(table_dir)
+            if "_delta_log" not in folder for name in names if name.endswith(".parquet")}
+
+
+def test_compaction_removes_the_files_the_table_stopped_referencing_after_the_retention(tmp_path):
+    """Issue 62: a sidecar's volume keeps the files the table references and, for the retention, those a
+    compaction replaced (readers of older versions still read them); past it they go."""
+    for retention_hours, replaced_kept in ((1, True), (0, False)):
+        lake_dir = str(tmp_path / f"lake-{retention_hours}")
+        sink = LakeSink(lake_dir, "vacuum", retention_hours=retention_hours)
+        for n in range(4):
+            sink.add("connections", _rows(3, f"b{n}"))
+            assert sink.flush()
+        table_dir = os.path.join(lake_dir, "connections")
+        written = _parquet_files(table_dir)
+        sink.compact()
+        referenced = set(snapshot_files(lake.open_table(lake_dir, "connections")))
+        assert len(referenced) == 1 and not referenced & written  # four small files merged into one
+        assert _parquet_files(table_dir) == (referenced | written if replaced_kept else referenced)
+        assert len(lake.read_table(lake_dir, "connections", schema.CONNECTIONS)) == 12
+
+
+def test_capture_refuses_a_retention_below_the_floor(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "analyzer.cli", "capture", "--iface", "lo",
+                             "--lake", str(tmp_path / "lake"), "--retention-hours", "0.5"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "--retention-hours 0.5 is below the floor of 1 h" in result.stderr
+    assert not os.path.exists(tmp_path / "lake")

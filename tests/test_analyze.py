@@ -17,9 +17,9 @@ from analyzer import cli, lake, schema
 from analyzer.cli import build_parser
 from analyzer.timeline import replay_frames
 from spark_jobs import session
-from spark_jobs.detectors import in_driver
+from spark_jobs import findings
 from spark_jobs.analyze import OUTPUT_TABLES, analyze
-from spark_jobs.thresholds import Thresholds
+from analyzer.detectors.thresholds import Thresholds
 
 from .conftest import ROOT
 from .findings_check import LAB_THRESHOLDS, findings_of_capture, problems
@@ -72,31 +72,24 @@ def test_written_tables_are_the_reference_models_and_readable_by_delta_rs(analys
     assert report.frames == lake.read_table(lake_dir, "frames", schema.FRAMES).num_rows
 
 
-@pytest.mark.parametrize("findings_by", ["driver", "driver, packets joined", "spark"])
-def test_a_second_full_run_gives_the_same_tables_and_finding_ids(spark, analysed, tmp_path, monkeypatch,
-                                                                 findings_by):
+@pytest.mark.parametrize("packets", ["listed", "joined"])
+def test_a_second_full_run_gives_the_same_tables_and_finding_ids(spark, analysed, tmp_path, monkeypatch, packets):
     """Also with Spark's expressions compiled, as on a large lake (the first run, on a lake this
-    small, interpreted them: session.expressions_for); and with the findings Spark's (forced by a
-    bound of -1) where the first run's were the driver's, as they are when few
-    (detectors/in_driver.py: the raw findings in one Spark job, the packets' scan in another, by
-    literal lists here, or by a broadcast semi-join with the frames' pairs: one job more)."""
+    small, interpreted them: session.expressions_for). The findings step (findings.py) takes the
+    pass's raw findings in one Spark job and scans `frames` for their packets in another, by literal
+    lists, or by a broadcast semi-join with the frames' pairs (one job more)."""
     lake_dir = str(tmp_path / "lake")
     shutil.copytree(analysed[0], lake_dir)  # the shared lake stays as analysed
     before = {name: _table(lake_dir, name) for name in OUTPUT_TABLES}
     assert {"requeue_loop", "redelivery_after_close"} <= set(before["findings"]["kind"].to_pylist())
     monkeypatch.setattr(session, "INTERPRETED_UP_TO_ROWS", 0)
-    if findings_by == "spark":
-        monkeypatch.setattr(in_driver, "DRIVER_ROWS", -1)
-    elif findings_by == "driver, packets joined":
-        monkeypatch.setattr(in_driver, "LISTED_FRAMES", 0)
+    if packets == "joined":
+        monkeypatch.setattr(findings, "LISTED_FRAMES", 0)
     progress = io.StringIO()
     assert analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS, full=True, progress=progress).scope == "full"
     findings_line = next(line for line in progress.getvalue().splitlines() if ": findings (" in line)
     jobs = int(findings_line.rsplit(", ", 1)[1].split()[0])
-    if findings_by == "spark":
-        assert jobs >= 4, findings_line
-    else:
-        assert jobs == (2 if findings_by == "driver" else 3), findings_line
+    assert jobs == (2 if packets == "listed" else 3), findings_line
     for name in OUTPUT_TABLES:
         after = _table(lake_dir, name)
         key = [c for c in ("finding_id", "connection_id", "channel", "incarnation", "seq", "bucket_start_ns", "kind")
@@ -196,12 +189,12 @@ def test_one_run_over_few_frame_rows_gets_a_quick_start_driver(tmp_path, monkeyp
 
 
 def test_spark_submit_runs_the_job_file_as_the_deployments_do(tmp_path):
-    """`spark-submit spark_jobs/analyze.py` (the CronJob's, spark-operator's and compose's entry):
+    """`spark-submit spark_jobs/job.py` (the CronJob's, spark-operator's and compose's entry):
     Python runs the file as a script, outside its package."""
     lake_dir = _sample_lake(tmp_path)
     spark_home = os.path.dirname(pyspark.__file__)
     run = subprocess.run([os.path.join(spark_home, "bin", "spark-submit"), "--master", "local[1]",
-                          os.path.join(ROOT, "spark_jobs", "analyze.py"), "--lake", lake_dir, "--json"],
+                          os.path.join(ROOT, "spark_jobs", "job.py"), "--lake", lake_dir, "--json"],
                          capture_output=True, text=True, timeout=600,
                          env={**os.environ, "SPARK_HOME": spark_home, "PYSPARK_PYTHON": sys.executable})
     assert run.returncode == 0, run.stderr[-3000:]

@@ -19,7 +19,7 @@ from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 from spark_jobs import carried_in_driver
 from spark_jobs.analyze import NO_SPARK, analyze, analyze_without_spark, planned_run
 from spark_jobs.connection_pass import STATE_TABLE
-from spark_jobs.detectors import in_driver
+from spark_jobs import findings
 from spark_jobs.run_scope import NEW_DATA
 
 from .findings_check import LAB_THRESHOLDS
@@ -134,12 +134,12 @@ def test_a_connection_to_analyse_whole_leaves_the_run_to_spark_with_nothing_writ
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 
-@pytest.mark.parametrize("late_spark_for", ["packets", "findings"])
+@pytest.mark.parametrize("late_spark_for", ["packets", "a large findings table"])
 def test_spark_starts_late_where_the_drivers_findings_need_it(spark, tmp_path, monkeypatch, late_spark_for):
     """The driver carries the connections on; the findings' evidence packets of frames neither the
     stored findings nor the new frames hold are found by a scan of `frames` (Spark, started then);
-    findings too many for the driver (a bound of -1) take Spark's path from the driver's rows. Both
-    end with one run's tables."""
+    a findings table too large for the driver to rewrite whole (a bound of -1) is patched by Spark
+    (findings.py). Both end with one run's tables."""
     from .test_timeline import T0, Conv
 
     a = Conv("10.9.0.31:40031>10.9.0.9:5672@1", start=T0)
@@ -153,8 +153,8 @@ def test_spark_starts_late_where_the_drivers_findings_need_it(spark, tmp_path, m
     b = Conv("10.9.0.32:40032>10.9.0.9:5672@2", start=T0)
     b.open(1)
     whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
-    if late_spark_for == "findings":
-        monkeypatch.setattr(in_driver, "DRIVER_ROWS", -1)
+    if late_spark_for == "a large findings table":
+        monkeypatch.setattr(findings, "REWRITTEN_WHOLE_BYTES", -1)
     _append(pieces_dir, "frames", _frames(a.rows[held:]), schema.FRAMES, "second")
     started = []
 

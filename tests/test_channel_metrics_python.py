@@ -21,7 +21,7 @@ from analyzer.connection_analysis import Settings, carry_on_connection
 from analyzer.timeline.carry import dump, load
 from analyzer.timeline.metrics import ChannelMetrics, HorizonError, channel_metrics, to_table
 from analyzer.timeline.metrics_stream import announce_opens, horizons, stream_metrics
-from spark_jobs.thresholds import Thresholds
+from analyzer.detectors.thresholds import Thresholds
 
 from .channel_metrics_cases import (HAND_CHECKS, SECOND, as_table, connection, expected_metrics, hand_built_rows,
                                     in_order, timed)

@@ -46,6 +46,7 @@ from .conftest import ROOT, check_built, needs_built
 MISSING = "analyzer/_columns.c is not built (pip install -e . compiles it)"
 
 
+@pytest.mark.c_twin
 def test_the_module_is_built_in_ci():
     check_built(columns.available(), MISSING)
 

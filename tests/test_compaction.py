@@ -78,7 +78,7 @@ def test_final_files_are_merged_by_partition_and_flag_and_provisional_ones_are_l
 
 def test_a_reader_of_the_snapshot_before_a_compaction_reads_its_files(tmp_path, monkeypatch):
     """A run's driver picks files in one snapshot and reads them while the compaction beside it
-    commits (detectors/in_driver.py): read at that version, the files it picked hold their rows."""
+    commits (findings.stored_candidates): read at that version, the files it picked hold their rows."""
     from analyzer.lake import open_table, read_table
     from spark_jobs.table_files import files_that_may_hold
 

@@ -154,6 +154,21 @@ def test_a_capture_that_starts_mid_stream():
     assert conn["protocol"] == "amqp-0-9-1" and conn["started_at_syn"] is False
 
 
+def test_a_flow_joined_late_opens_at_its_first_bytes_and_the_tail_of_an_ended_one_is_no_connection():
+    conv = Conversation()
+    conv.script(handshake())  # before the capture began
+    late = [conv.ack(0), conv.ack(1)] + conv.send(1, method(commands.Basic.Deliver(
+        consumer_tag="c", delivery_tag=7, routing_key="q")))
+    rows, _, errors, table = run(late)
+    assert errors == [] and len(table.connections) == 1
+    assert table.connections[0].connection_row()["first_ts_ns"] == 1_700_000_000_000_000_000 + 3 * 1000
+    ended = Conversation(client=(bytes([10, 0, 0, 9]), 40123))
+    ended.script(handshake())
+    tail = [ended.fin(1), ended.fin(0), ended.ack(1)]  # its close: all the capture saw of it
+    rows, _, errors, table = run(tail)
+    assert rows == [] and errors == [] and table.connections == []
+
+
 def test_garbage_on_the_port_is_reported_and_later_frames_are_found_again():
     conv = Conversation()
     segments = conv.open() + conv.script(handshake())

@@ -135,12 +135,12 @@ def entrypoint(tmp_path, *args: str, **env: str) -> list[str]:
 
 def test_the_entry_point_starts_a_driver_in_client_mode(tmp_path):
     out = entrypoint(tmp_path, "driver", "--properties-file", "/opt/spark/conf/spark.properties",
-                     "local:///opt/ackscope/spark_jobs/analyze.py", "--lake=/lake",
+                     "local:///opt/ackscope/spark_jobs/job.py", "--lake=/lake",
                      SPARK_DRIVER_BIND_ADDRESS="10.1.2.3")
     assert out[0] == "spark-submit"
     assert out[1:3] == ["--deploy-mode", "client"]
     assert "spark.driver.bindAddress=10.1.2.3" in out
-    assert out[-3:] == ["/opt/spark/conf/spark.properties", "local:///opt/ackscope/spark_jobs/analyze.py", "--lake=/lake"]
+    assert out[-3:] == ["/opt/spark/conf/spark.properties", "local:///opt/ackscope/spark_jobs/job.py", "--lake=/lake"]
 
 
 def test_the_entry_point_starts_an_executor_with_its_options_in_order(tmp_path):

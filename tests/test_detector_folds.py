@@ -255,6 +255,7 @@ class TwinProfiles:
 needs_c = needs_built(FOLD_IN_C is not None, "analyzer.detectors._profile is not built")
 
 
+@pytest.mark.c_twin
 def test_the_profile_fold_is_built_in_ci():
     check_built(FOLD_IN_C is not None, "analyzer.detectors._profile is not built")
 

@@ -11,6 +11,7 @@ import json
 import os
 from dataclasses import asdict, replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +21,7 @@ from analyzer.detectors import ConnectionDetectors
 from analyzer.detectors import state as detector_state
 from analyzer.ingest import ingest_file
 from analyzer.timeline.carry import dump, load
+from analyzer.timeline.state import StateError
 
 from .conftest import ROOT
 from .findings_check import LAB_THRESHOLDS as LAB
@@ -30,7 +32,7 @@ from .detector_cases import hand_built_cases
 SETTINGS = Settings(1, 15_000_000, LAB)
 # The shape of DETECTORS_VERSION: a change to a stored class's fields must bump the version (old
 # checkpoints are then analysed whole once, not misread) and update this line.
-SHAPE = {1: "937163039c", 2: "97d8286649"}
+SHAPE = {1: "937163039c", 2: "97d8286649", 3: "34abc8ff9f"}
 
 
 def test_the_version_names_the_shape():
@@ -130,8 +132,8 @@ def test_damaged_forged_or_missing_detectors_state_falls_back_with_its_reason():
         "version": dict(good, version=good["version"] + 1),
         "version 1": dict(good, version=1),  # the profile's shape before version 2
         "not a checkpoint of ackscope.detectors.state": dict(good, format="something.else"),
-        "is not a": dict(good, lost=["L", []]),
-        "is not tagged": dict(good, buildup=[7]),
+        "lost: ['L', []] is not an object reference": dict(good, lost=["L", []]),
+        "buildup: [7] is not an object reference": dict(good, buildup=[7]),
         "has fields": dict(good, objects=[["Tally", {"n": 1}]] + good["objects"][1:]),
     }
     for reason, doc in cases.items():
@@ -141,3 +143,37 @@ def test_damaged_forged_or_missing_detectors_state_falls_back_with_its_reason():
     other = Settings(1, 15_000_000, replace(LAB, unacked_age_seconds=LAB.unacked_age_seconds + 1))
     carried = carry_on_connection(load(dump(checkpoint)), more, other, {"connection_id": "c"})
     assert "other thresholds" in carried.done.fallback
+
+
+def test_a_forged_evidence_key_or_frame_field_is_refused_naming_its_field():
+    """In every hand-built case's state: a sort key other than its item's (of its own type, or another),
+    and a frame field of another type, are refused with the field they were in."""
+    forged = 0
+    for case in hand_built_cases():
+        detectors, _, connection = fed_case(case)
+        doc = json.loads(json.dumps(detector_state.to_state(detectors)))
+        for name, fields in doc["objects"]:
+            if name in ("Firsts", "ViolationFirsts"):
+                places = [(pair[1], 0, instead) for pair in fields["_items"][1]
+                          for instead in _other_keys(pair[1][0])]
+                where = f"{name}._items"
+            elif name in ("Returns", "Consumes", "ChannelFlows"):
+                places = [(row[1][4][1], 0, "7") for row in fields["rows"][1]]
+                where = f"{name}.rows"
+            else:
+                continue
+            for holder, at, instead in places:
+                good, holder[at] = holder[at], instead
+                with pytest.raises(StateError, match=f"checkpoint {where}: "):
+                    detector_state.from_state(doc, connection, LAB)
+                holder[at] = good
+                forged += 1
+    assert forged > 10
+
+
+def _other_keys(key) -> list:
+    """Keys other than `key`: of its own type (its seq, or its violation's seq, one more) and of another."""
+    if type(key) is int:
+        return [key + 1, str(key)]
+    (seq_tag, (present, seq)), *rest = key[1]   # nulls_first's pairs: (1, seq) first
+    return [["T", [[seq_tag, [present, seq + 1]], *rest]], ["T", []]]

@@ -20,7 +20,6 @@ import json
 import os
 from collections import defaultdict
 from datetime import datetime, timezone
-from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
@@ -32,12 +31,9 @@ from analyzer.rows import dicts_to_table
 from analyzer.timeline import replay_frames
 from analyzer.timeline.records import DELIVERY_OUTCOMES
 from spark_jobs.detectors import DETECTORS, INPUTS, SEVERITY, detect
-from spark_jobs.detectors.scoped import message_kinds_deliveries
-from analyzer.detectors.messages import came_back as came_back_record
-from analyzer.detectors.messages import in_loop as in_loop_row
-from spark_jobs.detectors.messages import came_back, candidate, in_loop
-from spark_jobs.detectors.scoped import ACROSS_CONNECTIONS
-from spark_jobs.thresholds import Thresholds
+from analyzer.detectors.messages import candidates, in_loop, left_at_close
+
+from analyzer.detectors.thresholds import Thresholds
 from spark_jobs.types import spark_schema
 
 from .conftest import CORPUS, ROOT
@@ -147,8 +143,8 @@ def evidence_of(finding: dict) -> dict:
 # -- the contract --------------------------------------------------------------------------------
 
 def test_every_kind_is_decided_once_each_with_a_severity():
-    assert tuple(DETECTORS) == ACROSS_CONNECTIONS and not set(KINDS) & set(ACROSS_CONNECTIONS)
-    assert sorted(KINDS + ACROSS_CONNECTIONS) == sorted(schema.FINDING_KINDS)
+    assert not set(KINDS) & set(DETECTORS)
+    assert sorted(KINDS + DETECTORS) == sorted(schema.FINDING_KINDS)
     assert set(SEVERITY) == set(schema.FINDING_KINDS) and set(SEVERITY.values()) <= set(schema.SEVERITIES)
 
 
@@ -185,7 +181,9 @@ def test_the_deliveries_a_full_run_hands_the_message_kinds_give_their_findings_e
     for row, as from every delivery, on cases with loops, dead-letter cycles, closes and identical
     bodies that are not the same message."""
     tables = spark_tables(spark, everything)
-    narrowed = message_kinds_deliveries(tables["deliveries"])
+    deliveries = everything["deliveries"]
+    narrowed = spark_tables(spark, {**everything,
+                                    "deliveries": deliveries.filter(candidates(deliveries))})["deliveries"]
     assert 0 < narrowed.count() < tables["deliveries"].count()
     again = [row.asDict() for row in detect({**tables, "deliveries": narrowed}, LAB).collect()]
     expected = [row.asDict() for row in output.collect()]
@@ -202,7 +200,7 @@ def test_the_spark_job_gives_what_the_python_rules_give(everything, output):
         located[frame["connection_id"]][frame["seq"]] = (frame["source_packet"], frame["source"])
     expected = message_findings(everything["deliveries"].to_pylist(), everything["connections"].to_pylist(),
                                 lambda cid: lambda seqs: [located[cid].get(seq) for seq in seqs], LAB)
-    assert {f["kind"] for f in expected} == set(ACROSS_CONNECTIONS)
+    assert {f["kind"] for f in expected} == set(DETECTORS)
     # Spark hands timestamps back naive, in the session's time zone (UTC).
     expected = [{**f, "first_ts": f["first_ts"].replace(tzinfo=None), "last_ts": f["last_ts"].replace(tzinfo=None)}
                 for f in expected]
@@ -322,31 +320,12 @@ def test_the_expectations_check_catches_misses_and_forbidden_kinds():
     assert problems([dict(finding, channel=2, count=9)], {"expect": expected["expect"]}) != []
 
 
-def test_the_spark_columns_pick_the_deliveries_the_python_rules_pick(spark):
-    """The pass counts the deliveries that came back on its records (a full run's pass writes them
-    as files, never as Spark rows; none, and the message kinds are not run); the kinds' job keeps
-    only the deliveries in a loop before it shuffles them to the Python rules. Both pick with Spark
-    columns what the Python rules pick: every combination of what they read."""
-    rows = [dict(message_identity=identity, outcome=outcome, x_death_count=x_death, redelivered=redelivered)
-            for identity in (None, "m1")
-            for outcome in (*DELIVERY_OUTCOMES, None)
-            for x_death in (None, 0, 2)
-            for redelivered in (None, False, True)]
-    table = spark.createDataFrame(rows, "message_identity string, outcome string, x_death_count int, "
-                                        "redelivered boolean")
-    picked = (table.withColumn("came_back", came_back()).withColumn("in_loop", in_loop())
-              .orderBy(*table.columns).collect())
-    assert len(picked) == len(rows)
-    for column, rule in (("came_back", lambda row: came_back_record(SimpleNamespace(**row))), ("in_loop", in_loop_row)):
-        assert {row[column] is True for row in picked} == {True, False}
-        for row in picked:
-            assert rule({name: row[name] for name in table.columns}) is (row[column] is True), (column, row)
-
-
-def test_the_stored_requeue_related_flag_is_the_spark_columns_candidate(spark):
-    """requeue_related.py: the writers flag the deliveries the message kinds read with Arrow; the
-    kinds pick them with `candidate()`. The stored flag must pick every row the column picks (else
-    a file holding one would be skipped) and no other. Every combination of what the two read."""
+def test_the_stored_requeue_related_flag_is_what_the_python_rules_read():
+    """analyzer.detectors.messages.candidates, the Arrow form of the rules' `in_loop` and
+    `left_at_close`: the writers flag with it the deliveries the message kinds read
+    (requeue_related.py) and both executors pick them with it (cross_connection_findings.py). It
+    must pick every row the rules read (else a file holding one would be skipped) and no other.
+    Every combination of what they read."""
     from spark_jobs.requeue_related import REQUEUE_RELATED, with_flags
 
     rows = [dict(provisional=False, message_identity=identity, outcome=outcome, x_death_count=x_death,
@@ -362,8 +341,9 @@ def test_the_stored_requeue_related_flag_is_the_spark_columns_candidate(spark):
     flagged = with_flags(table)
     assert flagged.column_names[:2] == ["provisional", REQUEUE_RELATED]
     assert None not in flagged[REQUEUE_RELATED].to_pylist()
-    picked = spark.createDataFrame(flagged).withColumn("picked", candidate()).collect()
-    assert len(picked) == len(rows)
-    assert {row["picked"] is True for row in picked} == {True, False}
+    assert flagged[REQUEUE_RELATED].to_pylist() == candidates(table.to_batches()[0]).to_pylist()
+    picked = flagged.to_pylist()
+    assert {row[REQUEUE_RELATED] for row in picked} == {True, False}
     for row in picked:
-        assert row[REQUEUE_RELATED] is (row["picked"] is True), row
+        read = in_loop(row) or (row["message_identity"] is not None and left_at_close(row))
+        assert row[REQUEUE_RELATED] is read, row

@@ -27,7 +27,7 @@ from dashboards.grafana.recorded import RECORDING_RULES
 
 LABEL_VALUES = {"vhost": "/", "application": "orders-api", "role": "consumer", "kind": "lost_confirm",
                 "severity": "critical", "method": "basic.publish", "protocol": "amqp-1.0", "outcome": "ok",
-                "table": "frames", "metric": "ackscope_unacked_deliveries"}
+                "table": "frames", "metric": "ackscope_unacked_deliveries", "label": "vhost"}
 SCRAPE_SECONDS = 1
 
 

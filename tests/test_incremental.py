@@ -25,8 +25,9 @@ from spark_jobs import compaction, delta_io
 from spark_jobs.analyze import FLAGGED_TABLES, OUTPUT_TABLES, PER_CONNECTION_TABLES, analyze, planned_run
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
 from spark_jobs.requeue_related import REQUEUE_RELATED
-from spark_jobs.run_scope import DAYS, FULL, NEW_DATA, RUNS_TABLE, finished_runs, plan_run
-from spark_jobs.thresholds import Thresholds
+from analyzer.published import RUNS_TABLE, finished_runs
+from spark_jobs.run_scope import DAYS, FULL, NEW_DATA, plan_run
+from analyzer.detectors.thresholds import Thresholds
 from spark_jobs.timeline.plans import conf_meanwhile
 
 from .conftest import ROOT
@@ -49,12 +50,7 @@ SORT_KEYS = ("finding_id", "connection_id", "channel", "incarnation", "seq", "bu
 @pytest.fixture(scope="module")
 def traffic(tmp_path_factory):
     """Frames and connections rows: generated traffic plus recorded captures."""
-    parts, connection_rows = [], []
-    for item in gen.generate(PARAMS):
-        if not isinstance(item, dict):
-            parts.extend(item[0].tables())
-            connection_rows.append(item[1])
-    frames, connections = pa.concat_tables(parts), gen.connections_table(connection_rows)
+    frames, connections = gen.lake_tables(PARAMS)
     recorded = str(tmp_path_factory.mktemp("recorded"))
     for name in IRREGULAR_EXAMPLES:
         capture, = glob.glob(os.path.join(ROOT, "examples", name + ".pcapng"))
@@ -457,10 +453,27 @@ def test_an_old_checkpoint_or_refused_detectors_state_is_analysed_whole(spark, w
     """A checkpoint of the format before the detectors' state, and one whose detectors' state is of
     another version, are not carried: those connections are analysed whole, and the tables still
     end as one run's."""
+    lake_dir = str(tmp_path / "lake")
+    last, states = analysed_but_the_last_piece(spark, traffic, lake_dir)
+    old, forged = states[:2]
+    doc = json.loads(forged["checkpoint"])
+    doc["detectors"] = dict(doc["detectors"], version=doc["detectors"]["version"] + 1)
+    replace_states(lake_dir, [dict(old, format="ackscope.timeline.state/1"),
+                              dict(forged, checkpoint=json.dumps(doc).encode())])
+    _append(lake_dir, "frames", last, schema.FRAMES, "last")
+    report = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    assert report.scope == NEW_DATA
+    assert f"{old['connection_id']}: checkpoint format ackscope.timeline.state/1" in report.reason, report.reason
+    assert f"{forged['connection_id']}: detectors' state refused" in report.reason, report.reason
+    assert _tables(lake_dir) == whole
+
+
+def analysed_but_the_last_piece(spark, traffic, lake_dir: str) -> tuple[pa.Table, list[dict]]:
+    """The traffic's pieces but the last appended and analysed one by one: the last piece, and the
+    analysis_state rows with a checkpoint of the connections it continues, by connection."""
     from spark_jobs.connection_pass import STATE_TABLE
 
     frames, connections = traffic
-    lake_dir = str(tmp_path / "lake")
     *first, last = _pieces(frames)
     _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
     for number, piece in enumerate(first):
@@ -469,20 +482,17 @@ def test_an_old_checkpoint_or_refused_detectors_state_is_analysed_whole(spark, w
     ids = set(last["connection_id"].to_pylist())
     states = [row for row in lake.read_table(lake_dir, STATE_TABLE, schema.ANALYSIS_STATE).to_pylist()
               if row["checkpoint"] is not None and row["connection_id"] in ids]
-    old, forged = sorted(states, key=lambda row: row["connection_id"])[:2]
+    return last, sorted(states, key=lambda row: row["connection_id"])
+
+
+def replace_states(lake_dir: str, rows: list[dict]) -> None:
+    """These analysis_state rows in place of their connections' (forged checkpoints, for tests)."""
+    from spark_jobs.connection_pass import STATE_TABLE
+
     DeltaTable(os.path.join(lake_dir, STATE_TABLE)).delete(
-        f"connection_id in ('{old['connection_id']}', '{forged['connection_id']}')")
-    doc = json.loads(forged["checkpoint"])
-    doc["detectors"] = dict(doc["detectors"], version=doc["detectors"]["version"] + 1)
-    tampered = [dict(old, format="ackscope.timeline.state/1"), dict(forged, checkpoint=json.dumps(doc).encode())]
-    _append(lake_dir, STATE_TABLE, pa.Table.from_pylist(tampered, schema=schema.ANALYSIS_STATE), schema.ANALYSIS_STATE,
+        "connection_id in (" + ", ".join(f"'{row['connection_id']}'" for row in rows) + ")")
+    _append(lake_dir, STATE_TABLE, pa.Table.from_pylist(rows, schema=schema.ANALYSIS_STATE), schema.ANALYSIS_STATE,
             "tampered")
-    _append(lake_dir, "frames", last, schema.FRAMES, "last")
-    report = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
-    assert report.scope == NEW_DATA
-    assert f"{old['connection_id']}: checkpoint format ackscope.timeline.state/1" in report.reason, report.reason
-    assert f"{forged['connection_id']}: detectors' state refused" in report.reason, report.reason
-    assert _tables(lake_dir) == whole
 
 
 def _frames(rows: list[dict]) -> pa.Table:
@@ -621,22 +631,21 @@ def test_a_delivery_left_at_a_close_then_unsettled_by_a_gap_takes_its_finding_aw
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 
-@pytest.mark.parametrize("findings_by", ["driver", "spark"])
-def test_a_carried_runs_findings_are_the_drivers_when_few_and_the_same_as_sparks(spark, tmp_path, monkeypatch,
-                                                                                findings_by):
-    """detectors/in_driver.py: a run that carried every connection on and has few findings to
-    compute again computes them in the driver, after one Spark job for the carried pass's rows:
-    here A's new frames make a requeue loop and leave a delivery at a close that B, already in the
-    lake, got again (redelivered); A's delivery open when the first run ended, of a message that
-    came back, is written again settled (a replaced requeue_related row). Spark's path (forced by
-    a bound of -1) gives the same tables, both one run's over everything."""
+@pytest.mark.parametrize("findings_table", ["small", "large"])
+def test_a_carried_runs_findings_take_one_spark_job_and_are_one_runs(spark, tmp_path, monkeypatch, findings_table):
+    """findings.py: a run that carried every connection on computes its findings again in the
+    driver, after one Spark job for the carried pass's rows: here A's new frames make a requeue
+    loop and leave a delivery at a close that B, already in the lake, got again (redelivered); A's
+    delivery open when the first run ended, of a message that came back, is written again settled
+    (a replaced requeue_related row). A findings table too large for the driver to rewrite whole
+    (forced by a bound of -1) is patched by Spark. Both end with one run's tables over everything."""
     import io
 
-    from spark_jobs.detectors import in_driver
+    from spark_jobs import findings
     from .test_timeline import T0, Conv
 
-    if findings_by == "spark":
-        monkeypatch.setattr(in_driver, "DRIVER_ROWS", -1)
+    if findings_table == "large":
+        monkeypatch.setattr(findings, "REWRITTEN_WHOLE_BYTES", -1)
     a, b = Conv("10.9.0.13:40013>10.9.0.9:5672@1", start=T0), Conv("10.9.0.14:40014>10.9.0.9:5672@2", start=T0)
     a.open(1)
     a.consume(1)
@@ -667,22 +676,19 @@ def test_a_carried_runs_findings_are_the_drivers_when_few_and_the_same_as_sparks
     report = analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS, progress=progress)
     assert report.carried_connections == report.connections == 1, report.reason
     findings_line = next(line for line in progress.getvalue().splitlines() if ": findings (" in line)
-    if findings_by == "driver":
+    if findings_table == "small":
         assert findings_line.endswith(", 1 Spark jobs)"), findings_line
     else:
-        assert int(findings_line.rsplit(", ", 1)[1].split()[0]) >= 3, findings_line
+        assert int(findings_line.rsplit(", ", 1)[1].split()[0]) >= 2, findings_line
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 
-@pytest.mark.parametrize("findings_by", ["driver", "spark"])
-def test_a_run_that_changes_no_candidate_reads_no_deliveries_for_the_message_kinds(spark, tmp_path, monkeypatch,
-                                                                                  findings_by):
-    """detectors/scoped.py: a run that adds or deletes no delivery either message kind reads (A's
-    next messages are acked) keeps their stored findings (B's requeue loop) without reading the
-    stored deliveries for them; the next run, whose rows hold a requeue, reads them. Both end as
-    one run over everything, with the findings the driver's (detectors/in_driver.py) or Spark's."""
-    from spark_jobs import analyze as analyze_module
-    from spark_jobs.detectors import in_driver
+def test_a_run_that_changes_no_candidate_reads_no_deliveries_for_the_message_kinds(spark, tmp_path, monkeypatch):
+    """findings.py: a run that adds or deletes no delivery either message kind reads (A's next
+    messages are acked) keeps their stored findings (B's requeue loop) without reading the stored
+    deliveries for them; the next run, whose rows hold a requeue, reads them. Both end as one run
+    over everything."""
+    from spark_jobs import findings
     from .test_timeline import T0, Conv
 
     a, b = Conv("10.9.0.5:40005>10.9.0.9:5672@1", start=T0), Conv("10.9.0.6:40006>10.9.0.9:5672@2", start=T0)
@@ -700,12 +706,8 @@ def test_a_run_that_changes_no_candidate_reads_no_deliveries_for_the_message_kin
         b.ack(1, tag, method="basic.nack", requeue=True)
     whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
     assert _kinds(whole_dir)["requeue_loop"] == {b.id}
-    read = []   # the stored deliveries read for the message kinds, by either path
-    if findings_by == "spark":
-        monkeypatch.setattr(in_driver, "DRIVER_ROWS", -1)
-        _spy(monkeypatch, analyze_module, "_stored_requeue_related", read)
-    else:
-        _spy(monkeypatch, in_driver, "_message_kinds", read)
+    read = []   # the stored deliveries read for the message kinds
+    _spy(monkeypatch, findings, "stored_candidates", read)
     _carry_on(spark, pieces_dir, a.rows[held:quiet])
     assert read == [] and _kinds(pieces_dir)["requeue_loop"] == {b.id}
     _carry_on(spark, pieces_dir, a.rows[quiet:])
@@ -713,17 +715,14 @@ def test_a_run_that_changes_no_candidate_reads_no_deliveries_for_the_message_kin
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 
-@pytest.mark.parametrize("findings_by", ["driver", "spark"])
 def test_a_carried_runs_findings_take_their_packets_from_the_stored_findings_and_its_new_frames(
-        spark, tmp_path, monkeypatch, findings_by):
-    """evidence_packets.KnownPackets: A's confirm_nack finding, stored with its packet, grows by a
+        spark, tmp_path, monkeypatch):
+    """evidence_packets.known_packets: A's confirm_nack finding, stored with its packet, grows by a
     nack among the new frames, and its unbounded_prefetch finding stands: their packets come without
     a scan of `frames`. The next run's
     unacked_buildup names A's delivery, which no stored finding named: `frames` is scanned for that
-    one. Both end as one run over everything, with the findings the driver's (detectors/in_driver.py)
-    or Spark's."""
-    from spark_jobs import evidence_packets
-    from spark_jobs.detectors import in_driver
+    one. Both end as one run over everything."""
+    from spark_jobs import findings
     from .test_timeline import T0, Conv
 
     a, b = Conv("10.9.0.7:40007>10.9.0.9:5672@1", start=T0), Conv("10.9.0.8:40008>10.9.0.9:5672@2", start=T0)
@@ -748,19 +747,14 @@ def test_a_carried_runs_findings_take_their_packets_from_the_stored_findings_and
             row.update(source=f"{conv.id}-{piece}.pcap", source_packet=1000 + row["seq"])
     whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
     assert _kinds(whole_dir) == {"confirm_nack": {a.id}, "unbounded_prefetch": {a.id}, "unacked_buildup": {a.id}}
-    scans = []   # the scans of `frames`, by either path
-    if findings_by == "spark":
-        monkeypatch.setattr(in_driver, "DRIVER_ROWS", -1)
-        _spy(monkeypatch, evidence_packets, "materialised", scans)
-    else:
-        _spy(monkeypatch, in_driver, "_scanned", scans)
+    scans = []   # the scans of `frames`
+    _spy(monkeypatch, findings, "_scanned", scans)
     _carry_on(spark, pieces_dir, a.rows[held:nacked])
     assert scans == [] and _kinds(pieces_dir) == {"confirm_nack": {a.id}, "unbounded_prefetch": {a.id}}
     _carry_on(spark, pieces_dir, a.rows[nacked:])
     assert len(scans) == 1
-    if findings_by == "driver":   # only the frames of the finding that names one no stored finding named
-        _, unknown = scans[0]
-        assert {connection_id for connection_id, _ in unknown} == {a.id} and len(unknown) <= 5, unknown
+    _, unknown = scans[0]   # only the frames of the finding that names one no stored finding named
+    assert {connection_id for connection_id, _ in unknown} == {a.id} and len(unknown) <= 5, unknown
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 

@@ -1,4 +1,4 @@
-"""The CDS archive of Spark's classes (spark_jobs/jvm_archive.py): named for the installation,
+"""The CDS archive of Spark's classes (spark_jobs/jvm_archive.py, made by make_jvm_archive.py): named for the installation,
 used only when it exists (the archive itself is made by `make venv`, a 30-60 s training run)."""
 
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from spark_jobs import jvm_archive
+from spark_jobs import jvm_archive, make_jvm_archive
 from spark_jobs.session import QUICK_START
 
 
@@ -45,7 +45,7 @@ def test_the_name_follows_the_java_and_the_spark_jars(tmp_path, monkeypatch):
 def test_if_missing_leaves_an_existing_archive(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ACKSCOPE_JVM_ARCHIVE_DIR", str(tmp_path))
     open(jvm_archive.archive_path(), "wb").close()
-    assert jvm_archive.main(["--if-missing"]) == 0
+    assert make_jvm_archive.main(["--if-missing"]) == 0
     assert "there already" in capsys.readouterr().err
 
 
@@ -59,10 +59,10 @@ def test_a_local_driver_loads_spark_from_the_archive(tmp_path, quick_start):
     log = tmp_path / "classes.log"
     script = (
         "import os\n"
-        "from spark_jobs import jvm_archive\n"
+        "from spark_jobs import jvm_archive, make_jvm_archive\n"
         "from spark_jobs.session import get_spark\n"
         "if not os.path.isfile(jvm_archive.archive_path()):\n"
-        "    jvm_archive.build()\n"
+        "    make_jvm_archive.build()\n"
         f"spark = get_spark('local[1]', extra_java_options='-Xlog:class+load=info:file={log}', "
         f"quick_start={quick_start})\n"
         "assert spark.range(3).count() == 3\n"

@@ -103,7 +103,7 @@ def agent_container(workload: dict) -> dict:
 # -- rendering and validation ---------------------------------------------------------------------
 
 def test_there_are_the_overlays_the_docs_describe():
-    assert OVERLAYS == ["app-sidecar", "broker-sidecar", "object-storage", "spark-operator"]
+    assert OVERLAYS == ["app-sidecar", "app-sidecar-tls", "broker-sidecar", "object-storage", "spark-operator"]
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
@@ -208,7 +208,7 @@ def test_the_agent_sidecar_has_net_raw_only_probes_and_resources(name):
         assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "ackscope-agent"}
         assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "ackscope-agent"}
         assert set(agent["resources"]["requests"]) == {"cpu", "memory"}
-        assert agent["resources"]["limits"]["memory"] == "512Mi"
+        assert agent["resources"]["limits"]["memory"] == "768Mi"
         # The broker's or application's own containers are untouched.
         assert all("NET_RAW" not in str(c.get("securityContext")) for c in workload["spec"]["template"]["spec"]["containers"])
 
@@ -345,7 +345,7 @@ def test_the_scheduled_spark_application_gets_the_lake_and_gateway_from_the_sett
     values = settings(objects)
     assert template["arguments"][:2] == [f"--lake={values['ACKSCOPE_LAKE']}",
                                          f"--pushgateway={values['ACKSCOPE_PUSHGATEWAY']}"]
-    assert template["mainApplicationFile"] == "local:///opt/ackscope/spark_jobs/analyze.py"
+    assert template["mainApplicationFile"] == "local:///opt/ackscope/spark_jobs/job.py"
     assert application["spec"]["concurrencyPolicy"] == "Forbid"
     for role in ("driver", "executor"):
         assert {"name": "ackscope-lake", "mountPath": "/lake"} in template[role]["volumeMounts"]
@@ -408,8 +408,29 @@ def test_the_agent_arguments_are_ackscope_captures(name):
     for workload in (o for o in overlay(name) if o["kind"] in ("Deployment", "StatefulSet")):
         args = parsed(agent_container(workload)["args"])
         assert args.run is run_capture
-        assert (args.iface, args.port, args.metrics_addr, args.lake) == ("eth0", [5672], "0.0.0.0:9419", "/lake")
+        ports = [5672, 5671] if name == "app-sidecar-tls" else [5672]
+        assert (args.iface, args.port, args.metrics_addr, args.lake) == ("eth0", ports, "0.0.0.0:9419", "/lake")
         assert args.agent_id == "default.rabbitmq-0"
+
+
+def test_the_tls_overlay_shares_a_private_in_memory_key_log_between_the_application_and_the_agent():
+    (workload,) = find(overlay("app-sidecar-tls"), "Deployment", "orders-api")
+    spec = workload["spec"]["template"]["spec"]
+    keylog = "/var/run/ackscope-keylog/keys.log"
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "tls-keylog"]
+    assert volume["emptyDir"]["medium"] == "Memory"
+    init, agent = spec["initContainers"]
+    assert (init["name"], agent["name"]) == ("ackscope-keylog", "ackscope-agent")
+    assert "0o600" in init["command"][-1] and keylog in init["command"][-1]
+    assert parsed(agent["args"]).tls_keylog == keylog
+    assert {"name": "tls-keylog", "mountPath": os.path.dirname(keylog), "readOnly": True} in agent["volumeMounts"]
+    (app,) = spec["containers"]
+    assert {"name": "SSLKEYLOGFILE", "value": keylog} in app["env"]
+    # The agent refuses a key log others may read: the application writes it as the agent's user.
+    assert app["securityContext"]["runAsUser"] == agent["securityContext"]["runAsUser"] == init["securityContext"]["runAsUser"]
+    mounting = [c["name"] for c in spec["initContainers"] + spec["containers"]
+                if any(m["name"] == "tls-keylog" for m in c.get("volumeMounts", []))]
+    assert sorted(mounting) == ["ackscope-agent", "ackscope-keylog", "orders-api"]
 
 
 def test_the_analysis_arguments_are_ackscope_analyzes():

@@ -27,14 +27,7 @@ MESSAGES = 300
 @pytest.fixture(scope="module")
 def test_user():
     """A broker user whose password appears nowhere else, so a search for it in the tables means something."""
-    password = "pw-" + secrets.token_hex(12)
-    existing = broker.rabbitmqctl("list_users", "--quiet", "--no-table-headers")
-    if USER in [line.split("\t")[0] for line in existing.splitlines()]:
-        broker.rabbitmqctl("change_password", USER, password)
-    else:
-        broker.rabbitmqctl("add_user", USER, password)
-    broker.rabbitmqctl("set_permissions", "-p", "/", USER, ".*", ".*", ".*")
-    return password
+    return broker.user_with_fresh_password(USER, "pw-")
 
 
 def publish_and_consume(name: str, password: str) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from analyzer.detectors import finish
 from analyzer.detectors.common import EVIDENCE, MAX_EVIDENCE
-from analyzer.detectors.messages import (COLUMNS, JOURNEY_ORDER, Journey, Redelivered, after_close_finding,
+from analyzer.detectors.messages import (COLUMNS, JOURNEY_ORDER, Journey, after_close_finding,
                                          redelivered_after_close)
 
 from .detector_cases import UNIT_EXPECTED, hand_built_cases
@@ -28,7 +28,7 @@ KINDS = ("requeue_loop", "redelivery_after_close")
 
 def raw_message_findings(deliveries: Iterable[Mapping], names: Mapping[str, str | None], thresholds) -> list:
     """(connection_id, RawFinding) of both kinds in `deliveries` (schema.DELIVERIES rows, any order;
-    a column missing is null), gathered as spark_jobs/detectors/messages.py gathers them. `names`:
+    a column missing is null), gathered as spark_jobs/cross_connection_findings.py gathers them. `names`:
     connection_id -> its name."""
     by_message = defaultdict(list)
     for d in deliveries:
@@ -187,35 +187,6 @@ def test_a_delivery_left_at_a_close_counts_when_it_comes_back_elsewhere_after_th
     connection_id, raw = after_close_finding([match])
     assert (connection_id, raw.channel, raw.count, raw.evidence["ended_by"]) == ("c1", 1, 1, "channel_closed")
     assert raw.summary.startswith("1 deliveries left unacked on channel 1 when its channel closed")
-
-
-def test_the_spark_jobs_python_takes_each_group_whole_where_it_spans_arrow_batches():
-    """The gathering's partition function (spark_jobs/detectors/messages.each_group): groups cut
-    by batch boundaries, a group alone in a batch, and more output than one batch holds."""
-    import pyarrow as pa
-
-    from spark_jobs.detectors import messages
-
-    keys = ["a"] * 5 + ["b"] + ["c"] * 3 + [f"d{n:05}" for n in range(messages.ROWS_PER_BATCH + 10)]
-    table = pa.table({"k": keys, "n": list(range(len(keys)))})
-    batches = [table.slice(0, 3), table.slice(3, 3), table.slice(6, 1), table.slice(7)]
-    out = pa.schema([("k", pa.string()), ("rows", pa.int64()), ("first", pa.int64())])
-
-    def decide(group):
-        rows = list(group)
-        return [{"k": rows[0]["k"], "rows": len(rows), "first": rows[0]["n"]}]
-
-    got = pa.Table.from_batches(list(messages.each_group(["k"], decide, out, iter(batches))), schema=out)
-    assert got.num_rows == len(set(keys)) and len(got.to_batches()) >= 2
-    assert got.slice(0, 3).to_pylist() == [{"k": "a", "rows": 5, "first": 0}, {"k": "b", "rows": 1, "first": 5},
-                                           {"k": "c", "rows": 3, "first": 6}]
-    assert set(got["rows"].to_pylist()[3:]) == {1}
-
-
-def test_the_spark_job_carries_every_field_of_a_match_between_its_shuffles():
-    from spark_jobs.detectors.messages import REDELIVERED
-
-    assert REDELIVERED.names == list(Redelivered.__dataclass_fields__)
 
 
 def test_no_redelivery_after_close_before_the_close_or_on_the_same_incarnation():

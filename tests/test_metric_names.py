@@ -34,9 +34,49 @@ def test_application_label():
     assert labels.application(None, None, "10.0.0.7") == "unknown"
 
 
-def test_the_cap_folds_new_applications_into_other_and_counts_them():
-    cap = labels.ApplicationCap(limit=2)
-    assert [cap.label(a, "x") for a in ("a", "b", "a", "c", "d", "b")] == ["a", "b", "a", "other", "other", "b"]
-    assert cap.folded == {"x": 2}
+def test_the_cap_folds_new_values_into_other_and_counts_them():
+    cap = labels.LabelCap("application", limit=2)
+    assert [cap.label(a) for a in ("a", "b", "a", "c", "d", "b")] == ["a", "b", "a", "other", "other", "b"]
+    assert cap.folds == 2
     with pytest.raises(ValueError):
-        labels.ApplicationCap(limit=0)
+        labels.LabelCap("application", limit=0)
+
+
+def test_a_value_asked_for_without_admission_takes_no_slot():
+    """A connection the broker has not accepted gets an admitted label or "other", never a slot."""
+    cap = labels.LabelCap("vhost", limit=1)
+    assert cap.label("refused", admit=False) == "other"
+    assert cap.admitted == set() and cap.folds == 1
+    assert cap.label("real") == "real"
+    assert cap.label("real", admit=False) == "real"
+
+
+def test_vhost_and_application_are_capped_apart_and_a_series_folded_by_either_counts_once():
+    caps = labels.SeriesCaps(max_applications=2, max_vhosts=1)
+    assert caps.where(("/", "a"), "m") == ("/", "a")
+    assert caps.where(("/", "b"), "m") == ("/", "b")
+    assert caps.where(("other-vhost", "c"), "m") == ("other", "other")
+    assert caps.where(("/", "c"), "n") == ("/", "other")
+    assert caps.folded == {"m": 1, "n": 1}
+    assert caps.folds_by_label() == {"vhost": 1, "application": 2}
+
+
+def test_label_values_are_cut_to_the_length_bound_with_a_marker_and_counted():
+    huge = "x" * 100_000
+    app, vhost = labels.application(huge, None, None), labels.vhost("v" * 5000)
+    assert app == "x" * labels.MAX_LABEL_LENGTH + "...[+99,880 chars]"
+    assert vhost.startswith("v" * labels.MAX_LABEL_LENGTH) and vhost.endswith("...[+4,880 chars]")
+    assert labels.application("pika" * 100, None, None).endswith("...[+280 chars]")
+    assert labels.application("x" * labels.MAX_LABEL_LENGTH, None, None) == "x" * labels.MAX_LABEL_LENGTH
+    caps = labels.SeriesCaps()
+    caps.where((vhost, app))
+    caps.where((vhost, app))
+    caps.where(("/", "short"))
+    assert caps.truncations_by_label() == {"vhost": 1, "application": 1}
+
+
+def test_help_texts_need_no_escape_in_either_exposition_format():
+    """OpenMetrics escapes a quote in a HELP line (\\"), the Prometheus text format does not know that
+    escape: promtool and Prometheus' text parser refuse the whole document."""
+    for metric in m.METRICS:
+        assert not set(metric.help) & {'"', "\\", "\n"}, metric.name

@@ -6,7 +6,9 @@ the same report (packets, flows, frames by method, gaps, errors) and the same co
 files are the bundled examples, the public corpus and its negative controls, the benchmark captures
 when they are recorded, and the generated conversations of test_fuzz and test_fast_paths written
 out as pcap and pcapng files, clean and damaged: packets dropped, repeated, reordered and cut by a
-snap length, payloads mutated (bit flips, huge frame sizes), garbage, captures starting mid-stream.
+snap length, payloads mutated (bit flips, huge frame sizes), garbage, captures starting mid-stream;
+and the same streams inside real TLS 1.2 and 1.3 (the lane cuts a TLS connection's records and
+frames their plaintext), with the recorded TLS benchmark captures and their key logs.
 
 Under CI=true the lane must be built: a machine where it does not compile fails here, loudly,
 instead of testing the Python path twice.
@@ -32,6 +34,7 @@ from .test_fuzz import FUZZ, Wire, conversations, isns, mutate
 LANE_MISSING = "the native lane is not built (pip install -e . compiles analyzer/_lane.c)"
 
 
+@pytest.mark.c_twin
 def test_the_lane_is_built_in_ci():
     check_built(native.available(), LANE_MISSING)
 
@@ -39,10 +42,10 @@ def test_the_lane_is_built_in_ci():
 needs_lane = needs_built(native.available(), LANE_MISSING)
 
 
-def _decoded(path: str, lane: bool, monkeypatch) -> tuple:
+def _decoded(path: str, lane: bool, monkeypatch, keylog=None) -> tuple:
     monkeypatch.setenv("ACKSCOPE_PURE_PYTHON", "0" if lane else "1")
     batches = []
-    report, connections = decode(path, batches.append)
+    report, connections = decode(path, batches.append, tls_keylog=keylog)
     table = pa.concat_tables(batches) if batches else None
     rows = table.sort_by([("connection_id", "ascending"), ("seq", "ascending")]).to_pylist() if table else []
     summary = report.as_json()
@@ -50,7 +53,7 @@ def _decoded(path: str, lane: bool, monkeypatch) -> tuple:
     return rows, summary, connections
 
 
-def assert_same_both_ways(path: str, monkeypatch) -> tuple:
+def assert_same_both_ways(path: str, monkeypatch, keylog=None) -> tuple:
     """Decode `path` with the lane and without it; everything must be equal. Returns the lane's result."""
     assert native.available(), LANE_MISSING
     taken = []
@@ -66,8 +69,8 @@ def assert_same_both_ways(path: str, monkeypatch) -> tuple:
     with monkeypatch.context() as patched:
         patched.setattr(native.NativeLane, "pcapng", counted(real[0]))
         patched.setattr(native.NativeLane, "pcap", counted(real[1]))
-        lane = _decoded(path, True, patched)
-    python = _decoded(path, False, monkeypatch)
+        lane = _decoded(path, True, patched, keylog)
+    python = _decoded(path, False, monkeypatch, keylog)
     assert lane[1] == python[1]
     assert lane[2] == python[2]
     assert len(lane[0]) == len(python[0])
@@ -259,3 +262,160 @@ def test_the_engine_reads_any_bytes_at_any_position_without_harm(buf, pos, numbe
                  lambda: lane.engine.pcap(buf, pos, number, linktype, False, 1024)):
         assert call() == (pos, number, None, 0, None)
     assert lane.engine.rows() == 0 and lane.engine.release_all() == []
+
+
+@needs_lane
+def test_tls_connections_beside_the_lane_and_a_plain_one_on_their_ports_after_them(tmp_path, monkeypatch):
+    """A TLS connection is the lane's once its handshake is done (its records opened by its TLS
+    layer, their plaintext framed in C), and so is a plaintext connection on the same ports after it
+    ends: all of it as the Python path decodes it."""
+    import ssl
+
+    from pamqp import body as pamqp_body
+    from pamqp import commands
+
+    from analyzer.tls.keylog import read_keylog
+
+    from . import amqp_bytes as ab
+    from .test_fuzz import broker_opening, client_opening
+    from .tls_sessions import Conversation
+
+    def deliveries(tags: range) -> tuple[bytes, bytes]:
+        down = b"".join(ab.marshal(commands.Basic.Deliver("ctag", tag, False, "ex", "rk"), 1)
+                        + ab.marshal(ab.content_header(5, message_id=f"m-{tag}"), 1)
+                        + ab.marshal(pamqp_body.ContentBody(b"hello"), 1) for tag in tags)
+        return down, b"".join(ab.marshal(commands.Basic.Ack(tag), 1) for tag in tags)
+
+    keys = tmp_path / "keys.log"
+    tls = Conversation(keys, ssl.TLSVersion.TLSv1_3)
+    tls.send(0, b"".join(client_opening()))
+    tls.send(1, b"".join(broker_opening()))
+    for first in range(1, 201, 10):  # ten deliveries, then their acks, a record each
+        down, up = deliveries(range(first, first + 10))
+        tls.send(1, down)
+        tls.send(0, up)
+    wire = Wire(7000, 9000)
+    wire.handshake()
+    for direction, data in tls.wire:
+        wire.send(direction, data, 1400)
+    wire.fin(0)
+    wire.fin(1)
+    plain = Wire(123_456, 654_321)  # the same ports, after the TLS connection ended
+    plain.handshake()
+    plain.send(0, b"".join(client_opening()), 1500)
+    plain.send(1, b"".join(broker_opening()), 1500)
+    down, up = deliveries(range(1, 101))
+    plain.send(1, down, 1500)
+    plain.send(0, up, 1500)
+    path = str(tmp_path / "tls-then-plain.pcapng")
+    write_capture(path, [ethernet_frame(seg) for seg in wire.packets + plain.packets], pcapng=True)
+    (rows, summary, connections), taken = assert_same_both_ways(path, monkeypatch, read_keylog(str(keys)))
+    assert [(c["protocol"], c["tls_decrypted"]) for c in sorted(connections, key=lambda c: c["first_ts_ns"])] == [
+        ("amqp-0-9-1", True), ("amqp-0-9-1", None)]
+    assert summary["frames_by_method"]["basic.deliver"] == 300
+    assert taken >= 40 + 5  # the TLS connection's records of deliveries and acks, and the plain one's
+
+
+# -- AMQP inside TLS, generated ------------------------------------------------------------------------
+
+TLS_SUITES = [("1.3", None), ("1.2", "ECDHE-RSA-AES256-GCM-SHA384"), ("1.2", "ECDHE-RSA-CHACHA20-POLY1305"),
+              ("1.2", "ECDHE-RSA-AES128-SHA256")]
+
+
+def _inside_tls(data, keylog) -> list[Segment]:
+    """busy_conversations' streams inside real TLS (OpenSSL at both ends, tests/tls_sessions.py): each
+    chunk of frames one write, so records cut frames anywhere; the records cut into segments."""
+    import ssl
+
+    from .test_fast_paths import message_streams
+    from .test_fuzz import broker_opening, client_opening
+    from .tls_sessions import Conversation
+
+    version, ciphers = data.draw(st.sampled_from(TLS_SUITES), label="TLS")
+    tls = Conversation(keylog, ssl.TLSVersion.TLSv1_3 if version == "1.3" else ssl.TLSVersion.TLSv1_2, ciphers)
+    wire = Wire(data.draw(isns), data.draw(isns))
+    wire.handshake()
+    queues = {0: client_opening() + data.draw(message_streams(0)), 1: broker_opening() + data.draw(message_streams(1))}
+    sent = 0
+    while True:
+        for direction, records in tls.wire[sent:]:
+            wire.send(direction, records, data.draw(st.sampled_from([40, 300, 1448, 65000]), label="segment size"))
+        sent = len(tls.wire)
+        if not (queues[0] or queues[1]):
+            break
+        direction = data.draw(st.sampled_from([d for d in queues if queues[d]]), label="direction")
+        take = data.draw(st.integers(1, 40), label="frames")
+        chunk, queues[direction] = b"".join(queues[direction][:take]), queues[direction][take:]
+        tls.send(direction, chunk)
+    if data.draw(st.booleans(), label="fin"):
+        wire.fin(0)
+        wire.fin(1)
+    return wire.packets
+
+
+@needs_lane
+@FUZZ
+@given(data=st.data())
+def test_busy_conversations_inside_tls_decode_the_same_both_ways(data, tmp_path_factory):
+    """The lane's TLS part (records cut in C, opened by the connection's TLS layer, the plaintext
+    framed in C; a frame or record it does not take handed back) against the Python path, on TLS
+    1.3 and 1.2 (AES-GCM, ChaCha20-Poly1305, and CBC, which opens the same way), clean and damaged."""
+    from analyzer.tls.keylog import read_keylog
+
+    tmp = tmp_path_factory.mktemp("tls")
+    keylog = tmp / "keys.log"
+    path = _capture_of(_damage(_inside_tls(data, keylog), data), data, tmp)
+    with pytest.MonkeyPatch.context() as patched:
+        assert_same_both_ways(path, patched, read_keylog(str(keylog)))
+
+
+TLS_BENCH = _captures(os.path.join(ROOT, "bench", "out", "tls", "*.pcapng"))
+
+if TLS_BENCH:  # recorded by bench/tls.py, each beside its key log
+    @needs_lane
+    @pytest.mark.parametrize("path", TLS_BENCH, ids=os.path.basename)
+    def test_tls_benchmark_captures_decode_the_same_both_ways(path, monkeypatch):
+        from analyzer.tls.keylog import read_keylog
+
+        (_, summary, _), taken = assert_same_both_ways(path, monkeypatch, read_keylog(path[:-len(".pcapng")] + ".keys.log"))
+        assert taken > 0.95 * summary["packets"]
+
+
+@needs_lane
+@pytest.mark.parametrize("version", ["1.3", "1.2"])
+def test_a_tls_connection_handed_back_inside_a_record_goes_on_from_the_same_byte(version, tmp_path, monkeypatch):
+    """Records cut into 40-byte segments, one segment sent twice and two swapped: the lane hands the
+    connection back at the retransmission and the swap holding part of a record, and Python
+    reads that record on from the same byte (then the lane takes it again)."""
+    import ssl
+
+    from pamqp import body as pamqp_body
+    from pamqp import commands
+
+    from analyzer.tls.keylog import read_keylog
+
+    from . import amqp_bytes as ab
+    from .test_fuzz import broker_opening, client_opening
+    from .tls_sessions import Conversation
+
+    keys = tmp_path / "keys.log"
+    tls = Conversation(keys, ssl.TLSVersion.TLSv1_3 if version == "1.3" else ssl.TLSVersion.TLSv1_2)
+    tls.send(0, b"".join(client_opening()))
+    tls.send(1, b"".join(broker_opening()))
+    for first in range(1, 201, 10):
+        tls.send(1, b"".join(ab.marshal(commands.Basic.Deliver("ctag", tag, False, "ex", "rk"), 1)
+                             + ab.marshal(ab.content_header(5, message_id=f"m-{tag}"), 1)
+                             + ab.marshal(pamqp_body.ContentBody(b"hello"), 1) for tag in range(first, first + 10)))
+        tls.send(0, ab.marshal(commands.Basic.Ack(first + 9, multiple=True), 1))
+    wire = Wire(7000, 9000)
+    wire.handshake()
+    for direction, data in tls.wire:
+        wire.send(direction, data, 40)
+    packets = wire.packets
+    third, half = len(packets) // 3, len(packets) // 2
+    packets = packets[:third] + [packets[third - 1]] + packets[third:half] + [packets[half + 1], packets[half]] + packets[half + 2:]
+    path = str(tmp_path / "handed-back.pcapng")
+    write_capture(path, [ethernet_frame(seg) for seg in packets], pcapng=True)
+    (rows, summary, _), taken = assert_same_both_ways(path, monkeypatch, read_keylog(str(keys)))
+    assert summary["frames_by_method"]["basic.deliver"] == 200 and summary["gaps"] == 0
+    assert taken > 0.8 * summary["packets"]

@@ -287,7 +287,7 @@ def test_an_analysis_fed_runs_of_rows_equals_one_fed_row_by_row(advance_every):
     from analyzer.connection_analysis import ConnectionAnalysis, Settings
     from analyzer.timeline.carry import dump
     from analyzer.timeline.records import DEFAULT_OVERDUE_NS
-    from spark_jobs.thresholds import Thresholds
+    from analyzer.detectors.thresholds import Thresholds
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import pass_cpu
     from frames_generator import Params

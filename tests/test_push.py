@@ -156,6 +156,22 @@ def test_the_cap_folds_applications_beyond_it_into_other(gateway, lake_dir):
     assert pushed.folded["ackscope_findings"] == 1
 
 
+def test_refused_connections_take_no_slot_vhosts_are_capped_and_values_cut(tmp_path):
+    """A connection with neither a channel nor a finding (the broker refused it) sorts first and
+    still takes no slot; vhosts have a cap of their own; a long name is cut with a marker."""
+    lake = str(tmp_path / "lake")
+    long_name = "z" * 500
+    write(lake, "connections", schema.CONNECTIONS, [
+        connection("c0", "aaa-refused", vhost="aaa-refused-vhost"), connection("c1", "orders-api"),
+        connection("c2", "billing", vhost="prod"), connection("c3", long_name)])
+    write(lake, "findings", schema.FINDINGS, [finding("lost_confirm", "critical", c, 1) for c in ("c1", "c2", "c3")])
+    pushed = push.analysis_families(lake, max_applications=3, max_vhosts=1)
+    series = {(s.labels["vhost"], s.labels["application"]) for f in pushed.families if f.name == "ackscope_findings"
+              for s in f.samples}
+    assert series == {("/", "orders-api"), ("other", "billing"), ("/", "z" * 120 + "...[+380 chars]")}
+    assert pushed.folded == {"ackscope_findings": 1}
+
+
 def test_an_unreachable_gateway_is_a_clear_error_and_exit_status(lake_dir, capsys):
     closed = f"http://127.0.0.1:{free_port()}"
     assert cli.main(["push", "--lake", lake_dir, "--pushgateway", closed]) == cli.EXIT_PUSH_FAILED

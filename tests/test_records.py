@@ -116,6 +116,7 @@ MADE_IN_C = all(cls.new is not cls for cls in RECORD_TYPES)
 MAKER_MISSING = "analyzer/timeline/_records.c is not built (pip install -e . compiles it)"
 
 
+@pytest.mark.c_twin
 def test_new_is_made_in_c_in_ci():
     check_built(MADE_IN_C, MAKER_MISSING)
 

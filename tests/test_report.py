@@ -276,6 +276,19 @@ def test_hostile_names_are_escaped(tmp_path):
         assert browser.evaluate("document.querySelectorAll('[onerror]').length") == 0
 
 
+def test_a_finding_whose_connection_has_no_row_is_named_by_the_ends_its_id_names(tmp_path):
+    """The analysis ran while the connection was open (the agent writes its row when it ends)."""
+    lake_dir = str(tmp_path / "lake")
+    _write(lake_dir, "findings", schema.FINDINGS, _table(
+        schema.FINDINGS, schema.FINDING_TIMESTAMPS, schema.FINDING_DATE_FROM, finding_id=["f1"],
+        kind=["lost_confirm"], severity=["critical"], connection_id=["10.0.0.1:5000>10.0.0.2:5672@1"],
+        channel=[1], incarnation=[1], first_ts_ns=[T0], last_ts_ns=[T0 + 5], count=[3], summary=["lost"]))
+    out = str(tmp_path / "report.html")
+    write_report(lake_dir, out)
+    html = open(out, encoding="utf-8").read()
+    assert escape("10.0.0.1:5000 → 10.0.0.2:5672") in html and "? → ?" not in html and "None" not in html
+
+
 def test_empty_and_unanalysed_lakes(tmp_path, capsys):
     out = str(tmp_path / "r.html")
     assert main(["report", "--lake", str(tmp_path / "missing"), "-o", out]) == 2

@@ -264,9 +264,12 @@ def test_the_bridge_refuses_tables_whose_files_need_delta_spark(spark, tmp_path)
 
 
 def test_listed_connections_filter_and_replace_as_the_join_does(spark, agent_lake, tmp_path, monkeypatch):
-    """Rows of a few connections are picked, and replaced, by a literal IN filter (no broadcast job);
-    past plans.IN_LIST_CONNECTIONS by a broadcast semi-join. Both must pick the same rows."""
-    from spark_jobs import delta_io
+    """Rows of a few connections are picked by a literal IN filter (no broadcast job); past
+    plans.IN_LIST_CONNECTIONS by a broadcast semi-join. Both must pick the same rows. A replace
+    names them by listed values (connections_match) or by keys gathered from Spark (Match): the one
+    rule (delta_io.doomed) must take out the same rows either way."""
+    from itertools import product
+
     from spark_jobs.delta_io import Listed, Match, connections_match, replace_matching
     from spark_jobs.timeline import plans
 
@@ -286,14 +289,13 @@ def test_listed_connections_filter_and_replace_as_the_join_does(spark, agent_lak
     monkeypatch.undo()
 
     kinds = ("basic.deliver", "basic.ack")
-    assert isinstance(connections_match(spark, picked, method=kinds), Listed)
-    monkeypatch.setattr(delta_io, "IN_LIST_CONNECTIONS", 0)
-    as_join = connections_match(spark, picked, method=kinds)
-    monkeypatch.undo()
-    assert isinstance(as_join, Match) and as_join.rows == len(picked) * len(kinds)
-
+    as_list = connections_match(picked, method=kinds)
+    assert isinstance(as_list, Listed)
+    keys = spark.createDataFrame(pa.Table.from_pylist(
+        [{"connection_id": c, "method": m} for c, m in product(picked, kinds)]))
+    as_keys = Match(keys, ("connection_id", "method"))
     results = []
-    for i, match in enumerate([connections_match(spark, picked, method=kinds), as_join]):
+    for i, match in enumerate([as_list, as_keys]):
         lake_dir = str(tmp_path / f"lake{i}")
         write_delta(frames, lake_dir, "frames", schema.FRAMES)
         replace_matching(frames.limit(0), lake_dir, "frames", schema.FRAMES, [match])
@@ -681,10 +683,10 @@ def test_a_small_rewrite_without_new_rows_is_the_drivers_and_equals_sparks(spark
 
 
 def test_a_small_rewrite_with_rows_and_keys_in_the_driver_equals_sparks(spark, agent_lake, tmp_path, monkeypatch):
-    """delta_io: new rows in Arrow and `Keyed` matches (detectors/in_driver.py's findings) are the
+    """delta_io: new rows in Arrow and `Keyed` matches (findings.py's) are the
     driver's rewrite, no Spark job; the same replacement by Spark (the rows a DataFrame, the keys a
     `Match`) commits an equal table. A null matches no key. Such a replacement of a table too big
-    to be rewritten whole is refused before anything is written."""
+    to be rewritten whole is Spark's, the same rule (delta_io.doomed) in its tasks: an equal table."""
     from spark_jobs import delta_io
     from spark_jobs.delta_io import Keyed, Match, Replacement, replace_all
 
@@ -716,11 +718,12 @@ def test_a_small_rewrite_with_rows_and_keys_in_the_driver_equals_sparks(spark, a
     monkeypatch.setattr(delta_io, "REWRITTEN_WHOLE_BYTES", 0)
     lake_dir = str(tmp_path / "too-big")
     write_delta(spark.createDataFrame(stored), lake_dir, "connections", schema.CONNECTIONS)
-    version = table_version(lake_dir, "connections")
-    with pytest.raises(ValueError, match="rewrites whole"):
-        replace_all(lake_dir, {"connections": Replacement(new, schema.CONNECTIONS,
-                                                          [Keyed(("connection_id",), frozenset())])})
-    assert table_version(lake_dir, "connections") == version
+    group = "keyed-too-big"
+    spark.sparkContext.setJobGroup(group, group)
+    replace_all(lake_dir, {"connections": Replacement(new, schema.CONNECTIONS,
+                                                      [Keyed(("connection_id", "agent_id"), frozenset(keys))])})
+    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) >= 1
+    assert in_order(agent_read(lake_dir, "connections")).equals(results[True])
 
 
 def test_a_discarded_rewrite_leaves_the_table_and_its_folder_as_they_were(spark, agent_lake, tmp_path):

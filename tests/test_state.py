@@ -22,7 +22,7 @@ from analyzer.timeline.consumer import ConsumerSide
 from analyzer.timeline.publisher import PublisherSide
 from analyzer.timeline.state import StateError
 
-from spark_jobs.thresholds import Thresholds
+from analyzer.detectors.thresholds import Thresholds
 
 from .conftest import ROOT
 from .variants import VARIANTS
@@ -53,7 +53,7 @@ def test_slotted_state_classes_store_every_slot():
     build runs the same code): this does."""
     for cls, names in state.FIELDS.items():
         if "__slots__" in vars(cls):
-            assert tuple(cls.__slots__) == names + state.NOT_STORED.get(cls, ()), cls.__name__
+            assert tuple(cls.__slots__) == tuple(names) + state.NOT_STORED.get(cls, ()), cls.__name__
 
 
 def checkpoint_after(rows: list[dict]) -> Checkpoint:
@@ -134,10 +134,11 @@ def _forged(doc) -> bytes:
     (lambda d: d.update(objects=[["Path", {}]]), "is not \\[state class, fields\\]"),
     (lambda d: d["objects"][0][1].update(__class__=["M", {}]), "has fields"),
     (lambda d: d["objects"][2][1].pop("outstanding"), "has fields"),
-    (lambda d: d.update(timeline=["O", 99]), "malformed"),
-    (lambda d: d.update(boundary=["R", "Delivery", [1, 2]]), "fields or values"),
-    (lambda d: d.update(boundary=["X", []]), "malformed"),
-    (lambda d: d.update(boundary={"__reduce__": 1}), "not tagged"),
+    (lambda d: d.update(timeline=["O", 99]), "timeline: .* is not an object reference"),
+    (lambda d: d.update(boundary=["T", [["R", "Delivery", [1, 2]]]]), "record Delivery has 2 fields"),
+    (lambda d: d.update(boundary=["X", []]), "boundary: .* is not a \\['T', ...\\] value"),
+    (lambda d: d.update(boundary={"__reduce__": 1}), "boundary: .* is not a \\['T', ...\\] value"),
+    (lambda d: d.update(timeline=["O", 1]), "object 1 is a ChannelLife, not a ConnectionTimeline"),
     (lambda d: d.update(version=0), "version 0"),
     (lambda d: d.update(version=2), "version 2"),  # before the incarnation's sides were objects
     (lambda d: d.update(format="pickle"), "not a checkpoint"),

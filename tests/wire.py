@@ -108,8 +108,10 @@ def methods_of(rows: list[dict]) -> list[str]:
     return [r["method"] for r in sorted(rows, key=lambda r: (r["connection_id"], r["seq"]))]
 
 
-def write_pcap(path: str, segments: list[Segment], link: str = "ethernet", pcapng: bool = False) -> None:
-    """Write segments as a capture file with the given link layer, through scapy's writers."""
+def write_pcap(path: str, segments: list[Segment], link: str = "ethernet", pcapng: bool = False,
+               times: list[float] | None = None) -> None:
+    """Write segments as a capture file with the given link layer, through scapy's writers; packet
+    i at `times[i]` seconds after the start (i milliseconds when None)."""
     from scapy.layers.inet import IP, TCP
     from scapy.layers.inet6 import IPv6
     from scapy.layers.l2 import CookedLinux, CookedLinuxV2, Dot1AD, Dot1Q, Ether, Loopback
@@ -139,7 +141,7 @@ def write_pcap(path: str, segments: list[Segment], link: str = "ethernet", pcapn
             packet = CookedLinuxV2(proto=ethertype) / packet
         elif link == "null":
             packet = Loopback(type=2 if ip_layer is IP else 30) / packet
-        packet.time = 1_700_000_000 + i / 1000
+        packet.time = 1_700_000_000 + (times[i] if times is not None else i / 1000)
         packets.append(packet)
     writer_class = PcapNgWriter if pcapng else PcapWriter
     writer = writer_class(path, linktype=linktypes[link]) if not pcapng else writer_class(path)

@@ -28,6 +28,7 @@ from ..packets import SUPPORTED_LINKTYPES, tcp_segment
 from ..rows import RowSink
 from ..spec import DEFAULT_MAX_FRAME
 from ..timeline import INPUT_COLUMNS
+from ..tls.layer import HANDSHAKE_STATE, NOT_DECRYPTED, WAITING
 
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 LINGER_S = 30.0  # an ended flow's stragglers (last ACK, retransmitted FIN) still find it this long
@@ -48,7 +49,7 @@ RECORD_ONLY_DELIVERY_KEYS = frozenset(("exchange", "routing_key", "message_id", 
 class LiveDecoder:
     def __init__(self, *, source: str, agent_id: str, broker_ports, linktype: int,
                  max_frame: int = DEFAULT_MAX_FRAME, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
-                 clock=time.time_ns):
+                 clock=time.time_ns, keylog=None):
         if linktype not in SUPPORTED_LINKTYPES:
             raise ValueError(f"link type {linktype} is not supported")
         self.linktype = linktype
@@ -58,15 +59,19 @@ class LiveDecoder:
         self.kept_errors: list[str] = []  # the first MAX_ERRORS_KEPT, for the exit report
         self.error_count = 0
         self.flows = FlowTable(sink=self.rows, counts=self.counts, errors=self.errors, source=source,
-                               agent_id=agent_id, broker_ports=broker_ports, max_frame=max_frame)
+                               agent_id=agent_id, broker_ports=broker_ports, max_frame=max_frame, keylog=keylog)
         self.idle_timeout_ns = int(idle_timeout_s * 1e9)
         self.clock = clock
         self.packets = 0
         self.bytes = 0
         self.flows_seen = 0
         self.unsupported: Counter = Counter()
+        # amqps: connections seen, and those that will not be decrypted (no key, or it came too late)
+        self.tls_connections = self.tls_not_decrypted = 0
+        self._tls_counted: dict = {}  # connection -> counted as not decrypted yet
         self.ended: dict = {}           # connection -> wall time it ended (its row already handed over)
         self._held: list[dict] = []     # rows waiting for an earlier content row (see _ordered_for_timelines)
+        self._ending: list = []         # the connections the last take ended
         self._strings: dict = {}
 
     # -- packets in --------------------------------------------------------------------------------
@@ -103,6 +108,8 @@ class LiveDecoder:
                 continue
             if not conn.finished and (end_all or now - conn.ts_ns > self.idle_timeout_ns):
                 conn.finish("end-of-capture" if end_all else "idle-timeout")
+            if conn.tls is not None and not self._tls_settled(conn, now, end_all):
+                continue  # ended, but its key may still come: its rows would come after its end
             if conn.finished:
                 ending.append(conn)
         self._count_new_errors()
@@ -114,12 +121,29 @@ class LiveDecoder:
             row = conn.connection_row()
             connection_rows.append(row)
             protocol = row["protocol"]
-            if protocol not in ("amqp-0-9-1", "none"):  # as ingest counts them
+            if protocol not in ("amqp-0-9-1", "none", "tls"):  # as ingest counts them (TLS: tls_not_decrypted)
                 self.unsupported[protocol] += 1
         timeline_rows = self._ordered_for_timelines(frames)
         ended_ids = [conn.id for conn in ending]
+        self._ending = ending
         self._forget_lingering(now)
         return frames, timeline_rows, connection_rows, ended_ids
+
+    def _tls_settled(self, conn, now: int, end_all: bool) -> bool:
+        """Held records whose key has come are decrypted now, or the connection gives up past its
+        bound (or as the capture stops). Counts the connection, and once it will not be decrypted.
+        False while it still waits for its key."""
+        if end_all:
+            conn.tls.stop_waiting()
+        conn.tls_retry(now)
+        if conn not in self._tls_counted:
+            self.tls_connections += 1
+            self._tls_counted[conn] = False
+        state = conn.tls.state
+        if not self._tls_counted[conn] and (state == NOT_DECRYPTED or (conn.finished and state == HANDSHAKE_STATE)):
+            self.tls_not_decrypted += 1
+            self._tls_counted[conn] = True
+        return not (conn.finished and state == WAITING)
 
     def _count_new_errors(self) -> None:
         # Counted exactly, kept only the first few: garbage on the port must not grow memory.
@@ -179,7 +203,8 @@ class LiveDecoder:
 
     def _forget_lingering(self, now: int) -> None:
         """Drop ended connections from the flow table once their linger is over, and the row
-        sink's per-connection constants with them (re-indexed: the sink is empty after take)."""
+        sink's per-connection constants with them. A flow key may already belong to a newer
+        connection on the same ports (port reuse): only the gone connection's own entries go."""
         linger_ns = int(LINGER_S * 1e9)
         gone = {conn for conn, ended_at in self.ended.items() if now - ended_at > linger_ns}
         if not gone:
@@ -187,24 +212,27 @@ class LiveDecoder:
         flows = self.flows
         for conn in gone:
             del self.ended[conn]
-            flows.flows.pop(conn.client_end + conn.server_end, None)
-            flows.flows.pop(conn.server_end + conn.client_end, None)
+            self._tls_counted.pop(conn, None)
+            for key in (conn.client_end + conn.server_end, conn.server_end + conn.client_end):
+                entry = flows.flows.get(key)
+                if entry is not None and entry[0] is conn:
+                    del flows.flows[key]
+            self.rows.forget_connection(conn.index)
+            self._strings.pop(conn.id, None)  # its rows are gone: the id is never shared again
         flows.connections = [conn for conn in flows.connections if conn not in gone]
         flows.ignored.clear()  # flows off the broker ports: cheap to learn again
-        if not len(self.rows):
-            constants = self.rows.connections
-            self.rows.connections = []
-            for conn in flows.connections:
-                conn.index = self.rows.add_connection(constants[conn.index])
-
-    # -- what ingest --json reports ----------------------------------------------------------------
 
     def open_connections(self) -> int:
         return sum(1 for conn in self.flows.connections if not conn.finished)
 
     def connection_facts(self) -> dict[str, dict]:
-        """Facts of the connections still in the table, by id: what the metric labels are made of."""
-        return {conn.id: conn.facts for conn in self.flows.connections}
+        """Facts of the connections open and of those the last take ended (their last records are
+        labelled by them), by id: what the metric labels are made of. Connections ended earlier and
+        lingering are left out: the live state let them go when they ended, and handing them over
+        again would keep them there for ever."""
+        facts = {conn.id: conn.facts for conn in self.flows.connections if conn not in self.ended}
+        facts.update((conn.id, conn.facts) for conn in self._ending)
+        return facts
 
     def frames_by_method(self) -> dict:
         return {k: v for k, v in sorted(self.counts.items()) if k != "gaps"}

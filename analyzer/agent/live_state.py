@@ -6,12 +6,14 @@ own facts (connection.start-ok's connection_name or product, the client address,
 vhost). Callers hold `lock` around `feed` and around reading for a scrape: the decode loop and the
 HTTP server run on different threads.
 
-An application's problem counters exist at 0 from its connection.open on (`_admit`): Prometheus'
-increase() and rate() cannot count a series' first sample, so a counter born at 30 lost confirms
-would never raise the counter-based alerts (they also catch a series born non-zero, for a
-connection that opens and loses between two scrapes: dashboards/rules.py). Admission to the
-application cap happens there too, in the order of the connection.open frames, so which
-applications keep their own label is decided by the traffic, never by when a tick or scrape ran.
+An application's problem counters exist at 0 from its connection.open-ok on (`_admit`):
+Prometheus' increase() and rate() cannot count a series' first sample, so a counter born at 30 lost
+confirms would never raise the counter-based alerts (they also catch a series born non-zero, for a
+connection that opens and loses between two scrapes: dashboards/rules.py). Admission to the label
+caps happens there too, in the order of the connection.open-ok frames, so which vhosts and
+applications keep their own label is decided by the traffic, never by when a tick or scrape ran;
+and only connections the broker accepted take a slot: a flood of connection.opens the broker refuses
+(a made-up vhost, bad credentials) makes no series and leaves the caps to the real clients.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ CONFIRM_LATENCY, ACK_LATENCY = "ackscope_publish_confirm_seconds", "ackscope_del
 # The catalog's buckets, shared with the analysis's histograms so panels can put them side by side.
 CONFIRM_BUCKETS = ACK_BUCKETS = LATENCY_BUCKETS_SECONDS
 SETTLED = frozenset((r.ACK, r.NACK, r.REJECT))
-CONNECTION_OPEN = "connection.open"
+CONNECTION_OPEN, CONNECTION_OPEN_OK = "connection.open", "connection.open-ok"
 MAX_LABEL_CACHE = 100_000
 
 
@@ -73,15 +75,23 @@ class Histogram:
 
 
 class LiveState:
-    def __init__(self, cap: labels.ApplicationCap):
-        self.cap = cap
+    def __init__(self, caps: labels.SeriesCaps):
+        self.caps = caps
         self.lock = threading.Lock()
         self.timelines = Timelines()
         self.facts: dict[str, dict] = {}      # connection id -> its decoder facts (a live dict)
         self.counters: dict[str, Counter] = {name: Counter() for name in PROBLEM_COUNTERS}
         self.histograms: dict[str, dict] = {CONFIRM_LATENCY: {}, ACK_LATENCY: {}}
         self.timeline_errors = 0
-        self._labels: dict[tuple, str] = {}
+        # Each series' labels after the caps, and the metrics it has been asked for (a bit each,
+        # _metric_bits): the caps count a series' fold once per metric. One entry per series, not per
+        # (series, metric) pair: under churn every short connection may name a new application, and
+        # a pair each (a key tuple, a value tuple, a dict slot) made this cache ~1.7 KB a series, the
+        # agent's largest growth in the soak (~0.6 MB a minute, ~22 MB when it was cleared).
+        self._labels: dict[tuple[str, str], tuple[tuple[str, str], int]] = {}
+        self._label_pairs = 0  # (series, metric) pairs in _labels: it is cleared past MAX_LABEL_CACHE
+        self._metric_bits: dict[str, int] = {}
+        self.opening: set[str] = set()  # connections with a connection.open the broker has not accepted yet
 
     # -- rows in -------------------------------------------------------------------------------
 
@@ -101,18 +111,25 @@ class LiveState:
             self._count(record)
         for connection_id in ended_ids:
             self.facts.pop(connection_id, None)
+            self.opening.discard(connection_id)
 
     def _admit(self, rows: list[dict]) -> None:
-        """Zero the problem counters of the connections opened in these rows, in the order of their
-        connection.open frames (capture time; the rows come sorted by connection id, whose order
-        says nothing). The cap admits their applications in that order, before any record or gauge
-        of this batch can ask for a label. A connection whose opening was not captured (mid-stream)
-        gets its labels at its first record, as it has no application name to admit anyway."""
-        opened = sorted((row["ts_ns"], row["connection_id"]) for row in rows if row["method"] == CONNECTION_OPEN)
-        for _, connection_id in opened:
-            where = self.where(connection_id)
+        """Zero the problem counters of the connections the broker accepted in these rows, in the
+        order of their connection.open-ok frames (capture time; the rows come sorted by connection id,
+        whose order says nothing). The caps admit their labels in that order, before any record or
+        gauge of this batch can ask for one. A connection.open not yet answered marks its connection
+        as opening: it gets labels already admitted or "other", never a slot. A connection whose
+        opening was not captured (mid-stream) gets its labels at its first record, as it has no
+        vhost or application name to admit anyway."""
+        opens = sorted((row["ts_ns"], row["method"] == CONNECTION_OPEN_OK, row["connection_id"]) for row in rows
+                       if row["method"] in (CONNECTION_OPEN, CONNECTION_OPEN_OK))
+        for _, accepted, connection_id in opens:
+            if not accepted:
+                self.opening.add(connection_id)
+                continue
+            self.opening.discard(connection_id)
             for name in PROBLEM_COUNTERS:
-                self.counters[name][self._folded(where, name)] += 0
+                self.counters[name][self._folded(connection_id, name)] += 0
 
     def end_of_data(self) -> None:
         for record in self.timelines.end_of_data():
@@ -121,25 +138,25 @@ class LiveState:
     def _count(self, record) -> None:
         kind = type(record)
         if kind is r.Publish:
-            where = self.where(record.connection_id)
+            connection_id = record.connection_id
             for name, happened in PUBLISH_COUNTERS.items():
                 if happened(record):
-                    self.counters[name][self._folded(where, name)] += 1
+                    self.counters[name][self._folded(connection_id, name)] += 1
             if record.outcome == r.ACKED and record.mode == r.CONFIRM and record.settle_latency_ns is not None:
-                self._observe(CONFIRM_LATENCY, CONFIRM_BUCKETS, where, record.settle_latency_ns)
+                self._observe(CONFIRM_LATENCY, CONFIRM_BUCKETS, connection_id, record.settle_latency_ns)
         elif kind is r.Delivery:
-            where = self.where(record.connection_id)
+            connection_id = record.connection_id
             for name, happened in DELIVERY_COUNTERS.items():
                 if happened(record):
-                    self.counters[name][self._folded(where, name)] += 1
+                    self.counters[name][self._folded(connection_id, name)] += 1
             if record.outcome in SETTLED and record.no_ack is False and record.settle_latency_ns is not None:
-                self._observe(ACK_LATENCY, ACK_BUCKETS, where, record.settle_latency_ns)
+                self._observe(ACK_LATENCY, ACK_BUCKETS, connection_id, record.settle_latency_ns)
         elif kind is r.Violation:
-            where = self.where(record.connection_id)
-            self.counters[VIOLATION_COUNTER][self._folded(where, VIOLATION_COUNTER)] += 1
+            connection_id = record.connection_id
+            self.counters[VIOLATION_COUNTER][self._folded(connection_id, VIOLATION_COUNTER)] += 1
 
-    def _observe(self, name: str, buckets, where: tuple, latency_ns: int) -> None:
-        key = self._folded(where, name)
+    def _observe(self, name: str, buckets, connection_id: str, latency_ns: int) -> None:
+        key = self._folded(connection_id, name)
         histogram = self.histograms[name].get(key)
         if histogram is None:
             histogram = self.histograms[name][key] = Histogram(buckets)
@@ -148,22 +165,33 @@ class LiveState:
     # -- labels --------------------------------------------------------------------------------
 
     def where(self, connection_id: str) -> tuple[str, str]:
-        """(vhost, application) of a connection, before the cap."""
+        """(vhost, application) of a connection, before the caps (cut to the length bound)."""
         facts = self.facts.get(connection_id) or {}
         app = labels.application(facts.get("connection_name"), facts.get("client_product"),
                                  facts.get("client_addr") if facts.get("client_product") else None)
         return labels.vhost(facts.get("vhost")), app
 
-    def _folded(self, where: tuple[str, str], metric: str) -> tuple[str, str]:
-        """The series key after the cap; a folded application is counted once per metric."""
-        vhost, app = where
-        key = (app, metric)
-        label = self._labels.get(key)
-        if label is None:
-            if len(self._labels) > MAX_LABEL_CACHE:
-                self._labels.clear()
-            label = self._labels[key] = self.cap.label(app, metric)
-        return vhost, label
+    def _folded(self, connection_id: str, metric: str) -> tuple[str, str]:
+        """The series key of a connection's metric, after the caps; a folded series is counted once
+        per metric. A connection the broker has not accepted gets labels without taking a slot, and
+        its answer is not kept: the same names may be admitted once a connection with them is."""
+        where = self.where(connection_id)
+        if connection_id in self.opening:
+            return self.caps.where(where, metric, admit=False)
+        bit = self._metric_bits.get(metric)
+        if bit is None:
+            bit = self._metric_bits[metric] = 1 << len(self._metric_bits)
+        known = self._labels.get(where)
+        if known is not None and known[1] & bit:
+            return known[0]
+        if self._label_pairs > MAX_LABEL_CACHE:
+            self._labels.clear()
+            self._label_pairs = 0
+            known = None
+        capped = self.caps.where(where, metric)
+        self._labels[where] = (capped, (known[1] if known is not None else 0) | bit)
+        self._label_pairs += 1
+        return capped
 
     # -- the open state, for a scrape ------------------------------------------------------------
 
@@ -177,29 +205,29 @@ class LiveState:
         consumers: Counter = Counter()
         blocked: Counter = Counter()
         for connection in open_connections(self.timelines):
-            where = self.where(connection.connection_id)
+            connection_id = connection.connection_id
             if connection.blocked_since_ns is not None:
-                blocked[self._folded(where, "ackscope_connection_blocked")] += 1
+                blocked[self._folded(connection_id, "ackscope_connection_blocked")] += 1
             for ch in connection.channels:
                 if ch.unacked or ch.consumers:
                     role = "consumer" if ch.consumers else "get"
-                    unacked[self._folded(where, "ackscope_unacked_deliveries") + (role,)] += ch.unacked
+                    unacked[self._folded(connection_id, "ackscope_unacked_deliveries") + (role,)] += ch.unacked
                 if ch.oldest_unacked_ts_ns is not None:
-                    key = self._folded(where, "ackscope_oldest_unacked_seconds")
+                    key = self._folded(connection_id, "ackscope_oldest_unacked_seconds")
                     oldest_unacked[key] = max(oldest_unacked.get(key, 0.0), (now_ns - ch.oldest_unacked_ts_ns) / 1e9)
                 if ch.confirm_mode or ch.unconfirmed:
-                    unconfirmed[self._folded(where, "ackscope_unconfirmed_publishes")] += ch.unconfirmed
+                    unconfirmed[self._folded(connection_id, "ackscope_unconfirmed_publishes")] += ch.unconfirmed
                 if ch.oldest_unconfirmed_ts_ns is not None:
-                    key = self._folded(where, "ackscope_oldest_unconfirmed_seconds")
+                    key = self._folded(connection_id, "ackscope_oldest_unconfirmed_seconds")
                     oldest_unconfirmed[key] = max(oldest_unconfirmed.get(key, 0.0),
                                                   (now_ns - ch.oldest_unconfirmed_ts_ns) / 1e9)
                 if ch.consumers:
-                    consumers[self._folded(where, "ackscope_consumers")] += ch.consumers
+                    consumers[self._folded(connection_id, "ackscope_consumers")] += ch.consumers
                     limits = [p for p in (ch.consumer_prefetch, ch.channel_prefetch) if p is not None]
                     if limits:
                         # 0 is unlimited: the lowest limit in force is the one that binds, unless unlimited.
                         limit = min((p for p in limits if p), default=0)
-                        key = self._folded(where, "ackscope_prefetch_limit")
+                        key = self._folded(connection_id, "ackscope_prefetch_limit")
                         prefetch[key] = min(prefetch.get(key, limit), limit) if limit else 0
         return {
             "ackscope_unacked_deliveries": dict(unacked),
@@ -212,4 +240,8 @@ class LiveState:
         }
 
     def folded_series(self) -> dict[str, int]:
-        return dict(self.cap.folded)
+        return dict(self.caps.folded)
+
+    def label_health(self) -> dict[str, dict[str, int]]:
+        """The caps' own counts, for the agent's health metrics."""
+        return {"label_folds": self.caps.folds_by_label(), "label_truncations": self.caps.truncations_by_label()}

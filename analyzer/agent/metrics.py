@@ -9,6 +9,7 @@ import time
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from ..labels import APPLICATION, VHOST
 from ..metric_names import AGENT, BY_NAME, COUNTER, FLUSH_FAILED, GAUGE, HISTOGRAM, METRICS
 from .live_state import CONFIRM_LATENCY, ACK_LATENCY, PROBLEM_COUNTERS
 from .live_state import Histogram
@@ -16,8 +17,9 @@ from .sink import TABLES
 
 # Label values whose counters exist at 0 from the start: increase() cannot count a series' first
 # sample, so a flush-failure counter born at 1 would hide the first failure from AmqpAgentFlushFailing.
-ALWAYS_COUNTED = {"flushes": ("ok", FLUSH_FAILED), "rows_dropped": tuple(TABLES)}
-# ackscope_series_folded_total{metric}: every metric the application cap can fold, likewise.
+ALWAYS_COUNTED = {"flushes": ("ok", FLUSH_FAILED), "rows_dropped": tuple(TABLES),
+                  "label_folds": (VHOST, APPLICATION), "label_truncations": (VHOST, APPLICATION)}
+# ackscope_series_folded_total{metric}: every metric the label caps can fold, likewise.
 FOLDABLE = tuple(m.name for m in METRICS if m.source == AGENT and "application" in m.labels)
 
 
@@ -50,7 +52,7 @@ class AgentCollector(Collector):
             counters = {name: dict(values) for name, values in state.counters.items()}
             histograms = {name: {k: v for k, v in by.items()} for name, by in state.histograms.items()}
             folded = state.folded_series()
-            health = agent.health()
+            health = agent.health() | state.label_health()
         for name, values in gauges.items():
             fam = family(name)
             for key, value in sorted(values.items()):
@@ -77,6 +79,8 @@ class AgentCollector(Collector):
                           ("ackscope_agent_kernel_drops_total", "kernel_drops"),
                           ("ackscope_agent_decode_errors_total", "errors"),
                           ("ackscope_agent_capture_gaps_total", "gaps"),
+                          ("ackscope_agent_tls_connections_total", "tls_connections"),
+                          ("ackscope_agent_tls_not_decrypted_total", "tls_not_decrypted"),
                           ("ackscope_agent_buffered_rows", "buffered_rows")):
             fam = family(name)
             fam.add_metric([], h[key])
@@ -84,7 +88,9 @@ class AgentCollector(Collector):
         for name, key in (("ackscope_agent_frames_total", "frames_by_method"),
                           ("ackscope_agent_unsupported_flows_total", "unsupported"),
                           ("ackscope_agent_flushes_total", "flushes"),
-                          ("ackscope_agent_rows_dropped_total", "rows_dropped")):
+                          ("ackscope_agent_rows_dropped_total", "rows_dropped"),
+                          ("ackscope_agent_label_folds_total", "label_folds"),
+                          ("ackscope_agent_label_truncations_total", "label_truncations")):
             fam = family(name)
             values = {label: 0 for label in ALWAYS_COUNTED.get(key, ())} | h[key]
             for label, n in sorted(values.items()):

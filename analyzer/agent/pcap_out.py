@@ -1,12 +1,19 @@
 """Optional rotating pcapng output of the raw packets the agent captured (`--pcap-out`), so an
 incident can be ingested again, analysed whole, or opened in Wireshark. Files rotate at a size and
-only the newest `keep` stay: disk use is bounded."""
+only the newest `keep` stay: disk use is bounded.
+
+Raw packets hold what the tables never do: message bodies, and the SASL response of every
+connection.start-ok (the password). The response is blanked before writing (blank_sasl.py) unless
+`keep_credentials` (`--pcap-keep-credentials`); the files, and the folder when the agent makes it,
+are readable by their owner only (0600, 0700, whatever the umask), as dumpcap writes its files."""
 
 from __future__ import annotations
 
 import os
 import struct
 import time
+
+from .blank_sasl import SaslBlanker
 
 _OPTION_END = b"\x00\x00\x00\x00"
 
@@ -27,10 +34,13 @@ def _header(linktype: int, snaplen: int, iface: str) -> bytes:
 
 class RotatingPcapng:
     def __init__(self, directory: str, linktype: int, iface: str, *, rotate_bytes: int, keep: int,
-                 snaplen: int = 262_144):
+                 snaplen: int = 262_144, keep_credentials: bool = False):
         if keep < 1:
             raise ValueError("--rotate-keep must be at least 1")
-        os.makedirs(directory, exist_ok=True)
+        if not os.path.isdir(directory):
+            os.makedirs(directory, mode=0o700)
+            os.chmod(directory, 0o700)  # the umask may have taken bits off: exactly the owner's
+        self.blanker = None if keep_credentials else SaslBlanker(linktype)
         self.directory, self.linktype, self.iface = directory, linktype, iface
         self.rotate_bytes, self.keep, self.snaplen = rotate_bytes, keep, snaplen
         self.files: list[str] = []
@@ -43,7 +53,10 @@ class RotatingPcapng:
         up to 256 KiB, which would let one file pass the rotate size by far (and how packets fall into
         batches depends on the load, not on the traffic)."""
         out, size = [], self._size
+        blank = self.blanker.packet if self.blanker is not None else None
         for ts_ns, data in packets:
+            if blank is not None:
+                data = blank(data)
             if self._file is None or size >= self.rotate_bytes:
                 self._flush(out, size)
                 out = []
@@ -68,7 +81,9 @@ class RotatingPcapng:
         self._serial += 1
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         path = os.path.join(self.directory, f"ackscope-{self.iface}-{stamp}-{self._serial:05d}.pcapng")
-        self._file = open(path, "wb", buffering=1 << 20)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # whatever the umask, and a file that was there before
+        self._file = open(fd, "wb", buffering=1 << 20)
         header = _header(self.linktype, self.snaplen, self.iface)
         self._file.write(header)
         self._size = len(header)

@@ -26,13 +26,28 @@ import pyarrow as pa
 
 from .. import lake, schema
 from ..metric_names import FLUSH_FAILED
+from . import compaction
 from .live_state import Histogram
 
 TABLES = {"frames": schema.FRAMES, "connections": schema.CONNECTIONS}
 DEFAULT_MAX_BUFFERED_ROWS = 1_000_000
 FLUSH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-DEFAULT_RETENTION_HOURS = 1.0   # vacuum: longer than any flush, so no writer's uncommitted file goes
+DEFAULT_RETENTION_HOURS = 1.0
+# The least retention `ackscope capture` accepts. A file a compaction replaced is still read by
+# whoever resolved an older version of the table: an analysis run reads the snapshot it planned
+# (minutes on a big lake, spark_jobs/analyze.py), a scoped run compares the versions since its last
+# one (table_files.changes_between), and another agent's flush writes its files before it commits
+# them. Removing files under them fails the run or loses the commit; an hour is longer than any of
+# these, and delta-rs's vacuum counts whole hours anyway.
+MIN_RETENTION_HOURS = 1.0
 log = logging.getLogger("ackscope.agent")
+
+
+def check_retention(hours: float) -> None:
+    if not hours >= MIN_RETENTION_HOURS:
+        raise ValueError(f"--retention-hours {hours:g} is below the floor of {MIN_RETENTION_HOURS:g} h: readers "
+                         "of older versions of the tables (an analysis run, another agent's flush) would lose "
+                         "files under them")
 
 
 def app_id_of(agent_id: str) -> str:
@@ -48,6 +63,11 @@ class _Table:
         self.buffered: list[pa.Table] = []
         self.inflight: list[pa.Table] = []  # the rows of a commit that failed (it may have landed)
         self.uncertain = False
+        # The table, kept open from flush to flush and brought up to date with the commits since
+        # (lake.TableWriter.commit): loaded anew each flush, each load replayed the log since the
+        # last checkpoint (up to 100 commits) twice a flush. None: loaded at the next flush (at
+        # start, after a failed flush, after a compaction).
+        self.delta = None
 
     def rows(self) -> int:
         return sum(t.num_rows for t in self.buffered) + sum(t.num_rows for t in self.inflight)
@@ -112,6 +132,7 @@ class LakeSink:
                 self._flush_table(t, metadata or {})
             except Exception as exc:
                 t.uncertain = True
+                t.delta = None  # what the failure left in it is not trusted: loaded anew
                 errors.append(f"{t.name}: {type(exc).__name__}: {exc}")
                 kinds.add(type(exc).__name__)
         elapsed = time.perf_counter() - started
@@ -150,7 +171,10 @@ class LakeSink:
             return
         writer = lake.TableWriter(self.lake_dir, t.name, t.schema)
         writer.write(pa.concat_tables(batch).combine_chunks() if len(batch) > 1 else batch[0])
-        writer.commit(self.app_id, {"ackscope.agent_id": self.agent_id, **metadata}, version=t.sequence)
+        if t.delta is None:
+            t.delta = lake.open_or_create(writer.path, t.schema)
+        writer.commit(self.app_id, {"ackscope.agent_id": self.agent_id, **metadata}, version=t.sequence,
+                      table=t.delta)
         with self.lock:
             # Rows dropped by the bound while writing were in this commit after all: not lost.
             for dropped in batch:
@@ -166,16 +190,20 @@ class LakeSink:
     # -- small files ---------------------------------------------------------------------------------
 
     def compact(self) -> None:
-        """Merge small files, checkpoint the log and vacuum files older than the retention, table by
-        table; appends from this and other agents go on meanwhile (an append never conflicts with a
-        compaction; two agents compacting at once: one fails and tries again next time)."""
-        for name in self.tables:
+        """Merge small files in bounded groups (compaction.py), checkpoint the log and vacuum files
+        older than the retention, table by table; appends from this and other agents go on
+        meanwhile (an append never conflicts with a compaction; two agents merging the same files:
+        one commit fails, and its group is tried again next time)."""
+        for name, t in self.tables.items():
+            # The next flush loads the table from the checkpoint written here: the kept table's state
+            # starts again from the compacted snapshot, at least once per compaction interval.
+            t.delta = None
             try:
+                compaction.compact_table(self.lake_dir, name, {"ackscope.agent_id": self.agent_id,
+                                                               "ackscope.operation": "compaction"})
                 table = lake.open_table(self.lake_dir, name)
                 if table is None:
                     continue
-                table.optimize.compact()
-                table = lake.open_table(self.lake_dir, name)
                 table.create_checkpoint()
                 # delta-rs takes whole hours (a float raised TypeError, so vacuum never ran): round up,
                 # never removing a file sooner than asked.

@@ -168,12 +168,23 @@ def day(ns: int | None) -> str | None:
     return None if ns is None else (_EPOCH + timedelta(days=ns // (86_400 * 10**9))).strftime("%Y-%m-%d")
 
 
-def evidence_json(evidence: dict, source_packets: list) -> str:
+def evidence_json(evidence: dict, source_packets: list, source_files: list | None = None) -> str:
     """The JSON Spark's to_json writes: EVIDENCE order, null fields (also inside structs) left
-    out, nulls inside arrays kept."""
+    out, nulls inside arrays kept. `source_files`: the file of each packet, given only when the
+    packets are in more than one file (a capture in pieces)."""
     ordered = {name: _without_nulls(evidence[name]) for name in EVIDENCE if evidence.get(name) is not None}
     ordered["source_packets"] = source_packets
+    if source_files is not None:
+        ordered["source_files"] = source_files
     return json.dumps(ordered, separators=(",", ":"))
+
+
+def packet_files(located: list) -> list | None:
+    """Each evidence frame's capture file, when they are not all one (a connection whose capture
+    came in pieces: packet numbers count from 1 in each file), else None: the finding's `source`
+    names the one file."""
+    files = [None if where is None else where[1] for where in located]
+    return files if len({f for f in files if f is not None}) > 1 else None
 
 
 def _without_nulls(value):
@@ -212,6 +223,6 @@ def finish(raw: RawFinding, connection: dict, packets_of: PacketsOf) -> dict:
         "threshold": None if raw.threshold is None else float(raw.threshold),
         "message_identity": raw.message_identity,
         "summary": raw.summary,
-        "evidence": evidence_json(raw.evidence, packets),
+        "evidence": evidence_json(raw.evidence, packets, packet_files(located)),
         "source": evidence_source if evidence_source is not None else connection.get("source"),
     }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .. import folds
 from ..timeline import records as r
-from .common import (Incarnation, RawFinding, Tally, column, fixed, least, most, nulls_first, seconds,
+from .common import (Firsts, Incarnation, RawFinding, Tally, column, fixed, least, most, nulls_first, seconds,
                      text)
 from .context import Context, FramesByIncarnation
 from .profile import Profile
@@ -34,6 +34,7 @@ class _Buildup:
     profile (profile.py) of each scope they count in: the channel (every manual delivery; its
     limit the global basic.qos) and each consumer with a per-consumer limit."""
     __slots__ = ("agent_id", "oldest_ns", "oldest", "by_age", "by_stall", "channel_scope", "consumer_scopes")
+    ITEM_FIELDS = ("seq", "delivery_tag")  # of each item of by_age and by_stall
 
     def __init__(self):
         self.agent_id, self.oldest_ns, self.oldest = None, None, None
@@ -175,13 +176,17 @@ class UnackedBuildup:
 _add_in_c = folds.buildup_fold(UnackedBuildup, _Buildup, Profile)
 
 
+class Consumes(FramesByIncarnation):
+    """Manual basic.consume rows, each with fields (seq, queue)."""
+
+
 class UnboundedPrefetch:
     """Manual-ack consumers started with no prefetch limit in force: the broker pushes them the
     whole queue. The timeline counts them (ChannelFacts.unbounded_manual_consumes); the evidence
     lists the incarnation's manual-ack basic.consume frames."""
 
     def __init__(self):
-        self.consumes = FramesByIncarnation()
+        self.consumes = Consumes()
 
     @staticmethod
     def wants(row) -> bool:
@@ -215,6 +220,20 @@ _VIOLATION_FIELDS = ("seq", "kind", "delivery_tag", "method", "evidence", "deliv
                      "broker_reply_code", "broker_reply_text")
 
 
+class ViolationFirsts(Firsts):
+    """Firsts of violations, keyed by all their fields (nulls_first): a class of its own so that a
+    checkpoint's keys are read as this key (detectors/state.py), not as a seq."""
+    __slots__ = ()
+
+
+class ViolationTally(Tally):
+    __slots__ = ()
+
+    def __init__(self):
+        super().__init__()
+        self.items = ViolationFirsts()
+
+
 class UnknownDeliveryTag:
     """basic.ack/nack/reject naming a tag not outstanding on its channel (a double ack, a tag
     never delivered, a tag of another channel): RabbitMQ closes the channel with 406. The
@@ -226,7 +245,7 @@ class UnknownDeliveryTag:
     def add(self, v: r.Violation) -> None:
         tally = self.tallies.get((v.channel, v.incarnation))
         if tally is None:
-            tally = self.tallies[(v.channel, v.incarnation)] = Tally()
+            tally = self.tallies[(v.channel, v.incarnation)] = ViolationTally()
         values = tuple(getattr(v, name) for name in _VIOLATION_FIELDS)
         tally.add(v.agent_id, v.ts_ns, v.ts_ns, nulls_first(values), dict(zip(_VIOLATION_FIELDS, values)))
 

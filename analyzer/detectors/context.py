@@ -15,7 +15,7 @@ from .common import MAX_EVIDENCE, Incarnation, least, most
 @dataclass
 class Context:
     connection: dict                       # the schema.CONNECTIONS row
-    thresholds: object                     # spark_jobs.thresholds.Thresholds
+    thresholds: object                     # analyzer.detectors.thresholds.Thresholds
     channels: dict[Incarnation, r.ChannelFacts] = field(default_factory=dict)
 
     def opens(self) -> dict[int, tuple[list[int], list[int]]]:

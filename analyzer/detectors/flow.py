@@ -50,13 +50,17 @@ def episodes(signals: list[tuple], until_ns: int | None) -> dict:
             "seqs": seqs[:MAX_EVIDENCE]}
 
 
+class ChannelFlows(FramesByIncarnation):
+    """channel.flow rows, each with fields (stops, resumes)."""
+
+
 class FlowBlocked:
     """The broker's flow control, whatever its length: even a short block stalls every publisher
     on the connection, and it means a broker resource alarm went off."""
 
     def __init__(self):
         self.connection_signals: list[tuple] = []
-        self.channel_flows = FramesByIncarnation()
+        self.channel_flows = ChannelFlows()
 
     @staticmethod
     def wants(row) -> bool:

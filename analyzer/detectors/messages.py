@@ -20,7 +20,9 @@ another message, wherever it falls between a bounce and its return.
     found = after_close_finding(matches)         # (connection_id, RawFinding) of one incarnation
 
 Rows are mappings with the schema.DELIVERIES columns in COLUMNS (and `connection_name`, the
-connection's, for redelivered_after_close). Memory: a journey keeps running aggregates per channel
+connection's, for redelivered_after_close). What either kind reads of a table of deliveries is
+picked by `candidates` (the same rule in Arrow, for whole tables: the writers flag those rows, and
+spark_jobs/cross_connection_findings.py reads only them). Memory: a journey keeps running aggregates per channel
 incarnation the message went through; redelivered_after_close the message's closed deliveries
 and one entry per place it came back to; after_close_finding running aggregates.
 """
@@ -29,6 +31,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .common import MAX_EVIDENCE, Firsts, RawFinding, Tally, least, most
 
@@ -61,6 +66,21 @@ def in_loop(d: Mapping) -> bool:
 def left_at_close(d: Mapping) -> bool:
     """Left unacked when its channel or connection closed: redelivery_after_close's starting point."""
     return d["outcome"] in CLOSED and d["settle_ts_ns"] is not None
+
+
+def candidates(deliveries: pa.Table | pa.RecordBatch) -> pa.ChunkedArray | pa.Array:
+    """Every delivery either kind reads, true or false for each row (its columns as COLUMNS'):
+    `in_loop`, or a known message's `left_at_close`. The rules above, vectorised over Arrow, never
+    null (tests/test_detectors.py holds the two forms to one answer over every combination of
+    what they read)."""
+    def known(values):
+        return pc.fill_null(values, False)
+
+    outcome = deliveries["outcome"]
+    returning = pc.or_(known(pc.is_in(outcome, value_set=pa.array(BOUNCED_BY))),
+                       pc.or_(known(deliveries["redelivered"]), known(pc.greater(deliveries["x_death_count"], 0))))
+    closed = pc.and_(known(pc.is_in(outcome, value_set=pa.array(CLOSED))), pc.is_valid(deliveries["settle_ts_ns"]))
+    return pc.and_(pc.is_valid(deliveries["message_identity"]), pc.or_(returning, closed))
 
 
 def place_name(connection_id: str, channel: int) -> str:

@@ -150,6 +150,7 @@ class _Lockstep:
     in `pending` until every publish below it is in (`fold`)."""
     __slots__ = ("agent_id", "n", "lockstep", "first_ns", "last_ns", "items", "pending", "latest_confirm_ns",
                  "idle_ns")
+    ITEM_FIELDS = ("seq", "confirm_seq", "message_identity")  # of each item in `items` (also _folds.c's)
 
     def __init__(self):
         self.agent_id, self.n, self.lockstep, self.first_ns, self.last_ns = None, 0, 0, None, None
@@ -240,13 +241,17 @@ class SynchronousConfirms:
         return out
 
 
+class Returns(FramesByIncarnation):
+    """basic.return rows, each with fields UnroutableReturned.FIELDS."""
+
+
 class UnroutableReturned:
     """basic.return frames: a mandatory publish no queue took. Counted from the frames, not from
     the publishes they were matched to, so a return whose publish the capture missed counts too."""
     FIELDS = ("seq", "reply_code", "reply_text", "exchange", "routing_key", "message_identity")
 
     def __init__(self):
-        self.frames = FramesByIncarnation()
+        self.frames = Returns()
 
     @staticmethod
     def wants(row) -> bool:

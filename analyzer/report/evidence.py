@@ -17,7 +17,7 @@ PUBLISHER_KINDS = {"lost_confirm", "confirm_nack", "out_of_order_confirm", "unro
 LABELS = {  # evidence field -> what people call it
     "tags": "delivery tags", "confirm_seqs": "publish numbers (confirm_seq)",
     "message_identities": "message identities", "message_id": "message_id",
-    "seqs": "frame rows (seq)", "source_packets": "capture packets",
+    "seqs": "frame rows (seq)", "source_packets": "capture packets", "source_files": "capture file of each packet",
     "exchanges": "exchanges", "routing_keys": "routing keys", "queues": "queues",
     "ended_by": "channel ended by", "end_seq": "ended at frame row",
     "close_code": "close code", "close_text": "close text", "violations": "violations", "methods": "methods",
@@ -34,7 +34,7 @@ LABELS = {  # evidence field -> what people call it
     "reason": "reason", "episodes": "episodes", "still_blocked": "still blocked at the end",
 }
 # Lists with one item per counted thing: when they are cut, the finding's count says how many in all.
-PER_ITEM = {"tags", "confirm_seqs", "message_identities", "seqs", "source_packets", "exchanges", "routing_keys",
+PER_ITEM = {"tags", "confirm_seqs", "message_identities", "seqs", "source_packets", "source_files", "exchanges", "routing_keys",
             "return_codes", "violations", "methods", "evidence_from", "delivered_on_channels"}
 FIRST = ("tags", "confirm_seqs", "message_identities", "message_id", "source_packets", "seqs")
 
@@ -98,11 +98,25 @@ def _episode(episode) -> str:
 
 
 def _capture_html(finding: dict, evidence: dict) -> str:
+    """The capture file and a Wireshark filter for its packets; one of each per file where the
+    evidence's packets are in several (`source_files`: a capture in pieces numbers each from 1)."""
     source = finding.get("source") or ""
-    # Several frames can share a packet: the filter names each packet once.
-    packets = list(dict.fromkeys(p for p in (evidence.get("source_packets") or [])[:MAX_ITEMS] if isinstance(p, int)))
+    packets = (evidence.get("source_packets") or [])[:MAX_ITEMS]
+    files = evidence.get("source_files")
+    files = files[:MAX_ITEMS] if isinstance(files, list) else [source] * len(packets)
+    by_file: dict[str, list[int]] = {}
+    for packet, file in zip(packets, files):
+        if isinstance(packet, int):
+            by_file.setdefault(file if isinstance(file, str) else source, []).append(packet)
+    if not by_file:
+        return _file_html(source, [])
+    return "<br>".join(_file_html(file, file_packets) for file, file_packets in by_file.items())
+
+
+def _file_html(source: str, packets: list[int]) -> str:
     html = f'<code title="{escape(source)}">{escape(os.path.basename(source) or source)}</code>' if source else ""
     if packets:
-        wireshark = "frame.number in {" + " ".join(str(p) for p in packets) + "}"
+        # Several frames can share a packet: the filter names each packet once.
+        wireshark = "frame.number in {" + " ".join(str(p) for p in dict.fromkeys(packets)) + "}"
         html += f' <span class="hint">Wireshark filter:</span> <code class="filter">{escape(wireshark)}</code>'
     return html

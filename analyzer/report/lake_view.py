@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from .. import lake, schema
 from ..findings import read_findings
+from ..published import read_published
 from ..timeline.tables import CHANNELS
 
 CONNECTION_COLUMNS = [
@@ -78,7 +79,7 @@ def read_lake(lake_dir: str) -> LakeView:
     view.ingested = frames is not None or connections is not None
     if connections is not None:
         _read_connections(view, connections)
-    channels = lake.read_table(lake_dir, "channels", CHANNELS, columns=CHANNEL_COLUMNS)
+    channels = read_published(lake_dir, "channels", CHANNELS, columns=CHANNEL_COLUMNS)
     if channels is not None:
         view.channels = _chosen_channels(channels, view.findings)
     view.has_channel_metrics = lake.open_table(lake_dir, "channel_metrics") is not None
@@ -151,7 +152,7 @@ def incarnation_rows(lake_dir: str, table: str, table_schema: pa.Schema, columns
     connection_id, channel, incarnation = key
     where = ((pc.field("connection_id") == connection_id) & (pc.field("channel") == channel)
              & (pc.field("incarnation") == incarnation))
-    rows = lake.read_table(lake_dir, table, table_schema, columns=columns, where=where)
+    rows = read_published(lake_dir, table, table_schema, columns=columns, where=where)
     return rows if rows is not None else table_schema.empty_table().select(columns)
 
 
@@ -159,7 +160,7 @@ def message_deliveries(lake_dir: str, message_identity: str, limit: int) -> tupl
     """The first `limit` deliveries of one message, in time order, and how many there are in all."""
     columns = ["connection_id", "channel", "incarnation", "ts_ns", "delivery_tag", "consumer_tag", "queue",
                "redelivered", "x_death_count", "outcome", "requeue", "settle_ts_ns"]
-    rows = lake.read_table(lake_dir, "deliveries", schema.DELIVERIES, columns=columns,
+    rows = read_published(lake_dir, "deliveries", schema.DELIVERIES, columns=columns,
                            where=pc.field("message_identity") == message_identity)
     if rows is None or rows.num_rows == 0:
         return [], 0
@@ -170,7 +171,7 @@ def message_deliveries(lake_dir: str, message_identity: str, limit: int) -> tupl
 def column_values(lake_dir: str, table: str, table_schema: pa.Schema, column: str,
                   where: pc.Expression) -> pa.Array:
     """One column of a table, filtered while reading (latencies, out-of-order distances)."""
-    rows = lake.read_table(lake_dir, table, table_schema, columns=[column], where=where)
+    rows = read_published(lake_dir, table, table_schema, columns=[column], where=where)
     if rows is None:
         return pa.array([], table_schema.field(column).type)
     return rows[column].combine_chunks()

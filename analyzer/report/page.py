@@ -14,6 +14,7 @@ from html import escape
 
 from .. import schema
 from ..finding_advice import ADVICE
+from ..findings import connection_ends
 from . import charts
 from .evidence import evidence_rows
 from .lake_view import MAX_CONNECTIONS, LakeView, evidence_of
@@ -148,7 +149,8 @@ def _finding(view: LakeView, finding: dict, number: int) -> str:
         where += f" · channel {finding['channel']}"
         if finding["incarnation"] and finding["incarnation"] > 1:
             where += f" (its incarnation {finding['incarnation']})"
-    ends = escape(f"{finding['client'] or '?'} → {finding['server'] or '?'}")
+    client, server = connection_ends(finding)
+    ends = escape(f"{client or '?'} → {server or '?'}")
     vhost = f" · vhost <code>{escape(connection['vhost'])}</code>" if connection and connection.get("vhost") else ""
     span = escape(f"{clock(finding['first_ts_ns'], True)} → {clock(finding['last_ts_ns'])}")
     measure = ""

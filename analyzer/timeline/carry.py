@@ -373,7 +373,10 @@ _boundary_in_c = folds.boundary_records()
 
 # -- the state as bytes ---------------------------------------------------------------------------------
 
-_CHECKPOINT_KEYS = ("timeline", "provisional", "boundary", "boundary_ns")
+_CHECKPOINT_KEYS = {"timeline": state.Ref(ConnectionTimeline),
+                    "provisional": state.Items("T", state.Rec(tuple(state.RECORDS))),
+                    "boundary": state.Items("T", state.Rec(("Delivery", "Publish"))), "boundary_ns": state.INT}
+_TIMELINE_ONLY = {"timeline": _CHECKPOINT_KEYS["timeline"]}
 _DETECTORS = "detectors"  # a document of its own (see Checkpoint.detectors), stored beside the state
 
 
@@ -384,7 +387,7 @@ def _detached(timeline: ConnectionTimeline) -> ConnectionTimeline:
 
 def _ended_copy(timeline: ConnectionTimeline) -> list:
     """The records the data ending now would give, from a copy: the state itself goes on."""
-    copy = state.loads(state.dumps({"timeline": timeline}), ("timeline",))["timeline"]
+    copy = state.loads(state.dumps({"timeline": timeline}), _TIMELINE_ONLY)["timeline"]
     out: list = []
     copy.emit = out.append
     copy.end()
@@ -404,13 +407,4 @@ def load(data: bytes) -> Checkpoint:
     detectors = doc.pop(_DETECTORS, None) if isinstance(doc, dict) else None
     if detectors is not None and not isinstance(detectors, dict):
         raise StateError("checkpoint detectors is not a document")
-    parts = state.from_doc(doc, _CHECKPOINT_KEYS)
-    records = (r.Delivery, r.Publish, r.ChannelFacts, r.Violation)
-    if not isinstance(parts["timeline"], ConnectionTimeline):
-        raise StateError("checkpoint timeline is not a connection's state")
-    for key in ("provisional", "boundary"):
-        if not (isinstance(parts[key], tuple) and all(isinstance(x, records) for x in parts[key])):
-            raise StateError(f"checkpoint {key} is not a tuple of records")
-    if type(parts["boundary_ns"]) is not int:
-        raise StateError("checkpoint boundary_ns is not an integer")
-    return Checkpoint(**parts, detectors=detectors)
+    return Checkpoint(**state.from_doc(doc, _CHECKPOINT_KEYS), detectors=detectors)

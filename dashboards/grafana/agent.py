@@ -104,10 +104,11 @@ def rows_dropped():
 
 def series_folded():
     return timeseries_panel(
-        "Series folded into application=\"other\"", "Series the label cap folded into "
-        "application=\"other\", per interval and metric: more distinct applications (connection_name, "
-        "else client product and host) than the cap allows. Give clients stable connection names, or "
-        "raise the cap if Prometheus can take it.",
+        "Series folded into \"other\"", "Series the label caps folded into vhost=\"other\" or "
+        "application=\"other\", per interval and metric: more distinct vhosts, or applications "
+        "(connection_name, else client product and host), than the caps allow (--max-vhosts, "
+        "--max-applications; only connections the broker accepted take a value). Give clients stable "
+        "connection names, or raise the caps if Prometheus can take it.",
         COUNT, query(f"sum by (metric) (increase(ackscope_series_folded_total{SEL}[$__rate_interval]))", "{{metric}}"))
 
 

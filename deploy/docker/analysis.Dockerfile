@@ -1,7 +1,7 @@
 # The analysis: Java 17, Spark (from pyspark), the project with every pinned dependency. Runs
 # `ackscope analyze --lake ...` (the CronJob, analysis-every's Deployment, the compose service) or
 # serves as the driver and executor image of a spark-operator ScheduledSparkApplication
-# (`spark-submit /opt/ackscope/spark_jobs/analyze.py`).
+# (`spark-submit /opt/ackscope/spark_jobs/job.py`).
 # Build from the repository root (not buildable on the project's build machines, which have no
 # Docker; reviewed, not built, there):
 #   docker build -f deploy/docker/analysis.Dockerfile -t ackscope-analysis:0.1.0 .

@@ -1,38 +1,40 @@
-"""The findings that follow a message across connections: timeline tables in, `findings`
+"""The findings that follow a message across connections, on Spark: timeline tables in, `findings`
 (schema.FINDINGS) out.
 
 The kinds about one connection are decided beside the state machine (analyzer/detectors: the pass
 runs them per connection, stored_findings.py from stored rows). The two kinds here, requeue_loop
-and redelivery_after_close, need every delivery of a message wherever it went: Spark gathers them
-by message identity and hands them to the same Python detectors' rules (messages.py), whose raw
-findings are finished as the pass's are (evidence_packets.py: id, connection facts, capture packet
-numbers, timestamps). They rely on the table schemas only (DELIVERIES, FRAMES, CONNECTIONS).
+and redelivery_after_close, need every delivery of a message wherever it went: Spark's tasks pick
+the few deliveries they read with the one rule (analyzer.detectors.messages.candidates, through
+Arrow), the driver gathers them and runs the pipeline's one step over them
+(cross_connection_findings.py: the local executor runs the same), and its raw findings are finished
+as the pass's are (evidence_packets.py: id, connection facts, capture packet numbers, timestamps).
+They rely on the table schemas only (DELIVERIES, FRAMES, CONNECTIONS).
 
-Modules: messages.py (the two kinds), scoped.py (what a run that analysed some connections
-computes again), in_driver.py (the same for a run that carried every connection on, by the driver
-when it is small).
+A run's findings step is spark_jobs/findings.py; `detect` is the same rules over Spark tables
+(the tests' way to hold them to the plain-Python rules).
 """
 
 from __future__ import annotations
 
-from functools import reduce
+import json
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from analyzer import schema
+from analyzer.detectors.thresholds import Thresholds
 from spark_jobs.connection_pass import RAW_FINDINGS
+from spark_jobs.connection_pass import CONNECTION_COLUMNS, connection_facts
+from spark_jobs.cross_connection_findings import FoundAcross, findings_across
 from spark_jobs.evidence_packets import finished_findings
-from spark_jobs.thresholds import Thresholds
-
-from .messages import redelivery_after_close, requeue_loop
+from spark_jobs.findings import gathered
+from spark_jobs.types import spark_schema
 
 SEVERITY = schema.FINDING_SEVERITY
 
-# kind -> detector, in schema.FINDING_KINDS order.
-DETECTORS = {
-    "requeue_loop": requeue_loop,
-    "redelivery_after_close": redelivery_after_close,
-}
+# The kinds, in schema.FINDING_KINDS order.
+DETECTORS = ("requeue_loop", "redelivery_after_close")
 
 # The tables `detect` reads, with the schema each must carry (extra columns are ignored).
 INPUTS = {
@@ -42,19 +44,35 @@ INPUTS = {
 }
 
 
-def detect(tables: dict[str, DataFrame], thresholds: Thresholds | None = None, kinds=tuple(DETECTORS)) -> DataFrame:
+def detect(tables: dict[str, DataFrame], thresholds: Thresholds | None = None, kinds=DETECTORS) -> DataFrame:
     """Every finding of these kinds in `tables` (keys as in INPUTS; others are ignored), as a
     DataFrame of spark_schema(schema.FINDINGS)."""
-    return finished_findings(raw_findings(tables, thresholds, kinds).select(*RAW_FINDINGS.names), tables["frames"])
+    return finished_findings(raw_findings(tables, thresholds, kinds), tables["frames"])
 
 
-def raw_findings(tables: dict[str, DataFrame], thresholds: Thresholds | None = None,
-                 kinds=tuple(DETECTORS)) -> DataFrame:
-    """`detect`'s findings before their packets: the raw findings (messages.ACROSS_RAW, with each
-    one's `connection`) of these kinds."""
+def raw_findings(tables: dict[str, DataFrame], thresholds: Thresholds | None = None, kinds=DETECTORS) -> DataFrame:
+    """`detect`'s findings before their packets (connection_pass.RAW_FINDINGS)."""
     check_inputs(tables)
-    thresholds = thresholds if thresholds is not None else Thresholds()
-    return reduce(DataFrame.unionByName, [DETECTORS[kind](tables, thresholds) for kind in kinds])
+    found = found_in(tables["deliveries"], tables["connections"], thresholds if thresholds is not None else Thresholds())
+    return as_rows(tables["deliveries"].sparkSession, found, kinds)
+
+
+def found_in(deliveries: DataFrame, connections: DataFrame, thresholds: Thresholds) -> FoundAcross:
+    """cross_connection_findings.findings_across of these Spark tables, every candidate counted as
+    changed: the candidates picked by the one rule in Spark's tasks, gathered in the driver."""
+    def facts(ids: set[str]) -> dict[str, dict]:
+        return connection_facts(connections.where(F.col("connection_id").isin(sorted(ids)))
+                                .select(*CONNECTION_COLUMNS).toArrow())
+
+    return findings_across(gathered(deliveries, set()), None, facts, thresholds)
+
+
+def as_rows(spark, found: FoundAcross, kinds=DETECTORS) -> DataFrame:
+    """The raw findings of these kinds as a Spark table (connection_pass.RAW_FINDINGS)."""
+    raw = found.raw
+    if set(kinds) != set(DETECTORS):
+        raw = raw.filter(pa.array([json.loads(f)["kind"] in kinds for f in raw["finding"].to_pylist()], pa.bool_()))
+    return spark.createDataFrame(raw.combine_chunks(), spark_schema(RAW_FINDINGS))
 
 
 def check_inputs(tables: dict[str, DataFrame]) -> None:

@@ -19,8 +19,6 @@ BROADCAST_ROWS = 200_000
 # so no broadcast, which without adaptive execution is a Spark job of its own each time a query
 # runs it; and Parquet skips row groups by it. Above it, a broadcast semi-join.
 IN_LIST_CONNECTIONS = 10_000
-# Rows a shuffle partition of a small plan gets (sized_shuffles): a task's worth of a second or so.
-ROWS_PER_PARTITION = 1_000_000
 
 
 def materialised(df: DataFrame) -> DataFrame:
@@ -73,13 +71,6 @@ def conf_meanwhile(spark: SparkSession, key: str, value: Callable[[str], str]) -
         spark.conf.set(key, before)
 
 
-def joined_by_shuffle(spark: SparkSession) -> AbstractContextManager[None]:
-    """Meanwhile Spark broadcasts no join side on its own estimate (`lookup`'s mark still counts):
-    for a plan of small inputs (materialised ones are estimated small, and then each is broadcast),
-    a shuffle is a stage of its job, where each broadcast would be a job of its own."""
-    return conf_meanwhile(spark, "spark.sql.autoBroadcastJoinThreshold", lambda _: "-1")
-
-
 def arrow_batches_by_rows(spark: SparkSession) -> AbstractContextManager[None]:
     """Meanwhile the Arrow batches Spark hands to Python are bounded by rows only
     (spark.sql.execution.arrow.maxRecordsPerBatch, 10,000 by default), not also by bytes: under a
@@ -89,14 +80,6 @@ def arrow_batches_by_rows(spark: SparkSession) -> AbstractContextManager[None]:
     checkpoints (a batch of 10,000 large rows would then be held at once)."""
     # Int.MaxValue: Spark then never sizes a batch.
     return conf_meanwhile(spark, "spark.sql.execution.arrow.maxBytesPerBatch", lambda _: str(2**31 - 1))
-
-
-def sized_shuffles(spark: SparkSession, rows: int) -> AbstractContextManager[None]:
-    """Meanwhile a shuffle makes one partition per ROWS_PER_PARTITION of `rows` (at most how many
-    rows the plan shuffles), up to the session's number: without adaptive execution Spark splits a
-    few thousand rows into as many partitions as a whole table's, and each is a task of every stage."""
-    return conf_meanwhile(spark, "spark.sql.shuffle.partitions",
-                          lambda before: str(max(1, min(int(before), -(-rows // ROWS_PER_PARTITION)))))
 
 
 def first_seen(connections: DataFrame, keys: list[str]) -> DataFrame:

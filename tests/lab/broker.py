@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 from contextlib import contextmanager
 
@@ -22,6 +23,20 @@ def rabbitmqctl(*args: str, timeout: float = 60) -> str:
     if result.returncode != 0:
         raise LabError(f"rabbitmqctl {' '.join(args)} failed: {result.stderr.strip() or result.stdout.strip()}")
     return result.stdout
+
+
+def user_with_fresh_password(user: str, prefix: str) -> str:
+    """`user` on vhost / with every permission and a new random password starting with `prefix`
+    (set again if the user exists), returned: it appears nowhere else, so finding it in a file
+    means something."""
+    password = prefix + secrets.token_hex(12)
+    existing = rabbitmqctl("list_users", "--quiet", "--no-table-headers")
+    if user in [line.split("\t")[0] for line in existing.splitlines()]:
+        rabbitmqctl("change_password", user, password)
+    else:
+        rabbitmqctl("add_user", user, password)
+    rabbitmqctl("set_permissions", "-p", "/", user, ".*", ".*", ".*")
+    return password
 
 
 def connection_pid(connection_name: str) -> str:

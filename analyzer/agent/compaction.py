@@ -1,0 +1,89 @@
+"""The agent's small files merged in bounded groups, one Delta commit per group.
+
+A flush is a small file per table (12 a minute under churn). delta-rs's `optimize.compact` rewrote
+every file of a day under its target size at each compaction, the file the last one merged
+included, and held what it rewrote: the agent's RSS reached 362, 429 then 480 MB at compactions
+10 minutes apart (bench/README.md, soak.py). Here, as Delta's OPTIMIZE bins files but streamed:
+
+- only files under TARGET_FILE_BYTES are merged; a file at or above it is never rewritten;
+- a day's small files (in the log's order) are cut into groups of at most GROUP_BYTES of Parquet,
+  and a group of one file is left as it is;
+- a group is streamed into one new file (analyzer.lake.TableWriter.write_merged: a batch of a
+  file at a time, at most lake.MERGE_ROW_GROUP_BYTES of rows held), so the memory is bounded by
+  that, not by the group nor the day;
+- each group is one commit, removing the group's files and adding the merged one, both with
+  `dataChange` false (no row changed: a reader of changes skips it), tagged with the app
+  transaction COMPACTION_APP_ID, never an agent's (the agents' flush sequences are theirs alone).
+
+Another writer may commit while a group is merged. An append (an agent's flush, an ingest) lands
+beside it: Delta rebases the compaction over it. A commit that removed one of the group's files (an
+ingest replacing its provisional files) makes the compaction's commit fail, as the file is gone from
+the table or as Delta finds the conflict. Another compaction, of any agent: delta-rs does not count
+a file removed with `dataChange` false as a conflict, so two merges of one file would both land and
+its rows be there twice; the shared app transaction makes every compaction commit conflict with any
+other that landed since its table was read, and the later one fails. A group that fails is tried
+again at the next compaction from the files then in the table: no row is lost or added twice. Its
+merged file is referenced by nothing, and the vacuum removes it after the retention (deleting it at
+once would be wrong if the commit had in fact landed).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pyarrow as pa
+
+from .. import lake
+
+# A file this big is done: never merged again (that is what made each delta-rs compaction heavier
+# than the last). Ten minutes of the churn soak's frames (~1,230 a second) merge into ~8 MB.
+TARGET_FILE_BYTES = 8 * 1024 * 1024
+# At most so many bytes of small files go into one merged file (and one commit): a group is full
+# before it reaches the target, so merged files reach the target and leave the small ones.
+GROUP_BYTES = 16 * 1024 * 1024
+COMPACTED_PREFIX = "compacted"
+COMPACTION_APP_ID = "ackscope-compaction"
+log = logging.getLogger("ackscope.agent")
+
+
+def small_file_groups(files: dict[str, tuple[int, dict]]) -> list[tuple[str | None, list[str]]]:
+    """The groups to merge among a table's files (lake.table_files: path -> size, partition
+    values): per day, the files under TARGET_FILE_BYTES in their order, cut before a file that
+    would take the group past GROUP_BYTES; groups of one file are left out."""
+    groups: dict[str | None, list[list[str]]] = {}
+    sizes: dict[str | None, int] = {}
+    for path, (size, partition) in files.items():
+        if size >= TARGET_FILE_BYTES:
+            continue
+        day = partition.get("date")
+        runs = groups.setdefault(day, [[]])
+        if runs[-1] and sizes[day] + size > GROUP_BYTES:
+            runs.append([])
+            sizes[day] = 0
+        runs[-1].append(path)
+        sizes[day] = sizes.get(day, 0) + size
+    return [(day, run) for day, runs in groups.items() for run in runs if len(run) > 1]
+
+
+def compact_table(lake_dir: str, name: str, metadata: dict) -> tuple[int, int]:
+    """Merge the table's small files, a group and a commit at a time: (groups merged, groups whose
+    commit failed, left for the next compaction)."""
+    table = lake.open_table(lake_dir, name)
+    if table is None:
+        return 0, 0
+    stored = pa.schema(table.schema().to_arrow())
+    merged = failed = 0
+    for day, paths in small_file_groups(lake.table_files(table)):
+        writer = lake.TableWriter(lake_dir, name, stored, prefix=COMPACTED_PREFIX)
+        try:
+            writer.write_merged(day, paths)
+            # Removes exactly these files, or fails: one removed meanwhile is a KeyError (gone from the
+            # table the commit reads) or a conflict in Delta's commit (gone since).
+            version = (lake.open_table(lake_dir, name).transaction_version(COMPACTION_APP_ID) or 0) + 1
+            writer.commit(COMPACTION_APP_ID, metadata, version=version, remove=paths, data_change=False)
+            merged += 1
+        except Exception as exc:
+            failed += 1
+            log.warning("compaction of %s: a group of %d files was not merged (tried again later): %s: %s",
+                        name, len(paths), type(exc).__name__, exc)
+    return merged, failed

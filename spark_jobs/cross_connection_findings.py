@@ -1,0 +1,131 @@
+"""The pipeline's findings across connections, over Arrow: requeue_loop and redelivery_after_close
+(analyzer/detectors/messages.py's rules) of the messages a run's rows can change. Both executors
+call it through the one findings step (findings.py), which reads the stored candidates from the
+lake's files and takes the changed rows each executor hands in; neither has a rule of its own.
+
+Both kinds read only the candidate deliveries (analyzer.detectors.messages.candidates: in a loop,
+or left at a close), a few in a hundred, stored in files of their own (requeue_related.py). So a
+message's findings can change only where a run adds or deletes a candidate row of it: those rows
+are `changed`. A connection analysed whole has all its rows deleted and written again, so all the
+rows it wrote count (the ones deleted were rows of the same deliveries); a carried connection
+changes the requeue_related rows it wrote and those they replace (incremental.py).
+- requeue_loop, one finding per message: computed again for every message identity of a changed
+  delivery, from those identities' candidates;
+- redelivery_after_close, one finding per closed channel incarnation: computed again for the
+  incarnations with a changed closed delivery, and for those whose unacked messages came back
+  (redelivered) in a changed delivery, from their deliveries and every delivery of the same
+  messages (an incarnation's finding names all its messages: it is computed whole or not at all).
+Every other stored finding stays as it was. A full run counts every candidate as changed, and so
+finds what the rules find in the whole table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from itertools import groupby
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analyzer import schema
+from analyzer.detectors import RawFinding
+from analyzer.detectors.messages import (COLUMNS, JOURNEY_ORDER, Journey, Redelivered, after_close_finding,
+                                         candidates, left_at_close, redelivered_after_close)
+from analyzer.detectors.thresholds import Thresholds
+
+from .connection_pass import RAW_FINDINGS, finding_fields, nulls_first
+
+Place = tuple[str, int, int]   # (connection_id, channel, incarnation)
+# The deliveries' columns the kinds read, as stored.
+CANDIDATES = pa.schema([schema.DELIVERIES.field(name) for name in COLUMNS])
+
+
+@dataclass(frozen=True)
+class FoundAcross:
+    raw: pa.Table             # the raw findings (connection_pass.RAW_FINDINGS), finished with the pass's
+    messages: frozenset[str]  # the messages whose stored requeue_loop findings they replace
+    places: frozenset[Place]  # the closed incarnations whose stored redelivery_after_close findings they replace
+    candidates: int           # the stored candidates read
+
+    @property
+    def named(self) -> int:
+        """The evidence frames they name."""
+        return sum(len(seqs) for seqs in self.raw["seqs"].to_pylist())
+
+    @property
+    def first_ns(self) -> int | None:
+        """The first instant of the first of them (their evidence frames are no earlier)."""
+        return min((json.loads(f)["first_ts_ns"] for f in self.raw["finding"].to_pylist()), default=None)
+
+
+def candidates_of(deliveries: pa.Table | pa.RecordBatch) -> pa.Table | pa.RecordBatch:
+    """The rows of these deliveries either kind reads, in CANDIDATES' columns."""
+    return deliveries.filter(candidates(deliveries)).select(COLUMNS)
+
+
+def findings_across(stored: pa.Table, changed: pa.Table | None, connections: Callable[[set[str]], dict[str, dict]],
+                    thresholds: Thresholds) -> FoundAcross:
+    """The two kinds' raw findings of what `changed` can change (the module's docstring), from
+    `stored`, the candidates as stored after the run's commits (CANDIDATES, or any table of
+    deliveries: only its candidates are read). `changed`: the delivery rows the run added or
+    deleted (CANDIDATES; of a non-candidate row only the message identity is read, and only rows
+    of a message some stored candidate or requeue_loop finding names matter: findings.py's
+    `_gathered`); None: every stored candidate, a full run. `connections(ids)`: the connection facts (connection_pass.connection_facts)
+    of these connections."""
+    picked = stored.filter(candidates(stored))
+    rows = picked.select(COLUMNS).to_pylist()
+    if changed is None:
+        changed_rows = rows
+    else:
+        known = changed.filter(pc.is_valid(changed["message_identity"]))
+        changed_rows = (candidates_of(known).to_pylist()
+                        + [{"message_identity": m} for m in pc.unique(known["message_identity"]).to_pylist()])
+    came_back: dict[str, bool] = {}   # each changed message: did it come back (redelivered) in a changed row
+    for d in changed_rows:
+        came_back[d["message_identity"]] = came_back.get(d["message_identity"], False) or d.get("redelivered") is True
+
+    journeys = [d for d in rows if d["message_identity"] in came_back]
+    loops = [found for _, group in groupby(sorted(journeys, key=nulls_first(("message_identity", *JOURNEY_ORDER))),
+                                            key=lambda d: d["message_identity"])
+             if (found := _journey(group, thresholds)) is not None]
+
+    closed = [d for d in rows if left_at_close(d)]
+    places = ({_place(d) for d in changed_rows if "outcome" in d and left_at_close(d)}
+              | {_place(d) for d in closed if came_back.get(d["message_identity"], False)})
+    closed_there = {d["message_identity"] for d in closed if _place(d) in places}
+    involved = [d for d in rows if d["message_identity"] in closed_there
+                and (left_at_close(d) or d["redelivered"] is True)]
+    # The facts of every connection a finding or a redelivery names (an incarnation's finding is on one of those).
+    named = {d["connection_id"] for d in involved} | {connection_id for connection_id, _ in loops}
+    facts = connections(named) if named else {}
+    involved = [{**d, "connection_name": facts.get(d["connection_id"], {}).get("connection_name")} for d in involved]
+    matches = [m for _, group in groupby(sorted(involved, key=nulls_first(("message_identity",))),
+                                         key=lambda d: d["message_identity"])
+               for m in redelivered_after_close(group)]
+    by_place = sorted(matches, key=lambda m: tuple((v is not None, v) for v in (*_as_place(m), m.seq)))
+    after_close = [found for place, group in groupby(by_place, key=_as_place)
+                   if place in places and (found := after_close_finding(group)) is not None]
+    raw = [{"connection_id": connection_id,
+            "connection": json.dumps(facts.get(connection_id, {"connection_id": connection_id})),
+            **finding_fields(finding)} for connection_id, finding in [*loops, *after_close]]
+    return FoundAcross(pa.Table.from_pylist(raw, schema=RAW_FINDINGS), frozenset(came_back), frozenset(places),
+                       len(rows))
+
+
+def _journey(deliveries: Iterable[dict], thresholds: Thresholds) -> tuple[str, RawFinding] | None:
+    journey = Journey()
+    for d in deliveries:
+        journey.add(d)
+    return journey.finding(thresholds)
+
+
+def _place(d: dict) -> Place:
+    return d["connection_id"], d["channel"], d["incarnation"]
+
+
+def _as_place(m: Redelivered) -> Place:
+    return m.connection_id, m.channel, m.incarnation
+
+

@@ -1,0 +1,153 @@
+"""The analysis on a real Spark standalone cluster (tests/spark_cluster.py: a master and two workers,
+each its own JVM, from pyspark's jars): `ackscope analyze --master spark://...`, a full run and then
+an incremental run after an append, on a lab lake (the recorded examples) and a generated one
+(bench/frames_generator.py), each ending with tables equal, row for row, to the same runs' on this
+machine alone (`ackscope analyze`, whose small append the driver carries on itself with no JVM).
+The lab lake's incremental run goes through `spark-submit --master spark://... spark_jobs/job.py`,
+which runs on the master spark-submit was given.
+
+The executors import ackscope from this venv (the workers share this machine: see
+docs/deployment.md for shipping it to a real cluster's nodes)."""
+
+import glob
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from analyzer import lake, schema
+from analyzer.ingest import ingest_file
+
+from .conftest import ROOT
+from .spark_cluster import SPARK_HOME, standalone_cluster
+
+
+def _load(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
+    module = sys.modules.setdefault(name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = _load("bench_frames_generator", "bench/frames_generator.py")
+digests = _load("bench_incremental", "bench/incremental.py")
+
+ACKSCOPE = os.path.join(os.path.dirname(sys.executable), "ackscope")
+RUN_TIMEOUT_S = 900
+GENERATED = gen.Params(frames=12_000, hot_deliveries=2_000, seed=23, connections=8, duration_s=900)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with standalone_cluster(tmp_path_factory.mktemp("spark-cluster")) as running:
+        yield running
+
+
+def _analyze(lake_dir: str, env: dict, *options: str) -> dict:
+    done = subprocess.run([ACKSCOPE, "analyze", "--lake", lake_dir, "--json", *options], capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT_S, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout)
+
+
+def _applications(cluster) -> list[str]:
+    """The applications the master has seen finish."""
+    return [app["name"] for app in cluster.state().get("completedapps", [])]
+
+
+def _append(lake_dir: str, frames: pa.Table, connections: pa.Table, app_id: str) -> None:
+    for name, table, table_schema in (("frames", frames, schema.FRAMES),
+                                      ("connections", connections, schema.CONNECTIONS)):
+        writer = lake.TableWriter(lake_dir, name, table_schema)
+        writer.write(table)
+        writer.commit(app_id)
+
+
+def _lab_pieces(tmp_path) -> list[tuple[pa.Table, pa.Table]]:
+    """The recorded examples as an agent would have appended them: the first half, then the rest."""
+    captures = sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))
+    half = len(captures) // 2
+    pieces = []
+    for number, group in enumerate((captures[:half], captures[half:])):
+        folder = str(tmp_path / f"decoded-{number}")
+        for capture in group:
+            assert not ingest_file(capture, folder).errors, capture
+        pieces.append((lake.read_table(folder, "frames", schema.FRAMES),
+                       lake.read_table(folder, "connections", schema.CONNECTIONS)))
+    return pieces
+
+
+def _generated_pieces() -> list[tuple[pa.Table, pa.Table]]:
+    """Generated traffic cut by time: its connections live across the append, so the incremental run
+    carries them on from their checkpoints."""
+    frames, connections = gen.lake_tables(GENERATED)
+    pieces, seen = [], set()
+    for piece in gen.as_appended(frames, [0.6]):
+        ids = set(piece["connection_id"].to_pylist())
+        new = connections.filter(pc.is_in(connections["connection_id"], pa.array(sorted(ids - seen), pa.string())))
+        pieces.append((piece, new))
+        seen |= ids
+    return pieces
+
+
+def _equal_tables(local_lake: str, cluster_lake: str) -> None:
+    local, on_cluster = digests.tables_digest(local_lake), digests.tables_digest(cluster_lake)
+    assert on_cluster == local, {name: (lake.read_table(local_lake, name, table_schema).num_rows,
+                                        lake.read_table(cluster_lake, name, table_schema).num_rows)
+                                 for name, table_schema in digests.OUTPUT_TABLES.items()}
+
+
+def _analyze_on_cluster(cluster, lake_dir: str) -> dict:
+    return _analyze(lake_dir, cluster.driver_env(), "--master", cluster.url)
+
+
+def _submit_to_cluster(cluster, lake_dir: str) -> dict:
+    """`spark-submit --master spark://... spark_jobs/job.py --lake ...`, with no --master of the job's
+    own: the job runs on spark-submit's master (before, its default local[*] overrode it)."""
+    run = subprocess.run([os.path.join(SPARK_HOME, "bin", "spark-submit"), "--master", cluster.url,
+                          os.path.join(ROOT, "spark_jobs", "job.py"), "--lake", lake_dir, "--json"],
+                         capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=cluster.driver_env())
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    return json.loads(run.stdout.splitlines()[-1])  # Spark merges the driver's stderr into stdout
+
+
+@pytest.mark.parametrize("traffic, then", [("lab", _submit_to_cluster), ("generated", _analyze_on_cluster)],
+                         ids=["lab, the append through spark-submit", "generated"])
+def test_a_full_run_and_an_incremental_one_on_the_cluster_equal_the_local_runs(cluster, traffic, then, tmp_path):
+    """A full run, an append, an incremental run: on the cluster and on a local master, each lake
+    equal to the other after each run. On the lab lake the incremental run is spark-submit's."""
+    pieces = _lab_pieces(tmp_path) if traffic == "lab" else _generated_pieces()
+    local_lake, cluster_lake = str(tmp_path / "local"), str(tmp_path / "cluster")
+    before = len(_applications(cluster))
+    reports = []
+    for number, ((frames, connections), on_cluster) in enumerate(zip(pieces, (_analyze_on_cluster, then))):
+        for lake_dir in (local_lake, cluster_lake):
+            _append(lake_dir, frames, connections, f"piece-{number}")
+        local = _analyze(local_lake, {**os.environ, "PYSPARK_PYTHON": sys.executable})
+        reports.append((local, on_cluster(cluster, cluster_lake)))
+        _equal_tables(local_lake, cluster_lake)
+    (full_local, full_cluster), (next_local, next_cluster) = reports
+    assert full_local["scope"] == full_cluster["scope"] == "full" and full_cluster["frames"] == pieces[0][0].num_rows
+    assert next_local["scope"] == next_cluster["scope"] == "new_data"
+    # The append ran on the cluster's executors, where the local run's driver carried it on itself.
+    assert next_cluster["delta_mode"] != "none" and next_cluster["spark_jobs"] > next_local["spark_jobs"]
+    if traffic == "generated":
+        assert next_cluster["carried_connections"] > 0
+    assert sum(full_cluster["findings_by_kind"].values()) > 0
+    # Both runs were applications of the cluster's master, not local sessions.
+    assert _applications(cluster)[before:] == ["ackscope-analyze", "ackscope-analyze"]
+
+
+def test_the_cluster_is_stopped_with_every_jvm(tmp_path):
+    """The fixture's promise: after the block, no JVM of the cluster is left, even when the block fails."""
+    with pytest.raises(RuntimeError, match="inside"):
+        with standalone_cluster(tmp_path / "short", workers=1) as short:
+            pids = [process.pid for process in short.processes]
+            assert len(short.state()["workers"]) == 1
+            raise RuntimeError("a failure inside")
+    assert [pid for pid in pids if os.path.exists(f"/proc/{pid}")] == []
