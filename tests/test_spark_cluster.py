@@ -6,8 +6,9 @@ machine alone (`ackscope analyze`, whose small append the driver carries on itse
 The lab lake's incremental run goes through `spark-submit --master spark://... spark_jobs/job.py`,
 which runs on the master spark-submit was given.
 
-The executors import ackscope from this venv (the workers share this machine: see
-docs/deployment.md for shipping it to a real cluster's nodes)."""
+The executors import ackscope from this venv (the workers share this machine), except in the test of
+docs/deployment.md's packed virtualenv, which spark-submit ships with `--archives` as it would to a
+real cluster's nodes."""
 
 import glob
 import importlib.util
@@ -151,3 +152,65 @@ def test_the_cluster_is_stopped_with_every_jvm(tmp_path):
             assert len(short.state()["workers"]) == 1
             raise RuntimeError("a failure inside")
     assert [pid for pid in pids if os.path.exists(f"/proc/{pid}")] == []
+
+
+# What the executors' Python workers import of ackscope's dependencies (pyspark comes from the
+# cluster's Spark, on the workers' PYTHONPATH): the packed environment of docs/deployment.md.
+EXECUTOR_PACKAGES = ("pyarrow", "numpy", "deltalake")
+
+
+def _pinned(packages: tuple[str, ...]) -> list[str]:
+    """`name==version` of each package as pyproject.toml pins it."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as project:
+        pins = {line.split("==")[0]: line for line in tomllib.load(project)["project"]["dependencies"]}
+    return [pins[name] for name in packages]
+
+
+@pytest.fixture(scope="module")
+def packed_environment(tmp_path_factory) -> str:
+    """docs/deployment.md's packed virtualenv, made as it says: ackscope without its dependencies,
+    the executors' packages at the project's pins, the folder packed with tar."""
+    folder = tmp_path_factory.mktemp("packed")
+    env, packed = folder / "ackscope-env", folder / "ackscope-env.tar.gz"
+    subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", str(env)], check=True)
+    pip = [str(env / "bin" / "pip"), "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "--no-deps", ROOT], check=True, capture_output=True)
+    subprocess.run([*pip, *_pinned(EXECUTOR_PACKAGES)], check=True, capture_output=True)
+    subprocess.run(["tar", "-czf", str(packed), "-C", str(env), "."], check=True)
+    return str(packed)
+
+
+def test_the_documented_install_names_the_projects_pins():
+    """docs/deployment.md's line that installs the executors' packages pins what pyproject.toml pins."""
+    with open(os.path.join(ROOT, "docs", "deployment.md")) as doc:
+        assert f"ackscope-env/bin/pip install {' '.join(_pinned(EXECUTOR_PACKAGES))}" in doc.read()
+
+
+def test_a_job_shipped_with_its_packed_environment_runs_on_the_cluster_as_locally(cluster, packed_environment,
+                                                                                   tmp_path):
+    """spark-submit --archives: each executor unpacks the environment in its work folder and runs its
+    Python workers from it (`./environment/bin/python`, nothing of this venv); the tables equal a
+    local run's."""
+    captures = sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))
+    local_lake, cluster_lake = str(tmp_path / "local"), str(tmp_path / "cluster")
+    for lake_dir in (local_lake, cluster_lake):
+        for capture in captures:
+            assert not ingest_file(capture, lake_dir).errors, capture
+    env = {key: value for key, value in cluster.driver_env().items() if key != "PYSPARK_PYTHON"}
+    before = set(cluster.folder.glob("worker-*/app-*/*/environment"))
+    run = subprocess.run([os.path.join(SPARK_HOME, "bin", "spark-submit"), "--master", cluster.url,
+                          "--archives", f"{packed_environment}#environment",
+                          "--conf", "spark.pyspark.python=./environment/bin/python",
+                          "--conf", f"spark.pyspark.driver.python={sys.executable}",
+                          os.path.join(ROOT, "spark_jobs", "job.py"), "--lake", cluster_lake, "--json"],
+                         capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    report = json.loads(run.stdout.splitlines()[-1])
+    assert report["scope"] == "full" and sum(report["findings_by_kind"].values()) > 0
+    # The executors that ran tasks unpacked it in their work folders, and ran their workers from it.
+    unpacked = set(cluster.folder.glob("worker-*/app-*/*/environment")) - before
+    assert unpacked and all((path / "bin" / "python").exists() for path in unpacked)
+    _analyze(local_lake, {**os.environ, "PYSPARK_PYTHON": sys.executable})
+    _equal_tables(local_lake, cluster_lake)
