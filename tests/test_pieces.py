@@ -27,9 +27,7 @@ from analyzer.flow_state import FlowStateError, dumps, loads
 from analyzer.ingest import ingest_files
 from analyzer.pieces import Capture
 from analyzer.rows import RowSink
-from analyzer.detectors.thresholds import Thresholds
-from analyzer.timeline.records import DEFAULT_OVERDUE_NS
-from spark_jobs.analyze import analyze, analyze_without_spark, planned_run
+from tests.findings_check import analysed_as_the_command_does
 from tests.pieces_support import cut, packet_count, tables
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
@@ -540,12 +538,7 @@ def test_the_watcher_keeps_the_keys_of_a_key_log_it_can_no_longer_read(tmp_path)
 # -- findings over a capture in pieces ----------------------------------------------------------------------
 
 def _findings(spark, lake_dir: str) -> list[dict]:
-    """The lake analysed as `ackscope analyze` does (the driver's own run where it takes the run, a
-    small append; else Spark's), in the session's Spark rather than a driver JVM of its own a run:
-    then `ackscope findings --json`."""
-    plan = planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS, Thresholds())
-    if analyze_without_spark(lake_dir, plan, 0.0, start_spark=lambda: spark) is None:
-        analyze(spark, lake_dir, plan=plan)
+    analysed_as_the_command_does(spark, lake_dir)
     result = subprocess.run([ACKSCOPE, "findings", "--lake", lake_dir, "--json"], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
