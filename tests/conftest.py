@@ -1,5 +1,6 @@
 import os
 import shutil
+import time
 
 import pytest
 
@@ -35,6 +36,45 @@ def pytest_collection_modifyitems(config, items):
     rank = {unit: place for place, unit in enumerate(LONGEST_FIRST)}
     # A stable sort: each module's tests stay together and in order.
     items.sort(key=lambda item: rank.get(units[item], len(rank)))
+
+
+# Under xdist, what each worker ran: {worker: {unit: seconds}} and when it reported its last test,
+# printed at the end (`make test`) so that a unit which leaves the other worker idle is seen.
+_WORKERS: dict[str, dict[str, float]] = {}
+_LAST_REPORT: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    gateway = getattr(getattr(report, "node", None), "gateway", None)
+    if gateway is None or "@" not in report.nodeid:
+        return
+    unit = report.nodeid.rsplit("@", 1)[1]
+    units = _WORKERS.setdefault(gateway.id, {})
+    units[unit] = units.get(unit, 0.0) + report.duration
+    _LAST_REPORT[gateway.id] = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _WORKERS:
+        return
+    ended = max(_LAST_REPORT.values())
+    terminalreporter.section("work units by worker (seconds)")
+    for worker, units in sorted(_WORKERS.items()):
+        longest = sorted(units.items(), key=lambda unit: -unit[1])[:8]
+        terminalreporter.write_line(
+            f"{worker}: {sum(units.values()):.0f} s in {len(units)} units, idle for the last "
+            f"{ended - _LAST_REPORT[worker]:.0f} s; longest: " + ", ".join(f"{u} {t:.0f}" for u, t in longest))
+
+
+def pytest_collection_finish(session):
+    """In an xdist worker under --dist loadgroup, every test must carry its unit in its node id: with
+    pytest 9.2, xdist 3.8's suffix was dropped and every test was a unit of its own (module fixtures
+    built in both workers, broker tests side by side), without a word."""
+    if getattr(session.config.option, "loadgroup", False):
+        ungrouped = [item.nodeid for item in session.items if "@" not in item.nodeid]
+        if ungrouped:
+            raise pytest.UsageError(f"--dist loadgroup: {len(ungrouped)} test(s) without their work unit, "
+                                    f"such as {ungrouped[0]}: this pytest and pytest-xdist do not group")
 
 
 def check_built(available: bool, missing: str) -> None:

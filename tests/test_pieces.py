@@ -27,6 +27,7 @@ from analyzer.flow_state import FlowStateError, dumps, loads
 from analyzer.ingest import ingest_files
 from analyzer.pieces import Capture
 from analyzer.rows import RowSink
+from tests.findings_check import analysed_as_the_command_does
 from tests.pieces_support import cut, packet_count, tables
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
@@ -536,26 +537,25 @@ def test_the_watcher_keeps_the_keys_of_a_key_log_it_can_no_longer_read(tmp_path)
 
 # -- findings over a capture in pieces ----------------------------------------------------------------------
 
-def _findings(lake_dir: str) -> list[dict]:
-    result = subprocess.run([ACKSCOPE, "analyze", "--lake", lake_dir], capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
+def _findings(spark, lake_dir: str) -> list[dict]:
+    analysed_as_the_command_does(spark, lake_dir)
     result = subprocess.run([ACKSCOPE, "findings", "--lake", lake_dir, "--json"], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
     return sorted(json.loads(result.stdout), key=lambda f: f["finding_id"])
 
 
-def test_a_findings_evidence_in_two_files_names_each_packets_file(tmp_path):
+def test_a_findings_evidence_in_two_files_names_each_packets_file(spark, tmp_path):
     """Each file of a capture in pieces numbers its packets from 1: a finding whose evidence frames
     are in two files names each packet's file (`source_files`), where `source` alone would send a
     reader to packets of the wrong file. An analysis after each piece ends with the same findings."""
     path = example("requeue_loop")
-    whole = _findings(_ingested(path, tmp_path / "whole"))
+    whole = _findings(spark, _ingested(path, tmp_path / "whole"))
     loop = max((f for f in whole if f["kind"] == "requeue_loop"), key=lambda f: len(set(f["evidence"]["source_packets"])))
     packets = sorted(set(loop["evidence"]["source_packets"]))
     assert not [f for f in whole if "source_files" in f["evidence"]] and len(packets) > 2
     pieces, _ = cut(path, [packets[len(packets) // 2] - 1], str(tmp_path / "pieces"))  # packets count from 1
-    at_once = _findings(_ingested(pieces, tmp_path / "at-once"))
+    at_once = _findings(spark, _ingested(pieces, tmp_path / "at-once"))
     (loop,) = [f for f in at_once if f["finding_id"] == loop["finding_id"]]
     evidence = loop["evidence"]
     assert set(evidence["source_files"]) == set(pieces) and loop["source"] == pieces[0]
@@ -566,8 +566,8 @@ def test_a_findings_evidence_in_two_files_names_each_packets_file(tmp_path):
         zip(evidence["source_files"], evidence["source_packets"]))
     one_by_one = tmp_path / "one-by-one"
     _ingested(pieces[0], one_by_one)
-    _findings(str(one_by_one))
-    assert _findings(_ingested(pieces[1], one_by_one)) == at_once  # the second run finishes from stored findings
+    _findings(spark, str(one_by_one))
+    assert _findings(spark, _ingested(pieces[1], one_by_one)) == at_once  # the second run finishes from stored findings
 
 
 def _ingested(paths, lake_dir) -> str:

@@ -13,7 +13,6 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -21,6 +20,7 @@ import pytest
 from analyzer import lake, schema
 from analyzer.ingest import ingest_files
 from tests.agent_support import AgentProcess, publish_confirmed
+from tests.findings_check import analysed_as_the_command_does
 from tests.pieces_support import packet_count
 from tests.lab import broker
 from tests.lab.lab import Lab, connection_name
@@ -28,7 +28,6 @@ from tests.lab.runner import exclusive_lab
 from tests.lab.scenarios import SCENARIOS
 
 pytestmark = pytest.mark.rabbitmq
-ACKSCOPE = os.path.join(os.path.dirname(sys.executable), "ackscope")
 RINGS = {  # scenario -> dumpcap's ring option
     "lost_confirms": "filesize:24",
     "requeue_loop": "filesize:12",
@@ -137,12 +136,10 @@ def test_a_dumpcap_ring_gives_the_single_files_rows(recordings, tmp_path, scenar
     assert by_lab[1] and scenario_tables(str(tmp_path / "scheduled"), scenario, ids, times=False) == by_lab
 
 
-def findings_of(lake_dir: str, ids: set[str], offsets: dict[str, int]) -> list[dict]:
+def findings_of(spark, lake_dir: str, ids: set[str], offsets: dict[str, int]) -> list[dict]:
     """The findings of these connections, each evidence packet numbered in the whole capture
     (`offsets`: file -> packets before it), so the ring's and the one file's compare whole."""
-    result = subprocess.run([ACKSCOPE, "analyze", "--lake", lake_dir, "--json"], capture_output=True, text=True,
-                            timeout=900)
-    assert result.returncode == 0, result.stderr
+    analysed_as_the_command_does(spark, lake_dir)
     kept = []
     for finding in lake.read_table(lake_dir, "findings", schema.FINDINGS).to_pylist():
         if finding["connection_id"] not in ids:
@@ -156,17 +153,17 @@ def findings_of(lake_dir: str, ids: set[str], offsets: dict[str, int]) -> list[d
     return sorted(kept, key=lambda f: json.dumps(f, sort_keys=True, default=str))
 
 
-def test_analysis_of_the_ring_finds_what_the_single_file_finds(recordings, tmp_path):
+def test_analysis_of_the_ring_finds_what_the_single_file_finds(spark, recordings, tmp_path):
     scenario = "lost_confirms"
     _, ring = recordings[scenario]
     ingest_files([concatenated(ring, str(tmp_path / "ring.pcapng"))], str(tmp_path / "single"))
     ids = ids_named(str(tmp_path / "single"), scenario)
     for path in ring:
         ingest_files([path], str(tmp_path / "ring"))
-    expected = findings_of(str(tmp_path / "single"), ids, {str(tmp_path / "ring.pcapng"): 0})
+    expected = findings_of(spark, str(tmp_path / "single"), ids, {str(tmp_path / "ring.pcapng"): 0})
     assert any(f["kind"] == "lost_confirm" for f in expected)
     before = [sum(packet_count(path) for path in ring[:k]) for k in range(len(ring))]
-    assert findings_of(str(tmp_path / "ring"), ids, dict(zip(ring, before))) == expected
+    assert findings_of(spark, str(tmp_path / "ring"), ids, dict(zip(ring, before))) == expected
 
 
 def test_the_agents_rotated_pcap_out_ingests_to_the_agents_rows(tmp_path):

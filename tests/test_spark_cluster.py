@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -126,12 +127,16 @@ def test_a_full_run_and_an_incremental_one_on_the_cluster_equal_the_local_runs(c
     local_lake, cluster_lake = str(tmp_path / "local"), str(tmp_path / "cluster")
     before = len(_applications(cluster))
     reports = []
-    for number, ((frames, connections), on_cluster) in enumerate(zip(pieces, (_analyze_on_cluster, then))):
-        for lake_dir in (local_lake, cluster_lake):
-            _append(lake_dir, frames, connections, f"piece-{number}")
-        local = _analyze(local_lake, {**os.environ, "PYSPARK_PYTHON": sys.executable})
-        reports.append((local, on_cluster(cluster, cluster_lake)))
-        _equal_tables(local_lake, cluster_lake)
+    # Each local run goes beside the cluster's run of the same step: the two share no lake, and the
+    # local master is none of the cluster's.
+    with ThreadPoolExecutor(1) as beside:
+        for number, ((frames, connections), on_cluster) in enumerate(zip(pieces, (_analyze_on_cluster, then))):
+            for lake_dir in (local_lake, cluster_lake):
+                _append(lake_dir, frames, connections, f"piece-{number}")
+            local = beside.submit(_analyze, local_lake, {**os.environ, "PYSPARK_PYTHON": sys.executable})
+            cluster_report = on_cluster(cluster, cluster_lake)
+            reports.append((local.result(), cluster_report))
+            _equal_tables(local_lake, cluster_lake)
     (full_local, full_cluster), (next_local, next_cluster) = reports
     assert full_local["scope"] == full_cluster["scope"] == "full" and full_cluster["frames"] == pieces[0][0].num_rows
     assert next_local["scope"] == next_cluster["scope"] == "new_data"
