@@ -19,8 +19,9 @@ Who merges what. The scheduled analysis merges, after each complete run, the sma
 `frames` it has analysed and those of `connections` (spark_jobs/compaction.merge_analysed_input,
 with `compact_table` here: one implementation); the agent merges only small files written longer
 ago than `--compact-min-age`, which a working analysis job never leaves. So beside a running
-analysis the sidecar's compaction merges nothing (a merge's 15-60 MB of Parquet buffers stay out
-of the sidecar's peak), and without one it still keeps its tables' files few.
+analysis the sidecar's compaction merges nothing (a merge's ~35-40 MB of Parquet buffers and log
+state stay out of the sidecar's peak: bench/README.md, soak.py and compaction_knobs.py), and
+without one it still keeps its tables' files few.
 
 Another writer may commit while a group is merged. An append (an agent's flush, an ingest) lands
 beside it: Delta rebases the compaction over it. A commit that removed one of the group's files (an
