@@ -254,6 +254,10 @@ def add_capture_command(commands) -> None:
     capture.add_argument("--rotate-keep", type=int, default=10, metavar="N", help="pcapng files kept (default %(default)s)")
     capture.add_argument("--compact-interval", type=float, default=3600.0, metavar="SECONDS",
                          help="compact small files, checkpoint and vacuum this often (default %(default)s)")
+    capture.add_argument("--compact-min-age", type=float, default=3600.0, metavar="SECONDS",
+                         help="merge only small files written at least this long ago: the scheduled analysis "
+                              "merges those it has analysed, so beside it the agent merges none (docs/agent.md, "
+                              "\"Memory\"; default %(default)s)")
     capture.add_argument("--retention-hours", type=float, default=1.0, metavar="H",
                          help="at each compaction, vacuum removes the files the tables stopped referencing "
                               "longer ago than this; at least 1, for readers of older versions "
@@ -317,6 +321,7 @@ def run_capture(args) -> int:
             iface=args.iface, lake=args.lake, ports=tuple(args.port or sorted(DEFAULT_BROKER_PORTS)),
             agent_id=args.agent_id, metrics_addr=parse_address(args.metrics_addr) if args.metrics_addr else None,
             flush_interval_s=args.flush_interval, compact_interval_s=args.compact_interval,
+            compact_min_age_s=args.compact_min_age,
             retention_hours=args.retention_hours, idle_timeout_s=args.idle_timeout,
             max_buffered_rows=args.max_buffered_rows, max_applications=args.max_applications,
             max_vhosts=args.max_vhosts,

@@ -227,7 +227,7 @@ def _ingest_run(pieces: list[_Piece], lake_dir: str, source: str, continue_withi
     need = {name: not lake.committed(lake_dir, name, app_ids[0]) for name in ("frames", "connections", TABLE)}
     state = flow_lake.load(lake_dir, source, notes)
     restore, removed = _continuation(state, pieces, lake_dir, source, continue_within_ns, need, notes)
-    tag = f"provisional-{pieces[-1].report.sha256[:16]}"
+    tag = f"{lake.PROVISIONAL_PREFIX}-{pieces[-1].report.sha256[:16]}"
     frames = lake.TableWriter(lake_dir, "frames", schema.FRAMES)
     provisional_frames = lake.TableWriter(lake_dir, "frames", schema.FRAMES)
     run = dict(files=[(p.report.file, p.first_ts_ns) for p in pieces], lake_dir=lake_dir, restore=restore,

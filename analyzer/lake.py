@@ -213,6 +213,11 @@ def committed(lake: str, name: str, app_id: str) -> bool:
 MERGE_BATCH_ROWS = 8_192
 MERGE_ROW_GROUP_BYTES = 4 * 1024 * 1024
 
+# The name prefix (TableWriter's `prefix`) of the files an ingest commits provisionally: the rows
+# that ended a capture's open flows, which the ingest of the next piece takes out again. Compactions
+# leave them alone.
+PROVISIONAL_PREFIX = "provisional"
+
 # How Hive, Spark and Delta writers name the folder of a null partition value.
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 

@@ -11,7 +11,12 @@ its lake (data and log) and its threads (delta-rs's Tokio threads among them); a
 slope of RSS (and of anonymous RSS) over the last two thirds of the run, the agent's exit and
 whether every publish the clients sent is in the lake exactly once under its connection.
 
-    nice -n 10 .venv/bin/python bench/soak.py [--minutes 30] [--every 60] [-- capture flags...]
+With --merge-every, the soak plays the scheduled analysis beside the agent: that often it merges
+what a complete run that analysed the lake's current frames version merges after it
+(spark_jobs/compaction.merge_analysed_input, in the soak's process, not the agent's), so the
+agent's own compaction finds nothing older than its --compact-min-age.
+
+    nice -n 10 .venv/bin/python bench/soak.py [--minutes 30] [--every 60] [--merge-every 300] [-- capture flags...]
 """
 
 from __future__ import annotations
@@ -75,6 +80,16 @@ def filed_once(lake_dir: str, sent: dict[str, int]) -> dict:
             "connections_differing": len(wrong), "duplicate_rows": duplicates}
 
 
+def merge_beside(lake_dir: str) -> dict[str, int]:
+    """What the analysis merges after a complete run of the lake's current frames version."""
+    from analyzer import lake
+    from spark_jobs.compaction import merge_analysed_input
+    started = time.monotonic()
+    merged = merge_analysed_input(lake_dir, lake.open_table(lake_dir, "frames").version(), "soak")
+    print(f"      merged beside in {time.monotonic() - started:.1f} s: {merged}", flush=True)
+    return merged
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0)
@@ -84,6 +99,8 @@ def main() -> int:
     parser.add_argument("--smaps", action="store_true", help="every line, the agent's anonymous memory by kind of "
                         "mapping (bench/smaps.py: brk heap, glibc thread arenas, thread stacks, other mmap'd "
                         "blocks), and at the end the mappings that grew most over the last two thirds")
+    parser.add_argument("--merge-every", type=float, metavar="SECONDS", help="merge what a complete analysis run "
+                        "merges after it (frames files of the current version, connections' small files) this often")
     parser.add_argument("capture_flags", nargs="*", help="extra `ackscope capture` flags, after --")
     args = parser.parse_args()
 
@@ -115,6 +132,7 @@ def main() -> int:
     started = last_t = time.monotonic()
     last_cpu, last_frames = cpu_seconds(agent.pid), 0.0
     points, anon_points, failed = [], [], None
+    next_merge, merged = (started + args.merge_every if args.merge_every else float("inf")), {}
     samples: list[tuple[float, list[dict]]] = []
 
     def smaps_columns(minute: float) -> str:
@@ -140,6 +158,10 @@ def main() -> int:
               f"{(frames - last_frames) / (now - last_t):9.0f} {churn.opened:6d} {data:5d} {log:5d} "
               f"{size / 2**20:8.1f} {memory_kib(agent.pid, 'Threads'):7d}" + smaps_columns(minute), flush=True)
         last_t, last_cpu, last_frames = now, cpu, frames
+        if time.monotonic() >= next_merge:
+            next_merge = time.monotonic() + args.merge_every
+            for name, n in merge_beside(lake_dir).items():
+                merged[name] = merged.get(name, 0) + n
     churn.stop()
     time.sleep(2.0)  # the last frames reach the agent before it stops
     peak = memory_kib(agent.pid, "VmHWM") / 1024 if agent.poll() is None else float("nan")
@@ -163,7 +185,7 @@ def main() -> int:
                "rss_slope_mb_per_min_last_two_thirds": round(slope_per_minute(last_two_thirds(points)), 3),
                "anon_rss_slope_mb_per_min_last_two_thirds": round(slope_per_minute(last_two_thirds(anon_points)), 3),
                "connections_opened": churn.opened, "resets": churn.resets, "client_errors": churn.errors[:5],
-               "agent_exit": agent.returncode}
+               "agent_exit": agent.returncode, "files_merged_beside": merged}
     if agent.returncode == 0:
         report = json.loads(stdout)
         summary.update(errors=report["error_count"], kernel_drops=report["kernel_drops"],

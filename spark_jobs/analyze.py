@@ -47,10 +47,11 @@ from spark_jobs.delta_io import (Listed, Match, Replacement, Rewrite, connection
                                  rewrite_all, rewrite_all_in_driver)
 from spark_jobs.findings import refresh_findings
 from spark_jobs.incremental import CarriedPass, carry_on_connections
-from spark_jobs.compaction import compact, small_final_files
+from spark_jobs.compaction import compact, merge_analysed_input, small_final_files
 from spark_jobs.metrics_redo import pass_channel_metrics, with_metrics_redone
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
-from spark_jobs.run_scope import DAYS, FULL, NEW_DATA, RunScope, plan_run, set_aside_damaged, thresholds_json
+from spark_jobs.run_scope import (COMPLETE_SCOPES, DAYS, FULL, NEW_DATA, RunScope, plan_run, set_aside_damaged,
+                                  thresholds_json)
 from spark_jobs.session import (commit_tag, commits_tagged, delta_mode as resolve_delta_mode, expressions_for,
                                 tag_session, use_lake)
 from spark_jobs.steps import Steps
@@ -96,6 +97,7 @@ class AnalysisReport:
     seconds_by_step: dict = field(default_factory=dict)
     spark_jobs: int = 0                 # Spark jobs the run started
     files_compacted: dict = field(default_factory=dict)   # small files merged, per table (compaction.py)
+    input_files_merged: dict = field(default_factory=dict)  # frames and connections files merged after the run
 
     def as_json(self) -> dict:
         return dict(self.__dict__)
@@ -232,6 +234,7 @@ def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Setting
         _nothing_to_analyse(lake, report)
         _log_run(lake, run_id, plan, report, started_ts, settings.bucket_seconds, settings.overdue_ns,
                  settings.thresholds)
+        _merge_input_files(lake, run_id, plan, steps, report)
         return _finished(report, started, steps)
     carried = None
     try:
@@ -264,6 +267,7 @@ def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Setting
     report.delta_mode = spark.mode
     _log_run(lake, run_id, plan, report, started_ts, settings.bucket_seconds, settings.overdue_ns,
              settings.thresholds)
+    _merge_input_files(lake, run_id, plan, steps, report)
     return _finished(report, started, steps)
 
 
@@ -360,6 +364,7 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
             _nothing_to_analyse(lake, report)
             if not plan.nothing_new:  # new files without a connection's frames, or days: logged
                 _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
+                _merge_input_files(lake, run_id, plan, steps, report)
             return _finished(report, started, steps)
 
         analysed = _per_connection_tables(run, all_frames, report) if keys != [] else None
@@ -374,6 +379,7 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
             if merged is not None:
                 _compact_tables(lake, steps, report, merged)
         _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
+        _merge_input_files(lake, run_id, plan, steps, report)
     return _finished(report, started, steps)
 
 
@@ -603,6 +609,26 @@ def _compact_tables(lake: str, steps: Steps, report: AnalysisReport, beside: Fut
     report.files_compacted = merged
 
 
+def _merge_input_files(lake: str, run_id: str, plan: RunScope, steps: Steps, report: AnalysisReport) -> None:
+    """After a complete run is logged: the small files of `frames` it analysed, and those of
+    `connections`, merged (compaction.merge_analysed_input), so that the agent, which merges only
+    files older than its --compact-min-age, finds none and its sidecar never pays a merge's memory.
+    A failure is said and left to the next run: the run itself is done."""
+    if plan.scope not in COMPLETE_SCOPES:
+        return
+    started = time.monotonic()
+    try:
+        merged = merge_analysed_input(lake, plan.frames_version, run_id)
+    except Exception as error:
+        steps.took("merge input files", time.monotonic() - started,
+                   detail=f"not done, left to the next run: {type(error).__name__}: {error}")
+        return
+    if merged:
+        steps.took("merge input files", time.monotonic() - started,
+                   detail=", ".join(f"{name} {n} small files" for name, n in merged.items()))
+        report.input_files_merged = merged
+
+
 def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: str) -> list[str]:
     if plan.scope == NEW_DATA:
         # One column of the new files (a scheduled run's few): the driver reads it, no Spark job.
@@ -661,6 +687,9 @@ def render_report(report: AnalysisReport) -> str:
     if report.files_compacted:
         lines.append("  compacted: " + ", ".join(f"{name} {n} small files merged"
                                                  for name, n in report.files_compacted.items()))
+    if report.input_files_merged:
+        lines.append("  merged after the run: " + ", ".join(f"{name} {n} small files"
+                                                            for name, n in report.input_files_merged.items()))
     if report.findings_by_kind:
         lines.append("  findings: " + ", ".join(f"{k} {n}" for k, n in sorted(report.findings_by_kind.items())))
     else:

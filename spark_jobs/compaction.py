@@ -16,10 +16,18 @@ statistics (analyzer.lake.TableWriter), and the commit removes the old files and
 with `dataChange` false (no row changed: a reader of changes skips it), tagged with the run's id,
 like the run's other commits (provisional.last_written_by_finished_run). Then, as the agent does
 for `frames`, a checkpoint of the log and a vacuum of the files removed over a week ago.
+
+The input tables too (`merge_analysed_input`): after each complete run, the small files of
+`frames` in the snapshot the run analysed, and those of `connections`, are merged by the agent's
+own compaction (analyzer/agent/compaction.py), in the driver, where memory is plentiful. The
+agent then finds nothing old enough to merge (its --compact-min-age), so its sidecar's peak is its
+steady state; and as only analysed files are merged, the next run stays scoped (a compaction of
+rows not analysed yet makes it analyse everything: run_scope.py).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -29,7 +37,8 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.transaction import RemoveAction
 
-from analyzer.lake import TableWriter, open_table
+from analyzer.agent import compaction as agent_compaction
+from analyzer.lake import TableWriter, open_table, table_files
 from analyzer.schema import PARTITION_BY
 
 from .provisional import PROVISIONAL
@@ -131,3 +140,21 @@ def _final_small_files(actions, flags: tuple[str, ...], small_bytes: int) -> dic
             if PROVISIONAL not in flags or values[flags.index(PROVISIONAL)] is False:
                 groups[(tuple(action[f"partition.{c}"] for c in PARTITION_BY), tuple(values))].append((action["path"], action["size_bytes"]))
     return groups
+
+
+def merge_analysed_input(lake: str, frames_version: int, run_id: str) -> dict[str, int]:
+    """After a complete run that analysed `frames` at `frames_version`: the small files of that
+    snapshot still in the table, and every small file of `connections` (read whole by every run,
+    so merging its files changes no run's scope), merged as the agent merges (one implementation,
+    its groups and commits); the files merged away, per table where there were any. Then, as after
+    the analysis tables' compactions, the files removed over VACUUM_RETENTION_HOURS ago are deleted
+    (the agent vacuums sooner, with its --retention-hours; a lake no agent writes has only this).
+    No checkpoint: the agent's compaction writes one at its interval."""
+    analysed = set(table_files(DeltaTable(os.path.join(lake, "frames"), version=frames_version)))
+    metadata = {"ackscope.operation": "compaction", "ackscope.run_id": run_id}
+    merged = {"frames": agent_compaction.compact_table(lake, "frames", metadata, among=analysed)[0],
+              "connections": agent_compaction.compact_table(lake, "connections", metadata)[0]}
+    for name in (name for name, files in merged.items() if files):
+        open_table(lake, name).vacuum(retention_hours=VACUUM_RETENTION_HOURS, enforce_retention_duration=False,
+                                      dry_run=False)
+    return {name: files for name, files in merged.items() if files}

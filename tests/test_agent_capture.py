@@ -78,7 +78,7 @@ def test_iface_any_sees_loopback_once_like_lo_and_the_pcapng_output_ingests_to_t
 def test_compaction_checkpoint_and_vacuum_run_while_capturing_and_the_tables_still_read_whole(tmp_path):
     lake_dir = str(tmp_path / "lake")
     with AgentProcess(lake_dir, agent_id="compact", flush_interval=0.2,
-                      extra=("--compact-interval", "1", "--retention-hours", "1")) as agent:
+                      extra=("--compact-interval", "1", "--compact-min-age", "0", "--retention-hours", "1")) as agent:
         for burst in range(4):
             publish_confirmed(f"agent-test-compact-{burst}", 15)
             time.sleep(0.5)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -192,3 +193,47 @@ def test_sinks_keeping_their_tables_open_commit_around_each_other_and_a_compacti
     assert [r["seq"] for r in _rows(lake_dir)] == list(range(600))
     table = lake.open_table(lake_dir, "frames")
     assert [table.transaction_version(f"ackscope-agent-kept-{x}") for x in "ab"] == [6, 6]
+
+
+def _written_after(ms: int) -> None:
+    """Return once the clock's milliseconds are past `ms`: a file written from now on has a
+    later modification time than every file written before (an order, not a wait for an event)."""
+    while int(time.time() * 1000) <= ms:
+        time.sleep(0.001)
+
+
+def test_the_agent_merges_only_the_small_files_older_than_its_min_age(tmp_path):
+    lake_dir = str(tmp_path / "lake")
+    sink = LakeSink(lake_dir, "aged")
+    _flush(sink, 6)
+    rows, fresh = _rows(lake_dir), _files(lake_dir)
+    sink.compact(min_age_s=3600)                          # none an hour old: nothing merged
+    assert _files(lake_dir) == fresh and _rows(lake_dir) == rows
+    old = compaction.written_ms(lake.open_table(lake_dir, "frames"))
+    _written_after(max(old.values()))
+    _flush(sink, 4, start=10_000)
+    newer, rows = set(_files(lake_dir)) - set(fresh), _rows(lake_dir)
+    merged, failed = compaction.compact_table(lake_dir, "frames", {}, written_before_ms=max(old.values()) + 1)
+    files = _files(lake_dir)
+    assert (merged, failed) == (6, 0) and not set(files) & set(fresh)
+    assert newer < set(files) and len(files) == len(newer) + 2  # the older six: one file a day
+    assert _rows(lake_dir) == rows
+    sink.compact(min_age_s=0)                             # everything is old enough: the newer ones too
+    assert len(_files(lake_dir)) == 2 and _rows(lake_dir) == rows
+
+
+def test_files_an_ingest_left_provisional_are_never_merged(tmp_path):
+    lake_dir = str(tmp_path / "lake")
+    sink = LakeSink(lake_dir, "beside-an-ingest")
+    _flush(sink, 4)
+    writer = lake.TableWriter(lake_dir, "frames", schema.FRAMES, prefix=f"{lake.PROVISIONAL_PREFIX}-0123abcd")
+    for start in (20_000, 30_000):
+        writer.write(_frames(50, start, DAYS[0]))
+    writer.commit("an-ingest")
+    provisional = lake.files_named(lake_dir, "frames", f"{lake.PROVISIONAL_PREFIX}-0123abcd")
+    assert len(provisional) == 2
+    rows = _rows(lake_dir)
+    sink.compact()
+    files = _files(lake_dir)
+    assert set(provisional) < set(files) and len(files) == 4  # the agent's four files: one a day
+    assert _rows(lake_dir) == rows

@@ -158,3 +158,47 @@ def test_a_table_without_flags_is_merged_by_partition(tmp_path, monkeypatch):
     table = DeltaTable(os.path.join(lake_dir, "findings"))
     assert sorted(f["num_records"] for f in pa.table(table.get_add_actions(flatten=True)).to_pylist()) == [1, 3]
     assert sorted(table.to_pyarrow_table()["seq"].to_pylist()) == [0, 1, 2, 3]
+
+
+def _agent_lake(lake_dir: str, flushes: range) -> None:
+    """An agent's small files: a frames file and a connections file per flush, a commit each."""
+    from analyzer.agent.sink import LakeSink
+    from analyzer.ingest import connections_table
+    from tests.test_agent_compaction import _frames
+    sink = LakeSink(lake_dir, "agent")
+    for n in flushes:
+        sink.add("frames", _frames(100, n * 100, "2026-12-06"))
+        sink.add("connections", connections_table([{"connection_id": f"c-{n}", "first_ts_ns": n, "last_ts_ns": n + 1,
+                                                    "protocol": "amqp-0-9-1", "connection_name": f"app-{n}"}]))
+        assert sink.flush(), sink.last_error
+
+
+def test_after_a_run_the_frames_it_analysed_are_merged_and_the_next_run_stays_scoped(tmp_path):
+    """merge_analysed_input with the agent's compaction: the frames files of the analysed snapshot
+    become one file, those committed since are left (so the next run's changes are just them:
+    no file counts as removed, which would make it a full run), and connections' small files merge."""
+    from analyzer import lake, schema
+    from spark_jobs.table_files import changes_between
+    lake_dir = str(tmp_path / "lake")
+    _agent_lake(lake_dir, range(5))
+    analysed_version = lake.open_table(lake_dir, "frames").version()
+    analysed = set(lake.table_files(lake.open_table(lake_dir, "frames")))
+    _agent_lake(lake_dir, range(5, 8))                   # committed while the run went on: not analysed
+    later = set(lake.table_files(lake.open_table(lake_dir, "frames"))) - analysed
+    rows = {name: lake.read_table(lake_dir, name, table_schema).sort_by("connection_id" if name == "connections"
+                                                                         else "seq")
+            for name, table_schema in (("frames", schema.FRAMES), ("connections", schema.CONNECTIONS))}
+    merged = compaction.merge_analysed_input(lake_dir, analysed_version, "run-1")
+    assert merged == {"frames": 5, "connections": 8}
+    files = set(lake.table_files(lake.open_table(lake_dir, "frames")))
+    assert later < files and len(files - later) == 1 and not files & analysed
+    assert len(lake.table_files(lake.open_table(lake_dir, "connections"))) == 1
+    for name, table_schema in (("frames", schema.FRAMES), ("connections", schema.CONNECTIONS)):
+        assert lake.read_table(lake_dir, name, table_schema).sort_by(
+            "connection_id" if name == "connections" else "seq") == rows[name]
+    changes = changes_between(lake_dir, "frames", analysed_version, lake.open_table(lake_dir, "frames").version())
+    assert changes.removed == () and {path.rsplit("/frames/", 1)[1] for path in changes.added} == later
+    assert any(commit.get("ackscope.run_id") == "run-1" and commit.get("ackscope.operation") == "compaction"
+               for commit in lake.open_table(lake_dir, "frames").history())
+    # Nothing left that the run analysed: a second call merges nothing.
+    assert compaction.merge_analysed_input(lake_dir, analysed_version, "run-1") == {}

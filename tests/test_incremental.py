@@ -307,6 +307,11 @@ def test_runs_carry_open_channels_and_read_only_new_frames(whole, appended_many,
     # findings' own; a step of its own only where something was merged.
     assert any(set(report.files_compacted) & set(PER_CONNECTION_TABLES) for report in carried)
     assert all(("compact tables" in report.seconds_by_step) == bool(report.files_compacted) for report, _ in later)
+    # The frames files each run analysed are merged after it (merge_analysed_input), and every run
+    # after stayed new_data (above): a merge of analysed rows does not make the next run full.
+    assert sum(bool(report.input_files_merged.get("frames")) for report, _ in later) >= len(later) // 2
+    assert all(("merge input files" in report.seconds_by_step) == bool(report.input_files_merged)
+               for report, _ in later)
     assert max(report.carried_records for report in carried) > 0
     got = _tables(lake_dir)
     for name in OUTPUT_TABLES:

@@ -15,6 +15,14 @@ included, and held what it rewrote: the agent's RSS reached 362, 429 then 480 MB
   `dataChange` false (no row changed: a reader of changes skips it), tagged with the app
   transaction COMPACTION_APP_ID, never an agent's (the agents' flush sequences are theirs alone).
 
+Who merges what. The scheduled analysis merges, after each complete run, the small files of
+`frames` it has analysed and those of `connections` (spark_jobs/compaction.merge_analysed_input,
+with `compact_table` here: one implementation); the agent merges only small files written longer
+ago than `--compact-min-age`, which a working analysis job never leaves. So beside a running
+analysis the sidecar's compaction merges nothing (a merge's ~35-40 MB of Parquet buffers and log
+state stay out of the sidecar's peak: bench/README.md, soak.py and compaction_knobs.py), and
+without one it still keeps its tables' files few.
+
 Another writer may commit while a group is merged. An append (an agent's flush, an ingest) lands
 beside it: Delta rebases the compaction over it. A commit that removed one of the group's files (an
 ingest replacing its provisional files) makes the compaction's commit fail, as the file is gone from
@@ -30,6 +38,7 @@ once would be wrong if the commit had in fact landed).
 from __future__ import annotations
 
 import logging
+from urllib.parse import unquote
 
 import pyarrow as pa
 
@@ -65,15 +74,28 @@ def small_file_groups(files: dict[str, tuple[int, dict]]) -> list[tuple[str | No
     return [(day, run) for day, runs in groups.items() for run in runs if len(run) > 1]
 
 
-def compact_table(lake_dir: str, name: str, metadata: dict) -> tuple[int, int]:
-    """Merge the table's small files, a group and a commit at a time: (groups merged, groups whose
-    commit failed, left for the next compaction)."""
+def compact_table(lake_dir: str, name: str, metadata: dict, *, written_before_ms: int | None = None,
+                  among: set[str] | None = None) -> tuple[int, int]:
+    """Merge the table's small files, a group and a commit at a time: (files merged away, groups
+    whose commit failed, left for the next compaction). `written_before_ms`: only files whose add
+    action says they were written before this time (ms since the epoch: the agent's files older
+    than its --compact-min-age); `among`: only these files (paths relative to the table, unquoted:
+    the files of the snapshot an analysis run analysed). A file an ingest left provisional (it ends
+    a capture's open flows, and the ingest of the next piece takes it out: analyzer/ingest.py) is
+    left alone."""
     table = lake.open_table(lake_dir, name)
     if table is None:
         return 0, 0
     stored = pa.schema(table.schema().to_arrow())
+    files = {path: file for path, file in lake.table_files(table).items()
+             if not path.rsplit("/", 1)[-1].startswith(f"part-{lake.PROVISIONAL_PREFIX}-")}
+    if among is not None:
+        files = {path: file for path, file in files.items() if path in among}
+    if written_before_ms is not None:
+        written = written_ms(table)
+        files = {path: file for path, file in files.items() if written[path] < written_before_ms}
     merged = failed = 0
-    for day, paths in small_file_groups(lake.table_files(table)):
+    for day, paths in small_file_groups(files):
         writer = lake.TableWriter(lake_dir, name, stored, prefix=COMPACTED_PREFIX)
         try:
             writer.write_merged(day, paths)
@@ -81,9 +103,17 @@ def compact_table(lake_dir: str, name: str, metadata: dict) -> tuple[int, int]:
             # table the commit reads) or a conflict in Delta's commit (gone since).
             version = (lake.open_table(lake_dir, name).transaction_version(COMPACTION_APP_ID) or 0) + 1
             writer.commit(COMPACTION_APP_ID, metadata, version=version, remove=paths, data_change=False)
-            merged += 1
+            merged += len(paths)
         except Exception as exc:
             failed += 1
             log.warning("compaction of %s: a group of %d files was not merged (tried again later): %s: %s",
                         name, len(paths), type(exc).__name__, exc)
     return merged, failed
+
+
+def written_ms(table) -> dict[str, int]:
+    """Each data file of the table's snapshot (path relative to the table, unquoted) -> the time its
+    add action says it was written, in ms since the epoch."""
+    actions = pa.table(table.get_add_actions(flatten=True)).select(["path", "modification_time"])
+    return dict(zip((unquote(path) for path in actions["path"].to_pylist()),
+                    actions["modification_time"].cast(pa.int64()).to_pylist()))

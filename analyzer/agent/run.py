@@ -33,7 +33,8 @@ from .keylog_file import KeyLogFile
 from .live_state import LiveState
 from .metrics import AgentCollector
 from .pcap_out import RotatingPcapng
-from .sink import DEFAULT_MAX_BUFFERED_ROWS, DEFAULT_RETENTION_HOURS, LakeSink, check_retention
+from .sink import (DEFAULT_COMPACT_MIN_AGE_S, DEFAULT_MAX_BUFFERED_ROWS, DEFAULT_RETENTION_HOURS, LakeSink,
+                   check_retention)
 
 TICK_S = 0.25           # rows reach the state machine (and the gauges) at least this often
 STATS_EVERY_S = 1.0     # kernel drop counters are read this often
@@ -81,6 +82,7 @@ class AgentConfig:
     metrics_addr: tuple[str, int] | None = None
     flush_interval_s: float = 10.0
     compact_interval_s: float = 3600.0
+    compact_min_age_s: float = DEFAULT_COMPACT_MIN_AGE_S
     retention_hours: float = DEFAULT_RETENTION_HOURS
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_buffered_rows: int = DEFAULT_MAX_BUFFERED_ROWS
@@ -236,7 +238,7 @@ class Agent:
                 self.sink.flush({"ackscope.source": self.source})
                 if time.monotonic() >= next_compaction:
                     next_compaction = time.monotonic() + self.config.compact_interval_s
-                    self.sink.compact()
+                    self.sink.compact(self.config.compact_min_age_s)
         except Exception as exc:  # flush and compact keep the lake's own failures: this is ours
             self._fail(exc)
 

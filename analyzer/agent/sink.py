@@ -40,6 +40,11 @@ DEFAULT_RETENTION_HOURS = 1.0
 # them. Removing files under them fails the run or loses the commit; an hour is longer than any of
 # these, and delta-rs's vacuum counts whole hours anyway.
 MIN_RETENTION_HOURS = 1.0
+# The agent merges only small files written at least this long ago (compaction.py): the scheduled
+# analysis merges the files it has analysed after each complete run (every 5-15 minutes as deployed),
+# so beside it the agent merges nothing and its compaction costs its memory nothing; without it, the
+# agent's tables still hold at most an interval and this of small files.
+DEFAULT_COMPACT_MIN_AGE_S = 3600.0
 log = logging.getLogger("ackscope.agent")
 
 
@@ -189,18 +194,21 @@ class LakeSink:
 
     # -- small files ---------------------------------------------------------------------------------
 
-    def compact(self) -> None:
-        """Merge small files in bounded groups (compaction.py), checkpoint the log and vacuum files
-        older than the retention, table by table; appends from this and other agents go on
-        meanwhile (an append never conflicts with a compaction; two agents merging the same files:
-        one commit fails, and its group is tried again next time)."""
+    def compact(self, min_age_s: float = 0.0) -> None:
+        """Merge small files written at least `min_age_s` ago in bounded groups (compaction.py),
+        checkpoint the log and vacuum files older than the retention, table by table; appends from
+        this and other agents go on meanwhile (an append never conflicts with a compaction; two
+        agents, or an agent and the analysis, merging the same files: one commit fails, and its
+        group is tried again next time)."""
+        written_before_ms = int((time.time() - min_age_s) * 1000)
         for name, t in self.tables.items():
             # The next flush loads the table from the checkpoint written here: the kept table's state
             # starts again from the compacted snapshot, at least once per compaction interval.
             t.delta = None
             try:
                 compaction.compact_table(self.lake_dir, name, {"ackscope.agent_id": self.agent_id,
-                                                               "ackscope.operation": "compaction"})
+                                                               "ackscope.operation": "compaction"},
+                                         written_before_ms=written_before_ms)
                 table = lake.open_table(self.lake_dir, name)
                 if table is None:
                     continue
