@@ -16,7 +16,7 @@ checks that every run left the same tables (bench/incremental.tables_digest).
 A piece is switched off in the child process only: `archive` points ACKSCOPE_JVM_ARCHIVE_DIR at an
 empty folder; the others replace one name before ackscope's command line runs (see OFF). The
 pieces that saved under 10% were removed (issue 58): their figures were measured with this script
-as of commit 2a096af (pieces interpreted, local_gc; `pass` for the pass's collector spacing).
+as of commit 1bad99d (pieces interpreted, local_gc; `pass` for the pass's collector spacing).
 """
 
 import os
