@@ -10,7 +10,6 @@ from datetime import date
 from importlib import resources
 
 from .fingerprint import Fingerprints
-from .gcpause import cyclic_gc_paused
 from .pandas_probe import answer_pandas_probe_without_pandas
 from .spec import DEFAULT_BROKER_PORTS, DEFAULT_CONTINUE_WITHIN_S, DEFAULT_MAX_FRAME
 from .terminal import LINE_LIMIT, PrintableFormatter, printable
@@ -392,11 +391,9 @@ def read_keylogs(paths: list[str]):
 
 
 def _ingest_options(args, ports, pool, own_process: bool) -> dict:
-    with cyclic_gc_paused():  # these imports bring in pyarrow: start-up is faster without it
-        if own_process:  # see main()
-            answer_pandas_probe_without_pandas()
-        from . import ingest  # noqa: F401  (imported here for the pause; used by the callers)
-        from .lake import make_dir
+    if own_process:  # see main()
+        answer_pandas_probe_without_pandas()
+    from .lake import make_dir
 
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
     make_dir(args.lake)

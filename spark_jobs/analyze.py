@@ -24,7 +24,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack
 from functools import reduce
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -52,8 +51,7 @@ from spark_jobs.metrics_redo import pass_channel_metrics, with_metrics_redone
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
 from spark_jobs.run_scope import (COMPLETE_SCOPES, DAYS, FULL, NEW_DATA, RunScope, plan_run, set_aside_damaged,
                                   thresholds_json)
-from spark_jobs.session import (commit_tag, commits_tagged, delta_mode as resolve_delta_mode, expressions_for,
-                                tag_session, use_lake)
+from spark_jobs.session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, tag_session, use_lake
 from spark_jobs.steps import Steps
 from spark_jobs.table_files import commit, distinct_strings, rows_in
 from spark_jobs.stored_findings import stored_raw_findings
@@ -346,40 +344,38 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
          until: str | None, delta_mode: str, thresholds: Thresholds, bucket_seconds: int, overdue_ns: int,
          full: bool, progress: TextIO | None, plan: RunScope | None) -> AnalysisReport:
     steps = Steps(spark, progress)
-    with ExitStack() as sized:
-        with steps.step("plan") as planned:
-            mode = resolve_delta_mode(spark, delta_mode)
-            if plan is None:
-                plan = planned_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds)
-            sized.enter_context(expressions_for(spark, plan.frames_rows))  # the rest of the run
-            all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
-            connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)
-            keys = None if plan.scope == FULL else _connections_in_scope(spark, lake, plan, mode)
-            # What the run is about to do, said before it does it (a watcher knows a run is under way).
-            planned.detail = f"{plan.scope}, " + ("every connection" if keys is None else f"{len(keys)} connection(s)")
-        report = AnalysisReport(lake=lake, delta_mode=mode, scope=plan.scope, reason=plan.reason,
-                                frames_version=plan.frames_version)
-        run = _Run(spark, lake, mode, plan, keys, connections, bucket_seconds, overdue_ns, thresholds, steps)
-        if keys == [] and not plan.findings_stale:
-            _nothing_to_analyse(lake, report)
-            if not plan.nothing_new:  # new files without a connection's frames, or days: logged
-                _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
-                _merge_input_files(lake, run_id, plan, steps, report)
-            return _finished(report, started, steps)
+    with steps.step("plan") as planned:
+        mode = resolve_delta_mode(spark, delta_mode)
+        if plan is None:
+            plan = planned_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds)
+        all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
+        connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)
+        keys = None if plan.scope == FULL else _connections_in_scope(spark, lake, plan, mode)
+        # What the run is about to do, said before it does it (a watcher knows a run is under way).
+        planned.detail = f"{plan.scope}, " + ("every connection" if keys is None else f"{len(keys)} connection(s)")
+    report = AnalysisReport(lake=lake, delta_mode=mode, scope=plan.scope, reason=plan.reason,
+                            frames_version=plan.frames_version)
+    run = _Run(spark, lake, mode, plan, keys, connections, bucket_seconds, overdue_ns, thresholds, steps)
+    if keys == [] and not plan.findings_stale:
+        _nothing_to_analyse(lake, report)
+        if not plan.nothing_new:  # new files without a connection's frames, or days: logged
+            _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
+            _merge_input_files(lake, run_id, plan, steps, report)
+        return _finished(report, started, steps)
 
-        analysed = _per_connection_tables(run, all_frames, report) if keys != [] else None
-        with ThreadPoolExecutor(1) as beside:
-            # A scoped run's per-connection tables are written: their small files are merged while the
-            # findings, which only read them, are computed (the driver mostly waits on Spark meanwhile).
-            merged = (beside.submit(_compacted, lake, COMPACTED_BESIDE_FINDINGS, commit_tag())
-                      if keys is not None and mode == "bridge" else None)
-            with steps.step("findings"):
-                _refresh_findings(run, analysed, all_frames, thresholds)
-                report.rows["findings"] = _count_findings(lake, report)
-            if merged is not None:
-                _compact_tables(lake, steps, report, merged)
-        _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
-        _merge_input_files(lake, run_id, plan, steps, report)
+    analysed = _per_connection_tables(run, all_frames, report) if keys != [] else None
+    with ThreadPoolExecutor(1) as beside:
+        # A scoped run's per-connection tables are written: their small files are merged while the
+        # findings, which only read them, are computed (the driver mostly waits on Spark meanwhile).
+        merged = (beside.submit(_compacted, lake, COMPACTED_BESIDE_FINDINGS, commit_tag())
+                  if keys is not None and mode == "bridge" else None)
+        with steps.step("findings"):
+            _refresh_findings(run, analysed, all_frames, thresholds)
+            report.rows["findings"] = _count_findings(lake, report)
+        if merged is not None:
+            _compact_tables(lake, steps, report, merged)
+    _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
+    _merge_input_files(lake, run_id, plan, steps, report)
     return _finished(report, started, steps)
 
 

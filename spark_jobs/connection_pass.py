@@ -33,7 +33,6 @@ from analyzer.columns import batch_rows
 from analyzer.connection_analysis import ADVANCE_EVERY_ROWS, ANALYSIS_COLUMNS, ConnectionAnalysis, Settings
 from analyzer.detectors import evidence_seqs
 from analyzer.detectors.messages import came_back
-from analyzer.gcpause import cyclic_gc_spaced
 from analyzer.rows import dicts_to_table
 from analyzer.timeline.carry import FORMAT, Checkpoint, dump
 from analyzer.timeline.metrics import to_table as metrics_table
@@ -200,8 +199,7 @@ class ConnectionsPartition:
                         for name, table_schema in TIMELINE_TABLES.items()} if write_to else None
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        with cyclic_gc_spaced():
-            yield from self._run(batches)
+        yield from self._run(batches)
         if self.writers is not None:
             files = pa.Table.from_batches([writer.files() for writer in self.writers.values()], schema=FILES)
             yield from to_wide(self.wide, [("files", None, files)]).to_batches()

@@ -81,22 +81,13 @@ LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 # rows) 19.7-20.1 s with it against 22.9-23.9 s without; a full run of a 1 M-frame lake 25.2-26.7 s
 # against 30.2-31.9; a full run over all 10 M rows 159.8 s against 149.5. Session 36, on a slower
 # machine: full runs of a 3 M-frame lake 110.2-122.8 s against 119.5-132.4, of a 5 M-frame lake
-# 171.4-183.0 against 173.6-176.1 (even). A long-lived driver (`analyze --every`, the tests) keeps C2.
+# 171.4-183.0 against 173.6-176.1 (even). Issue 58: `analyze --full` of the demo's lake in a new
+# process 7.10 s with it, 9.10 without (medians of 5, docs/analysis.md "The speed machinery").
+# A long-lived driver (`analyze --every`, the tests) keeps C2.
 QUICK_START = "-XX:TieredStopAtLevel=1"
 # A one-shot run reading at most this many frame rows gets a QUICK_START driver: the largest run
 # measured to gain (the crossover lies near 5 M rows).
 QUICK_START_UP_TO_ROWS = 3_000_000
-# A local driver runs the tasks too, in a heap of a few GB. Spark allocates a buffer of 1-4 MB for
-# every broadcast, task binary and collected result (ChunkedByteBufferOutputStream); G1 takes each
-# as a humongous object, and such allocations start its concurrent marking cycles: 103 of them,
-# 17.6 s of concurrent GC, in 110 s of small incremental runs (JFR, bench/README "Session 23").
-# The throughput collector has no humongous objects, and batch jobs mind no pauses.
-LOCAL_GC = "-XX:+UseParallelGC"
-
-
-def local_gc(java_options: list[str]) -> list[str]:
-    """LOCAL_GC for a local driver, unless its options already choose a collector (the JVM refuses two)."""
-    return [] if any(re.search(r"-XX:\+Use\w+GC\b", option) for option in java_options) else [LOCAL_GC]
 
 
 def spark_log_path() -> str:
@@ -256,8 +247,6 @@ def get_spark(master: str | None = "local[*]", app_name: str = "ackscope", drive
                     f"-Dackscope.spark.log={spark_log_path()}", extra_java_options]
     if cores is not None and class_archive:
         java_options.append(jvm_archive.java_options())
-    if cores is not None:
-        java_options += local_gc(java_options)
     if cores is not None and quick_start:
         java_options.append(QUICK_START)
     conf.set("spark.driver.extraJavaOptions", " ".join(option for option in java_options if option))
@@ -297,40 +286,6 @@ def _text_since(path: str, offset: int, limit: int = 2000) -> str:
         file.seek(offset)
         text = file.read().decode(errors="replace")
     return " ".join(text[-limit:].split()) or "it said nothing"
-
-
-# Up to this many rows read (a run's frame rows in the lake, or the input of one of its steps),
-# Spark interprets its expressions instead of compiling them. Compiling the projections of the
-# passes' wide rows (a struct per table, ~170 fields) costs seconds per query, paid again by every
-# new plan, and pays back only over many rows:
-# in one warm process an incremental run of a 12 k-frame lake took 22.2 s interpreted against 32.3
-# compiled, a full run of 200 k frames 45.6 and 44.7 s against 51.2 and 51.3, one of 1 M frames 75.5
-# and 98.5 s against 69.6 and 86.3 (bench/README.md, session 16). The crossover lies between.
-INTERPRETED_UP_TO_ROWS = 250_000
-_INTERPRETED = {"spark.sql.codegen.wholeStage": "false",
-                # The fallback mode Spark's own tests use: interpreted projections, predicates and orderings.
-                "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
-
-
-@contextmanager
-def expressions_for(spark: SparkSession, rows: int | None) -> Iterator[None]:
-    """Meanwhile Spark interprets its expressions if the queries read few rows (`rows`: a run's
-    frame rows, or those of the step's input; None: not known, then Spark's default); the session's
-    settings come back after."""
-    if rows is None or rows > INTERPRETED_UP_TO_ROWS:
-        yield
-        return
-    before = {key: spark.conf.get(key, None) for key in _INTERPRETED}
-    for key, value in _INTERPRETED.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
 
 
 def delta_mode(spark: SparkSession, requested: str = "auto") -> str:

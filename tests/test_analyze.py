@@ -74,15 +74,13 @@ def test_written_tables_are_the_reference_models_and_readable_by_delta_rs(analys
 
 @pytest.mark.parametrize("packets", ["listed", "joined"])
 def test_a_second_full_run_gives_the_same_tables_and_finding_ids(spark, analysed, tmp_path, monkeypatch, packets):
-    """Also with Spark's expressions compiled, as on a large lake (the first run, on a lake this
-    small, interpreted them: session.expressions_for). The findings step (findings.py) takes the
-    pass's raw findings in one Spark job and scans `frames` for their packets in another, by literal
-    lists, or by a broadcast semi-join with the frames' pairs (one job more)."""
+    """The findings step (findings.py) takes the pass's raw findings in one Spark job and scans
+    `frames` for their packets in another, by literal lists, or by a broadcast semi-join with the
+    frames' pairs (one job more)."""
     lake_dir = str(tmp_path / "lake")
     shutil.copytree(analysed[0], lake_dir)  # the shared lake stays as analysed
     before = {name: _table(lake_dir, name) for name in OUTPUT_TABLES}
     assert {"requeue_loop", "redelivery_after_close"} <= set(before["findings"]["kind"].to_pylist())
-    monkeypatch.setattr(session, "INTERPRETED_UP_TO_ROWS", 0)
     if packets == "joined":
         monkeypatch.setattr(findings, "LISTED_FRAMES", 0)
     progress = io.StringIO()
@@ -96,17 +94,6 @@ def test_a_second_full_run_gives_the_same_tables_and_finding_ids(spark, analysed
                if c in after.column_names]
         assert after.sort_by([(k, "ascending") for k in key]).to_pylist() == \
             before[name].sort_by([(k, "ascending") for k in key]).to_pylist(), name
-
-
-def test_spark_interprets_its_expressions_while_a_small_lake_is_analysed(spark):
-    keys = ("spark.sql.codegen.wholeStage", "spark.sql.codegen.factoryMode")
-    before = [spark.conf.get(key) for key in keys]
-    with session.expressions_for(spark, session.INTERPRETED_UP_TO_ROWS):
-        assert [spark.conf.get(key) for key in keys] == ["false", "NO_CODEGEN"]
-    assert [spark.conf.get(key) for key in keys] == before
-    for large_or_unknown in (session.INTERPRETED_UP_TO_ROWS + 1, None):
-        with session.expressions_for(spark, large_or_unknown):
-            assert [spark.conf.get(key) for key in keys] == before
 
 
 def _ackscope(*args, timeout=600):

@@ -7,11 +7,9 @@ it on from its frames gives.
 Random traffic comes from tests/test_timeline.py's generator with tests/variants.py's damage; each
 Spark run takes many connections at once (a Spark job costs seconds whatever its size)."""
 
-import gc
 import glob
 import os
 import tempfile
-from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,7 +20,6 @@ from hypothesis import strategies as st
 from analyzer import lake, schema
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
 from analyzer.detectors import detect_connection
-from analyzer.gcpause import STREAMING_YOUNG_THRESHOLD
 from analyzer.ingest import ingest_file
 from analyzer.rows import dicts_to_table
 from analyzer.timeline import INPUT_COLUMNS, replay, to_tables
@@ -30,8 +27,7 @@ from analyzer.timeline.tables import RECORD_TYPES
 from analyzer.timeline.carry import continue_connection, load
 from analyzer.timeline.metrics import channel_metrics
 from analyzer.timeline.metrics import to_table as metrics_table
-from spark_jobs.connection_pass import (STATE_TABLE, ConnectionsPartition, connection_pass, pass_rows,
-                                        summarised_pass)
+from spark_jobs.connection_pass import STATE_TABLE, connection_pass, pass_rows, summarised_pass
 from spark_jobs.evidence_packets import finished_findings
 from spark_jobs.metrics_redo import pass_channel_metrics
 from spark_jobs.provisional import PROVISIONAL
@@ -268,37 +264,6 @@ def test_frame_times_going_back_make_the_metrics_of_that_connection_computed_aga
                                          write_to=str(tmp_path / "written") if writes else None)
     assert redo == [stepped]
     assert_same_tables(got, expected_outputs(frames, connections.to_pylist(), 60 * 10**9), states)
-
-
-def test_a_partition_streams_with_the_collector_spaced_out_and_gives_its_setting_back():
-    """The pass's Python runs with the youngest generation's threshold raised (gcpause.py: the
-    collector's runs cost the pass 10-13% of its CPU), and a worker reused for other work gets
-    CPython's setting back, even when the partition fails."""
-    class Probe(ConnectionsPartition):
-        def _start(self, connection_id, first, header):
-            seen.append(gc.get_threshold()[0])
-            if connection_id == "bad":
-                raise ValueError("a connection the caller's code refuses")
-            return SimpleNamespace(connection_id=connection_id, feed_from=lambda rows, at, stop: at + 1)
-
-        def _finish(self, current):
-            pass
-
-        def _buffered(self):
-            return 0
-
-        def _flush(self):
-            yield from ()
-
-    def batch(*ids: str) -> pa.RecordBatch:
-        return pa.RecordBatch.from_pylist([{"connection_id": c, "seq": n} for n, c in enumerate(ids, 1)])
-
-    before, seen = gc.get_threshold(), []
-    assert list(Probe(10).run(iter([batch("a", "a", "b"), batch("b", "c")]))) == []
-    assert seen == [STREAMING_YOUNG_THRESHOLD] * 3 and gc.get_threshold() == before
-    with pytest.raises(ValueError):
-        list(Probe(10).run(iter([batch("a", "bad")])))
-    assert gc.get_threshold() == before
 
 
 def test_the_pass_hands_python_arrow_batches_bounded_by_rows_only_and_gives_the_byte_bound_back(spark):
