@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from analyzer import lake, schema
 from analyzer.ingest import ingest_file
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
-from spark_jobs import compaction, delta_io
+from spark_jobs import analyze as analyze_module, compaction, delta_io
 from spark_jobs.analyze import FLAGGED_TABLES, OUTPUT_TABLES, PER_CONNECTION_TABLES, analyze, planned_run
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
 from spark_jobs.requeue_related import REQUEUE_RELATED
@@ -370,14 +370,27 @@ def test_each_commit_names_its_run_and_provisional_rows_stay_in_files_of_their_o
     assert 0 < sum(row[REQUEUE_RELATED] for row in deliveries) < len(deliveries) / 2
 
 
-def test_a_rerun_over_the_same_new_frames_changes_nothing(spark, whole, appended_many):
-    """A run cut short before its log entry is done again from the same baseline: the connections
-    then continue from checkpoints already past those frames, so they are analysed whole again."""
-    lake_dir, _ = appended_many
-    runs = lake.read_table(lake_dir, RUNS_TABLE, schema.ANALYSIS_RUNS)
-    last = max(runs.to_pylist(), key=lambda r: r["frames_version"])
-    DeltaTable(os.path.join(lake_dir, RUNS_TABLE)).delete(f"run_id = '{last['run_id']}'")
-    # Its commits are a cut-short run's now: this run searches those tables whole.
+def test_a_rerun_over_the_same_new_frames_changes_nothing(spark, whole, traffic, tmp_path, monkeypatch):
+    """A run cut short before its log entry (here: its log step fails; it has committed its tables,
+    and has not merged the frames files it read, which comes after the log) is done again from the
+    same baseline: the connections then continue from checkpoints already past those frames, so they
+    are analysed whole again."""
+    frames, connections = traffic
+    lake_dir = str(tmp_path)
+    first, rest = gen.as_appended(frames, [0.5])
+    _append(lake_dir, "frames", first, schema.FRAMES, "piece-0")
+    _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
+    assert analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS).scope == FULL
+    _append(lake_dir, "frames", rest, schema.FRAMES, "piece-1")
+
+    def cut_short(*args, **kwargs):
+        raise RuntimeError("the run is cut short before its log entry")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(analyze_module, "_log_run", cut_short)
+        with pytest.raises(RuntimeError, match="cut short"):
+            analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    # Its commits are a cut-short run's: this run searches those tables whole.
     assert not all(last_written_by_finished_run(DeltaTable(os.path.join(lake_dir, name)), finished_runs(lake_dir))
                    for name in PER_CONNECTION_TABLES)
     report = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
