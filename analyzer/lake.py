@@ -365,11 +365,15 @@ def table_files(table: DeltaTable) -> dict[str, tuple[int, dict]]:
             for row in actions.select(["path", "size_bytes"] + [f"partition.{c}" for c in partitions]).to_pylist()}
 
 
+def written_with_prefix(path: str, prefix: str) -> bool:
+    """Did a TableWriter with this `prefix` write the file at `path` (its name says so)?"""
+    return path.rsplit("/", 1)[-1].startswith(f"part-{prefix}-")
+
+
 def files_named(lake: str, name: str, prefix: str) -> list[str]:
     """The table's files a TableWriter with this `prefix` wrote (paths relative to the table)."""
     table = open_table(lake, name)
-    mark = f"part-{prefix}-"
-    return sorted(p for p in table_files(table) if p.rsplit("/", 1)[-1].startswith(mark)) if table else []
+    return sorted(p for p in table_files(table) if written_with_prefix(p, prefix)) if table else []
 
 
 def has_files(lake: str, name: str, paths: list[str]) -> bool:

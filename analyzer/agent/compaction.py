@@ -88,7 +88,7 @@ def compact_table(lake_dir: str, name: str, metadata: dict, *, written_before_ms
         return 0, 0
     stored = pa.schema(table.schema().to_arrow())
     files = {path: file for path, file in lake.table_files(table).items()
-             if not path.rsplit("/", 1)[-1].startswith(f"part-{lake.PROVISIONAL_PREFIX}-")}
+             if not lake.written_with_prefix(path, lake.PROVISIONAL_PREFIX)}
     if among is not None:
         files = {path: file for path, file in files.items() if path in among}
     if written_before_ms is not None:
