@@ -231,8 +231,7 @@ def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Setting
     if not keys:   # new files without a connection's frames: logged
         _nothing_to_analyse(lake, report)
         _log_run(lake, run_id, plan, report, started_ts, settings.bucket_seconds, settings.overdue_ns,
-                 settings.thresholds)
-        _merge_input_files(lake, run_id, plan, steps, report)
+                 settings.thresholds, steps)
         return _finished(report, started, steps)
     carried = None
     try:
@@ -264,8 +263,7 @@ def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Setting
             _compact_tables(lake, steps, report, merged)
     report.delta_mode = spark.mode
     _log_run(lake, run_id, plan, report, started_ts, settings.bucket_seconds, settings.overdue_ns,
-             settings.thresholds)
-    _merge_input_files(lake, run_id, plan, steps, report)
+             settings.thresholds, steps)
     return _finished(report, started, steps)
 
 
@@ -359,8 +357,7 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
     if keys == [] and not plan.findings_stale:
         _nothing_to_analyse(lake, report)
         if not plan.nothing_new:  # new files without a connection's frames, or days: logged
-            _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
-            _merge_input_files(lake, run_id, plan, steps, report)
+            _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds, steps)
         return _finished(report, started, steps)
 
     analysed = _per_connection_tables(run, all_frames, report) if keys != [] else None
@@ -374,8 +371,7 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
             report.rows["findings"] = _count_findings(lake, report)
         if merged is not None:
             _compact_tables(lake, steps, report, merged)
-    _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds)
-    _merge_input_files(lake, run_id, plan, steps, report)
+    _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds, steps)
     return _finished(report, started, steps)
 
 
@@ -638,7 +634,9 @@ def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: 
 
 
 def _log_run(lake: str, run_id: str, plan: RunScope, report: AnalysisReport, started_ts: datetime,
-             bucket_seconds: int, overdue_ns: int, thresholds: Thresholds) -> None:
+             bucket_seconds: int, overdue_ns: int, thresholds: Thresholds, steps: Steps) -> None:
+    """The run's entry in the log of runs, then the input files it analysed merged: only once the
+    entry is there (a run cut short before it merged nothing, so its rerun stays scoped)."""
     finished_ts = datetime.now(timezone.utc)
     row = {"date": started_ts.date().isoformat(), "run_id": run_id, "started_ts": started_ts,
            "finished_ts": finished_ts, "scope": plan.scope, "reason": report.reason, "since": plan.since,
@@ -648,6 +646,7 @@ def _log_run(lake: str, run_id: str, plan: RunScope, report: AnalysisReport, sta
     writer = TableWriter(lake, RUNS_TABLE, schema.ANALYSIS_RUNS)
     writer.write(pa.Table.from_pylist([row], schema=schema.ANALYSIS_RUNS))
     writer.commit(row["run_id"])
+    _merge_input_files(lake, run_id, plan, steps, report)
 
 
 def _nothing_to_analyse(lake: str, report: AnalysisReport) -> None:
