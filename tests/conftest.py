@@ -55,7 +55,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not _WORKERS:
+    # Only node ids of --dist loadgroup end in their unit; elsewhere an "@" is a parameter's own.
+    if not _WORKERS or terminalreporter.config.getoption("dist", None) != "loadgroup":
         return
     ended = max(_LAST_REPORT.values())
     terminalreporter.section("work units by worker (seconds)")
