@@ -136,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "a run with nothing new reports the stored findings without starting Spark, and one "
                     "after a small append (docs/analysis.md) is carried on by this process "
                     "itself, starting Spark only if its findings need it. Runs are "
-                    "logged in LAKE/analysis_runs. The same job runs on a cluster with --master, or through "
+                    "logged in LAKE/analysis_runs; once a full or incremental run is logged, the small frames files it "
+                    "analysed and the connections' small files are merged (the agents then merge none: docs/agent.md). "
+                    "The same job runs on a cluster with --master, or through "
                     "spark-submit spark_jobs/job.py with these options.",
         epilog="Exit status: 0 done; 2 bad arguments, no frames table, or an S3 lake and no s3a connector in "
                f"Spark; {EXIT_ANALYSIS_FAILED} the analysis failed; {EXIT_PUSH_FAILED} its push failed. With --every: "
