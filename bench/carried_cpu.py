@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import glob
 import hashlib
 import os
 import pstats
@@ -32,14 +31,13 @@ import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH_DIR)
 sys.path.insert(0, os.path.dirname(BENCH_DIR))
 
 import frames_generator as generator  # noqa: E402
-from pass_cpu import SPARK_BATCH_ROWS, pass_input, run_pass  # noqa: E402
+from pass_cpu import SPARK_BATCH_ROWS, pass_input, run_pass, written  # noqa: E402
 
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS  # noqa: E402
 from analyzer.connection_analysis import ANALYSIS_COLUMNS  # noqa: E402
@@ -70,13 +68,10 @@ def split_by_time(rows: pa.Table, tail: float) -> tuple[pa.Table, pa.Table, int]
     return head, frames.filter(pc.greater_equal(frames["ts_ns"], cut)), cut
 
 
-def carried_input(rows: pa.Table, head_out: list[pa.RecordBatch], tail: pa.Table) -> tuple[pa.Table, int, int]:
-    """The carried pass's input after the head's pass (`head_out`), the checkpoints' bytes and
-    their carried records."""
-    states = {}
-    for batch in head_out:
-        for row in batch.filter(pc.equal(batch[RECORD], STATE_TABLE)).column(STATE_TABLE).to_pylist():
-            states[row["connection_id"]] = row
+def carried_input(rows: pa.Table, head_states: pa.Table, tail: pa.Table) -> tuple[pa.Table, int, int]:
+    """The carried pass's input after the head's pass (`head_states`: the analysis_state rows it
+    wrote), the checkpoints' bytes and their carried records."""
+    states = {row["connection_id"]: row for row in head_states.to_pylist()}
     headers = {row["connection_id"]: row[HEADER] for row in
                rows.filter(pc.equal(rows["seq"], HEADER_SEQ)).select(["connection_id", HEADER]).to_pylist()}
     touched = set(tail["connection_id"].to_pylist())
@@ -95,9 +90,7 @@ def digest(out: list[pa.RecordBatch], folder: str) -> str:
     hold (analysis_state's checkpoint, format and carried_records, the tally's carried_records: a
     checkpoint's shape may change alone) and the files' names."""
     lines = []
-    for path in glob.glob(os.path.join(folder, "*", "*.parquet")):
-        table = pq.read_table(path)
-        name = os.path.basename(os.path.dirname(path))
+    for name, table in written(out, folder).items():
         if name == STATE_TABLE:
             table = table.drop_columns(["checkpoint", "format", "carried_records"])
         lines += [f"{name} {row!r}" for row in table.to_pylist()]
@@ -131,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     rows, _ = pass_input(generator.params_from_args(args))
     settings = Settings(10, DEFAULT_OVERDUE_NS, Thresholds())
     head, tail, _ = split_by_time(rows, args.tail)
-    head_out = run_pass(head.to_batches(max_chunksize=SPARK_BATCH_ROWS), settings)
-    table, checkpoint_bytes, carried = carried_input(rows, head_out, tail)
+    with tempfile.TemporaryDirectory() as folder:
+        head_states = written(run_pass(head.to_batches(max_chunksize=SPARK_BATCH_ROWS), settings, folder),
+                              folder)[STATE_TABLE]
+    table, checkpoint_bytes, carried = carried_input(rows, head_states, tail)
     batches = table.to_batches(max_chunksize=SPARK_BATCH_ROWS)
     connections = table.num_rows - tail.num_rows
     print(f"input: {tail.num_rows:,} new frames of {connections} connections; checkpoints {checkpoint_bytes:,} "

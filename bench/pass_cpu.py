@@ -3,10 +3,12 @@
 Generates frames in memory (bench/frames_generator.py), lays them out as the pass's `mapInArrow`
 receives them (spark_jobs/connection_pass.py: each connection's header row first, then its frames
 in seq order, in Arrow batches of Spark's default 10,000 rows) and runs `_Partition.run` over them
-in this process: the state machine, channel_metrics, the detectors and the records back to Arrow,
-everything the pass's Python does per connection. Spark's own part (shuffle, sort, Arrow to and
-from the JVM) is not in it. Prints the CPU seconds of each repeat (process time) and the best, and
-a digest of the output rows, which a change that should alter no output must leave as it was.
+in this process: the state machine, channel_metrics, the detectors, the records back to Arrow and
+their files written (into a temporary folder, as the tasks write them into the lake), everything
+the pass's Python does per connection. Spark's own part (shuffle, sort, Arrow to and from the JVM)
+is not in it. Prints the CPU seconds of each repeat (process time, the writer's thread too) and the
+best, and a digest of the output rows (those written and the wide table's), which a change that
+should alter no output must leave as it was.
 The C parts (analyzer/columns.py, records.py's makers) run in it where they are built;
 ACKSCOPE_PURE_PYTHON=1 runs the Python paths alone, to the same digest.
 
@@ -23,6 +25,7 @@ import json
 import os
 import pstats
 import sys
+import tempfile
 import time
 
 import pyarrow as pa
@@ -34,10 +37,12 @@ sys.path.insert(0, os.path.dirname(BENCH_DIR))
 import frames_generator as generator  # noqa: E402
 
 from spark_jobs.connection_pass import (ADVANCE_EVERY_ROWS, ANALYSIS_COLUMNS, FLUSH_RECORDS, HEADER, HEADER_SEQ,  # noqa: E402
-                                        STATE_TABLE, WIDE, Settings, _Partition)
+                                        PASS_TABLES, RAW_FINDINGS, STATE_TABLE, TALLY, WRITTEN_TABLES, Settings,
+                                        _Partition)
 from analyzer.detectors.thresholds import Thresholds  # noqa: E402
-from spark_jobs.timeline.wide import RECORD, ROLE  # noqa: E402
+from spark_jobs.timeline.wide import RECORD, ROLE, rows_from_wide  # noqa: E402
 from analyzer import schema  # noqa: E402
+from analyzer.lake import TableWriter  # noqa: E402
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS  # noqa: E402
 
 SPARK_BATCH_ROWS = 10_000    # spark.sql.execution.arrow.maxRecordsPerBatch's default
@@ -66,35 +71,41 @@ def pass_input(params: generator.Params) -> tuple[pa.Table, int]:
     return pa.concat_tables(pieces), frames
 
 
-def run_pass(batches: list[pa.RecordBatch], settings: Settings) -> list[pa.RecordBatch]:
-    return list(_Partition(settings, None, FLUSH_RECORDS, ADVANCE_EVERY_ROWS).run(iter(batches)))
+def run_pass(batches: list[pa.RecordBatch], settings: Settings, folder: str) -> list[pa.RecordBatch]:
+    """The pass's wide rows, its tables' files written into `folder`."""
+    return list(_Partition(settings, None, FLUSH_RECORDS, ADVANCE_EVERY_ROWS, folder).run(iter(batches)))
 
 
-# The pass's outputs added after the digest was fixed (session 20), left out of it so that digests
-# stay comparable: a flush's counts, and the files of a pass that writes its tables itself.
-UNDIGESTED = ("counts", "files")
+def written(out: list[pa.RecordBatch], folder: str) -> dict[str, pa.Table]:
+    """The rows of each of WRITTEN_TABLES in the files the pass wrote into `folder` (its `files` rows)."""
+    files = rows_from_wide(pa.Table.from_batches(out), "files", PASS_TABLES["files"]).to_pylist()
+    return {name: pa.concat_tables([table_schema.empty_table(), *[
+        TableWriter(folder, name, table_schema).read_file(file["path"], file["date"])
+        for file in files if file["table"] == name]]) for name, table_schema in WRITTEN_TABLES.items()}
 
 
-def flat_row(row: dict) -> dict | None:
-    """A wide row (a struct per table) as the flat `table__column` row the pass gave up to session
-    13, so that digests stay comparable with the figures printed before (None: an UNDIGESTED row)."""
-    if row[RECORD] in UNDIGESTED:
-        return None
-    flat = {RECORD: row.pop(RECORD), ROLE: row.pop(ROLE)}
-    for table in UNDIGESTED:
-        row.pop(table)
-    for table, values in row.items():
-        for column in WIDE.field(table).type.names:
-            flat[f"{table}__{column}"] = None if values is None else values[column]
-    return flat
+# The tables of the digest, in the order of the pass's one wide table when it was fixed (session 20,
+# when every table's rows were in it): each row is digested as that table's flat `table__column`
+# row (every table's columns, the others' null), so that digests stay comparable with the figures
+# printed before. A flush's counts and the files are left out.
+DIGESTED = {**{name: WRITTEN_TABLES[name] for name in WRITTEN_TABLES if name != STATE_TABLE},
+            "raw_findings": RAW_FINDINGS, STATE_TABLE: WRITTEN_TABLES[STATE_TABLE], "tally": TALLY}
 
 
-def digests(out: list[pa.RecordBatch]) -> tuple[int, str, str]:
+def flat_row(name: str, row: dict) -> dict:
+    return {RECORD: name, ROLE: None, **{f"{table}__{column}": row[column] if table == name else None
+                                         for table, table_schema in DIGESTED.items() for column in table_schema.names}}
+
+
+def digests(out: list[pa.RecordBatch], folder: str) -> tuple[int, str, str]:
     """(rows, a digest of the output rows in any order without the checkpoints, one of the
     checkpoints): a change of the checkpoint's shape changes only the second."""
+    tables = {**written(out, folder), **{name: rows_from_wide(pa.Table.from_batches(out), name, DIGESTED[name])
+                                         for name in ("raw_findings", "tally")}}
     rows, checkpoints = [], []
-    for batch in out:
-        for row in filter(None, map(flat_row, batch.to_pylist())):
+    for name, table in tables.items():
+        for row in table.to_pylist():
+            row = flat_row(name, row)
             checkpoints.append(repr(row.pop(CHECKPOINT)))
             rows.append(repr(row))
     return (len(rows), *(hashlib.sha256("\n".join(sorted(x)).encode()).hexdigest()[:16] for x in (rows, checkpoints)))
@@ -116,22 +127,26 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(10, DEFAULT_OVERDUE_NS, Thresholds())
     connections = rows.num_rows - frames
     print(f"input: {frames:,} frames of {connections} connections, {len(batches)} Arrow batches")
-    times, out = [], None
+    times, digested = [], None
     for _ in range(args.repeat):
-        started = time.process_time()
-        out = run_pass(batches, settings)
-        times.append(time.process_time() - started)
+        with tempfile.TemporaryDirectory() as folder:
+            started = time.process_time()
+            out = run_pass(batches, settings, folder)
+            times.append(time.process_time() - started)
+            if not args.no_digest:
+                digested = digests(out, folder)
     print("CPU s per run: " + ", ".join(f"{t:.2f}" for t in times))
     best = min(times)
     print(f"best of {args.repeat}: {best:.2f} CPU s, {frames / best:,.0f} frames per CPU s")
-    if not args.no_digest:
-        n, tables, checkpoints = digests(out)
-        print(f"output: {n:,} wide rows, digest {tables} (checkpoints {checkpoints})")
+    if digested is not None:
+        n, tables, checkpoints = digested
+        print(f"output: {n:,} rows, digest {tables} (checkpoints {checkpoints})")
     if args.profile:
         profiler = cProfile.Profile()
-        profiler.enable()
-        run_pass(batches, settings)
-        profiler.disable()
+        with tempfile.TemporaryDirectory() as folder:
+            profiler.enable()
+            run_pass(batches, settings, folder)
+            profiler.disable()
         pstats.Stats(profiler).sort_stats(args.sort).print_stats(args.top)
     return 0
 

@@ -24,7 +24,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import reduce
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TextIO
@@ -47,22 +46,19 @@ from spark_jobs.delta_io import (Listed, Match, Replacement, Rewrite, connection
 from spark_jobs.findings import refresh_findings
 from spark_jobs.incremental import CarriedPass, carry_on_connections
 from spark_jobs.compaction import compact, merge_analysed_input, small_final_files
-from spark_jobs.metrics_redo import pass_channel_metrics, with_metrics_redone
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
 from spark_jobs.run_scope import (COMPLETE_SCOPES, DAYS, FULL, NEW_DATA, RunScope, plan_run, set_aside_damaged,
                                   thresholds_json)
 from spark_jobs.session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, tag_session, use_lake
 from spark_jobs.steps import Steps
-from spark_jobs.table_files import commit, distinct_strings, rows_in
+from spark_jobs.table_files import commit, distinct_strings
 from spark_jobs.stored_findings import stored_raw_findings
 from analyzer.detectors.thresholds import Thresholds
 from analyzer.published import RUNS_TABLE, finished_runs
-from spark_jobs.types import spark_schema
-from spark_jobs.connection_pass import (RAW_FINDINGS, STATE_TABLE, PassSummary, connection_pass, pass_rows,
-                                        summarised_pass)
+from spark_jobs.connection_pass import RAW_FINDINGS, STATE_TABLE, PassSummary, connection_pass, summarised_pass
 from spark_jobs.timeline.plans import IN_LIST_CONNECTIONS, first_day, first_seen, of_connections
 from spark_jobs.timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
-from spark_jobs.wide_writes import FILE_FLAGS, write_wide
+from spark_jobs.wide_writes import FILE_FLAGS
 
 OUTPUT_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "findings": schema.FINDINGS}
 # Kept per connection: a run replaces the rows of the connections it analysed.
@@ -378,8 +374,7 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
 @dataclass
 class _Analysed:
     """What the per-connection step leaves for the findings step."""
-    own: DataFrame | None = None        # raw findings of the connections analysed whole (None: none was)
-    own_rows: int = 0
+    own: pa.Table | None = None         # raw findings of the connections analysed whole (None: none was)
     whole_keys: list[str] = field(default_factory=list)
     whole_deliveries: int = 0           # delivery rows written for the connections analysed whole
     came_back: int = 0                  # a full run: deliveries the message kinds can start from
@@ -392,10 +387,10 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     checkpoints read only their new frames; the rest are analysed whole, their findings too."""
     if run.keys is None:
         with run.steps.step("timelines"):
-            wide, summary = _analysed_whole(run, all_frames, None, report)
+            summary = _analysed_whole(run, all_frames, None, report)
         with run.steps.step("write tables"):
-            _write_whole_lake(run, wide, summary, report)
-        return _Analysed(pass_rows(wide, "raw_findings"), summary.rows["raw_findings"], came_back=summary.came_back)
+            _write_whole_lake(run, summary, report)
+        return _Analysed(summary.raw_findings, came_back=summary.came_back)
     carried, ahead = None, {}
     if run.plan.scope == NEW_DATA:
         with run.steps.step("carry on from checkpoints"):
@@ -406,14 +401,11 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
         for rewrite in ahead.values():  # made for carried connections only
             rewrite.discard()
         ahead = {}
-    outputs = {name: [] for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}
-    written = {name: [] for name in outputs}     # the files the passes wrote
+    written = {name: [] for name in [*PER_CONNECTION_TABLES, STATE_TABLE]}     # the files the passes wrote
     summary = None
     if whole_keys:
         with run.steps.step("timelines"):
-            wide, summary = _analysed_whole(run, run.frames_of(whole_keys), whole_keys, report)
-            for name, rows in _pass_tables(run, wide, summary).items():
-                outputs[name].append(rows)
+            summary = _analysed_whole(run, run.frames_of(whole_keys), whole_keys, report)
         for name, files in summary.written.items():
             written[name] += files
     if carried is not None:
@@ -421,13 +413,12 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
             written[name] += files
     analysed_whole = [connections_match(whole_keys)] if whole_keys else []
     with run.steps.step("write tables"):
-        _write_tables(run, outputs, written, analysed_whole, carried, ahead, report,
-                      summary.rows if summary else {})
+        _write_tables(run, written, analysed_whole, carried, ahead, report, summary.rows if summary else {})
     carried_keys = set(run.keys) - set(whole_keys) if carried is not None else set()
     if summary is None:
         return _Analysed(carried=carried if carried_keys else None)
-    return _Analysed(pass_rows(wide, "raw_findings"), summary.rows["raw_findings"], whole_keys,
-                     summary.rows["deliveries"], carried=carried if carried_keys else None)
+    return _Analysed(summary.raw_findings, whole_keys, summary.rows["deliveries"],
+                     carried=carried if carried_keys else None)
 
 
 def _carried_with_rewrites(run: _Run) -> tuple[CarriedPass, dict[str, Rewrite]]:
@@ -469,27 +460,20 @@ def _replaced_ahead(spark: SparkSession | None, lake: str, keys: list[str]) -> d
     return replacements
 
 
-def _write_tables(run: _Run, outputs: dict, written: dict, analysed_whole: list, carried: CarriedPass | None,
+def _write_tables(run: _Run, written: dict, analysed_whole: list, carried: CarriedPass | None,
                   ahead: dict[str, Rewrite], report: AnalysisReport, whole_rows: dict[str, int]) -> None:
-    """Each table's rows of these connections replaced, in its own commit: the tables rewritten
-    `ahead` (`_carried_with_rewrites`) by their commit alone; for the rest, the files to rewrite
-    found (the stored rows the whole pass's and `carried.matches` name) and every table's rows
-    written in two Spark jobs for all of them (delta_io.replace_all), with the files the passes
-    wrote (`written`)."""
-    replacements = {}
-    for name, parts in outputs.items():
-        if name in ahead:
-            continue
-        table_schema = OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE)
-        rows = (reduce(DataFrame.unionByName, parts) if parts
-                else run.spark.createDataFrame([], spark_schema(table_schema)))
-        matches = analysed_whole + (carried.matches[name] if carried is not None else [])
-        replacements[name] = Replacement(rows, table_schema, matches)
+    """Each table's rows of these connections replaced by the files the passes wrote (`written`),
+    in its own commit: the tables rewritten `ahead` (`_carried_with_rewrites`) by their commit
+    alone; for the rest, the files holding the stored rows the whole pass's and `carried.matches`
+    name found and rewritten without them, for all of them at once (delta_io.replace_all)."""
+    replacements = {name: Replacement(None, OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE),
+                                      analysed_whole + (carried.matches[name] if carried is not None else []))
+                    for name in written if name not in ahead}
     replace_all(run.lake, replacements, written=written)
     for name, rewrite in ahead.items():
         rewrite.commit(written[name])
     report.rows = {name: whole_rows.get(name, 0) + (carried.rows[name] if carried is not None else 0)
-                   for name in outputs if name != STATE_TABLE}
+                   for name in written if name != STATE_TABLE}
 
 
 def _provisional_only(lake: str) -> set[str]:
@@ -508,43 +492,25 @@ def _report_carried(carried: CarriedPass, report: AnalysisReport) -> None:
             f"{k}: {why}" for k, why in sorted(carried.fallbacks.items())[:5])
 
 
-def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None,
-                    report: AnalysisReport) -> tuple[DataFrame, PassSummary]:
-    """The pass's wide table (materialised) of these connections (None: all) from all their
-    frames, in one pass of the reference state machine (connection_pass.py): the per-connection
-    tables (the timeline tables as files it wrote into the lake, uncommitted), checkpoints and
-    findings about one connection; and what it holds."""
+def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None, report: AnalysisReport) -> PassSummary:
+    """These connections (None: all) analysed from all their frames, in one pass of the reference
+    state machine (connection_pass.py): the per-connection tables and checkpoints as files it wrote
+    into the lake (uncommitted), and its findings about one connection."""
     connections = run.connections if keys is None else of_connections(run.connections, keys)
-    wide, summary = summarised_pass(connection_pass(frames, connections, run.settings, run.plan.frames_version,
-                                                    write_to=run.lake))
+    summary = summarised_pass(connection_pass(frames, connections, run.settings, run.plan.frames_version,
+                                              write_to=run.lake))
     report.frames += summary.frames
     report.connections += summary.connections
-    return wide, summary
+    return summary
 
 
-def _pass_tables(run: _Run, wide: DataFrame, summary: PassSummary) -> dict[str, DataFrame]:
-    """The rows of the tables the pass gives as rows (not files), out of its wide table."""
-    tables = {STATE_TABLE: pass_rows(wide, STATE_TABLE),
-              "channel_metrics": pass_channel_metrics(wide, summary, run.bucket_seconds,
-                                                      written_to=run.lake)}
-    if summary.metrics_redo:
-        summary.rows["channel_metrics"] = tables["channel_metrics"].count()
-    return tables
-
-
-def _write_whole_lake(run: _Run, wide: DataFrame, summary: PassSummary, report: AnalysisReport) -> None:
-    """A full run's per-connection tables and checkpoints, each replacing its table in one commit:
-    the timeline tables' files the pass wrote itself, the rest straight from its wide table, in one
-    Spark job (wide_writes.py)."""
-    in_files = {name: OUTPUT_TABLES[name] for name in TIMELINE_TABLES}
-    tables = {name: OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE) for name in ["channel_metrics", STATE_TABLE]}
-    adds = {**summary.written, **write_wide(with_metrics_redone(wide, summary, run.bucket_seconds,
-                                                                 written_to=run.lake), run.lake, tables)}
-    for name, table_schema in {**in_files, **tables}.items():
-        commit(os.path.join(run.lake, name), table_schema, adds.get(name, []), schema.PARTITION_BY,
-               mode="overwrite", tag=commit_tag())
-    report.rows = {name: rows_in(adds.get(name, []))
-                   for name in PER_CONNECTION_TABLES}
+def _write_whole_lake(run: _Run, summary: PassSummary, report: AnalysisReport) -> None:
+    """A full run's per-connection tables and checkpoints: the files the pass wrote, each table's
+    replacing it in one commit."""
+    for name in [*PER_CONNECTION_TABLES, STATE_TABLE]:
+        commit(os.path.join(run.lake, name), OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE),
+               summary.written.get(name, []), schema.PARTITION_BY, mode="overwrite", tag=commit_tag())
+    report.rows = {name: summary.rows[name] for name in PER_CONNECTION_TABLES}
 
 
 def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFrame, thresholds: Thresholds) -> None:
@@ -556,7 +522,7 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
     if run.keys is not None and not run.plan.findings_stale:
         own, changed = [], []
         if analysed.own is not None:
-            own.append(analysed.own.toArrow() if analysed.own_rows else RAW_FINDINGS.empty_table())
+            own.append(analysed.own)
             if analysed.whole_deliveries:
                 deliveries = read_delta(run.spark, run.lake, "deliveries", OUTPUT_TABLES["deliveries"], run.mode)
                 changed.append(of_connections(deliveries, analysed.whole_keys))
@@ -569,7 +535,7 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
                          thresholds, run.plan.new_files, run.frames_since, lambda: run.spark)
         return
     if analysed is not None and run.keys is None:
-        own = analysed.own.toArrow() if analysed.own_rows else RAW_FINDINGS.empty_table()
+        own = analysed.own
         changed = None if analysed.came_back else []
     else:
         stored = {name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in TIMELINE_TABLES}

@@ -34,11 +34,11 @@ from analyzer import schema
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
 from analyzer.lake import filesystem, read_table
 
-from .connection_pass import FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, STATE_TABLE
+from .connection_pass import FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, STATE_TABLE, WRITTEN_TABLES
 from .findings import facts_in_lake
 from .incremental import changed_in_driver
 from .table_files import relative_in_table, rows_in, spark_location
-from .timeline.carried import STALE, STATE_COLUMNS, STORED, WIDE, WRITTEN_TABLES, _CarriedPartition
+from .timeline.carried import STALE, STATE_COLUMNS, STORED, WIDE, _CarriedPartition
 from .timeline.tables import TIMELINE_TABLES
 from .timeline.wide import RECORD, ROLE, rows_from_wide
 from .wide_writes import FILE_ROWS, FILES, add_actions

@@ -6,12 +6,17 @@ within each partition, each connection's schema.CONNECTIONS row travelling first
 seq HEADER_SEQ); `mapInArrow` then streams every partition's Arrow batches through
 analyzer/connection_analysis.py, one connection after the other, so a connection of millions of
 frames is never held whole: records and metric rows leave as Arrow batches as they become final.
-Out of the one pass come, as one wide table (wide.py; Spark takes one output schema per call): the
-four timeline tables, channel_metrics, the connection's findings (raw: the capture packets of their
-evidence are looked up afterwards, evidence_packets.py), each connection's checkpoint for the next
-incremental run (`analysis_state`), a tally of the frames read and each flush's count of the
-deliveries the message kinds can start from. The analysis job's pass writes the four timeline
-tables as Parquet files itself (`write_to`) and hands on only the files' rows in their place.
+Every table the pass produces (WRITTEN_TABLES: the four timeline tables, channel_metrics and each
+connection's checkpoint for the next incremental run, `analysis_state`) is written by its tasks as
+uncommitted Parquet files into the lake (wide_writes.FilesWriter), as the carried pass does
+(timeline/carried.py): the records never become Spark rows. What comes back, as one wide table of
+small rows (wide.py; Spark takes one output schema per call), is those files, the connections'
+findings (raw: the capture packets of their evidence are looked up afterwards,
+evidence_packets.py), a tally of the frames read per connection and each flush's count of the
+deliveries the message kinds can start from; `summarised_pass` collects it in one Spark job.
+
+A connection whose frame times went back has its channel_metrics computed again in its task from
+all its records (`_Partition._metrics_again`): the rows it streamed are taken back out of the files.
 
 Connections are independent, so the work scales out by partition; a hot connection is one task.
 """
@@ -24,6 +29,7 @@ from dataclasses import asdict, dataclass
 from itertools import groupby
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -35,14 +41,16 @@ from analyzer.detectors import evidence_seqs
 from analyzer.detectors.messages import came_back
 from analyzer.rows import dicts_to_table
 from analyzer.timeline.carry import FORMAT, Checkpoint, dump
+from analyzer.timeline.metrics import channel_metrics
 from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.records import Delivery
 from analyzer.timeline.tables import RECORD_TYPES, SORT_KEYS, RecordTables
 
 from .provisional import flagged, metric_flags, open_buckets
+from .table_files import rows_in
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES, as_stored
-from .timeline.plans import arrow_batches_by_rows, measured
-from .timeline.wide import RECORD, column, from_wide, to_wide, wide_schema
+from .timeline.plans import arrow_batches_by_rows
+from .timeline.wide import as_records, rows_from_wide, to_wide, wide_schema
 from .types import spark_schema
 from .wide_writes import FILE_ROWS, FILES, FilesWriter, add_actions
 
@@ -63,33 +71,35 @@ RAW_FINDINGS = pa.schema([("connection_id", pa.string()), ("connection", pa.stri
 # (cross_connection_findings.py).
 COUNTS = pa.schema([("came_back", pa.int64())])
 STATE_TABLE = "analysis_state"
-PASS_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, "raw_findings": RAW_FINDINGS,
-               STATE_TABLE: schema.ANALYSIS_STATE, "tally": TALLY, "counts": COUNTS, "files": FILES}
+# The tables whose rows the passes' tasks write as files (their wide tables hold none of them).
+WRITTEN_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, STATE_TABLE: schema.ANALYSIS_STATE}
+PASS_TABLES = {"raw_findings": RAW_FINDINGS, "tally": TALLY, "counts": COUNTS, "files": FILES}
 WIDE = wide_schema(PASS_TABLES)
-# The pass's outputs counted by summarised_pass: the tables of the lake, and the findings before their packets.
-TABLE_NAMES = (*TIMELINE_TABLES, "channel_metrics", "raw_findings", STATE_TABLE)
+# The records channel_metrics reads (`metrics_again`).
+METRIC_RECORDS = ("deliveries", "publishes", "channels")
 # Records (or connections' state rows) gathered before they leave as one Arrow batch: large enough
 # that the Arrow conversion is amortised, small enough that a hot connection streams.
 FLUSH_RECORDS = 50_000
 
 
 def connection_pass(frames: DataFrame, connections: DataFrame, settings: Settings, frames_version: int | None,
-                    partitions: int | None = None, flush_records: int = FLUSH_RECORDS,
-                    advance_every: int = ADVANCE_EVERY_ROWS, write_to: str | None = None) -> DataFrame:
+                    write_to: str, partitions: int | None = None, flush_records: int = FLUSH_RECORDS,
+                    advance_every: int = ADVANCE_EVERY_ROWS, file_rows: int | None = None) -> DataFrame:
     """The wide table (PASS_TABLES) of every connection in `frames` (schema.FRAMES, or at least
     ANALYSIS_COLUMNS). `connections`: schema.CONNECTIONS rows (any number; those without frames
     here are skipped).
 
-    `write_to`: a lake whose four timeline tables the tasks write themselves (uncommitted Parquet
-    files, wide_writes.FilesWriter; their `files` rows in the wide table), as the analysis job
-    does: the records then never become Spark rows, which cost the pass and its writes ~30% of
-    their time on the 1 M-frame bench lake (materialised, read back, handed to Python again).
-    Without it the tables' rows are in the wide table (the tests' and bench/pass_cpu.py's view)."""
+    `write_to`: the lake whose WRITTEN_TABLES the tasks write (uncommitted Parquet files,
+    wide_writes.FilesWriter, of `file_rows` rows, None: wide_writes.FILE_ROWS; their `files` rows
+    in the wide table, for the caller to commit): the records never become Spark rows, which cost the pass and its writes ~30% of their time on the
+    1 M-frame bench lake when the timeline tables did (materialised, read back, handed to Python
+    again)."""
     spark = frames.sparkSession
     partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+    file_rows = file_rows or FILE_ROWS
 
     def run_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return _Partition(settings, frames_version, flush_records, advance_every, write_to).run(batches)
+        return _Partition(settings, frames_version, flush_records, advance_every, write_to, file_rows).run(batches)
 
     rows = frames.select(*ANALYSIS_COLUMNS).unionByName(headers(connections), allowMissingColumns=True)
     return (rows.repartition(partitions, "connection_id")
@@ -141,40 +151,43 @@ def nulls_first(columns: tuple[str, ...]):
     return lambda d: tuple((d[c] is not None, d[c]) for c in columns)
 
 
-def pass_rows(wide: DataFrame, name: str) -> DataFrame:
-    """One table's rows out of the pass's wide table."""
-    return from_wide(wide, name, PASS_TABLES[name])
-
-
 @dataclass
 class PassSummary:
-    rows: dict[str, int]           # rows of each table
-    frames: int                    # frame rows read
-    connections: int
-    metrics_redo: list[str]        # connections whose channel_metrics must be computed from all their records
+    """What the pass gives the run (its wide table, collected)."""
+    written: dict[str, list[AddAction]]   # the files the tasks wrote, per table of WRITTEN_TABLES
+    raw_findings: pa.Table         # RAW_FINDINGS
+    tally: pa.Table                # TALLY: a row per connection
     came_back: int                 # deliveries the cross-connection kinds can start from (cross_connection_findings.py)
-    written: dict[str, list[AddAction]]   # the files the pass wrote (`write_to`), per table
+
+    @property
+    def rows(self) -> dict[str, int]:
+        """Rows of each table written (from the files' statistics), and of raw findings."""
+        return {**{name: rows_in(self.written.get(name, [])) for name in WRITTEN_TABLES},
+                "raw_findings": self.raw_findings.num_rows}
+
+    @property
+    def frames(self) -> int:       # frame rows read
+        return pc.sum(self.tally["frames"]).as_py() or 0
+
+    @property
+    def connections(self) -> int:
+        return self.tally.num_rows
+
+    @property
+    def metrics_redo(self) -> list[str]:
+        """The connections whose channel_metrics were computed again from all their records."""
+        return sorted(row["connection_id"] for row in self.tally.to_pylist() if row["metrics_redo"] is not None)
 
 
-def summarised_pass(wide: DataFrame) -> tuple[DataFrame, PassSummary]:
-    """The pass's wide table materialised, and what it holds (the files it wrote among it), taken
-    while it is computed: one Spark job in all."""
-    is_tally = F.col(RECORD) == "tally"
-    # A table's rows are in the wide table, or in files the pass wrote (its `files` rows).
-    in_files = F.get_json_object(column("files", "stats"), "$.numRecords").cast("bigint")
-    with arrow_batches_by_rows(wide.sparkSession):   # its rows: frames and connection rows
-        done, seen = measured(
-            wide, **{f"rows_{name}": F.count(F.when(F.col(RECORD) == name, True)) for name in TABLE_NAMES},
-            **{f"files_{name}": F.sum(F.when(column("files", "table") == name, in_files)) for name in TIMELINE_TABLES},
-            connections=F.count(F.when(is_tally, True)),
-            frames=F.sum(column("tally", "frames")),
-            redo=F.collect_list(F.when(column("tally", "metrics_redo").isNotNull(), column("tally", "connection_id"))),
-            came_back=F.sum(column("counts", "came_back")),
-            files=F.collect_list("files"))
-    rows = {name: seen[f"rows_{name}"] + (seen.get(f"files_{name}") or 0) for name in TABLE_NAMES}
-    return done, PassSummary(rows, frames=seen["frames"] or 0, connections=seen["connections"],
-                             metrics_redo=sorted(seen["redo"]), came_back=seen["came_back"] or 0,
-                             written=add_actions(seen["files"]))
+def summarised_pass(wide: DataFrame) -> PassSummary:
+    """The pass run and its wide table's rows (small: files, tallies, raw findings, counts)
+    collected, in one Spark job; each table in one chunk (Spark 4.2 drops every chunk after an
+    empty one of a chunked Arrow table it is given)."""
+    with arrow_batches_by_rows(wide.sparkSession):   # its input rows: frames and connection rows
+        rows = wide.toArrow().combine_chunks()
+    return PassSummary(add_actions(rows_from_wide(rows, "files", FILES).to_pylist()),
+                       rows_from_wide(rows, "raw_findings", RAW_FINDINGS), rows_from_wide(rows, "tally", TALLY),
+                       pc.sum(rows_from_wide(rows, "counts", COUNTS)["came_back"]).as_py() or 0)
 
 
 class ConnectionsPartition:
@@ -186,23 +199,22 @@ class ConnectionsPartition:
     `_buffered()` reaches `flush_records`, checked between Arrow batches. `current` is the
     connection being fed.
 
-    With `write_to` (a lake), the four timeline tables' rows go to `writers` (files the task writes
-    itself, wide_writes.FilesWriter, `file_rows` rows each) instead of the wide table `wide`, and
-    the partition's files leave last, as `files` rows."""
+    The rows of WRITTEN_TABLES go to `writers`: files the task writes itself into the lake
+    `write_to` (wide_writes.FilesWriter, `file_rows` rows each), not the wide table `wide`; the
+    partition's files leave last, as `files` rows."""
 
     wide: pa.Schema
 
-    def __init__(self, flush_records: int, write_to: str | None = None, file_rows: int = FILE_ROWS):
+    def __init__(self, flush_records: int, write_to: str, file_rows: int = FILE_ROWS):
         self.flush_records = flush_records
         self.current = None
-        self.writers = {name: FilesWriter(write_to, name, table_schema, file_rows, SORT_KEYS[name])
-                        for name, table_schema in TIMELINE_TABLES.items()} if write_to else None
+        self.writers = {name: FilesWriter(write_to, name, table_schema, file_rows, SORT_KEYS.get(name, ()))
+                        for name, table_schema in WRITTEN_TABLES.items()}
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from self._run(batches)
-        if self.writers is not None:
-            files = pa.Table.from_batches([writer.files() for writer in self.writers.values()], schema=FILES)
-            yield from to_wide(self.wide, [("files", None, files)]).to_batches()
+        files = pa.Table.from_batches([writer.files() for writer in self.writers.values()], schema=FILES)
+        yield from to_wide(self.wide, [("files", None, files)]).to_batches()
 
     def _run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         current = header = current_id = feed_from = None
@@ -234,6 +246,12 @@ class ConnectionsPartition:
             self.current = None
         yield from self._flush()
 
+    def _metrics_and_states_out(self, metrics: list[dict], open_from: dict[str, tuple], states: list[dict]) -> None:
+        """Metric rows (analyzer/timeline/metrics.py dicts; `open_from`: provisional.open_buckets of
+        their connections with a checkpoint) and analysis_state rows to their writers."""
+        self.writers["channel_metrics"].add(flagged(metrics_table(metrics), metric_flags(metrics, open_from)))
+        self.writers[STATE_TABLE].add(states_table(states))
+
     def _start(self, connection_id: str, first: dict, header: dict | None):
         raise NotImplementedError
 
@@ -253,13 +271,14 @@ class _Partition(ConnectionsPartition):
     wide = WIDE
 
     def __init__(self, settings: Settings, frames_version: int | None, flush_records: int, advance_every: int,
-                 write_to: str | None = None):
-        super().__init__(flush_records, write_to)
+                 write_to: str, file_rows: int = FILE_ROWS):
+        super().__init__(flush_records, write_to, file_rows)
         self.settings, self.frames_version, self.advance_every = settings, frames_version, advance_every
         # Emptied by each flush, never replaced: a connection's machine keeps appending to them.
         # Each counts the deliveries the cross-connection kinds can start from (cross_connection_findings.py).
         self.records = RecordTables(Delivery, came_back)
         self.open_records = RecordTables(Delivery, came_back)   # the checkpoints' provisional records (provisional.py)
+        self.came_back = 0                          # of the records sent to the writers since the last flush
         self.metrics: list[dict] = []
         self.open_buckets: dict[str, tuple] = {}   # connection -> provisional.open_buckets, till the flush
         self.rows: dict[str, list[dict]] = {"raw_findings": [], STATE_TABLE: [], "tally": []}
@@ -283,29 +302,52 @@ class _Partition(ConnectionsPartition):
         if done.checkpoint is not None:
             self.open_buckets[timeline.id] = open_buckets(done.checkpoint)
         self.rows[STATE_TABLE].append(state_row(done.checkpoint, timeline, self.frames_version))
+        if done.metrics_redo is not None:
+            self._metrics_again(timeline.id, done.checkpoint)
+
+    def _metrics_again(self, connection_id: str, checkpoint: Checkpoint | None) -> None:
+        """The connection's channel_metrics computed again from all its records, in place of the
+        rows it streamed (its frame times went back: analyzer/timeline/metrics.py's HorizonError
+        says a streamed bucket would have changed). Rare (merged captures, a clock stepped back)."""
+        self._records_out()
+        self.metrics[:] = [row for row in self.metrics if row["connection_id"] != connection_id]  # in place: fed
+        self.writers["channel_metrics"].drop(connection_id)
+        records = {name: self.writers[name].of_connection(connection_id) for name in METRIC_RECORDS}
+        self.writers["channel_metrics"].add(metrics_again(connection_id, records, self.settings.bucket_seconds,
+                                                          checkpoint))
+
+    def _records_out(self) -> None:
+        """The records gathered so far to their writers."""
+        final, final_back = self.records.take(ordered=False)
+        opened, opened_back = self.open_records.take(ordered=False)
+        self.came_back += final_back + opened_back
+        for name in RECORD_TYPES:
+            rows = pa.concat_tables([as_stored(name, final[name], False), as_stored(name, opened[name], True)])
+            self.writers[name].add(rows.select(TIMELINE_TABLES[name].names))
 
     def _flush(self) -> Iterator[pa.RecordBatch]:
         if not (len(self.records) or len(self.open_records) or self.metrics or any(self.rows.values())):
             return
-        final, final_back = self.records.take(ordered=False)
-        opened, opened_back = self.open_records.take(ordered=False)
-        came_back_count = final_back + opened_back
-        parts = [("counts", None, pa.Table.from_pylist([{"came_back": came_back_count}], schema=COUNTS))]
-        for name in RECORD_TYPES:
-            rows = pa.concat_tables([as_stored(name, final[name], False), as_stored(name, opened[name], True)])
-            if self.writers is None:
-                parts.append((name, None, rows))
-            else:
-                self.writers[name].add(rows.select(TIMELINE_TABLES[name].names))
-        parts += [("channel_metrics", None, flagged(metrics_table(self.metrics),
-                                                    metric_flags(self.metrics, self.open_buckets))),
-                  ("raw_findings", None, pa.Table.from_pylist(self.rows["raw_findings"], schema=RAW_FINDINGS)),
-                  (STATE_TABLE, None, states_table(self.rows[STATE_TABLE])),
-                  ("tally", None, pa.Table.from_pylist(self.rows["tally"], schema=TALLY))]
+        self._records_out()
+        self._metrics_and_states_out(self.metrics, self.open_buckets, self.rows[STATE_TABLE])
+        parts = [("counts", None, pa.Table.from_pylist([{"came_back": self.came_back}], schema=COUNTS)),
+                 ("raw_findings", None, pa.Table.from_pylist(self.rows["raw_findings"], schema=RAW_FINDINGS)),
+                 ("tally", None, pa.Table.from_pylist(self.rows["tally"], schema=TALLY))]
         wide = to_wide(WIDE, parts)
+        self.came_back = 0
         for gathered in (self.metrics, self.open_buckets, *self.rows.values()):
             gathered.clear()
         yield from wide.to_batches()
+
+
+def metrics_again(connection_id: str, records: dict[str, pa.Table], bucket_seconds: int,
+                  checkpoint: Checkpoint | None) -> pa.Table:
+    """Stored channel_metrics rows of one connection from all its METRIC_RECORDS' stored rows (by
+    table name), flagged provisional by its checkpoint (None: it kept none)."""
+    metrics = channel_metrics([record for name in METRIC_RECORDS
+                               for record in as_records(records[name], RECORD_TYPES[name])], bucket_seconds)
+    open_from = {} if checkpoint is None else {connection_id: open_buckets(checkpoint)}
+    return flagged(metrics_table(metrics), metric_flags(metrics, open_from))
 
 
 def raw_finding_rows(connection: dict, raw_findings: list) -> list[dict]:

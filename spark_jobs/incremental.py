@@ -13,8 +13,8 @@ their new frames are read. What they write, and which stored rows that replaces:
   connection whose new frames would change one to the whole-connection path.
 - analysis_state: the connection's checkpoint (its timeline and its detectors' state).
 
-The pass writes every row to write as files itself (uncommitted, as a full run's pass writes its
-timeline tables: `written`, committed by the caller with the rows they replace deleted); what it
+The pass writes every row to write as files itself (uncommitted, as the pass over whole
+connections does: `written`, committed by the caller with the rows they replace deleted); what it
 says of them and of the rows they replace are Spark rows of its wide table.
 
 Their findings about one connection come out of the same pass (`raw_findings`), from the
@@ -40,10 +40,10 @@ from analyzer.detectors.messages import COLUMNS
 from analyzer.lake import TableWriter
 
 from .delta_io import Listed, Match, connections_match, read_delta, read_files
-from .connection_pass import RAW_FINDINGS, STATE_TABLE
+from .connection_pass import RAW_FINDINGS, STATE_TABLE, WRITTEN_TABLES
 from .requeue_related import REQUEUE_RELATED
 from .table_files import adds_that_may_hold, rows_in
-from .timeline.carried import STALE, WRITTEN_TABLES, carried_rows, carry_on, without_fallbacks
+from .timeline.carried import STALE, carried_rows, carry_on, without_fallbacks
 from .timeline.plans import measured, of_connections
 from .timeline.wide import RECORD, ROLE, column, rows_from_wide
 from .timeline.tables import TIMELINE_TABLES

@@ -1,19 +1,17 @@
-"""Several tables written into a lake in one Spark job (those of a wide DataFrame, timeline/wide.py,
-or a DataFrame each).
+"""Tables written into a lake as uncommitted Parquet files by Spark's tasks.
 
-Spark's writer takes one schema per job: a full run writing its per-connection tables that way
-starts a job per table. Here one job runs a `mapInArrow` per table, and each task writes its rows
-of the table as Parquet files straight into the table's folder with the agent's writer
-(analyzer.lake.TableWriter: files by day; provisional rows, and the deliveries a requeue touches,
-in files of their own with the columns' statistics, as provisional.py and requeue_related.py
-want), handing back only the files; the caller commits each table's files in one Delta commit
-with delta-rs, on either Delta path (a full run's overwrite, delta_io.replace_all's
+Each task writes its rows of a table as Parquet files straight into the table's folder with the
+agent's writer (analyzer.lake.TableWriter: files by day; provisional rows, and the deliveries a
+requeue touches, in files of their own with the columns' statistics, as provisional.py and
+requeue_related.py want), handing back only the files; the caller commits each table's files in
+one Delta commit with delta-rs, on either Delta path (a full run's overwrite, delta_io.replace_all's
 copy-on-write). Until then no log names a file: the files of a failed or repeated task are never
 committed, and VACUUM removes them.
 
-The passes (connection_pass.py, timeline/carried.py) write their record tables the same way from
-their own tasks (`FilesWriter`; the carried pass its channel_metrics and checkpoints too), and hand
-on the files' rows (`add_actions`, `read_written`).
+The passes (connection_pass.py, timeline/carried.py) write every table they produce this way from
+their own tasks (`FilesWriter`) and hand on the files' rows (`add_actions`, `read_written`);
+`write_tables` writes DataFrames' rows so, several tables in one Spark job (delta_io.py's rewrites:
+Spark's writer takes one schema per job).
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ from analyzer.schema import PARTITION_BY
 from .provisional import PROVISIONAL
 from .requeue_related import REQUEUE_RELATED
 from .table_files import spark_location
-from .timeline.wide import RECORD
 from .types import spark_schema
 
 # One row per file a task wrote.
@@ -46,13 +43,6 @@ FILES = pa.schema([("table", pa.string()), ("path", pa.string()), ("size", pa.in
 FILE_ROWS = 250_000
 # The columns whose true and false rows go to files apart, where a table has them.
 FILE_FLAGS = (PROVISIONAL, REQUEUE_RELATED)
-
-
-def write_wide(wide: DataFrame, lake: str, tables: dict[str, pa.Schema]) -> dict[str, list[AddAction]]:
-    """The rows of `wide` of each of `tables` (name -> schema as stored) written as Parquet files
-    into that table's folder of `lake`, uncommitted (write_tables)."""
-    return write_tables(lake, {name: (wide.where(F.col(RECORD) == name).selectExpr(f"`{name}`.*"), table_schema)
-                               for name, table_schema in tables.items()})
 
 
 def write_tables(lake: str, tables: dict[str, tuple[DataFrame, pa.Schema]]) -> dict[str, list[AddAction]]:
@@ -109,9 +99,10 @@ class FilesWriter:
     Rows of each combination of FILE_FLAGS' values gather apart (up to `file_rows` each) and make
     files of their own, so the few flagged rows (open items, deliveries a requeue touched) fill
     few files however many the others fill. `order`: columns each file's rows are sorted by, in
-    the writer's thread (a sorted file is smaller: ~5% for the deliveries); a file holds one day. `drop(connection_id)`
-    takes back every row of a connection, written or not (a carried connection that falls back
-    after some of its rows left: timeline/carried.py)."""
+    the writer's thread (a sorted file is smaller: ~5% for the deliveries); a file holds one day.
+    `drop(connection_id)` takes back every row of a connection, written or not (a carried
+    connection that falls back after some of its rows left: timeline/carried.py; a connection whose
+    channel_metrics are computed again: connection_pass.py), and `of_connection` reads them."""
 
     def __init__(self, lake: str, name: str, table_schema: pa.Schema, file_rows: int = FILE_ROWS,
                  order: tuple[str, ...] = ()):
@@ -151,6 +142,19 @@ class FilesWriter:
             kept = others(self.writer.take_back(path))
             if kept.num_rows:
                 self._add(kept.select(self.schema.names))
+
+    def of_connection(self, connection_id: str) -> pa.Table:
+        """Every row of this connection so far, written or not (in the table's schema)."""
+        self.beside.wait()
+
+        def mine(rows: pa.Table) -> pa.Table:
+            return rows.filter(pc.equal(rows["connection_id"], connection_id))
+
+        days = {action.path: action.partition_values["date"] for action in self.writer.actions}
+        parts = [mine(rows) for pile in self.pending.values() for rows in pile]
+        parts += [mine(self.writer.read_file(path, days[path])) for path, held in self.holds.items()
+                  if connection_id in held]
+        return pa.concat_tables([self.schema.empty_table(), *parts])
 
     def _write(self, values: tuple) -> None:
         pile = self.pending.pop(values, [])

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 from analyzer import lake, schema
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, ConnectionAnalysis, Settings
 from analyzer.ingest import ingest_file
-from spark_jobs.connection_pass import state_row, states_table
-from spark_jobs.timeline.carried import CARRIED_TABLES, WRITTEN_TABLES, carried_rows, carry_on, without_fallbacks
+from spark_jobs.connection_pass import WRITTEN_TABLES, state_row, states_table
+from spark_jobs.timeline.carried import CARRIED_TABLES, carried_rows, carry_on, without_fallbacks
 from spark_jobs.timeline.plans import conf_meanwhile
 from spark_jobs.timeline.wide import RECORD
 from spark_jobs.wide_writes import add_actions, read_written

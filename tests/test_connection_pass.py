@@ -12,7 +12,6 @@ import os
 import tempfile
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -27,13 +26,13 @@ from analyzer.timeline.tables import RECORD_TYPES
 from analyzer.timeline.carry import continue_connection, load
 from analyzer.timeline.metrics import channel_metrics
 from analyzer.timeline.metrics import to_table as metrics_table
-from spark_jobs.connection_pass import STATE_TABLE, connection_pass, pass_rows, summarised_pass
+from spark_jobs.connection_pass import STATE_TABLE, WRITTEN_TABLES, connection_pass, summarised_pass
 from spark_jobs.evidence_packets import finished_findings
-from spark_jobs.metrics_redo import pass_channel_metrics
 from spark_jobs.provisional import PROVISIONAL
 from spark_jobs.requeue_related import REQUEUE_RELATED
 from spark_jobs.timeline.plans import arrow_batches_by_rows, conf_meanwhile
 from spark_jobs.timeline.tables import TIMELINE_TABLES
+from spark_jobs.types import spark_schema
 
 from .conftest import ROOT
 from .findings_check import LAB_THRESHOLDS
@@ -60,54 +59,37 @@ def small_batches(spark):
         yield
 
 
-def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, partitions: int,
-             flush_records: int = 50_000, advance_every: int = 4096, write_to: str | None = None):
-    """The pass's tables; `write_to`: a folder the pass writes the timeline tables to itself (a
-    full run's), read back from the files it names."""
+def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, partitions: int, write_to: str,
+             flush_records: int = 50_000, advance_every: int = 4096, file_rows: int | None = None):
+    """The pass's tables, read back from the files it wrote into `write_to` (as a full run commits
+    them), `file_rows` rows a file (None: wide_writes.FILE_ROWS)."""
     # combine_chunks: Spark 4.2 drops every chunk after an empty one of a chunked Arrow table.
     frames_df = spark.createDataFrame(frames.combine_chunks())
-    wide, summary = summarised_pass(connection_pass(
+    summary = summarised_pass(connection_pass(
         frames_df, spark.createDataFrame(connections.combine_chunks()),
-        Settings(BUCKET_SECONDS, overdue_ns, LAB_THRESHOLDS), frames_version=7,
-        partitions=partitions, flush_records=flush_records, advance_every=advance_every, write_to=write_to))
-    if write_to is None:
-        got = {name: pass_rows(wide, name).toArrow() for name in TIMELINE_TABLES}
-    else:
-        assert all(pass_rows(wide, name).count() == 0 for name in TIMELINE_TABLES)
-        files = pass_rows(wide, "files").toArrow().to_pylist()
-        # The summary names the same files, as the run commits them.
-        assert sorted((name, add.path) for name, adds in summary.written.items() for add in adds) == sorted(
-            (file["table"], file["path"]) for file in files)
-        got = written_tables(files, write_to)
-    got = {name: table.sort_by([(k, "ascending") for k in KEYS[name]]) for name, table in got.items()}
-    got["channel_metrics"] = pass_channel_metrics(wide, summary, BUCKET_SECONDS,
-                                                  write_to).toArrow().sort_by(
-        [(k, "ascending") for k in KEYS["channel_metrics"]])
-    got["findings"] = finished_findings(pass_rows(wide, "raw_findings"), frames_df).toArrow().to_pylist()
-    states = {row["connection_id"]: row for row in pass_rows(wide, STATE_TABLE).toArrow().to_pylist()}
-    tally = {row["connection_id"]: row["frames"] for row in pass_rows(wide, "tally").toArrow().to_pylist()}
-    streamed = {name: n for name, n in summary.rows.items() if name != "channel_metrics" or not summary.metrics_redo}
-    assert streamed == {name: table.num_rows for name, table in got.items()
-                        if name != "findings" and name in streamed} | {STATE_TABLE: len(states),
-                                                                        "raw_findings": len(got["findings"])}
+        Settings(BUCKET_SECONDS, overdue_ns, LAB_THRESHOLDS), frames_version=7, write_to=write_to,
+        partitions=partitions, flush_records=flush_records, advance_every=advance_every, file_rows=file_rows))
+    written = {name: pa.concat_tables([table_schema.empty_table(), *[
+        lake.TableWriter(write_to, name, table_schema).read_file(add.path, add.partition_values["date"])
+        for add in summary.written.get(name, [])]]) for name, table_schema in WRITTEN_TABLES.items()}
+    # Nothing in the folders but the files the summary names (a table's rows taken back left none behind).
+    assert {name: sorted(add.path for add in summary.written.get(name, [])) for name in WRITTEN_TABLES} == {
+        name: sorted(os.path.relpath(path, os.path.join(write_to, name))
+                     for path in glob.glob(os.path.join(write_to, name, "*", "*.parquet")))
+        for name in WRITTEN_TABLES}
+    got = {name: written[name].sort_by([(k, "ascending") for k in KEYS[name]])
+           for name in [*TIMELINE_TABLES, "channel_metrics"]}
+    raw = summary.raw_findings
+    got["findings"] = finished_findings(spark.createDataFrame(raw.combine_chunks(), spark_schema(raw.schema)),
+                                        frames_df).toArrow().to_pylist()
+    states = {row["connection_id"]: row for row in written[STATE_TABLE].to_pylist()}
+    tally = {row["connection_id"]: row["frames"] for row in summary.tally.to_pylist()}
+    assert summary.rows == {name: table.num_rows for name, table in got.items() if name != "findings"} | {
+        STATE_TABLE: len(states), "raw_findings": len(got["findings"])}
     assert (summary.frames, summary.connections) == (sum(tally.values()), len(tally))
     known = [d for d in got["deliveries"].to_pylist() if d["message_identity"] is not None]
     assert summary.came_back == sum(1 for d in known if d["redelivered"] or (d["x_death_count"] or 0) > 0)
     return got, states, tally, summary.metrics_redo
-
-
-def written_tables(files: list[dict], folder: str) -> dict[str, pa.Table]:
-    """The timeline tables in the files a pass wrote (FILES rows), each file's `date` (a partition
-    value, not in the file) put back."""
-    tables = {}
-    for name, table_schema in TIMELINE_TABLES.items():
-        parts = [table_schema.empty_table()]
-        for file in (f for f in files if f["table"] == name):
-            data = pq.read_table(os.path.join(folder, name, file["path"]))
-            data = data.append_column("date", pa.array([file["date"]] * data.num_rows, pa.string()))
-            parts.append(data.select(table_schema.names).cast(table_schema))
-        tables[name] = pa.concat_tables(parts)
-    return tables
 
 
 def expected_outputs(frames: list[dict], connections: list[dict], overdue_ns: int) -> dict:
@@ -212,8 +194,8 @@ def test_the_pass_equals_the_reference_model_on_random_traffic(spark, small_batc
                                   partitions=data.draw(st.sampled_from([1, 3, 8]), label="partitions"),
                                   flush_records=data.draw(st.sampled_from([1, 3, 50_000]), label="flush"),
                                   advance_every=data.draw(st.sampled_from([1, 7, 4096]), label="advance"),
-                                  write_to=tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
-                                  if data.draw(st.booleans(), label="the pass writes its tables") else None)
+                                  file_rows=data.draw(st.sampled_from([2, None]), label="file rows"),
+                                  write_to=tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()))
     assert_same_tables(got, expected_outputs(frames, connections, OVERDUE_NS), states)
     by_connection = _by_connection(frames)
     assert tally == {k: len(v) for k, v in by_connection.items()}
@@ -221,8 +203,7 @@ def test_the_pass_equals_the_reference_model_on_random_traffic(spark, small_batc
 
 
 def test_the_pass_equals_the_reference_model_on_recorded_captures(spark, tmp_path, corpus_dir):
-    """Every example and every capture of the public corpus, in one run, as a full run makes it:
-    the pass writes its timeline tables itself."""
+    """Every example and every capture of the public corpus, in one run, as a full run makes it."""
     captures = sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))
     captures += sorted(p for p in glob.glob(os.path.join(corpus_dir, "**", "*"), recursive=True)
                        if p.endswith((".pcap", ".pcapng")))
@@ -242,12 +223,12 @@ def connection_table(rows: list[dict]) -> pa.Table:
     return dicts_to_table(rows, schema.CONNECTIONS, schema.CONNECTION_TIMESTAMPS, schema.CONNECTION_DATE_FROM)
 
 
-@pytest.mark.parametrize("writes", [False, True], ids=["rows out", "the pass writes its tables"])
-def test_frame_times_going_back_make_the_metrics_of_that_connection_computed_again(spark, tmp_path, writes):
+@pytest.mark.parametrize("file_rows", [3, None], ids=["many files", "rows pending"])
+def test_frame_times_going_back_make_the_metrics_of_that_connection_computed_again(spark, tmp_path, file_rows):
     """A capture whose clock steps back (merged captures): the streamed metric rows of the buckets
-    already out would be wrong, so that connection's channel_metrics are computed from all its
-    records after the pass (read back from the files, when the pass wrote them itself); the other
-    connections keep their streamed rows."""
+    already out would be wrong, so that connection's channel_metrics are computed again in its task
+    from all its records (read back from the files it wrote, or not yet written), its streamed rows
+    taken back out; the other connections keep theirs."""
     for capture in sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))[:4]:
         ingest_file(capture, str(tmp_path))
     frames = lake.read_table(str(tmp_path), "frames", schema.FRAMES).select(FRAME_COLUMNS).to_pylist()
@@ -260,8 +241,8 @@ def test_frame_times_going_back_make_the_metrics_of_that_connection_computed_aga
               else row for row in frames]
     connections = lake.read_table(str(tmp_path), "connections", schema.CONNECTIONS)
     got, states, _tally, redo = run_pass(spark, pa.Table.from_pylist(frames, schema=INPUT_SCHEMA), connections,
-                                         60 * 10**9, partitions=2, advance_every=1,
-                                         write_to=str(tmp_path / "written") if writes else None)
+                                         60 * 10**9, partitions=2, advance_every=1, flush_records=5,
+                                         file_rows=file_rows, write_to=str(tmp_path / "written"))
     assert redo == [stepped]
     assert_same_tables(got, expected_outputs(frames, connections.to_pylist(), 60 * 10**9), states)
 

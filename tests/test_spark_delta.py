@@ -539,13 +539,14 @@ def test_rows_written_beside_the_task_fail_the_task_when_it_waits(tmp_path):
 
 
 def test_tables_written_together_in_one_job_are_the_tables_written_alone(spark, tmp_path):
-    """wide_writes.py: a wide DataFrame's tables written by one Spark job give each table the rows,
-    partitions and provisional files that a write of that table alone gives (rows of other records
-    left out, a null day in Hive's null folder), and nothing is in any log until the commits."""
+    """wide_writes.write_tables: several tables (here out of one wide DataFrame) written by one Spark
+    job give each table the rows, partitions and provisional files that a write of that table alone
+    gives (rows of other records left out, a null day in Hive's null folder), and nothing is in any
+    log until the commits."""
     from spark_jobs.provisional import PROVISIONAL, files_with_provisional_rows, stored_schema
     from spark_jobs.table_files import commit
-    from spark_jobs.timeline.wide import to_wide, wide_schema
-    from spark_jobs.wide_writes import write_wide
+    from spark_jobs.timeline.wide import from_wide, to_wide, wide_schema
+    from spark_jobs.wide_writes import write_tables
 
     padding = [(f"pad_{i}", pa.int32()) for i in range(40)]
     items = stored_schema(pa.schema([("date", pa.string()), ("connection_id", pa.string()), ("seq", pa.int64()),
@@ -568,7 +569,8 @@ def test_tables_written_together_in_one_job_are_the_tables_written_alone(spark, 
     together = str(tmp_path / "together")
     group = "wide-writes-test"
     spark.sparkContext.setJobGroup(group, group)
-    adds = write_wide(data, together, tables)
+    adds = write_tables(together, {name: (from_wide(data, name, table_schema), table_schema)
+                                   for name, table_schema in tables.items()})
     assert len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == 1
     assert all(lake.open_table(together, name) is None for name in tables)  # nothing committed yet
     for name, table_schema in tables.items():

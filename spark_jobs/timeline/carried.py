@@ -8,8 +8,8 @@ connection and sorted by seq within each partition, each connection's stored sta
 first (a header row), and `mapInArrow` streams them through the machine: a connection with
 millions of new frames is never held whole, its records leave as Arrow batches as they become
 final. Every row to write, of the four timeline tables, channel_metrics and analysis_state (the next
-checkpoint), is written as files by the tasks themselves (WRITTEN_TABLES: uncommitted, as the pass
-over whole connections writes its timeline tables; a connection that falls back takes its rows
+checkpoint), is written as files by the tasks themselves (connection_pass.WRITTEN_TABLES: uncommitted,
+as the pass over whole connections writes its own; a connection that falls back takes its rows
 back out), so the run's writes are commits (analyze.py). Out come, as one wide table (wide.py):
 those files (`files`), the timeline rows they replace (role `stale`), the incarnations whose
 channel_metrics are recomputed from the boundary bucket on (`touched`: their rows replace those
@@ -30,18 +30,16 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from analyzer import schema
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, CarriedAnalysis, Settings
 from analyzer.timeline.carry import FORMAT, StateError, load
-from analyzer.timeline.metrics import to_table as metrics_table
 from analyzer.timeline.tables import RECORD_TYPES, to_tables
 
-from ..provisional import flagged, metric_flags, open_buckets
+from ..provisional import open_buckets
 from ..connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, STATE_TABLE, ConnectionsPartition,
-                               headers, raw_finding_rows, state_row, states_table)
+                               headers, raw_finding_rows, state_row)
 from ..types import spark_schema
-from ..wide_writes import FILE_ROWS, FILES, FilesWriter
-from .tables import CHANNEL_METRICS, TIMELINE_TABLES, as_stored
+from ..wide_writes import FILE_ROWS, FILES
+from .tables import TIMELINE_TABLES, as_stored
 from .wide import column, from_wide, to_wide, wide_schema
 
 STALE = "stale"
@@ -53,8 +51,6 @@ TOUCHED = pa.schema([("connection_id", pa.string()), ("channel", pa.int32()), ("
 FALLBACK = pa.schema([("connection_id", pa.string()), ("reason", pa.string()), ("streamed", pa.bool_())])
 # A carried connection's new frame rows, and the records its checkpoint held (the run's report).
 TALLY = pa.schema([("connection_id", pa.string()), ("frames", pa.int64()), ("carried_records", pa.int64())])
-# The tables whose rows to write the tasks write as files (the wide table holds none of them).
-WRITTEN_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, STATE_TABLE: schema.ANALYSIS_STATE}
 # The wide table's: the timeline tables' rows a carried connection's written rows replace.
 CARRIED_TABLES = {**TIMELINE_TABLES, "touched": TOUCHED, "fallback": FALLBACK, "raw_findings": RAW_FINDINGS,
                   "tally": TALLY, "files": FILES}
@@ -77,7 +73,7 @@ def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, s
 
     The rows to write (WRITTEN_TABLES) never become Spark rows: the tasks write them into those
     tables' folders of the lake `write_to` themselves, as the pass over whole connections does
-    its timeline tables (uncommitted files of `file_rows` rows, None: wide_writes.FILE_ROWS; their
+    (uncommitted files of `file_rows` rows, None: wide_writes.FILE_ROWS; their
     `files` rows in the wide table, for the caller to commit). A connection that falls back takes
     its rows back out of them (wide_writes.FilesWriter.drop)."""
     spark = new_frames.sparkSession
@@ -136,8 +132,6 @@ class _CarriedPartition(ConnectionsPartition):
 
     def __init__(self, settings: Settings, frames_version: int, flush_records: int, write_to: str, file_rows: int):
         super().__init__(flush_records, write_to, file_rows)
-        self.writers.update({name: FilesWriter(write_to, name, WRITTEN_TABLES[name], file_rows)
-                             for name in ("channel_metrics", STATE_TABLE)})
         self.settings, self.frames_version = settings, frames_version
         # Emptied in place by each flush, never replaced: a connection's machine keeps appending to them.
         self.final: list = []
@@ -205,9 +199,7 @@ class _CarriedPartition(ConnectionsPartition):
             written = pa.concat_tables([as_stored(name, final[name], False), as_stored(name, opened[name], True)])
             self.writers[name].add(written.select(TIMELINE_TABLES[name].names))
             parts.append((name, STALE, as_stored(name, stale[name], True)))
-        self.writers["channel_metrics"].add(flagged(metrics_table(self.metrics),
-                                                    metric_flags(self.metrics, self.open_buckets)))
-        self.writers[STATE_TABLE].add(states_table(self.rows[STATE_TABLE]))
+        self._metrics_and_states_out(self.metrics, self.open_buckets, self.rows[STATE_TABLE])
         parts += [(name, None, pa.Table.from_pylist(self.rows[name], schema=CARRIED_TABLES[name]))
                   for name in ("touched", "tally", "raw_findings", "fallback")]
         wide = to_wide(WIDE, [part for part in parts if part[2].num_rows])

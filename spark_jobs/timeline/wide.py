@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 RECORD, ROLE = "record", "role"
 
@@ -36,19 +35,6 @@ def to_wide(wide: pa.Schema, parts: list[tuple[str, str | None, pa.Table]]) -> p
                                        else pa.nulls(n, field.type))
         out.append(pa.Table.from_pydict(columns, schema=wide))
     return pa.concat_tables(out)
-
-
-def as_wide(rows: DataFrame, name: str, wide: T.StructType) -> DataFrame:
-    """`to_wide` in Spark: the rows of table `name` (its columns) as rows of the wide schema `wide`."""
-    def field(of: T.StructField) -> Column:
-        if of.name == RECORD:
-            value = F.lit(name)
-        elif of.name == name:
-            value = F.struct(*[F.col(child.name) for child in of.dataType.fields])
-        else:
-            value = F.lit(None)
-        return value.cast(of.dataType).alias(of.name)
-    return rows.select(*[field(of) for of in wide.fields])
 
 
 def column(table: str, name: str) -> Column:
@@ -84,7 +70,13 @@ def records_from_wide(rows: pa.Table | pa.RecordBatch, name: str, record_type) -
     """The rows of table `name` among `rows` (a wide table's Arrow rows, in Python), back as the
     frozen records whose fields are that table's columns (analyzer/timeline/records.py)."""
     mine = rows.filter(pc.equal(rows.column(RECORD), name))
-    if not mine.num_rows:
+    slots = record_type.__slots__
+    return as_records(pa.table([arrow_column(mine, name, slot) for slot in slots], names=list(slots)), record_type)
+
+
+def as_records(rows: pa.Table, record_type) -> list:
+    """A table's rows back as the frozen records whose fields are its columns (a timeline table's
+    stored rows: analyzer/timeline/records.py)."""
+    if not rows.num_rows:
         return []
-    columns = [arrow_column(mine, name, slot).to_pylist() for slot in record_type.__slots__]
-    return [record_type(*values) for values in zip(*columns)]
+    return [record_type(*values) for values in zip(*[rows[slot].to_pylist() for slot in record_type.__slots__])]
