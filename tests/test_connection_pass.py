@@ -80,7 +80,7 @@ def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, pa
     got = {name: written[name].sort_by([(k, "ascending") for k in KEYS[name]])
            for name in [*TIMELINE_TABLES, "channel_metrics"]}
     raw = summary.raw_findings
-    got["findings"] = finished_findings(spark.createDataFrame(raw.combine_chunks(), spark_schema(raw.schema)),
+    got["findings"] = finished_findings(spark.createDataFrame(raw.to_pylist(), spark_schema(raw.schema)),
                                         frames_df).toArrow().to_pylist()
     states = {row["connection_id"]: row for row in written[STATE_TABLE].to_pylist()}
     tally = {row["connection_id"]: row["frames"] for row in summary.tally.to_pylist()}
