@@ -140,7 +140,8 @@ def _of_connections(lake: str, version: int, keys: tuple[str, ...], among: set[s
     listed, messages = pa.array(ids, pa.string()), pa.array(sorted(among), pa.string())
     picked = [CANDIDATES.empty_table()]
     for _, batch in scan(lake, "deliveries", TIMELINE_TABLES["deliveries"], list(COLUMNS), version=version,
-                         bounded=("connection_id",), may_hold=lambda bounds: any_within(ids, bounds.get("connection_id"))):
+                         bounded=("connection_id",),
+                         may_hold=lambda bounds: any_within(ids, bounds.get("connection_id"))):
         ours = batch.filter(pc.is_in(batch["connection_id"], value_set=listed))
         if ours.num_rows:
             read = pc.or_(candidates(ours), pc.is_in(ours["message_identity"], value_set=messages))

@@ -212,7 +212,8 @@ def test_the_driver_patches_a_findings_table_of_any_size(tmp_path, monkeypatch, 
     assert set(lake.table_files(lake.open_table(lake_dir, "findings"))) >= set(files) - set(rewrite.removed)
 
 
-def test_the_findings_steps_reads_and_rewrite_on_s3_are_those_on_a_local_lake(bucket, tmp_path, monkeypatch):  # noqa: F811
+def test_the_findings_steps_reads_and_rewrite_on_s3_are_those_on_a_local_lake(
+        bucket, tmp_path, monkeypatch):  # noqa: F811
     """The scan of `frames` (no statistics in the log: row groups pruned), the changed rows of
     connections analysed whole and a findings table patched by file on moto's S3, as on a folder."""
     monkeypatch.setattr(delta_io, "REWRITTEN_WHOLE_BYTES", 0)
