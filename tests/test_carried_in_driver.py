@@ -1,7 +1,7 @@
 """A scheduled run carried on by the driver without Spark (spark_jobs/carried_in_driver.py): the
 same tables as Spark's carried pass after every append, none of Spark's jobs; Spark's path where a
-connection must be analysed whole (nothing written before it), and Spark started late where the
-findings need it. Real Spark for the reference runs, real Delta tables, generated and recorded
+connection must be analysed whole (nothing written before it); no Spark for its findings, whatever
+they read or rewrite. Real Spark for the reference runs, real Delta tables, generated and recorded
 traffic (test_incremental.py's)."""
 
 import io
@@ -40,7 +40,7 @@ def _in_driver(spark, lake_dir: str, thresholds=LAB_THRESHOLDS):
     progress = io.StringIO()
     plan = planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS, thresholds)
     report = analyze_without_spark(lake_dir, plan, 0.0, progress=progress, thresholds=thresholds,
-                                   start_spark=lambda: spark)
+                                   may_carry=True)
     return report, progress.getvalue()
 
 
@@ -134,12 +134,14 @@ def test_a_connection_to_analyse_whole_leaves_the_run_to_spark_with_nothing_writ
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 
-@pytest.mark.parametrize("late_spark_for", ["packets", "a large findings table"])
-def test_spark_starts_late_where_the_drivers_findings_need_it(spark, tmp_path, monkeypatch, late_spark_for):
-    """The driver carries the connections on; the findings' evidence packets of frames neither the
-    stored findings nor the new frames hold are found by a scan of `frames` (Spark, started then);
-    a findings table too large for the driver to rewrite whole (a bound of -1) is patched by Spark
-    (findings.py). Both end with one run's tables."""
+@pytest.mark.parametrize("needs", ["a scan for packets", "a large findings table"])
+def test_the_drivers_findings_need_no_spark(spark, tmp_path, monkeypatch, needs):
+    """The driver carries the connections on, and its findings step needs no Spark: the evidence
+    packets of frames neither the stored findings nor the new frames hold are found by a scan of
+    `frames` in Arrow (findings._scanned); a findings table too large to be rewritten whole (a
+    bound of 0 bytes while the step rewrites it) has the files holding a replaced row searched for
+    and rewritten by the driver (delta_io.rewrite_in_driver). Both end with one run's tables."""
+    from .test_incremental import _spy, findings_searched
     from .test_timeline import T0, Conv
 
     a = Conv("10.9.0.31:40031>10.9.0.9:5672@1", start=T0)
@@ -153,22 +155,15 @@ def test_spark_starts_late_where_the_drivers_findings_need_it(spark, tmp_path, m
     b = Conv("10.9.0.32:40032>10.9.0.9:5672@2", start=T0)
     b.open(1)
     whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
-    if late_spark_for == "a large findings table":
-        monkeypatch.setattr(findings, "REWRITTEN_WHOLE_BYTES", -1)
+    scans, searches = [], []
+    _spy(monkeypatch, findings, "_scanned", scans)
+    if needs == "a large findings table":
+        findings_searched(monkeypatch, searches)
     _append(pieces_dir, "frames", _frames(a.rows[held:]), schema.FRAMES, "second")
-    started = []
-
-    def start():
-        started.append(spark)
-        return spark
-
-    plan = planned_run(pieces_dir, None, None, False, 10, DEFAULT_OVERDUE_NS, LAB_THRESHOLDS)
-    progress = io.StringIO()
-    report = analyze_without_spark(pieces_dir, plan, 0.0, progress=progress, thresholds=LAB_THRESHOLDS,
-                                   start_spark=start)
-    assert report is not None and report.carried_connections == 1, progress.getvalue()
-    assert started and report.spark_jobs > 0 and report.delta_mode != NO_SPARK, (report, progress.getvalue())
-    assert "start Spark" in progress.getvalue()
+    report, said = _in_driver(spark, pieces_dir)
+    assert report is not None and report.carried_connections == 1, said
+    assert report.spark_jobs == 0 and report.delta_mode == NO_SPARK and "start Spark" not in said, (report, said)
+    assert len(scans) == 1 and len(searches) == (needs == "a large findings table"), (scans, searches)
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 
