@@ -4,16 +4,23 @@ lake, appended to in pieces and analysed after every append, must leave identica
 (deliveries, publishes, channels, violations, channel_metrics, findings) and checkpoints
 (analysis_state), row for row, after every run.
 
-The inputs, all in the same lakes: every example capture (examples/*.pcapng, the lab's bundled
-recordings) cut into pieces at packet boundaries, mid-connection, and ingested piece by piece with
-the ingest the command runs; the generated traffic of the incremental tests (bench's generator,
-seeded: connections living through every append and across two UTC days); and random traffic in
-every variant of tests/variants.py (reordered, mid-stream, a capture gap, bad acks), drawn by
-Hypothesis derandomized, so every run of the suite sees the same. The lab thresholds, so that
-findings of every kind appear.
+The inputs, all in the same two lakes, each cut by its own clock at CUTS (test_incremental's cut:
+inside connections and channels, some living through every append; the generated traffic across
+two UTC days):
+- every example capture (examples/*.pcapng: the lab's recordings bundled with the project; the
+  lab's other four scenarios are recorded live, minutes with the broker, test_lab.py), ingested
+  whole by the ingest `ackscope ingest` runs, its frame rows then cut. Not the pieces of a capture
+  ingested one by one: an ingest that continues a capture's flows takes out the rows it had ended
+  them with (provisional frames files), so the next run is a full one (run_scope.py: frames files
+  deleted), Spark's in both lakes;
+- the generated traffic of the incremental tests (bench/frames_generator.py, seeded);
+- random traffic in every variant of tests/variants.py (reordered, mid-stream, a capture gap, bad
+  acks), drawn by Hypothesis derandomized: the same on every run of the suite;
+- a lockstep publisher, for the one kind of finding the others hold none of.
+The lab thresholds, so that findings of every kind appear.
 
 Each executor is driven through one function here (`run_locally`, `run_on_spark`), and which runs
-the local executor takes is one predicate (`LOCAL_TAKES`): widening the local executor (full runs
+the local executor takes is one predicate (`local_takes`): widening the local executor (full runs
 of small lakes, connections analysed whole) is a change to those, not to the test.
 
 This replaces the per-route equivalence tests: test_carried_in_driver.py's `both_paths` and the
@@ -35,6 +42,7 @@ from hypothesis import strategies as st
 
 from analyzer import lake, schema
 from analyzer.ingest import ingest_file
+from analyzer.published import RUNS_TABLE
 from analyzer.rows import dicts_to_table
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 from spark_jobs.analyze import OUTPUT_TABLES, AnalysisReport, analyze, analyze_without_spark, planned_run
@@ -50,9 +58,12 @@ EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))
 # Where every input is cut: fractions of each capture's packets, and of each traffic's time span.
 CUTS = [0.3, 0.55, 0.8]
 RANDOM_EXAMPLES, RANDOM_CONNECTIONS = 4, 12
+# What the log of runs says of a run that is the same whichever executor made it.
+LOGGED = ("scope", "frames_version", "baseline_version", "connections", "frames", "bucket_seconds", "overdue_ns",
+          "thresholds")
 
 
-def LOCAL_TAKES(run: int, on_spark: AnalysisReport) -> bool:
+def local_takes(run: int, on_spark: AnalysisReport) -> bool:
     """Which runs the local executor takes (`run`: 0 for the first; `on_spark`: Spark's report of the
     same run in its own lake): every run after the first, a full run, but one in which a connection
     must be analysed whole (it ended, then got frames: Spark's run analysed it whole)."""
@@ -150,10 +161,13 @@ def in_pieces(staging: str) -> tuple[list[pa.Table], pa.Table]:
 # -- what the runs leave ------------------------------------------------------------------------------
 
 def outputs(lake_dir: str) -> dict[str, list[dict]]:
-    """Every output table and the checkpoints, their rows sorted (by their text: a total order)."""
+    """Every output table and the checkpoints, their rows sorted (by their text: a total order);
+    and what the log of runs says of each run (not its id and times), the next run's plan."""
     out = {}
     for name, table_schema in {**OUTPUT_TABLES, STATE_TABLE: schema.ANALYSIS_STATE}.items():
         out[name] = sorted(lake.read_table(lake_dir, name, table_schema).to_pylist(), key=repr)
+    out[RUNS_TABLE] = sorted(lake.read_table(lake_dir, RUNS_TABLE, schema.ANALYSIS_RUNS, columns=list(LOGGED)
+                                             ).to_pylist(), key=repr)
     return out
 
 
@@ -167,8 +181,9 @@ def differences(local: list[dict], spark: list[dict]) -> str:
 @pytest.fixture(scope="module")
 def both_executors(spark, tmp_path_factory):
     """The inputs appended in pieces into two lakes, each analysed after every append: one by the
-    local executor where LOCAL_TAKES says (Spark's otherwise), one by Spark's. Per run: whether the
-    local executor took it, its report, and both lakes' outputs."""
+    local executor where it takes the run (Spark's otherwise), one by Spark's. Per run: the local
+    executor's report (None: it left the run to Spark), Spark's, and both lakes' outputs; and the
+    files left in either lake that no commit names."""
     root = tmp_path_factory.mktemp("executors")
     local_dir, spark_dir = str(root / "local"), str(root / "spark")
     pieces, connections = in_pieces(str(root / "staging"))
@@ -193,7 +208,7 @@ def test_the_local_executor_takes_the_runs_it_is_meant_to(both_executors):
     assert runs[0][1].scope == FULL
     taken = []
     for number, (report, on_spark, _, _) in enumerate(runs):
-        assert (report is not None) == LOCAL_TAKES(number, on_spark), (number, on_spark.reason)
+        assert (report is not None) == local_takes(number, on_spark), (number, on_spark.reason)
         if report is not None:
             assert report.scope == NEW_DATA and report.carried_connections == report.connections > 0, report
             taken.append(number)
@@ -206,8 +221,7 @@ def test_both_executors_leave_the_same_tables_and_checkpoints_after_every_run(bo
         for name in local:
             assert local[name] == spark[name], (f"run {number} ({on_spark.scope}: {on_spark.reason}), {name}: "
                                                 + differences(local[name], spark[name]))
-    # Not vacuous: every table and the checkpoints have rows, and findings of every kind but those
-    # the inputs hold none of.
+    # Not vacuous: every table and the checkpoints have rows, and there are findings of every kind.
     *_, last, _ = runs[-1]
     assert all(last[name] for name in last), [name for name in last if not last[name]]
     assert {row["kind"] for row in last["findings"]} == set(schema.FINDING_KINDS)
