@@ -55,7 +55,7 @@ from .test_detectors_python import random_connections
 from .test_incremental import PARAMS, _append, _frames, _stray_files, gen
 
 EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))
-# Where every input is cut: fractions of each capture's packets, and of each traffic's time span.
+# Where every input is cut into the appends: quantiles of its frames' times (gen.as_appended).
 CUTS = [0.3, 0.55, 0.8]
 RANDOM_EXAMPLES, RANDOM_CONNECTIONS = 4, 12
 # What the log of runs says of a run that is the same whichever executor made it.
@@ -92,7 +92,8 @@ def recorded_traffic(staging: str) -> tuple[list[pa.Table], pa.Table]:
     for capture in EXAMPLES:
         assert not ingest_file(capture, staging).errors, capture
     frames = lake.read_table(staging, "frames", schema.FRAMES)
-    by_capture = [frames.filter(pc.equal(frames["source"], source)) for source in sorted(set(frames["source"].to_pylist()))]
+    by_capture = [frames.filter(pc.equal(frames["source"], source))
+                  for source in sorted(set(frames["source"].to_pylist()))]
     assert len(by_capture) == len(EXAMPLES)
     return by_capture, lake.read_table(staging, "connections", schema.CONNECTIONS)
 
@@ -136,8 +137,8 @@ def lockstep_publisher() -> tuple[pa.Table, pa.Table]:
         conv.confirm(1, tag)
     for row in conv.rows:
         row.update(source="lockstep.pcap", source_packet=row["seq"])
-    connection = {"connection_id": conv.id, "agent_id": "test", "source": "lockstep.pcap", "connection_name": "lockstep",
-                  "first_ts_ns": conv.rows[0]["ts_ns"], "last_ts_ns": conv.rows[-1]["ts_ns"]}
+    connection = {"connection_id": conv.id, "agent_id": "test", "source": "lockstep.pcap",
+                  "connection_name": "lockstep", "first_ts_ns": conv.rows[0]["ts_ns"], "last_ts_ns": conv.rows[-1]["ts_ns"]}
     return _frames(conv.rows), dicts_to_table([connection], schema.CONNECTIONS, schema.CONNECTION_TIMESTAMPS,
                                               schema.CONNECTION_DATE_FROM)
 
