@@ -138,7 +138,8 @@ def lockstep_publisher() -> tuple[pa.Table, pa.Table]:
     for row in conv.rows:
         row.update(source="lockstep.pcap", source_packet=row["seq"])
     connection = {"connection_id": conv.id, "agent_id": "test", "source": "lockstep.pcap",
-                  "connection_name": "lockstep", "first_ts_ns": conv.rows[0]["ts_ns"], "last_ts_ns": conv.rows[-1]["ts_ns"]}
+                  "connection_name": "lockstep", "first_ts_ns": conv.rows[0]["ts_ns"],
+                  "last_ts_ns": conv.rows[-1]["ts_ns"]}
     return _frames(conv.rows), dicts_to_table([connection], schema.CONNECTIONS, schema.CONNECTION_TIMESTAMPS,
                                               schema.CONNECTION_DATE_FROM)
 
