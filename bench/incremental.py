@@ -92,7 +92,7 @@ def tables_digest(lake_dir: str, tables: dict[str, pa.Schema] = OUTPUT_TABLES) -
 class OneDriver:
     """The runs in this process's own Spark driver, kept up between them as `ackscope analyze
     --every` keeps it (and released after each the same way): only the first pays the JVM's start.
-    A small append's run is the driver's without Spark, as `--every` makes it (carried_in_driver.py)."""
+    A small append's run is the driver's without Spark, as `--every` makes it (local_executor.py)."""
 
     def __init__(self, master: str, driver_memory: str):
         from spark_jobs.session import get_spark

@@ -12,7 +12,7 @@ the findings those rows can change (findings.py), or all of them on a full run. 
 logged in `analysis_runs` last: a run cut short is simply done again by the next one.
 
 A scheduled run with nothing new, or with an append small enough for the driver to carry its
-connections on itself (carried_in_driver.py), is made without starting Spark
+connections on itself (local_executor.py), is made without starting Spark
 (`analyze_without_spark`, which `ackscope analyze` tries first): the findings step needs none.
 """
 
@@ -39,8 +39,7 @@ from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
 from analyzer.connection_analysis import Settings
 
-from spark_jobs import carried_in_driver
-from spark_jobs.carried_in_driver import carry_on_in_driver
+from spark_jobs import local_executor
 from spark_jobs.delta_io import (Listed, Match, Replacement, Rewrite, connections_match, read_delta, replace_all,
                                  rewrite_all, rewrite_all_in_driver)
 from spark_jobs.findings import Changed, refresh_findings
@@ -150,7 +149,7 @@ def analyze_without_spark(lake: str, plan: RunScope, planned_seconds: float, pro
     findings up to date with the thresholds: a scheduled run over an idle lake), which writes
     nothing; and, where `may_carry` (the local executor is the run's), a scheduled run whose new
     frames are few enough for the driver to carry their connections on itself
-    (carried_in_driver.py, `_carried_by_driver`), its findings too. `plan`: planned_run's
+    (local_executor.py, `_carried_by_driver`), its findings too. `plan`: planned_run's
     with these options, `planned_seconds` what planning it took. A table the run reads found
     damaged is set aside and RebuildWhole raised: its plan, a whole analysis, is `analyze`'s to make."""
     try:
@@ -184,15 +183,15 @@ def _without_spark(lake: str, plan: RunScope, planned_seconds: float, progress: 
 
 
 def _driver_can_carry(plan: RunScope) -> bool:
-    """Is the run one whose connections the driver may carry on itself (carried_in_driver.py), as
+    """Is the run one whose connections the driver may carry on itself (local_executor.py), as
     far as its plan says: a scheduled run (new_data) with findings up to date and few new frame rows."""
     return (plan.scope == NEW_DATA and bool(plan.new_files) and not plan.findings_stale
-            and plan.new_rows is not None and plan.new_rows <= carried_in_driver.DRIVER_FRAMES)
+            and plan.new_rows is not None and plan.new_rows <= local_executor.DRIVER_FRAMES)
 
 
 def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Settings, delta_mode: str, started: float,
                        planned_seconds: float, steps: Steps) -> AnalysisReport | None:
-    """A scheduled run whose connections the driver carries on (carried_in_driver.py): where every
+    """A scheduled run whose connections the driver carries on (local_executor.py): where every
     table it replaces can only hold provisional rows of them (`_provisional_only`) in files the
     driver rewrites (delta_io.rewrite_all_in_driver), and no connection falls back; else None,
     nothing written, for Spark's path. Its commits and findings are those of Spark's path for a run
@@ -215,7 +214,7 @@ def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Setting
     carried = None
     try:
         with steps.step("carry on from checkpoints") as carrying:
-            carried = carry_on_in_driver(lake, plan.new_files, keys, settings, plan.frames_version)
+            carried = local_executor.carried_pass(lake, plan.new_files, keys, settings, plan.frames_version)
             if carried.fallbacks:
                 carried.discard(lake)
                 carrying.detail = (f"{len(carried.fallbacks)} connection(s) to analyse whole: "

@@ -23,14 +23,13 @@ Each executor is driven through one function here (`run_locally`, `run_on_spark`
 the local executor takes is one predicate (`local_takes`): widening the local executor (full runs
 of small lakes, connections analysed whole) is a change to those, not to the test.
 
-This replaces the per-route equivalence tests: test_carried_in_driver.py's `both_paths` and the
-test on it (the driver's carried runs against Spark's tables).
+This replaces the per-route equivalence tests (the driver's carried runs against Spark's tables);
+test_local_executor.py holds what is the local executor's own (its bounds, no JVM, no Spark job).
 """
 
 from __future__ import annotations
 
 import glob
-import inspect
 import os
 from collections import Counter
 
@@ -45,7 +44,7 @@ from analyzer.ingest import ingest_file
 from analyzer.published import RUNS_TABLE
 from analyzer.rows import dicts_to_table
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
-from spark_jobs.analyze import OUTPUT_TABLES, AnalysisReport, analyze, analyze_without_spark, planned_run
+from spark_jobs.analyze import NO_SPARK, OUTPUT_TABLES, AnalysisReport, analyze, analyze_without_spark, planned_run
 from spark_jobs.connection_pass import STATE_TABLE
 from spark_jobs.run_scope import FULL, NEW_DATA
 
@@ -74,10 +73,7 @@ def run_locally(spark, lake_dir: str) -> AnalysisReport | None:
     """The local executor's run, as `ackscope analyze` tries it first; None where it leaves the run
     to Spark (nothing written)."""
     plan = planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS, LAB_THRESHOLDS)
-    # Until its findings step needs no Spark, the local executor starts Spark where they need it.
-    late = {"start_spark": lambda: spark} if "start_spark" in inspect.signature(analyze_without_spark).parameters \
-        else {}
-    return analyze_without_spark(lake_dir, plan, 0.0, thresholds=LAB_THRESHOLDS, **late)
+    return analyze_without_spark(lake_dir, plan, 0.0, thresholds=LAB_THRESHOLDS, may_carry=True)
 
 
 def run_on_spark(spark, lake_dir: str) -> AnalysisReport:
@@ -213,6 +209,7 @@ def test_the_local_executor_takes_the_runs_it_is_meant_to(both_executors):
         assert (report is not None) == local_takes(number, on_spark), (number, on_spark.reason)
         if report is not None:
             assert report.scope == NEW_DATA and report.carried_connections == report.connections > 0, report
+            assert report.delta_mode == NO_SPARK and report.spark_jobs == 0, report
             taken.append(number)
     assert len(taken) >= 2, taken
 

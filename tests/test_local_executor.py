@@ -1,8 +1,8 @@
-"""A scheduled run carried on by the driver without Spark (spark_jobs/carried_in_driver.py): the
-same tables as Spark's carried pass after every append, none of Spark's jobs; Spark's path where a
-connection must be analysed whole (nothing written before it); no Spark for its findings, whatever
-they read or rewrite. Real Spark for the reference runs, real Delta tables, generated and recorded
-traffic (test_incremental.py's)."""
+"""The local executor's own (spark_jobs/local_executor.py; test_executors.py holds its tables to
+Spark's after every run): the bounds of the runs it takes; Spark's path where a connection must be
+analysed whole (nothing written before it); no Spark for its findings, whatever they read or
+rewrite; no JVM for `ackscope analyze`; its pass over whole connections equal to Spark's. Real
+Spark for the reference runs, real Delta tables, generated and recorded traffic (test_incremental.py's)."""
 
 import io
 import json
@@ -12,28 +12,25 @@ from dataclasses import fields
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 
 from analyzer import lake, schema
+from analyzer.connection_analysis import Settings
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
-from spark_jobs import carried_in_driver
+from spark_jobs import local_executor
 from spark_jobs.analyze import NO_SPARK, analyze, analyze_without_spark, planned_run
-from spark_jobs.connection_pass import STATE_TABLE
+from spark_jobs.connection_pass import PASS_TABLES, STATE_TABLE, connection_pass
+from spark_jobs.delta_io import read_delta
+from spark_jobs.timeline.tables import TIMELINE_TABLES
+from spark_jobs.timeline.wide import rows_from_wide
 from spark_jobs import findings
-from spark_jobs.run_scope import NEW_DATA
 
 from .findings_check import LAB_THRESHOLDS
 from .test_analyze import ACKSCOPE
-from .test_incremental import _append, _frames, _lakes_split_at, _pieces, _stray_files, _tables, _versions, traffic  # noqa: F401
-
-STATE_KEY = [("connection_id", "ascending")]
-
-
-def _state(lake_dir: str) -> list[dict]:
-    """The checkpoints, by connection."""
-    table = lake.read_table(lake_dir, STATE_TABLE, schema.ANALYSIS_STATE)
-    return table.sort_by(STATE_KEY).to_pylist()
-
+from .test_incremental import (_append, _frames, _lakes_split_at, _pieces, _stray_files, _tables,  # noqa: F401
+                               _versions, traffic)
 
 def _in_driver(spark, lake_dir: str, thresholds=LAB_THRESHOLDS):
     """`ackscope analyze`'s run without Spark: (its report, None where it is Spark's run, and what it printed)."""
@@ -44,46 +41,8 @@ def _in_driver(spark, lake_dir: str, thresholds=LAB_THRESHOLDS):
     return report, progress.getvalue()
 
 
-@pytest.fixture(scope="module")
-def both_paths(spark, traffic, tmp_path_factory):  # noqa: F811
-    """The traffic appended in pieces into two lakes, analysed after each append: one by the
-    driver where it can (Spark's run otherwise, the first), one by Spark's path. Each append's
-    tables and checkpoints of both, and the driver's reports."""
-    frames, connections = traffic
-    driver_dir, spark_dir = (str(tmp_path_factory.mktemp(name)) for name in ("driver", "spark"))
-    seen, steps = set(), []
-    for number, piece in enumerate(_pieces(frames)):
-        ids = set(piece["connection_id"].to_pylist())
-        new = connections.filter(pc.is_in(connections["connection_id"], pa.array(sorted(ids - seen))))
-        seen |= ids
-        for lake_dir in (driver_dir, spark_dir):
-            _append(lake_dir, "frames", piece, schema.FRAMES, f"piece-{number}")
-            _append(lake_dir, "connections", new, schema.CONNECTIONS, f"piece-{number}")
-        report, said = _in_driver(spark, driver_dir)
-        if report is None:
-            analyze(spark, driver_dir, thresholds=LAB_THRESHOLDS)
-        analyze(spark, spark_dir, thresholds=LAB_THRESHOLDS)
-        steps.append((report, said, _tables(driver_dir), _state(driver_dir), _tables(spark_dir), _state(spark_dir)))
-    return driver_dir, steps
-
-
-def test_the_driver_carries_scheduled_runs_on_to_sparks_tables_without_a_spark_job(both_paths):
-    driver_dir, steps = both_paths
-    first, *later = steps
-    assert first[0] is None   # the first run analyses whole: Spark's
-    for report, said, driver_tables, driver_state, spark_tables, spark_state in later:
-        assert report is not None, said
-        assert report.delta_mode == NO_SPARK and report.spark_jobs == 0 and report.scope == NEW_DATA, report
-        assert report.carried_connections == report.connections > 0 and report.frames > 0, report
-        assert "carried on by the driver" in said and "Spark jobs)" in said
-        assert report.rows["deliveries"] > 0 and report.findings_by_kind, report
-        assert driver_tables == spark_tables
-        assert driver_state == spark_state
-    assert not _stray_files(driver_dir)
-
-
 def test_a_run_of_too_many_new_frames_is_sparks(spark, traffic, tmp_path, monkeypatch):  # noqa: F811
-    """carried_in_driver.DRIVER_FRAMES bounds the new frame rows (the Delta log's count) the driver takes."""
+    """local_executor.DRIVER_FRAMES bounds the new frame rows (the Delta log's count) the driver takes."""
     frames, connections = traffic
     first, second, _ = _pieces(frames)
     lake_dir = str(tmp_path)
@@ -91,12 +50,12 @@ def test_a_run_of_too_many_new_frames_is_sparks(spark, traffic, tmp_path, monkey
     _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
     analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
     _append(lake_dir, "frames", second, schema.FRAMES, "two")
-    monkeypatch.setattr(carried_in_driver, "DRIVER_FRAMES", second.num_rows - 1)
+    monkeypatch.setattr(local_executor, "DRIVER_FRAMES", second.num_rows - 1)
     before = _versions(lake_dir)
     report, said = _in_driver(spark, lake_dir)
     assert report is None and said == ""
     assert _versions(lake_dir) == before
-    monkeypatch.setattr(carried_in_driver, "DRIVER_FRAMES", second.num_rows)
+    monkeypatch.setattr(local_executor, "DRIVER_FRAMES", second.num_rows)
     report, said = _in_driver(spark, lake_dir)
     assert report is not None and report.frames == second.num_rows and report.delta_mode == NO_SPARK, said
 
@@ -165,6 +124,38 @@ def test_the_drivers_findings_need_no_spark(spark, tmp_path, monkeypatch, needs)
     assert report.spark_jobs == 0 and report.delta_mode == NO_SPARK and "start Spark" not in said, (report, said)
     assert len(scans) == 1 and len(searches) == (needs == "a large findings table"), (scans, searches)
     assert _tables(pieces_dir) == _tables(whole_dir)
+
+
+def _pass_tables(wide: pa.Table, lake_dir: str) -> dict[str, list[str]]:
+    """Every table a pass gives (connection_pass.PASS_TABLES), sorted: its rows in the wide table and
+    in the files it wrote into the lake (Delta keeps their `date` in the log: left out of both)."""
+    rows = {name: rows_from_wide(wide, name).to_pylist() for name in PASS_TABLES if name not in ("files", "counts")}
+    for file in rows_from_wide(wide, "files").to_pylist():
+        rows[file["table"]] += pq.read_table(os.path.join(lake_dir, file["table"], file["path"])).to_pylist()
+    rows["came_back"] = [pc.sum(rows_from_wide(wide, "counts")["came_back"]).as_py()]
+    return {name: sorted(json.dumps({k: v for k, v in row.items() if k != "date"}, sort_keys=True, default=str)
+                         for row in table) if name != "came_back" else table for name, table in rows.items()}
+
+
+def test_the_pass_over_whole_connections_gives_sparks_tables_in_process(spark, traffic, tmp_path):  # noqa: F811
+    """local_executor.whole_pass: the frames laid out as Spark's shuffle and sort hand them to the
+    pass, through the same partition code: every table and checkpoint as Spark's pass gives them."""
+    frames, connections = traffic
+    settings = Settings(10, DEFAULT_OVERDUE_NS, LAB_THRESHOLDS)
+    local_dir, spark_dir = str(tmp_path / "local"), str(tmp_path / "spark")
+    for lake_dir in (local_dir, spark_dir):
+        _append(lake_dir, "frames", frames, schema.FRAMES, "all")
+        _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
+    version = DeltaTable(os.path.join(local_dir, "frames")).version()
+    local = _pass_tables(local_executor.whole_pass(local_dir, None, settings, version), local_dir)
+    on_spark = connection_pass(read_delta(spark, spark_dir, "frames", schema.FRAMES, version=version),
+                               read_delta(spark, spark_dir, "connections", schema.CONNECTIONS), settings, version,
+                               write_to=spark_dir)
+    assert local == _pass_tables(on_spark.toArrow(), spark_dir)
+    assert all(local[name] for name in (*TIMELINE_TABLES, "channel_metrics", STATE_TABLE, "raw_findings"))
+    keys = sorted(set(frames["connection_id"].to_pylist()))[:3]
+    some = _pass_tables(local_executor.whole_pass(local_dir, keys, settings, version), local_dir)
+    assert sorted(json.loads(row)["connection_id"] for row in some[STATE_TABLE]) == keys
 
 
 def test_ackscope_analyze_carries_a_small_append_on_without_starting_spark(spark, tmp_path):
