@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "deleted (or compacted before a run read them) since the last run analyse everything; "
                     "a run with nothing new reports the stored findings without starting Spark, and one "
                     "after a small append (docs/analysis.md) is carried on by this process "
-                    "itself, starting Spark only if its findings need it. Runs are "
+                    "itself, its findings too, without Spark. Runs are "
                     "logged in LAKE/analysis_runs; once a full or incremental run is logged, the small frames files it "
                     "analysed and the connections' small files are merged (the agents then merge none: docs/agent.md). "
                     "The same job runs on a cluster with --master, or through "
@@ -564,21 +564,15 @@ def run_analyze(args) -> int:
         print(f"ackscope analyze: no frames table in {args.lake}: run `ackscope ingest` first", file=sys.stderr)
         return 2
     plan, planned_seconds = _planned(args, thresholds) if every_s is None else (None, 0.0)
-    started: list = []   # the session, once one is started (a run without Spark may start it late)
-
-    def start_spark():
-        if not started:
-            started.append(get_spark(args.master, "ackscope-analyze", driver_memory=args.driver_memory,
-                                     quick_start=plan is not None and _quick_start(plan)))
-        return started[0]
-
+    spark = None
     try:
         if plan is not None:
-            done, plan = _without_spark(args, plan, planned_seconds, thresholds, _if_local(args, start_spark))
+            done, plan = _without_spark(args, plan, planned_seconds, thresholds, _driver_may_carry(args))
             if done is not None:
-                return done  # nothing new, or few new frames: the driver's run, Spark started only if needed
+                return done  # nothing new, or few new frames: the driver's run, no Spark
         try:
-            spark = start_spark()
+            spark = get_spark(args.master, "ackscope-analyze", driver_memory=args.driver_memory,
+                              quick_start=plan is not None and _quick_start(plan))
         except DriverDidNotStart as exc:  # no java, a bad --driver-memory: the JVM's own words
             print(f"ackscope analyze: {exc}", file=sys.stderr)
             return EXIT_ANALYSIS_FAILED
@@ -586,8 +580,8 @@ def run_analyze(args) -> int:
             return _analyze_once(args, spark, thresholds, plan=plan)
         return _analyze_every(args, spark, thresholds, every_s)
     finally:
-        if started and driver_alive(started[0]):  # a JVM that is gone has nothing to stop, and py4j would raise
-            started[0].stop()
+        if spark is not None and driver_alive(spark):  # a JVM that is gone has nothing to stop, and py4j would raise
+            spark.stop()
 
 
 def _planned(args, thresholds):
@@ -605,10 +599,10 @@ def _planned(args, thresholds):
     return plan, time.monotonic() - started
 
 
-def _without_spark(args, plan, planned_seconds: float, thresholds, start_spark, scheduled: bool = False):
+def _without_spark(args, plan, planned_seconds: float, thresholds, may_carry: bool, scheduled: bool = False):
     """A run the driver makes without Spark (spark_jobs/analyze.py's analyze_without_spark: nothing
-    new, or few new frames it carries on itself, with Spark from `start_spark` only if its findings
-    need it): its report and push (_reported), and the command's exit status; None where the run
+    new, or, where `may_carry`, few new frames it carries on itself): its report and push
+    (_reported), and the command's exit status; None where the run
     needs Spark. With it, the plan of the run Spark is to make: `plan`, or a whole analysis where
     the driver found a table it reads damaged and set it aside."""
     from spark_jobs.analyze import RebuildWhole, analyze_without_spark
@@ -617,7 +611,7 @@ def _without_spark(args, plan, planned_seconds: float, thresholds, start_spark, 
         report = analyze_without_spark(args.lake, plan, planned_seconds, progress=sys.stderr, thresholds=thresholds,
                                        bucket_seconds=args.bucket_seconds,
                                        overdue_ns=int(args.overdue_seconds * 1e9), delta_mode=args.delta_mode,
-                                       start_spark=start_spark)
+                                       may_carry=may_carry)
     except RebuildWhole as rebuild:
         return None, rebuild.plan
     except Exception as exc:  # noqa: BLE001 - reported as a failed analysis, as with Spark
@@ -625,13 +619,13 @@ def _without_spark(args, plan, planned_seconds: float, thresholds, start_spark, 
     return (None if report is None else _reported(args, report, scheduled)), plan
 
 
-def _if_local(args, start_spark):
-    """`start_spark` where the master is local, else None: the driver carries a small append's
-    connections on itself (the local executor) only where it is the machine the run was given; on a
-    cluster every run with new frames runs there, and only a run with nothing new stays in the driver."""
+def _driver_may_carry(args) -> bool:
+    """Is the master local? The driver carries a small append's connections on itself (the local
+    executor) only where it is the machine the run was given; on a cluster every run with new frames
+    runs there, and only a run with nothing new stays in the driver."""
     from spark_jobs.session import is_local, resolved_master
 
-    return start_spark if is_local(resolved_master(args.master)) else None
+    return is_local(resolved_master(args.master))
 
 
 def _quick_start(plan) -> bool:
@@ -714,7 +708,7 @@ def _analyze_every(args, spark, thresholds, every_s: float) -> int:
         plan, planned_seconds = _planned(args, thresholds)
         status = None
         if plan is not None:
-            status, plan = _without_spark(args, plan, planned_seconds, thresholds, _if_local(args, lambda: spark),
+            status, plan = _without_spark(args, plan, planned_seconds, thresholds, _driver_may_carry(args),
                                           scheduled=True)
         if status is None:
             status = _analyze_once(args, spark, thresholds, scheduled=True, plan=plan)

@@ -41,7 +41,7 @@ from pass_cpu import SPARK_BATCH_ROWS, pass_input, run_pass, written  # noqa: E4
 
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS  # noqa: E402
 from analyzer.connection_analysis import ANALYSIS_COLUMNS  # noqa: E402
-from spark_jobs.carried_in_driver import carried_layout  # noqa: E402
+from spark_jobs.local_executor import CARRIED_HEADER_COLUMNS, carried_headers, laid_out  # noqa: E402
 from spark_jobs.connection_pass import HEADER, HEADER_SEQ, STATE_TABLE, Settings  # noqa: E402
 from analyzer.detectors.thresholds import Thresholds  # noqa: E402
 from spark_jobs.timeline.carried import _CarriedPartition  # noqa: E402
@@ -76,7 +76,9 @@ def carried_input(rows: pa.Table, head_states: pa.Table, tail: pa.Table) -> tupl
                rows.filter(pc.equal(rows["seq"], HEADER_SEQ)).select(["connection_id", HEADER]).to_pylist()}
     touched = set(tail["connection_id"].to_pylist())
     checkpoints = [state for c, state in states.items() if c in touched and state["checkpoint"] is not None]
-    return (carried_layout(tail.select(list(ANALYSIS_COLUMNS)), states, headers), sum(len(s["checkpoint"]) for s in checkpoints),
+    tail = tail.select(list(ANALYSIS_COLUMNS))
+    return (laid_out(tail, carried_headers(tail, headers, states), CARRIED_HEADER_COLUMNS),
+            sum(len(s["checkpoint"]) for s in checkpoints),
             sum(s["carried_records"] for s in checkpoints))
 
 

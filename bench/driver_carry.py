@@ -1,10 +1,10 @@
 """A scheduled run carried on by the driver without a JVM, next to Spark's carried pass: each in a
-new process, as a CronJob runs it (spark_jobs/carried_in_driver.py).
+new process, as a CronJob runs it (spark_jobs/local_executor.py).
 
 A scheduled run in a fresh process cost ~0.21 of a full run on the 10 M lake with Spark's carried
 pass, ~0.11 in a warm driver (bench/README.md, session 49): starting the JVM, the session, the
 plans and the Python worker cold was most of it. `ackscope analyze` now carries a few new frames
-on in the driver (up to carried_in_driver.DRIVER_FRAMES): this script times it against Spark's
+on in the driver (up to local_executor.DRIVER_FRAMES): this script times it against Spark's
 path for the same run (spark_jobs.analyze.analyze with a new session, which always takes Spark's
 carried pass: what `ackscope analyze` ran before), on fresh copies of a lake whose last frames
 append is not analysed yet; `--check` then compares the two lakes' tables, row for row.

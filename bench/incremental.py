@@ -92,7 +92,7 @@ def tables_digest(lake_dir: str, tables: dict[str, pa.Schema] = OUTPUT_TABLES) -
 class OneDriver:
     """The runs in this process's own Spark driver, kept up between them as `ackscope analyze
     --every` keeps it (and released after each the same way): only the first pays the JVM's start.
-    A small append's run is the driver's without Spark, as `--every` makes it (carried_in_driver.py)."""
+    A small append's run is the driver's without Spark, as `--every` makes it (local_executor.py)."""
 
     def __init__(self, master: str, driver_memory: str):
         from spark_jobs.session import get_spark
@@ -109,7 +109,7 @@ class OneDriver:
 
         started = time.monotonic()
         plan = planned_run(lake_dir, None, None, full, 10, DEFAULT_OVERDUE_NS, Thresholds())
-        report = (analyze_without_spark(lake_dir, plan, time.monotonic() - started, start_spark=lambda: self.spark)
+        report = (analyze_without_spark(lake_dir, plan, time.monotonic() - started, may_carry=True)
                   or analyze(self.spark, lake_dir, full=full, plan=plan)).as_json()
         seconds = time.monotonic() - started
         release_run(self.spark)

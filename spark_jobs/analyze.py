@@ -12,8 +12,8 @@ the findings those rows can change (findings.py), or all of them on a full run. 
 logged in `analysis_runs` last: a run cut short is simply done again by the next one.
 
 A scheduled run with nothing new, or with an append small enough for the driver to carry its
-connections on itself (carried_in_driver.py), is made without starting Spark
-(`analyze_without_spark`, which `ackscope analyze` tries first).
+connections on itself (local_executor.py), is made without starting Spark
+(`analyze_without_spark`, which `ackscope analyze` tries first): the findings step needs none.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -39,17 +38,16 @@ from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
 from analyzer.connection_analysis import Settings
 
-from spark_jobs import carried_in_driver
-from spark_jobs.carried_in_driver import DriverCarried, carry_on_in_driver
+from spark_jobs import local_executor
 from spark_jobs.delta_io import (Listed, Match, Replacement, Rewrite, connections_match, read_delta, replace_all,
                                  rewrite_all, rewrite_all_in_driver)
-from spark_jobs.findings import refresh_findings
+from spark_jobs.findings import Changed, refresh_findings
 from spark_jobs.incremental import CarriedPass, carry_on_connections
 from spark_jobs.compaction import compact, merge_analysed_input, small_final_files
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
 from spark_jobs.run_scope import (COMPLETE_SCOPES, DAYS, FULL, NEW_DATA, RunScope, plan_run, set_aside_damaged,
                                   thresholds_json)
-from spark_jobs.session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, tag_session, use_lake
+from spark_jobs.session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, use_lake
 from spark_jobs.steps import Steps
 from spark_jobs.table_files import commit, distinct_strings
 from spark_jobs.stored_findings import stored_raw_findings
@@ -141,18 +139,18 @@ def planned_run(lake: str, since: str | None, until: str | None, full: bool, buc
 def analyze_without_spark(lake: str, plan: RunScope, planned_seconds: float, progress: TextIO | None = None,
                           thresholds: Thresholds | None = None, bucket_seconds: int = 10,
                           overdue_ns: int = DEFAULT_OVERDUE_NS, delta_mode: str = "auto",
-                          start_spark: Callable[[], SparkSession] | None = None) -> AnalysisReport | None:
+                          may_carry: bool = False) -> AnalysisReport | None:
     """A run made without starting Spark, and its report; None (nothing written) when the run needs
     Spark. Two sorts: a run with nothing new (no frames file added since the last complete run,
     findings up to date with the thresholds: a scheduled run over an idle lake), which writes
-    nothing; and a scheduled run whose new frames are few enough for the driver to carry their
-    connections on itself (carried_in_driver.py, `_carried_by_driver`), which then starts Spark
-    (`start_spark`; None: it is not taken) only if its findings need it. `plan`: planned_run's
+    nothing; and, where `may_carry` (the local executor is the run's), a scheduled run whose new
+    frames are few enough for the driver to carry their connections on itself
+    (local_executor.py, `_carried_by_driver`), its findings too. `plan`: planned_run's
     with these options, `planned_seconds` what planning it took. A table the run reads found
     damaged is set aside and RebuildWhole raised: its plan, a whole analysis, is `analyze`'s to make."""
     try:
         return _without_spark(lake, plan, planned_seconds, progress, thresholds, bucket_seconds, overdue_ns,
-                              delta_mode, start_spark)
+                              delta_mode, may_carry)
     except Exception as error:
         whole = _whole_after_damage(lake, error, [], bucket_seconds, overdue_ns,
                                     thresholds if thresholds is not None else Thresholds(), progress)
@@ -163,17 +161,16 @@ def analyze_without_spark(lake: str, plan: RunScope, planned_seconds: float, pro
 
 def _without_spark(lake: str, plan: RunScope, planned_seconds: float, progress: TextIO | None,
                    thresholds: Thresholds | None, bucket_seconds: int, overdue_ns: int, delta_mode: str,
-                   start_spark: Callable[[], SparkSession] | None) -> AnalysisReport | None:
+                   may_carry: bool) -> AnalysisReport | None:
     started = time.monotonic() - planned_seconds
     steps = Steps(None, progress)
     if not plan.nothing_new:
-        if start_spark is None or not _driver_can_carry(plan):
+        if not may_carry or not _driver_can_carry(plan):
             return None
         settings = Settings(bucket_seconds, overdue_ns, thresholds if thresholds is not None else Thresholds())
         run_id = uuid.uuid4().hex
         with commits_tagged(None, run_id):
-            return _carried_by_driver(lake, run_id, plan, settings, delta_mode, started, planned_seconds, steps,
-                                      _SparkWhenNeeded(start_spark, steps, delta_mode))
+            return _carried_by_driver(lake, run_id, plan, settings, delta_mode, started, planned_seconds, steps)
     steps.took("plan", planned_seconds, detail=f"{plan.scope}, 0 connection(s): no Spark")
     report = AnalysisReport(lake=lake, delta_mode=NO_SPARK, scope=plan.scope, reason=plan.reason,
                             frames_version=plan.frames_version)
@@ -182,34 +179,15 @@ def _without_spark(lake: str, plan: RunScope, planned_seconds: float, progress: 
 
 
 def _driver_can_carry(plan: RunScope) -> bool:
-    """Is the run one whose connections the driver may carry on itself (carried_in_driver.py), as
+    """Is the run one whose connections the driver may carry on itself (local_executor.py), as
     far as its plan says: a scheduled run (new_data) with findings up to date and few new frame rows."""
     return (plan.scope == NEW_DATA and bool(plan.new_files) and not plan.findings_stale
-            and plan.new_rows is not None and plan.new_rows <= carried_in_driver.DRIVER_FRAMES)
-
-
-class _SparkWhenNeeded:
-    """The session of a run that starts Spark only if a step needs it: started on the first call
-    (`start`: the caller's, who stops it), its commits tagged with the run's, its jobs counted."""
-
-    def __init__(self, start: Callable[[], SparkSession], steps: Steps, requested_mode: str):
-        self.start, self.steps, self.requested_mode = start, steps, requested_mode
-        self.session: SparkSession | None = None
-        self.mode = NO_SPARK
-
-    def __call__(self) -> SparkSession:
-        if self.session is None:
-            with self.steps.step("start Spark"):
-                self.session = self.start()
-                tag_session(self.session)
-                self.mode = resolve_delta_mode(self.session, self.requested_mode)
-            self.steps.started(self.session)
-        return self.session
+            and plan.new_rows is not None and plan.new_rows <= local_executor.DRIVER_FRAMES)
 
 
 def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Settings, delta_mode: str, started: float,
-                       planned_seconds: float, steps: Steps, spark: _SparkWhenNeeded) -> AnalysisReport | None:
-    """A scheduled run whose connections the driver carries on (carried_in_driver.py): where every
+                       planned_seconds: float, steps: Steps) -> AnalysisReport | None:
+    """A scheduled run whose connections the driver carries on (local_executor.py): where every
     table it replaces can only hold provisional rows of them (`_provisional_only`) in files the
     driver rewrites (delta_io.rewrite_all_in_driver), and no connection falls back; else None,
     nothing written, for Spark's path. Its commits and findings are those of Spark's path for a run
@@ -232,7 +210,7 @@ def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Setting
     carried = None
     try:
         with steps.step("carry on from checkpoints") as carrying:
-            carried = carry_on_in_driver(lake, plan.new_files, keys, settings, plan.frames_version)
+            carried = local_executor.carried_pass(lake, plan.new_files, keys, settings, plan.frames_version)
             if carried.fallbacks:
                 carried.discard(lake)
                 carrying.detail = (f"{len(carried.fallbacks)} connection(s) to analyse whole: "
@@ -253,26 +231,14 @@ def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Setting
         merged = (beside.submit(_compacted, lake, COMPACTED_BESIDE_FINDINGS, commit_tag())
                   if delta_mode != "native" else None)
         with steps.step("findings"):
-            _driver_carried_findings(lake, plan, keys, carried, settings, spark)
+            refresh_findings(lake, carried.raw, keys, Changed((carried.changed,)), settings.thresholds, plan.new_files,
+                             plan.frames_version)
             report.rows["findings"] = _count_findings(lake, report)
         if merged is not None:
             _compact_tables(lake, steps, report, merged)
-    report.delta_mode = spark.mode
     _log_run(lake, run_id, plan, report, started_ts, settings.bucket_seconds, settings.overdue_ns,
              settings.thresholds, steps)
     return _finished(report, started, steps)
-
-
-def _driver_carried_findings(lake: str, plan: RunScope, keys: list[str], carried: DriverCarried, settings: Settings,
-                             spark: _SparkWhenNeeded) -> None:
-    """The findings step (findings.py) after the driver carried `keys` on, Spark started only if
-    the step needs it (a scan of `frames` for evidence packets; a large findings table)."""
-    def frames_since(day: str | None) -> DataFrame:
-        session = spark()
-        return read_delta(session, lake, "frames", schema.FRAMES, spark.mode, since=day, version=plan.frames_version)
-
-    refresh_findings(lake, carried.raw, keys, [carried.changed] if carried.changed.num_rows else [],
-                     settings.thresholds, plan.new_files, frames_since, spark)
 
 
 def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str | None = None,
@@ -520,28 +486,26 @@ def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFra
     the pass's raw findings of every connection; new thresholds those of every connection from
     their stored rows (stored_findings.py)."""
     if run.keys is not None and not run.plan.findings_stale:
-        own, changed = [], []
+        own, rows, whole = [], [], ()
         if analysed.own is not None:
             own.append(analysed.own)
-            if analysed.whole_deliveries:
-                deliveries = read_delta(run.spark, run.lake, "deliveries", OUTPUT_TABLES["deliveries"], run.mode)
-                changed.append(of_connections(deliveries, analysed.whole_keys))
+            if analysed.whole_deliveries:   # every delivery row of theirs, read by the step from the table
+                whole = tuple(analysed.whole_keys)
         if analysed.carried is not None:
             raw, carried_changed = analysed.carried.in_driver(run.lake)
             own.append(raw)
-            if carried_changed.num_rows:
-                changed.append(carried_changed)
-        refresh_findings(run.lake, pa.concat_tables(own) if own else RAW_FINDINGS.empty_table(), run.keys, changed,
-                         thresholds, run.plan.new_files, run.frames_since, lambda: run.spark)
+            rows.append(carried_changed)
+        refresh_findings(run.lake, pa.concat_tables(own) if own else RAW_FINDINGS.empty_table(), run.keys,
+                         Changed(tuple(rows), whole), thresholds, run.plan.new_files, run.plan.frames_version)
         return
     if analysed is not None and run.keys is None:
         own = analysed.own
-        changed = None if analysed.came_back else []
+        changed = None if analysed.came_back else Changed()
     else:
         stored = {name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in TIMELINE_TABLES}
         own = stored_raw_findings(stored, all_frames, run.connections, thresholds).toArrow()
         changed = None
-    refresh_findings(run.lake, own, None, changed, thresholds, (), run.frames_since, lambda: run.spark)
+    refresh_findings(run.lake, own, None, changed, thresholds, (), run.plan.frames_version)
 
 
 def _compacted(lake: str, names: list[str], tag: str | None) -> dict[str, int]:

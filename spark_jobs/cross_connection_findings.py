@@ -72,8 +72,8 @@ def findings_across(stored: pa.Table, changed: pa.Table | None, connections: Cal
     deliveries: only its candidates are read). `changed`: the delivery rows the run added or
     deleted (CANDIDATES; of a non-candidate row only the message identity is read, and only rows
     of a message some stored candidate or requeue_loop finding names matter: findings.py's
-    `_gathered`); None: every stored candidate, a full run. `connections(ids)`: the connection facts (connection_pass.connection_facts)
-    of these connections."""
+    `_of_connections`); None: every stored candidate, a full run. `connections(ids)`: the
+    connection facts (connection_pass.connection_facts) of these connections."""
     picked = stored.filter(candidates(stored))
     rows = picked.select(COLUMNS).to_pylist()
     if changed is None:

@@ -11,6 +11,7 @@ store's files (listing, sizes, commit logs) is in table_files.py, the same for a
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from functools import reduce
@@ -23,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from analyzer.lake import TableWriter, committed, filesystem, open_table
+from analyzer.lake import Bounds, TableWriter, any_within, committed, filesystem, open_table, scan
 from analyzer.schema import PARTITION_BY
 
 from . import session
@@ -206,7 +207,8 @@ class Replacement:
     """One table's part of `replace_all`: the rows `matches` names deleted, `rows` appended (None:
     none, but for files already written: replace_all's `written`). Rows in Arrow and matches of
     keys in Arrow (`Keyed`, a Match of an Arrow table) need no Spark session where the table is
-    small enough for the driver to rewrite whole (REWRITTEN_WHOLE_BYTES)."""
+    small enough for the driver to rewrite whole (REWRITTEN_WHOLE_BYTES), nor, whatever its size,
+    for `rewrite_in_driver`."""
     rows: DataFrame | pa.Table | None
     schema: pa.Schema
     matches: list[Match | Listed | Keyed]
@@ -273,6 +275,35 @@ def rewrite_all_in_driver(lake: str, replacements: dict[str, Replacement]) -> di
     if not all(search.in_driver for search in searches.values()):
         return None
     return {name: Rewrite(search, search.rewritten([]), search.kept_in_driver()) for name, search in searches.items()}
+
+
+def rewrite_in_driver(lake: str, name: str, replaced: Replacement) -> Rewrite:
+    """One table's `rewrite_all` made by the driver, whatever the table's size: no Spark session,
+    its rows and keys in Arrow (Listed, Keyed, a Match of an Arrow table). Searched files too many
+    bytes to rewrite whole (REWRITTEN_WHOLE_BYTES) are searched by the driver for those holding a
+    doomed row (`_Search.doomed_in_driver`), and only those are rewritten."""
+    if isinstance(replaced.rows, DataFrame) or any(isinstance(match, Match) and isinstance(match.keys, DataFrame)
+                                                   for match in replaced.matches):
+        raise ValueError(f"{name}: the driver rewrites a table with rows and keys in Arrow, not Spark's")
+    search = _searches(lake, {name: replaced})[name]
+    rewritten = search.searched if search.whole else search.doomed_in_driver() if search.matched else []
+    return Rewrite(search, rewritten, search.kept_in_driver(rewritten))
+
+
+def _may_match(matches: list[Match | Listed | Keyed]) -> Callable[[Bounds], bool]:
+    """Statistics' test (lake.scan's `may_hold`): may rows whose bounds are these hold a row one of
+    `matches` names? Not where, for each match, some column it names has none of its values
+    within its bounds (a Match's `at_least` is not tested: it only narrows)."""
+    named = []
+    for match in matches:
+        if isinstance(match, Listed):
+            values = match.values
+        else:
+            keys = _as_keys(match).keys
+            values = {column: keys[column].to_pylist() for column in match.on}
+        named.append({column: sorted(v for v in set(listed) if v is not None) for column, listed in values.items()})
+    return lambda bounds: any(all(any_within(listed, bounds.get(column)) for column, listed in columns.items())
+                              for columns in named)
 
 
 def _searches(lake: str, replacements: dict[str, Replacement]) -> dict[str, "_Search"]:
@@ -362,22 +393,41 @@ class _Search:
             kept = self.spark.createDataFrame([], self.struct)
         return reduce(DataFrame.unionByName, [kept, *new])
 
-    def kept_in_driver(self) -> list[AddAction]:
-        """`in_driver`: the rows the searched files keep, and the new rows, written as files (as
-        wide_writes' writers split them by flags) into the table's folder; their add actions."""
+    def kept_in_driver(self, rewritten: list[str] | None = None) -> list[AddAction]:
+        """The rows the `rewritten` files keep (paths relative to the table; None: every searched
+        file where `whole`, else none), and the new rows, written as files (as wide_writes'
+        writers split them by flags) into the table's folder; their add actions."""
+        if rewritten is None:
+            rewritten = self.searched if self.whole else []
         flags = tuple(flag for flag in FILE_FLAGS if flag in self.replaced.schema.names)
         writer = TableWriter(os.path.dirname(self.location), os.path.basename(self.location), self.replaced.schema,
                              split_by=flags)
         rows = []
-        if self.whole:
-            for path in self.searched:
-                current = writer.read_file(path, self.logged[path].partition_values.get("date"))
-                rows.append(current.filter(pc.invert(doomed(current, self.replaced.matches))))
+        for path in rewritten:
+            current = writer.read_file(path, self.logged[path].partition_values.get("date"))
+            rows.append(current.filter(pc.invert(doomed(current, self.replaced.matches))))
         if self.replaced.rows is not None:
             rows.append(self.replaced.rows.select(self.replaced.schema.names).cast(self.replaced.schema))
         if rows:
             writer.write(pa.concat_tables(rows))
         return writer.actions
+
+    def doomed_in_driver(self) -> list[str]:
+        """The searched files holding a doomed row (paths relative to the table), found by the
+        driver with the one rule (`doomed`): only the columns the matches read, file by file,
+        streamed (lake.scan), a file or row group whose statistics say it holds none of the values
+        matched left unread."""
+        keys = [_as_keys(match) for match in self.replaced.matches if not isinstance(match, Listed)]
+        columns = sorted({*(column for match in self.replaced.matches if isinstance(match, Listed)
+                            for column in match.values),
+                          *(column for match in keys for column in (*match.on, *(match.at_least or ())[:1]))})
+        touched: list[str] = []
+        for path, batch in scan(os.path.dirname(self.location), os.path.basename(self.location),
+                                self.replaced.schema, columns, version=self.table.version(), files=set(self.searched),
+                                bounded=tuple(columns), may_hold=_may_match(self.replaced.matches)):
+            if (not touched or touched[-1] != path) and pc.any(doomed(batch, self.replaced.matches)).as_py():
+                touched.append(path)
+        return touched
 
     def commit(self, rewritten: list[str], adds: list[AddAction], tag: str | None) -> int | None:
         if self.table is None:

@@ -1,79 +1,82 @@
 """The pipeline's findings step, written once for both executors: the findings a run's rows can
-change, computed again and committed (analyze.py calls it after the per-connection tables).
+change, computed again and committed (analyze.py calls it after the per-connection tables). It
+runs in the driver, over Arrow, with no Spark session: what it reads of the lake it reads with
+delta-rs and pyarrow, a batch at a time, where it may be big.
 
 In: the raw findings about one connection (connection_pass.RAW_FINDINGS) of the connections the
 run analysed (the pass's, the carried pass's, or, for new thresholds, stored_findings.py's), and
-the delivery rows it changed (cross_connection_findings.py's docstring). Then, in Arrow:
+the delivery rows it changed (`Changed`; cross_connection_findings.py's docstring). Then:
 1. the message kinds' findings (cross_connection_findings.findings_across) from the stored
    candidates, read from only the deliveries' files that can hold one (requeue_related.py), and
-   the changed rows;
+   the changed rows: those an executor hands in, and of the connections analysed whole (each of
+   their delivery rows was written again: millions, maybe) only what the kinds read, picked from
+   the deliveries table as it streams by (`_of_connections`);
 2. their evidence packets: known from the stored findings and the run's new frames
-   (evidence_packets.known_packets; a full run knows none), the rest found by one scan of
-   `frames` (a Spark job: the local executor starts Spark only for it);
+   (evidence_packets.known_packets; a full run knows none), the rest found by one scan of the
+   run's snapshot of `frames`, four columns, streamed, the files and row groups whose statistics
+   hold none of the frames wanted left unread (`_scanned`);
 3. each raw finding finished (analyzer.detectors.finish), and the stored findings they replace
    (every kind about one connection of the analysed connections; requeue_loop of the changed
    rows' messages; redelivery_after_close of the incarnations computed again) replaced in one
-   commit; a full run replaces the table whole.
-
-An executor only hands its rows in: the local one in Arrow; Spark's, a connection analysed whole
-having changed every delivery row it wrote (millions, maybe), gathers of those only what the kinds
-read (candidates, and rows of a message a stored candidate or requeue_loop finding names:
-`gathered`). A findings table too large to be rewritten by the driver is patched by Spark
-(delta_io.replace_matching), the local executor starting it then.
+   commit, the files holding them rewritten by the driver (delta_io.rewrite_in_driver); a full
+   run replaces the table whole.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from analyzer import schema
 from analyzer.detectors import KINDS, RawFinding, finish
 from analyzer.detectors.messages import COLUMNS, candidates
 from analyzer.detectors.thresholds import Thresholds
-from analyzer.lake import READ_CHECKSUMS, TableWriter, filesystem, open_table, read_table, reading
+from analyzer.lake import (READ_CHECKSUMS, Bounds, TableWriter, any_within, filesystem, open_table, read_table,
+                           reading, scan)
 
 from .connection_pass import CONNECTION_COLUMNS, connection_facts
 from .cross_connection_findings import CANDIDATES, findings_across
-from .delta_io import REWRITTEN_WHOLE_BYTES, Keyed, Listed, Replacement, replace_all, rewrite_all_in_driver
-from .evidence_packets import PACKETS, Frame, known_packets
+from .delta_io import Keyed, Listed, Replacement, rewrite_in_driver
+from .evidence_packets import FRAME_KEYS, PACKETS, Frame, known_packets
 from .requeue_related import REQUEUE_RELATED
 from .session import commit_tag
-from .table_files import commit, files_that_may_hold, snapshot_files
+from .table_files import commit, files_that_may_hold
 from .timeline.plans import first_day, utc_day
 from .timeline.tables import TIMELINE_TABLES
-from .types import spark_schema
 
-# The most frames the scan's literal lists may pick (every listed seq of every listed connection);
-# past it, a broadcast semi-join with the frames' pairs picks them.
-LISTED_FRAMES = 10_000
 
-Changed = list[pa.Table | DataFrame]
+@dataclass(frozen=True)
+class Changed:
+    """The delivery rows a run added or deleted that the message kinds can read: `rows`, handed in
+    (Arrow, at least COLUMNS), and every stored row of the connections `whole`, analysed whole
+    (all their rows written again), of which the step reads only what the kinds read."""
+    rows: tuple[pa.Table, ...] = ()
+    whole: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.whole) or any(part.num_rows for part in self.rows)
 
 
 def refresh_findings(lake: str, own: pa.Table, keys: list[str] | None, changed: Changed | None,
-                     thresholds: Thresholds, new_files: tuple[str, ...],
-                     frames_since: Callable[[str | None], DataFrame], spark: Callable[[], SparkSession]) -> None:
+                     thresholds: Thresholds, new_files: tuple[str, ...], frames_version: int | None) -> None:
     """The findings table after a run (the module's docstring). `own`: the raw findings about one
     connection of `keys`, the connections analysed (None: every connection; the table is
-    replaced whole). `changed`: the delivery rows the run added or deleted that the message
-    kinds can read, in parts (Arrow, or Spark tables); [] where there are none (the kinds have
-    nothing to do and read nothing); None: every stored candidate counts as changed.
+    replaced whole). `changed`: the delivery rows the run changed; empty where there are none (the
+    kinds have nothing to do and read nothing); None: every stored candidate counts as changed.
     `new_files`: the run's new frames files, where packets are looked for before a scan;
-    `frames_since(day)`: the run's `frames` from that UTC day on (None: all of it), scanned for the
-    rest; `spark()`: the session, for a findings table Spark must patch."""
+    `frames_version`: the run's snapshot of `frames` (None: the current one), scanned for the rest."""
     deliveries = open_table(lake, "deliveries")
     found = None
-    if deliveries is not None and changed != []:
+    if deliveries is not None and (changed is None or changed):
         stored = stored_candidates(lake, deliveries)
-        rows = None if changed is None else _changed_rows(lake, changed, stored)
+        rows = None if changed is None else _changed_rows(lake, changed, stored, deliveries.version())
         found = findings_across(stored, rows, facts_in_lake(lake), thresholds)
     raw = own.to_pylist() + (found.raw.to_pylist() if found is not None else [])
     named = [(row["connection_id"], row["seqs"]) for row in raw if row["seqs"]]
@@ -85,7 +88,7 @@ def refresh_findings(lake: str, own: pa.Table, keys: list[str] | None, changed: 
         since = _first_day(lake, own.to_pylist(), found.raw.to_pylist() if found is not None else []) \
             if unknown else None
     if unknown:
-        located.update(_scanned(frames_since(since), unknown))
+        located.update(_scanned(lake, frames_version, since, unknown))
     rows = pa.Table.from_pylist([finish(RawFinding(**json.loads(row["finding"])), json.loads(row["connection"]),
                                         lambda seqs, c=row["connection_id"]: [located.get((c, seq)) for seq in seqs])
                                  for row in raw], schema=schema.FINDINGS)
@@ -101,7 +104,7 @@ def refresh_findings(lake: str, own: pa.Table, keys: list[str] | None, changed: 
     if found is not None and found.places:
         replaces.append(Keyed(("kind", "connection_id", "channel", "incarnation"),
                               frozenset(("redelivery_after_close", *place) for place in found.places)))
-    _replace(lake, rows, replaces, spark)
+    rewrite_in_driver(lake, "findings", Replacement(rows, schema.FINDINGS, replaces)).commit()
 
 
 def stored_candidates(lake: str, deliveries) -> pa.Table:
@@ -115,35 +118,35 @@ def stored_candidates(lake: str, deliveries) -> pa.Table:
     return stored if stored is not None else CANDIDATES.empty_table()
 
 
-def _changed_rows(lake: str, changed: Changed, stored: pa.Table) -> pa.Table:
-    """The changed rows in Arrow (their COLUMNS); of a Spark table, only those `gathered` picks."""
-    parts = [part.select(list(COLUMNS)) for part in changed if isinstance(part, pa.Table)]
-    spark_parts = [part for part in changed if isinstance(part, DataFrame)]
-    if spark_parts:
+def _changed_rows(lake: str, changed: Changed, stored: pa.Table, version: int) -> pa.Table:
+    """The changed rows in Arrow (their COLUMNS): those handed in, and of the connections analysed
+    whole those `_of_connections` picks from the deliveries' snapshot at `version`."""
+    parts = [part.select(list(COLUMNS)) for part in changed.rows]
+    if changed.whole:
         loops = read_table(lake, "findings", schema.FINDINGS, columns=["message_identity"],
                            where=pc.field("kind") == "requeue_loop")
         among = set(stored["message_identity"].to_pylist())
         among |= set(loops["message_identity"].to_pylist()) if loops is not None else set()
-        parts += [gathered(part, among) for part in spark_parts]
+        parts.append(_of_connections(lake, version, changed.whole, among - {None}))
     return pa.concat_tables([part.cast(CANDIDATES) for part in parts]) if parts else CANDIDATES.empty_table()
 
 
-def gathered(changed: DataFrame, among: set[str]) -> pa.Table:
-    """Of these (changed) delivery rows, in the driver: the candidates (picked by the one rule in
-    Spark's tasks), and the rows of the messages `among` names (the stored candidates' and
-    requeue_loop findings'), the only others findings_across reads. One Spark job."""
-    known = changed.where(F.col("message_identity").isNotNull()).select(*COLUMNS)
-
-    def picked(batches):
-        for batch in batches:
-            yield batch.filter(candidates(batch))
-
-    rows = known.mapInArrow(picked, known.schema)
-    if among:
-        spark = changed.sparkSession
-        messages = spark.createDataFrame(pa.table({"message_identity": pa.array(sorted(among), pa.string())}))
-        rows = rows.unionByName(known.join(F.broadcast(messages), on="message_identity", how="left_semi"))
-    return rows.toArrow()
+def _of_connections(lake: str, version: int, keys: tuple[str, ...], among: set[str]) -> pa.Table:
+    """Of the delivery rows of these connections (the deliveries' snapshot at `version`): the
+    candidates (the one rule), and the rows of the messages `among` names (the stored candidates'
+    and requeue_loop findings'), the only others findings_across reads. Streamed (lake.scan), the
+    files and row groups whose connection_id bounds hold none of `keys` left unread."""
+    ids = sorted(keys)
+    listed, messages = pa.array(ids, pa.string()), pa.array(sorted(among), pa.string())
+    picked = [CANDIDATES.empty_table()]
+    for _, batch in scan(lake, "deliveries", TIMELINE_TABLES["deliveries"], list(COLUMNS), version=version,
+                         bounded=("connection_id",),
+                         may_hold=lambda bounds: any_within(ids, bounds.get("connection_id"))):
+        ours = batch.filter(pc.is_in(batch["connection_id"], value_set=listed))
+        if ours.num_rows:
+            read = pc.or_(candidates(ours), pc.is_in(ours["message_identity"], value_set=messages))
+            picked.append(ours.filter(read).cast(CANDIDATES))
+    return pa.concat_tables(picked)
 
 
 def facts_in_lake(lake: str) -> Callable[[set[str]], dict[str, dict]]:
@@ -173,24 +176,45 @@ def _frames_file(location: str, ids: list[str]) -> pa.Table:
                              filters=pc.field("connection_id").isin(ids), **READ_CHECKSUMS)
 
 
-def _scanned(frames: DataFrame, unknown: set[Frame]) -> dict[Frame, tuple]:
-    """The (packet, source) of these frames, from a scan of `frames`. Picked by literal lists where
-    those name few more frames than these (their bounds let Parquet skip row groups, and there is
-    no broadcast, a Spark job of its own); else by a semi-join with these pairs, broadcast: lists of
-    many connections and seqs pick every listed seq of every listed connection (the bench's full
-    run: 1,186,568 rows for 8,805 frames of 226 connections, 8.4 s against 1.8 s)."""
-    ids, seqs = sorted({c for c, _ in unknown}), sorted({seq for _, seq in unknown})
-    frames = frames.select(*PACKETS)
-    if len(ids) * len(seqs) <= LISTED_FRAMES:
-        picked = frames.where(F.col("connection_id").isin(ids) & F.col("seq").isin(seqs))
-    else:
-        pairs = pa.Table.from_pylist([{"connection_id": c, "seq": seq} for c, seq in sorted(unknown)],
-                                     schema=pa.schema([schema.FRAMES.field("connection_id"),
-                                                       schema.FRAMES.field("seq")]))
-        picked = frames.join(F.broadcast(frames.sparkSession.createDataFrame(pairs)), on=["connection_id", "seq"],
-                             how="left_semi")
-    return {(row["connection_id"], row["seq"]): (row["source_packet"], row["source"]) for row in picked.collect()
-            if (row["connection_id"], row["seq"]) in unknown}
+def _scanned(lake: str, version: int | None, since: str | None, unknown: set[Frame]) -> dict[Frame, tuple]:
+    """The (packet, source) of these frames, from one scan of `frames` (its snapshot at `version`,
+    from the UTC day `since` on; None: all of it): PACKETS' columns only, streamed a batch at a time
+    (lake.scan), a file or row group left unread where its connection_id and seq bounds hold none
+    of these frames (`_may_hold`). Each batch's rows are picked by literal lists of the
+    connections and seqs (cheap, a superset), then by a semi-join with the (connection_id, seq)
+    pairs."""
+    by_connection: dict[str, list[int]] = {}
+    for connection_id, seq in sorted(unknown):
+        by_connection.setdefault(connection_id, []).append(seq)
+    pairs = pa.Table.from_pylist([{"connection_id": c, "seq": seq} for c, seq in sorted(unknown)], schema=FRAME_KEYS)
+    ids, seqs = pairs["connection_id"].unique(), pairs["seq"].unique()
+    located = {}
+    for _, batch in scan(lake, "frames", schema.FRAMES, PACKETS, version=version, since=since,
+                         bounded=("connection_id", "seq"), may_hold=_may_hold(by_connection)):
+        listed = batch.filter(pc.and_(pc.is_in(batch["connection_id"], value_set=ids),
+                                      pc.is_in(batch["seq"], value_set=seqs)))
+        if listed.num_rows:
+            for row in listed.join(pairs, keys=["connection_id", "seq"], join_type="left semi",
+                                   use_threads=False).to_pylist():
+                located[(row["connection_id"], row["seq"])] = (row["source_packet"], row["source"])
+    return located
+
+
+def _may_hold(by_connection: dict[str, list[int]]) -> Callable[[Bounds], bool]:
+    """Statistics' test (lake.scan's `may_hold`) of frames whose connection_id and seq bounds are
+    these: may they hold one of the wanted seqs (sorted) of a wanted connection?"""
+    ids = sorted(by_connection)
+
+    def may_hold(bounds: Bounds) -> bool:
+        low, high = bounds.get("connection_id") or (None, None)
+        try:
+            first = bisect_left(ids, low) if low is not None else 0
+            last = bisect_right(ids, high) if high is not None else len(ids)
+        except TypeError:
+            first, last = 0, len(ids)
+        return any(any_within(by_connection[c], bounds.get("seq")) for c in ids[first:last])
+
+    return may_hold
 
 
 def _first_day(lake: str, own: list[dict], across: list[dict]) -> str | None:
@@ -209,17 +233,3 @@ def _first_day(lake: str, own: list[dict], across: list[dict]) -> str | None:
         known = len(set(seen["connection_id"].to_pylist())) if seen is not None else 0
         days.append(first_day({"known": known, "first_ns": first}, keys))
     return None if None in days else min(days)
-
-
-def _replace(lake: str, rows: pa.Table, replaces: list[Listed | Keyed], spark: Callable[[], SparkSession]) -> None:
-    """The findings `replaces` names deleted and `rows` added, in one commit: by the driver where
-    the table is small enough to be rewritten whole (delta_io.REWRITTEN_WHOLE_BYTES), else by Spark."""
-    table = open_table(lake, "findings")
-    if table is None or sum(f.size for f in snapshot_files(table).values()) <= REWRITTEN_WHOLE_BYTES:
-        rewrites = rewrite_all_in_driver(lake, {"findings": Replacement(rows, schema.FINDINGS, replaces)})
-        if rewrites is not None:
-            rewrites["findings"].commit()
-            return
-    session = spark()   # started (the local executor's): Spark patches the table's files
-    replace_all(lake, {"findings": Replacement(session.createDataFrame(rows, spark_schema(schema.FINDINGS)),
-                                               schema.FINDINGS, replaces)})

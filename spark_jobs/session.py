@@ -197,7 +197,7 @@ _COMMIT_TAG: ContextVar[str | None] = ContextVar("ackscope_commit_tag", default=
 @contextmanager
 def commits_tagged(spark: SparkSession | None, tag: str) -> Iterator[None]:
     """Every Delta commit made meanwhile carries `tag` (provisional.py: the run id): delta-rs's
-    (commit_tag), and the session's own, if there is one (None: none yet; `tag_session` when it starts)."""
+    (commit_tag), and the session's own, if there is one (None: a run without Spark)."""
     token = _COMMIT_TAG.set(tag)
     if spark is not None:
         tag_session(spark)

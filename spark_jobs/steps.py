@@ -27,13 +27,9 @@ class Steps:
         # Every job of this run carries the group, so the status tracker can count them.
         self.group = f"ackscope-{uuid.uuid4().hex[:12]}"
         if spark is not None:
-            self.started(spark)
+            self.context = spark.sparkContext
+            self.context.setJobGroup(self.group, self.label)
         self.seconds: dict[str, float] = {}
-
-    def started(self, spark: SparkSession) -> None:
-        """The run's Spark jobs are counted from now on (a run that starts Spark only when it needs it)."""
-        self.context = spark.sparkContext
-        self.context.setJobGroup(self.group, self.label)
 
     @contextmanager
     def step(self, name: str):

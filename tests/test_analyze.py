@@ -17,7 +17,6 @@ from analyzer import cli, lake, schema
 from analyzer.cli import build_parser
 from analyzer.timeline import replay_frames
 from spark_jobs import session
-from spark_jobs import findings
 from spark_jobs.analyze import OUTPUT_TABLES, analyze
 from analyzer.detectors.thresholds import Thresholds
 
@@ -72,22 +71,21 @@ def test_written_tables_are_the_reference_models_and_readable_by_delta_rs(analys
     assert report.frames == lake.read_table(lake_dir, "frames", schema.FRAMES).num_rows
 
 
-@pytest.mark.parametrize("packets", ["listed", "joined"])
-def test_a_second_full_run_gives_the_same_tables_and_finding_ids(spark, analysed, tmp_path, monkeypatch, packets):
-    """The findings step (findings.py) has the pass's raw findings (collected with the pass's files)
-    and scans `frames` for their packets in one Spark job, by literal lists, or by a broadcast
-    semi-join with the frames' pairs (one job more)."""
+@pytest.mark.parametrize("batch_rows", [None, 7])
+def test_a_second_full_run_gives_the_same_tables_and_finding_ids(spark, analysed, tmp_path, monkeypatch, batch_rows):
+    """The findings step (findings.py) has the pass's raw findings (collected with the pass's
+    files) and scans `frames` for their packets in the driver, streamed in batches (lake.scan's,
+    here of its default size and of 7 rows): no Spark job."""
     lake_dir = str(tmp_path / "lake")
     shutil.copytree(analysed[0], lake_dir)  # the shared lake stays as analysed
     before = {name: _table(lake_dir, name) for name in OUTPUT_TABLES}
     assert {"requeue_loop", "redelivery_after_close"} <= set(before["findings"]["kind"].to_pylist())
-    if packets == "joined":
-        monkeypatch.setattr(findings, "LISTED_FRAMES", 0)
+    if batch_rows is not None:
+        monkeypatch.setattr(lake, "SCAN_BATCH_ROWS", batch_rows)
     progress = io.StringIO()
     assert analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS, full=True, progress=progress).scope == "full"
     findings_line = next(line for line in progress.getvalue().splitlines() if ": findings (" in line)
-    jobs = int(findings_line.rsplit(", ", 1)[1].split()[0])
-    assert jobs == (1 if packets == "listed" else 2), findings_line
+    assert findings_line.endswith(", 0 Spark jobs)"), findings_line
     for name in OUTPUT_TABLES:
         after = _table(lake_dir, name)
         key = [c for c in ("finding_id", "connection_id", "channel", "incarnation", "seq", "bucket_start_ns", "kind")

@@ -190,7 +190,7 @@ def test_analyze_every_waits_for_frames_analyses_each_append_and_stops_after_the
                 ingest_file(_example(name), lake_dir)
             second = command.report_of_version(_frames_version(lake_dir))
             assert second["scope"] == "new_data" and second["connections"] >= 1
-            # A small append: carried on by the driver itself, no Spark job (carried_in_driver.py).
+            # A small append: carried on by the driver itself, no Spark job (local_executor.py).
             assert second["delta_mode"] == "none" and second["spark_jobs"] == 0, second
             assert second["carried_connections"] == second["connections"], second
             # Each run pushed its results: the group holds the lake's findings as they are now.

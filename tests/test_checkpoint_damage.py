@@ -20,7 +20,7 @@ from analyzer.timeline.state import TIMELINE, StateError, from_doc
 from spark_jobs.analyze import analyze
 
 from .findings_check import LAB_THRESHOLDS
-from .test_carried_in_driver import _in_driver
+from .test_local_executor import _in_driver
 from .test_detector_state import SETTINGS, comparable
 from .test_incremental import (_append, _tables, analysed_but_the_last_piece, replace_states,  # noqa: F401
                                traffic, whole)

@@ -548,6 +548,23 @@ def _spy(monkeypatch, module, name: str, calls: list) -> None:
     monkeypatch.setattr(module, name, lambda *args: calls.append(args) or original(*args))
 
 
+def findings_searched(monkeypatch, searches: list) -> None:
+    """The findings step rewrites the findings table as one too large to be rewritten whole (a
+    bound of 0 bytes while it does: the files holding a replaced row searched for by the driver),
+    each search's arguments kept in `searches`."""
+    from spark_jobs import findings
+
+    rewrite = findings.rewrite_in_driver
+
+    def searched(*args):
+        with pytest.MonkeyPatch.context() as bound:
+            bound.setattr(delta_io, "REWRITTEN_WHOLE_BYTES", 0)
+            return rewrite(*args)
+
+    monkeypatch.setattr(findings, "rewrite_in_driver", searched)
+    _spy(monkeypatch, delta_io._Search, "doomed_in_driver", searches)
+
+
 def _stray_files(lake_dir: str) -> list[str]:
     """Data files in a table's folder that no commit of its log added: a run's files are committed
     or deleted, never left behind."""
@@ -655,15 +672,18 @@ def test_a_carried_runs_findings_take_one_spark_job_and_are_one_runs(spark, tmp_
     driver, after one Spark job for the carried pass's rows: here A's new frames make a requeue
     loop and leave a delivery at a close that B, already in the lake, got again (redelivered); A's
     delivery open when the first run ended, of a message that came back, is written again settled
-    (a replaced requeue_related row). A findings table too large for the driver to rewrite whole
-    (forced by a bound of -1) is patched by Spark. Both end with one run's tables over everything."""
+    (a replaced requeue_related row). A findings table too large to be rewritten whole (forced by
+    a bound of 0 bytes while the step rewrites it) has the files holding a replaced row searched
+    for by the driver (delta_io.rewrite_in_driver), still no Spark job. Both end with one run's
+    tables over everything."""
     import io
 
     from spark_jobs import findings
     from .test_timeline import T0, Conv
 
+    searches = []
     if findings_table == "large":
-        monkeypatch.setattr(findings, "REWRITTEN_WHOLE_BYTES", -1)
+        findings_searched(monkeypatch, searches)
     a, b = Conv("10.9.0.13:40013>10.9.0.9:5672@1", start=T0), Conv("10.9.0.14:40014>10.9.0.9:5672@2", start=T0)
     a.open(1)
     a.consume(1)
@@ -694,10 +714,8 @@ def test_a_carried_runs_findings_take_one_spark_job_and_are_one_runs(spark, tmp_
     report = analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS, progress=progress)
     assert report.carried_connections == report.connections == 1, report.reason
     findings_line = next(line for line in progress.getvalue().splitlines() if ": findings (" in line)
-    if findings_table == "small":
-        assert findings_line.endswith(", 1 Spark jobs)"), findings_line
-    else:
-        assert int(findings_line.rsplit(", ", 1)[1].split()[0]) >= 2, findings_line
+    assert findings_line.endswith(", 1 Spark jobs)"), findings_line
+    assert len(searches) == (findings_table == "large"), searches
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 
@@ -771,7 +789,7 @@ def test_a_carried_runs_findings_take_their_packets_from_the_stored_findings_and
     assert scans == [] and _kinds(pieces_dir) == {"confirm_nack": {a.id}, "unbounded_prefetch": {a.id}}
     _carry_on(spark, pieces_dir, a.rows[nacked:])
     assert len(scans) == 1
-    _, unknown = scans[0]   # only the frames of the finding that names one no stored finding named
+    unknown = scans[0][-1]   # only the frames of the finding that names one no stored finding named
     assert {connection_id for connection_id, _ in unknown} == {a.id} and len(unknown) <= 5, unknown
     assert _tables(pieces_dir) == _tables(whole_dir)
 

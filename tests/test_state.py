@@ -108,6 +108,29 @@ def test_shared_objects_stay_shared():
     assert life.publisher.life is life and life.consumer.life is life
 
 
+def test_a_frame_row_is_written_with_every_column_the_machine_reads_and_read_only_so():
+    """A stored frame row lacking a column would read as null there, a value the writer never wrote
+    (a forged checkpoint dropping a publish row's message_id took it from the records): the writer
+    writes every column the timelines read (null where the machine's row lacked it) and the reader
+    refuses a row without one."""
+    rows = renumbered([
+        {"connection_id": "c", "direction": "to_broker", "channel": 1, "method": "channel.open"},
+        {"connection_id": "c", "direction": "to_client", "channel": 1, "method": "channel.open-ok"},
+        {"connection_id": "c", "direction": "to_broker", "channel": 1, "method": "confirm.select"},
+        {"connection_id": "c", "direction": "to_client", "channel": 1, "method": "confirm.select-ok"},
+        {"connection_id": "c", "direction": "to_broker", "channel": 1, "method": "basic.publish",
+         "exchange": "x", "routing_key": "k", "message_id": "p1"}])
+    doc = json.loads(dump(checkpoint_after(rows)))
+    stored = [fields["row"][1] for name, fields in doc["objects"] if name == "_Publish"]
+    assert [set(row) >= set(INPUT_COLUMNS) for row in stored] == [True] and stored[0]["message_id"] == "p1"
+    assert load(json.dumps(doc).encode()).timeline.lives[1].publisher.pending
+    for name, fields in doc["objects"]:
+        if name == "_Publish":
+            del fields["row"][1]["message_id"]
+    with pytest.raises(StateError, match="message_id"):
+        load(json.dumps(doc).encode())
+
+
 def test_recorded_captures_round_trip(tmp_path):
     for capture in sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng"))):
         ingest_file(capture, str(tmp_path))

@@ -43,6 +43,7 @@ from .channel import TO_BROKER, TO_CLIENT, ChannelLife
 from .connection import ConnectionTimeline
 from .consumer import ConsumerSide, _Delivery, _EarlyAck
 from .plain import Row
+from .tables import INPUT_COLUMNS
 from .publisher import PublisherSide, _Publish
 
 FORMAT_NAME = "ackscope.timeline.state"
@@ -68,6 +69,11 @@ INT64_MAX = (1 << 63) - 1
 class Type:
     def read(self, reader: "_Reader", v):
         raise NotImplementedError
+
+    def complete(self, encoded):
+        """The writer's encoded value as this type reads it whole: a frame row holds every column
+        the reader requires present (`Columns.present`), null where the row lacked it."""
+        return encoded
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,9 @@ class Opt(Type):
     def read(self, reader, v):
         return None if v is None else self.of.read(reader, v)
 
+    def complete(self, encoded):
+        return None if encoded is None else self.of.complete(encoded)
+
 
 @dataclass(frozen=True)
 class AnyOf(Type):
@@ -142,6 +151,9 @@ class Items(Type):
         items = [self.of.read(reader, x) for x in body]
         return items if self.tag == "L" else tuple(items) if self.tag == "T" else _set(items)
 
+    def complete(self, encoded):
+        return [encoded[0], [self.of.complete(x) for x in encoded[1]]]
+
 
 @dataclass(frozen=True)
 class Tuple(Type):
@@ -155,6 +167,9 @@ class Tuple(Type):
             raise StateError(f"{_short(v)} is not a tuple of {len(self.of)}")
         items = [t.read(reader, x) for t, x in zip(self.of, body)]
         return tuple(items) if self.tag == "T" else items
+
+    def complete(self, encoded):
+        return [encoded[0], [t.complete(x) for t, x in zip(self.of, encoded[1])]]
 
 
 @dataclass(frozen=True)
@@ -200,14 +215,22 @@ class Dict(Type):
             out[key] = self.value.read(reader, value)
         return out
 
+    def complete(self, encoded):
+        if encoded[0] == "M":
+            return ["M", {key: self.value.complete(value) for key, value in encoded[1].items()}]
+        return [encoded[0], [[key, self.value.complete(value)] for key, value in encoded[1]]]
+
 
 @dataclass(frozen=True)
 class Columns(Type):
     """A dict of named values (a frame row, a violation, an evidence item): each name one of
-    `types`', its value null or of that type; `required` must be there and not null. Any other
-    name must be null (the pass's rows carry its header rows' columns, null on a frame)."""
+    `types`', its value null or of that type; `required` must be there and not null, `present`
+    must be there (null or not: a name left out would read as null, a value the writer never
+    wrote). Any other name must be null (the pass's rows carry its header rows' columns, null on a
+    frame)."""
     types: dict = field(hash=False)
     required: frozenset = frozenset()
+    present: frozenset = frozenset()
 
     def read(self, reader, v):
         body = _body(v, "M")
@@ -225,10 +248,14 @@ class Columns(Type):
                 out[name] = None if value is None and name not in self.required else kind.read(reader, value)
             except StateError as refused:
                 raise StateError(f"{name}: {refused}") from None
-        missing = self.required - set(out)
+        missing = (self.required | self.present) - set(out)
         if missing:
             raise StateError(f"columns {sorted(missing)} missing")
         return out
+
+    def complete(self, encoded):
+        absent = self.present - set(encoded[1])
+        return ["M", {**encoded[1], **dict.fromkeys(sorted(absent))}] if absent else encoded
 
 
 @dataclass(frozen=True)
@@ -292,9 +319,10 @@ def _arrow_type(name: str, arrow) -> Type:
     return INT if arrow == pa.int64() else BOOL if arrow == pa.bool_() else STR
 
 
-# A frame row as the machine holds it: any frames column (schema.FRAMES), these ones always there.
+# A frame row as the machine holds it: any frames column (schema.FRAMES), these ones never null,
+# and every column the timelines read there (the pass's rows have them all: ANALYSIS_COLUMNS).
 ROW = Columns({f.name: _arrow_type(f.name, f.type) for f in schema.FRAMES if f.name not in ("date", "ts")},
-              frozenset(("seq", "ts_ns", "channel", "direction", "method")))
+              frozenset(("seq", "ts_ns", "channel", "direction", "method")), frozenset(INPUT_COLUMNS))
 OUTCOME, MODE = _CLOSED_SETS["outcome"], _CLOSED_SETS["mode"]
 CONSUMER = Tuple((Opt(STR), Opt(BOOL), Opt(INT)))   # (queue, no_ack, consumer prefetch)
 
@@ -445,7 +473,7 @@ class _Writer:
         number = self.ids[id(obj)] = len(self.objects)
         entry = [kind.__name__, None]
         self.objects.append(entry)  # before its fields: they may refer back to it
-        entry[1] = {f: self.value(getattr(obj, f)) for f in stored}
+        entry[1] = {f: kind_of.complete(self.value(getattr(obj, f))) for f, kind_of in stored.items()}
         return number
 
 

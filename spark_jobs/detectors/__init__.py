@@ -23,12 +23,12 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from analyzer import schema
+from analyzer.detectors.messages import COLUMNS, candidates
 from analyzer.detectors.thresholds import Thresholds
 from spark_jobs.connection_pass import RAW_FINDINGS
 from spark_jobs.connection_pass import CONNECTION_COLUMNS, connection_facts
 from spark_jobs.cross_connection_findings import FoundAcross, findings_across
 from spark_jobs.evidence_packets import finished_findings
-from spark_jobs.findings import gathered
 from spark_jobs.types import spark_schema
 
 SEVERITY = schema.FINDING_SEVERITY
@@ -64,7 +64,19 @@ def found_in(deliveries: DataFrame, connections: DataFrame, thresholds: Threshol
         return connection_facts(connections.where(F.col("connection_id").isin(sorted(ids)))
                                 .select(*CONNECTION_COLUMNS).toArrow())
 
-    return findings_across(gathered(deliveries, set()), None, facts, thresholds)
+    return findings_across(picked_candidates(deliveries), None, facts, thresholds)
+
+
+def picked_candidates(deliveries: DataFrame) -> pa.Table:
+    """The candidate deliveries (the one rule, analyzer.detectors.messages.candidates, in Spark's
+    tasks), in the driver: their COLUMNS. One Spark job."""
+    rows = deliveries.select(*COLUMNS)
+
+    def picked(batches):
+        for batch in batches:
+            yield batch.filter(candidates(batch))
+
+    return rows.mapInArrow(picked, rows.schema).toArrow()
 
 
 def as_rows(spark, found: FoundAcross, kinds=DETECTORS) -> DataFrame:

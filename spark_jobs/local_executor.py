@@ -1,0 +1,152 @@
+"""The local executor: the pass in the driver's own process, with pyarrow and delta-rs, no JVM.
+
+Spark's executor hands the pass its rows shuffled by connection and sorted by (connection, seq),
+each connection's header row first (connection_pass.py, timeline/carried.py); this one reads the
+same rows from the lake, lays them out in that same order (`laid_out`) and runs the same partition
+code over them, one connection after another, in Spark's batch size. What comes out is the same
+wide table, the same files written into the lake, uncommitted. One core instead of all of them,
+and every row of the run in memory at once: for the work one process does fastest (a small lake,
+a small append), where starting Spark would cost more than the pass.
+
+A scheduled run in a fresh process (a CronJob's) spent most of its time starting what Spark needs:
+on the 10 M-frame bench lake a 5% append's carried pass was ~3 CPU s of Python and the rest the JVM,
+the session, plans made cold and the Python worker (bench/driver_carry.py). So an append of at
+most DRIVER_FRAMES new frame rows is carried on here (`carried_pass`). A connection that cannot be
+carried on (it must be analysed whole: `fallbacks`) is left to Spark: the caller deletes what the
+pass wrote (`DriverCarried.discard`) and runs Spark's path. analyze.py decides when this executor
+is taken (analyze_without_spark) and commits what it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake.transaction import AddAction
+
+from analyzer import schema
+from analyzer.connection_analysis import ADVANCE_EVERY_ROWS, ANALYSIS_COLUMNS, Settings
+from analyzer.lake import filesystem, read_table
+
+from .connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, STATE_TABLE, WIDE, WRITTEN_TABLES,
+                              ConnectionsPartition, _Partition)
+from .findings import facts_in_lake
+from .incremental import changed_in_driver
+from .table_files import relative_in_table, rows_in, spark_location
+from .timeline import carried
+from .timeline.carried import STALE, STATE_COLUMNS, STORED, _CarriedPartition
+from .timeline.tables import TIMELINE_TABLES
+from .timeline.wide import RECORD, ROLE, rows_from_wide
+from .wide_writes import FILE_ROWS, FILES, add_actions
+
+# New frame rows up to which the driver carries a run's connections on itself: on these machines
+# its one core replays ~150,000 of them a second (bench/driver_carry.py: the 10 M lake's 5% append,
+# 500,000 frames, in ~3 s), where a fresh Spark session takes ~10 s before the pass starts.
+DRIVER_FRAMES = 1_000_000
+
+# Rows of each batch the pass is handed: Spark's (spark.sql.execution.arrow.maxRecordsPerBatch).
+BATCH_ROWS = 10_000
+# The frames' columns as the pass reads them (Spark reads them in the table's types).
+FRAME_COLUMNS = pa.schema([schema.FRAMES.field(name) for name in ANALYSIS_COLUMNS])
+# The carried pass's header rows' columns: its connections row as the pass's header JSON, whether
+# it has an analysis_state row, and that row's STATE_COLUMNS (timeline/carried.py's `carry_on`).
+CARRIED_HEADER_COLUMNS = pa.schema([schema.ANALYSIS_STATE.field(name) for name in STATE_COLUMNS]
+                                   + [(STORED, pa.bool_()), (HEADER, pa.string())])
+
+
+@dataclass
+class DriverCarried:
+    """What the driver's carried pass gives the run (incremental.CarriedPass: Spark's)."""
+    written: dict[str, list[AddAction]]   # the files of the rows to write, per table (WRITTEN_TABLES)
+    raw: pa.Table                         # the connections' findings about one connection (RAW_FINDINGS)
+    changed: pa.Table                     # the requeue_related delivery rows written and replaced
+    fallbacks: dict[str, str]             # connection -> why it must be analysed whole
+    frames: int                           # new frame rows read
+    connections: int                      # connections carried on
+    records: int                          # records their checkpoints held
+
+    @property
+    def rows(self) -> dict[str, int]:
+        """Rows written per table (analysis_state's aside: a run reports the others)."""
+        return {name: rows_in(self.written.get(name, [])) for name in WRITTEN_TABLES if name != STATE_TABLE}
+
+    def discard(self, lake: str) -> None:
+        """The files the pass wrote deleted (no log names them)."""
+        for name, adds in self.written.items():
+            fs, root = filesystem(f"{lake.rstrip('/')}/{name}")
+            for add in adds:
+                fs.delete_file(f"{root}/{add.path}")
+
+
+def whole_pass(lake: str, keys: list[str] | None, settings: Settings, frames_version: int) -> pa.Table:
+    """connection_pass.connection_pass with `write_to=lake`, in this process: every frame of these
+    connections (None: of every connection) at `frames_version`, from the start, through the pass
+    over whole connections."""
+    where = None if keys is None else pc.field("connection_id").isin(keys)
+    frames = read_table(lake, "frames", FRAME_COLUMNS, where=where, version=frames_version)
+    if frames is None:
+        frames = FRAME_COLUMNS.empty_table()
+    ids = set(pc.unique(frames["connection_id"]).to_pylist()) - {None}
+    headers = [{"connection_id": key, HEADER: json.dumps(row)} for key, row in facts_in_lake(lake)(ids).items()]
+    rows = laid_out(frames, headers, pa.schema([(HEADER, pa.string())]))
+    del frames
+    return run(_Partition(settings, frames_version, FLUSH_RECORDS, ADVANCE_EVERY_ROWS, lake), rows, WIDE)
+
+
+def carried_pass(lake: str, new_files: tuple[str, ...], keys: list[str], settings: Settings,
+                 frames_version: int) -> DriverCarried:
+    """The carried pass over the frames of `new_files` (the connections `keys`), in this process:
+    its files written into the lake's tables, uncommitted."""
+    frames = new_frames(lake, new_files, frames_version)
+    stored = read_table(lake, STATE_TABLE, schema.ANALYSIS_STATE, columns=["connection_id", *STATE_COLUMNS],
+                        where=pc.field("connection_id").isin(keys))
+    states = {row["connection_id"]: row for row in stored.to_pylist()} if stored is not None else {}
+    headers = {key: json.dumps(row) for key, row in facts_in_lake(lake)(set(keys)).items()}
+    rows = laid_out(frames, carried_headers(frames, headers, states), CARRIED_HEADER_COLUMNS)
+    del frames
+    wide = run(_CarriedPartition(settings, frames_version, FLUSH_RECORDS, lake, FILE_ROWS), rows, carried.WIDE)
+    fallbacks = {row["connection_id"]: row["reason"] for row in rows_from_wide(wide, "fallback").to_pylist()}
+    written = add_actions(rows_from_wide(wide, "files", FILES).to_pylist())
+    tally = rows_from_wide(wide, "tally")
+    stale = wide.filter(pc.and_(pc.equal(wide[RECORD], "deliveries"), pc.equal(wide[ROLE], STALE)))
+    return DriverCarried({name: written.get(name, []) for name in WRITTEN_TABLES},
+                         rows_from_wide(wide, "raw_findings", RAW_FINDINGS),
+                         changed_in_driver(lake, rows_from_wide(stale, "deliveries", TIMELINE_TABLES["deliveries"]),
+                                           written.get("deliveries", [])),
+                         fallbacks, frames=pc.sum(tally["frames"]).as_py() or 0,
+                         connections=len(keys) - len(fallbacks), records=pc.sum(tally["carried_records"]).as_py() or 0)
+
+
+def carried_headers(frames: pa.Table, headers: dict[str, str], states: dict[str, dict]) -> list[dict]:
+    """The carried pass's header row of each connection of `frames` (CARRIED_HEADER_COLUMNS): its
+    connections row as the pass's header JSON (`headers`), and its analysis_state row (`states`) if stored."""
+    ids = sorted(set(pc.unique(frames["connection_id"]).to_pylist()) - {None})
+    return [{"connection_id": key, HEADER: headers.get(key), STORED: key in states,
+             **{name: states.get(key, {}).get(name) for name in STATE_COLUMNS}} for key in ids]
+
+
+def new_frames(lake: str, new_files: tuple[str, ...], frames_version: int) -> pa.Table:
+    """The rows of these files of `frames` at `frames_version` (as the run's plan names them), in FRAME_COLUMNS."""
+    base = spark_location(os.path.join(lake, "frames"))
+    return read_table(lake, "frames", FRAME_COLUMNS, files={relative_in_table(uri, base) for uri in new_files},
+                      version=frames_version)
+
+
+def laid_out(frames: pa.Table, headers: list[dict], header_columns: pa.Schema) -> pa.Table:
+    """The pass's input as Spark's executor hands it to a partition: frame rows (their columns)
+    and one header row per connection (`headers`: its connection_id and values of
+    `header_columns`, null in frame rows; at seq HEADER_SEQ), by connection then seq, nulls first
+    as Spark sorts them."""
+    for field in header_columns:
+        frames = frames.append_column(field, pa.nulls(frames.num_rows, field.type))
+    header_rows = pa.Table.from_pylist([{**row, "seq": HEADER_SEQ} for row in headers], schema=frames.schema)
+    return pa.concat_tables([header_rows, frames]).sort_by(
+        [("connection_id", "ascending", "at_start"), ("seq", "ascending", "at_start")])
+
+
+def run(partition: ConnectionsPartition, rows: pa.Table, wide: pa.Schema) -> pa.Table:
+    """The partition over these laid-out rows, in Spark's batch size: its wide table."""
+    return pa.Table.from_batches(list(partition.run(iter(rows.to_batches(max_chunksize=BATCH_ROWS)))), schema=wide)
