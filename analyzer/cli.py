@@ -126,16 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
     summary.set_defaults(run=run_summary)
 
     analyze = commands.add_parser(
-        "analyze", help="run the Spark analysis: timelines, channel metrics and findings",
-        description="Read LAKE/frames and LAKE/connections with Spark, rebuild every channel's delivery-tag "
+        "analyze", help="run the analysis (in process, or on Spark): timelines, channel metrics and findings",
+        description="Read LAKE/frames and LAKE/connections, rebuild every channel's delivery-tag "
                     "timeline and write the Delta tables LAKE/deliveries, publishes, channels, violations, "
                     "channel_metrics and findings. Incremental: a run analyses only the connections with "
                     "frames added since the last run and replaces their rows (each table in one commit); "
                     "the findings those connections can change are recomputed. The first run, --full, or frames "
                     "deleted (or compacted before a run read them) since the last run analyse everything; "
-                    "a run with nothing new reports the stored findings without starting Spark, and one "
-                    "after a small append (docs/analysis.md) is carried on by this process "
-                    "itself, its findings too, without Spark. Runs are "
+                    "a run with nothing new reports the stored findings without starting Spark; on a local "
+                    "master, a run after a small append and a full run of a small lake (docs/analysis.md) are "
+                    "made by this process itself, without Spark; the rest run on Spark. Runs are "
                     "logged in LAKE/analysis_runs; once a full or incremental run is logged, the small frames files it "
                     "analysed and the connections' small files are merged (the agents then merge none: docs/agent.md). "
                     "The same job runs on a cluster with --master, or through "
@@ -567,7 +567,7 @@ def run_analyze(args) -> int:
     spark = None
     try:
         if plan is not None:
-            done, plan = _without_spark(args, plan, planned_seconds, thresholds, _driver_may_carry(args))
+            done, plan = _without_spark(args, plan, planned_seconds, thresholds, _local_master(args))
             if done is not None:
                 return done  # nothing new, or few new frames: the driver's run, no Spark
         try:
@@ -599,9 +599,9 @@ def _planned(args, thresholds):
     return plan, time.monotonic() - started
 
 
-def _without_spark(args, plan, planned_seconds: float, thresholds, may_carry: bool, scheduled: bool = False):
+def _without_spark(args, plan, planned_seconds: float, thresholds, local_master: bool, scheduled: bool = False):
     """A run the driver makes without Spark (spark_jobs/analyze.py's analyze_without_spark: nothing
-    new, or, where `may_carry`, few new frames it carries on itself): its report and push
+    new, or, where `local_master`, few new frames it carries on itself): its report and push
     (_reported), and the command's exit status; None where the run
     needs Spark. With it, the plan of the run Spark is to make: `plan`, or a whole analysis where
     the driver found a table it reads damaged and set it aside."""
@@ -611,7 +611,7 @@ def _without_spark(args, plan, planned_seconds: float, thresholds, may_carry: bo
         report = analyze_without_spark(args.lake, plan, planned_seconds, progress=sys.stderr, thresholds=thresholds,
                                        bucket_seconds=args.bucket_seconds,
                                        overdue_ns=int(args.overdue_seconds * 1e9), delta_mode=args.delta_mode,
-                                       may_carry=may_carry)
+                                       local_master=local_master)
     except RebuildWhole as rebuild:
         return None, rebuild.plan
     except Exception as exc:  # noqa: BLE001 - reported as a failed analysis, as with Spark
@@ -619,7 +619,7 @@ def _without_spark(args, plan, planned_seconds: float, thresholds, may_carry: bo
     return (None if report is None else _reported(args, report, scheduled)), plan
 
 
-def _driver_may_carry(args) -> bool:
+def _local_master(args) -> bool:
     """Is the master local? The driver carries a small append's connections on itself (the local
     executor) only where it is the machine the run was given; on a cluster every run with new frames
     runs there, and only a run with nothing new stays in the driver."""
@@ -708,7 +708,7 @@ def _analyze_every(args, spark, thresholds, every_s: float) -> int:
         plan, planned_seconds = _planned(args, thresholds)
         status = None
         if plan is not None:
-            status, plan = _without_spark(args, plan, planned_seconds, thresholds, _driver_may_carry(args),
+            status, plan = _without_spark(args, plan, planned_seconds, thresholds, _local_master(args),
                                           scheduled=True)
         if status is None:
             status = _analyze_once(args, spark, thresholds, scheduled=True, plan=plan)
@@ -805,7 +805,7 @@ def run_demo(args) -> int:
                                            tls_keylog=[], source=None, continue_within=DEFAULT_CONTINUE_WITHIN_S))
     if status != EXIT_OK:
         return status
-    print(f"\nackscope demo: analysing {args.lake} with Spark ({args.master})\n")
+    print(f"\nackscope demo: analysing {args.lake} (master {args.master})\n")
     status = run_analyze(argparse.Namespace(lake=args.lake, master=args.master, driver_memory=None, since=None,
                                             until=None, full=False, delta_mode="auto", threshold=[],
                                             bucket_seconds=10, overdue_seconds=60.0, json=False, pushgateway=None,

@@ -109,7 +109,7 @@ class OneDriver:
 
         started = time.monotonic()
         plan = planned_run(lake_dir, None, None, full, 10, DEFAULT_OVERDUE_NS, Thresholds())
-        report = (analyze_without_spark(lake_dir, plan, time.monotonic() - started, may_carry=True)
+        report = (analyze_without_spark(lake_dir, plan, time.monotonic() - started, local_master=True)
                   or analyze(self.spark, lake_dir, full=full, plan=plan)).as_json()
         seconds = time.monotonic() - started
         release_run(self.spark)

@@ -53,7 +53,8 @@ from spark_jobs.table_files import commit, distinct_strings
 from spark_jobs.stored_findings import stored_raw_findings
 from analyzer.detectors.thresholds import Thresholds
 from analyzer.published import RUNS_TABLE, finished_runs
-from spark_jobs.connection_pass import RAW_FINDINGS, STATE_TABLE, PassSummary, connection_pass, summarised_pass
+from spark_jobs.connection_pass import (RAW_FINDINGS, STATE_TABLE, PassSummary, connection_pass, pass_summary,
+                                        summarised_pass)
 from spark_jobs.timeline.plans import IN_LIST_CONNECTIONS, first_day, first_seen, of_connections
 from spark_jobs.timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 from spark_jobs.wide_writes import FILE_FLAGS
@@ -139,18 +140,19 @@ def planned_run(lake: str, since: str | None, until: str | None, full: bool, buc
 def analyze_without_spark(lake: str, plan: RunScope, planned_seconds: float, progress: TextIO | None = None,
                           thresholds: Thresholds | None = None, bucket_seconds: int = 10,
                           overdue_ns: int = DEFAULT_OVERDUE_NS, delta_mode: str = "auto",
-                          may_carry: bool = False) -> AnalysisReport | None:
+                          local_master: bool = False) -> AnalysisReport | None:
     """A run made without starting Spark, and its report; None (nothing written) when the run needs
-    Spark. Two sorts: a run with nothing new (no frames file added since the last complete run,
-    findings up to date with the thresholds: a scheduled run over an idle lake), which writes
-    nothing; and, where `may_carry` (the local executor is the run's), a scheduled run whose new
-    frames are few enough for the driver to carry their connections on itself
-    (local_executor.py, `_carried_by_driver`), its findings too. `plan`: planned_run's
+    Spark. A run with nothing new (no frames file added since the last complete run, findings up
+    to date with the thresholds: a scheduled run over an idle lake) writes nothing. Where
+    `local_master` (the machine the run was given is this one), the local executor
+    (local_executor.py) takes the runs one process makes fastest: a scheduled run whose new frames
+    are few enough for the driver to carry their connections on itself (`_carried_by_driver`), and
+    a full run of a lake of as few frames (`_whole_by_driver`), their findings too. `plan`: planned_run's
     with these options, `planned_seconds` what planning it took. A table the run reads found
     damaged is set aside and RebuildWhole raised: its plan, a whole analysis, is `analyze`'s to make."""
     try:
         return _without_spark(lake, plan, planned_seconds, progress, thresholds, bucket_seconds, overdue_ns,
-                              delta_mode, may_carry)
+                              delta_mode, local_master)
     except Exception as error:
         whole = _whole_after_damage(lake, error, [], bucket_seconds, overdue_ns,
                                     thresholds if thresholds is not None else Thresholds(), progress)
@@ -161,15 +163,18 @@ def analyze_without_spark(lake: str, plan: RunScope, planned_seconds: float, pro
 
 def _without_spark(lake: str, plan: RunScope, planned_seconds: float, progress: TextIO | None,
                    thresholds: Thresholds | None, bucket_seconds: int, overdue_ns: int, delta_mode: str,
-                   may_carry: bool) -> AnalysisReport | None:
+                   local_master: bool) -> AnalysisReport | None:
     started = time.monotonic() - planned_seconds
     steps = Steps(None, progress)
     if not plan.nothing_new:
-        if not may_carry or not _driver_can_carry(plan):
+        whole = _driver_can_analyse_whole(plan)
+        if not local_master or not (whole or _driver_can_carry(plan)):
             return None
         settings = Settings(bucket_seconds, overdue_ns, thresholds if thresholds is not None else Thresholds())
         run_id = uuid.uuid4().hex
         with commits_tagged(None, run_id):
+            if whole:
+                return _whole_by_driver(lake, run_id, plan, settings, started, planned_seconds, steps)
             return _carried_by_driver(lake, run_id, plan, settings, delta_mode, started, planned_seconds, steps)
     steps.took("plan", planned_seconds, detail=f"{plan.scope}, 0 connection(s): no Spark")
     report = AnalysisReport(lake=lake, delta_mode=NO_SPARK, scope=plan.scope, reason=plan.reason,
@@ -183,6 +188,35 @@ def _driver_can_carry(plan: RunScope) -> bool:
     far as its plan says: a scheduled run (new_data) with findings up to date and few new frame rows."""
     return (plan.scope == NEW_DATA and bool(plan.new_files) and not plan.findings_stale
             and plan.new_rows is not None and plan.new_rows <= local_executor.DRIVER_FRAMES)
+
+
+def _driver_can_analyse_whole(plan: RunScope) -> bool:
+    """Is the run a full one of a lake whose frames the driver analyses whole itself
+    (local_executor.whole_pass): as few frame rows as it carries on (the Delta log's count)."""
+    return (plan.scope == FULL and plan.rows_to_read is not None
+            and plan.rows_to_read <= local_executor.DRIVER_FRAMES)
+
+
+def _whole_by_driver(lake: str, run_id: str, plan: RunScope, settings: Settings, started: float,
+                     planned_seconds: float, steps: Steps) -> AnalysisReport:
+    """A full run by the local executor: Spark's full run (`_run` with every connection in scope)
+    with the pass made in this process; the same tables, checkpoints, findings and log entry."""
+    started_ts = datetime.now(timezone.utc)
+    steps.took("plan", planned_seconds, detail=f"{plan.scope}, every connection: analysed by the driver")
+    report = AnalysisReport(lake=lake, delta_mode=NO_SPARK, scope=plan.scope, reason=plan.reason,
+                            frames_version=plan.frames_version)
+    with steps.step("timelines"):
+        summary = pass_summary(local_executor.whole_pass(lake, None, settings, plan.frames_version))
+        report.frames, report.connections = summary.frames, summary.connections
+    with steps.step("write tables"):
+        _write_whole_lake(lake, summary, report)
+    with steps.step("findings"):
+        refresh_findings(lake, summary.raw_findings, None, None if summary.came_back else Changed(),
+                         settings.thresholds, (), plan.frames_version)
+        report.rows["findings"] = _count_findings(lake, report)
+    _log_run(lake, run_id, plan, report, started_ts, settings.bucket_seconds, settings.overdue_ns,
+             settings.thresholds, steps)
+    return _finished(report, started, steps)
 
 
 def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Settings, delta_mode: str, started: float,
@@ -355,7 +389,7 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
         with run.steps.step("timelines"):
             summary = _analysed_whole(run, all_frames, None, report)
         with run.steps.step("write tables"):
-            _write_whole_lake(run, summary, report)
+            _write_whole_lake(run.lake, summary, report)
         return _Analysed(summary.raw_findings, came_back=summary.came_back)
     carried, ahead = None, {}
     if run.plan.scope == NEW_DATA:
@@ -470,11 +504,11 @@ def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None, report
     return summary
 
 
-def _write_whole_lake(run: _Run, summary: PassSummary, report: AnalysisReport) -> None:
+def _write_whole_lake(lake: str, summary: PassSummary, report: AnalysisReport) -> None:
     """A full run's per-connection tables and checkpoints: the files the pass wrote, each table's
     replacing it in one commit."""
     for name in [*PER_CONNECTION_TABLES, STATE_TABLE]:
-        commit(os.path.join(run.lake, name), OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE),
+        commit(os.path.join(lake, name), OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE),
                summary.written.get(name, []), schema.PARTITION_BY, mode="overwrite", tag=commit_tag())
     report.rows = {name: summary.rows[name] for name in PER_CONNECTION_TABLES}
 

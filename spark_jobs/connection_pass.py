@@ -184,7 +184,11 @@ def summarised_pass(wide: DataFrame) -> PassSummary:
     collected, in one Spark job; each table in one chunk (Spark 4.2 drops every chunk after an
     empty one of a chunked Arrow table it is given)."""
     with arrow_batches_by_rows(wide.sparkSession):   # its input rows: frames and connection rows
-        rows = wide.toArrow().combine_chunks()
+        return pass_summary(wide.toArrow().combine_chunks())
+
+
+def pass_summary(rows: pa.Table) -> PassSummary:
+    """The pass's wide table's rows (WIDE: Spark's collected, or the local executor's) as the run reads them."""
     return PassSummary(add_actions(rows_from_wide(rows, "files", FILES).to_pylist()),
                        rows_from_wide(rows, "raw_findings", RAW_FINDINGS), rows_from_wide(rows, "tally", TALLY),
                        pc.sum(rows_from_wide(rows, "counts", COUNTS)["came_back"]).as_py() or 0)

@@ -114,5 +114,5 @@ def analysed_as_the_command_does(spark, lake_dir: str, thresholds: Thresholds | 
 
     thresholds = thresholds if thresholds is not None else Thresholds()
     plan = planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS, thresholds)
-    report = analyze_without_spark(lake_dir, plan, 0.0, thresholds=thresholds, may_carry=True)
+    report = analyze_without_spark(lake_dir, plan, 0.0, thresholds=thresholds, local_master=True)
     return report if report is not None else analyze(spark, lake_dir, thresholds=thresholds, plan=plan)

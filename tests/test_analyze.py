@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import datetime, timezone
 
 import pyspark
 import pytest
@@ -118,22 +119,43 @@ def _sample_lake(tmp_path) -> str:
     return lake_dir
 
 
+def _stored(lake_dir: str) -> dict[str, list[str]]:
+    """Every output table's rows, sorted."""
+    return {name: sorted(json.dumps(row, sort_keys=True, default=str) for row in
+                         lake.read_table(lake_dir, name, table_schema).to_pylist())
+            for name, table_schema in OUTPUT_TABLES.items()}
+
+
 def test_analyze_command_on_the_bundled_sample(tmp_path):
+    """The command on the sample's lake: its first run, a full one of a small lake, is the local
+    executor's (no JVM: a driver that cannot start would fail it); the same connections analysed
+    again by day (--since) are Spark's, with the same tables; a run with nothing new, and one with
+    new thresholds (Spark's), then."""
     lake_dir = _sample_lake(tmp_path)
-    run = _ackscope("analyze", "--lake", lake_dir, "--master", "local[2]", "--json")
+    run = _ackscope("analyze", "--lake", lake_dir, "--master", "local[2]", "--driver-memory", "2x", "--json")
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout)
-    assert report["findings_by_kind"] == {"lost_confirm": 2} and report["delta_mode"] == "bridge"
-    assert report["rows"]["publishes"] == 45
-    # One pass (its tables written by its tasks), the findings: issue 13's bound on Spark jobs.
-    assert 1 <= report["spark_jobs"] <= 10, report["spark_jobs"]
+    assert report["findings_by_kind"] == {"lost_confirm": 2} and report["delta_mode"] == "none"
+    assert report["rows"]["publishes"] == 45 and report["spark_jobs"] == 0 and report["scope"] == "full"
     steps = ["plan", "timelines", "write tables", "findings"]
     assert sorted(report["seconds_by_step"]) == sorted(steps)
-    progress = [line for line in run.stderr.splitlines() if line.startswith("ackscope analyze: ")]
-    assert [line.split(" (")[0] for line in progress] == [f"ackscope analyze: {step}" for step in steps]
+    assert "analysed by the driver" in run.stderr
+    tables = _stored(lake_dir)
+
+    first = lake.read_table(lake_dir, "connections", schema.CONNECTIONS)["first_ts_ns"].to_pylist()
+    since = datetime.fromtimestamp(min(first) / 1e9, timezone.utc).date().isoformat()
+    again = _ackscope("analyze", "--lake", lake_dir, "--master", "local[2]", "--since", since, "--json")
+    assert again.returncode == 0, again.stderr[-3000:]
+    by_day = json.loads(again.stdout)
+    assert by_day["delta_mode"] == "bridge" and by_day["scope"] == "days" and by_day["connections"] == 2, by_day
+    # One pass (its tables written by its tasks), the findings: issue 13's bound on Spark jobs.
+    assert 1 <= by_day["spark_jobs"] <= 10, by_day["spark_jobs"]
+    progress = [line for line in again.stderr.splitlines() if line.startswith("ackscope analyze: ")]
+    assert [line.split(" (")[0] for line in progress][:2] == ["ackscope analyze: plan", "ackscope analyze: timelines"]
     # Spark's own log goes to its file, and so does what the JVM itself prints (its line about
     # incubator modules, before any logging starts): the progress lines are all there is.
-    assert run.stderr.splitlines() == progress, run.stderr[-2000:]
+    assert again.stderr.splitlines() == progress, again.stderr[-2000:]
+    assert _stored(lake_dir) == tables
 
     # Nothing new since (a scheduled run over an idle lake): the same findings, and no Spark. A
     # driver that cannot start (the heap size "2x") would fail any run that started one.
@@ -193,7 +215,9 @@ def test_spark_submit_runs_the_job_file_as_the_deployments_do(tmp_path):
 
 def test_a_driver_that_cannot_start_is_reported_with_the_jvms_reason(tmp_path):
     lake_dir, log = _sample_lake(tmp_path), tmp_path / "spark.log"
-    run = subprocess.run([ACKSCOPE, "analyze", "--lake", lake_dir, "--driver-memory", "2x"], capture_output=True,
+    # A run by day is Spark's (the local executor takes full runs and appends only).
+    run = subprocess.run([ACKSCOPE, "analyze", "--lake", lake_dir, "--driver-memory", "2x", "--since", "2000-01-01"],
+                         capture_output=True,
                          text=True, timeout=600, env={**os.environ, "ACKSCOPE_SPARK_LOG": str(log)})
     assert run.returncode == 5 and run.stdout == "", run.stderr[-2000:]
     message, = run.stderr.splitlines()

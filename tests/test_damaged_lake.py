@@ -157,12 +157,12 @@ def test_a_run_of_the_local_executor_failing_at_any_commit_leaves_the_last_runs_
     with unwritable(os.path.join(lake_dir, name, "_delta_log")):
         with pytest.raises(Exception) as failed:   # the driver's run (None, Spark's, would not raise)
             analyze_without_spark(lake_dir, planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS,
-                                                        Thresholds()), 0.0, may_carry=True)
+                                                        Thresholds()), 0.0, local_master=True)
     assert not isinstance(failed.value, RebuildWhole)
     assert _published(lake_dir) == before
     assert sorted(map(str, read_findings(lake_dir))) == sorted(map(str, before["findings"]))
     again = analyze_without_spark(lake_dir, planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS,
-                                                        Thresholds()), 0.0, may_carry=True)
+                                                        Thresholds()), 0.0, local_master=True)
     assert (again or analyze(spark, lake_dir)).scope in (NEW_DATA, FULL)
     assert _published(lake_dir) == _tables(lake_dir) == tables
 
@@ -260,7 +260,7 @@ def test_the_local_executor_names_a_table_damaged_inside_its_pages_and_spark_reb
     damaged = damage_every_page(os.path.join(lake_dir, name))
     plan = planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS, Thresholds())
     with pytest.raises(Exception) as failed:
-        analyze_without_spark(lake_dir, plan, 0.0, may_carry=True)
+        analyze_without_spark(lake_dir, plan, 0.0, local_master=True)
     if name in INPUT_TABLES:
         assert isinstance(failed.value, DamagedInput) and f"the {name} table's file " in str(failed.value)
         assert any(file in str(failed.value) for file in damaged), failed.value

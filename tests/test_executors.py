@@ -64,16 +64,17 @@ LOGGED = ("scope", "frames_version", "baseline_version", "connections", "frames"
 
 def local_takes(run: int, on_spark: AnalysisReport) -> bool:
     """Which runs the local executor takes (`run`: 0 for the first; `on_spark`: Spark's report of the
-    same run in its own lake): every run after the first, a full run, but one in which a connection
-    must be analysed whole (it ended, then got frames: Spark's run analysed it whole)."""
-    return run > 0 and on_spark.carried_connections == on_spark.connections
+    same run in its own lake): every run of these small lakes (the first, a full one, too) but one
+    in which a connection must be analysed whole (it ended, then got frames: Spark's run analysed it
+    whole)."""
+    return on_spark.scope == FULL or on_spark.carried_connections == on_spark.connections
 
 
 def run_locally(spark, lake_dir: str) -> AnalysisReport | None:
     """The local executor's run, as `ackscope analyze` tries it first; None where it leaves the run
     to Spark (nothing written)."""
     plan = planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS, LAB_THRESHOLDS)
-    return analyze_without_spark(lake_dir, plan, 0.0, thresholds=LAB_THRESHOLDS, may_carry=True)
+    return analyze_without_spark(lake_dir, plan, 0.0, thresholds=LAB_THRESHOLDS, local_master=True)
 
 
 def run_on_spark(spark, lake_dir: str) -> AnalysisReport:
@@ -208,10 +209,11 @@ def test_the_local_executor_takes_the_runs_it_is_meant_to(both_executors):
     for number, (report, on_spark, _, _) in enumerate(runs):
         assert (report is not None) == local_takes(number, on_spark), (number, on_spark.reason)
         if report is not None:
-            assert report.scope == NEW_DATA and report.carried_connections == report.connections > 0, report
             assert report.delta_mode == NO_SPARK and report.spark_jobs == 0, report
+            assert report.scope == on_spark.scope and report.connections == on_spark.connections > 0, report
+            assert report.carried_connections == on_spark.carried_connections, report
             taken.append(number)
-    assert len(taken) >= 2, taken
+    assert taken[0] == 0 and len(taken) >= 3, taken
 
 
 def test_both_executors_leave_the_same_tables_and_checkpoints_after_every_run(both_executors):

@@ -37,7 +37,7 @@ def _in_driver(spark, lake_dir: str, thresholds=LAB_THRESHOLDS):
     progress = io.StringIO()
     plan = planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS, thresholds)
     report = analyze_without_spark(lake_dir, plan, 0.0, progress=progress, thresholds=thresholds,
-                                   may_carry=True)
+                                   local_master=True)
     return report, progress.getvalue()
 
 
