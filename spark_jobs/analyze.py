@@ -185,8 +185,9 @@ def _without_spark(lake: str, plan: RunScope, planned_seconds: float, progress: 
 
 def _driver_can_carry(plan: RunScope) -> bool:
     """Is the run one whose connections the driver may carry on itself (local_executor.py), as
-    far as its plan says: a scheduled run (new_data) with findings up to date and few new frame rows."""
-    return (plan.scope == NEW_DATA and bool(plan.new_files) and not plan.findings_stale
+    far as its plan says: a scheduled run (new_data) with findings up to date, few new frame rows and
+    no connection planned whole (`RunScope.whole`: Spark's path analyses those)."""
+    return (plan.scope == NEW_DATA and bool(plan.new_files) and not plan.findings_stale and not plan.whole
             and plan.new_rows is not None and plan.new_rows <= local_executor.DRIVER_FRAMES)
 
 
@@ -392,11 +393,12 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
             _write_whole_lake(run.lake, summary, report)
         return _Analysed(summary.raw_findings, came_back=summary.came_back)
     carried, ahead = None, {}
-    if run.plan.scope == NEW_DATA:
+    to_carry = sorted(set(run.keys) - set(run.plan.whole))   # the rest: planned whole (run_scope.RunScope.whole)
+    if run.plan.scope == NEW_DATA and to_carry:
         with run.steps.step("carry on from checkpoints"):
-            carried, ahead = _carried_with_rewrites(run)
+            carried, ahead = _carried_with_rewrites(run, to_carry)
             _report_carried(carried, report)
-    whole_keys = run.keys if carried is None else carried.whole_keys
+    whole_keys = run.keys if carried is None else sorted({*run.plan.whole, *carried.whole_keys})
     if whole_keys:
         for rewrite in ahead.values():  # made for carried connections only
             rewrite.discard()
@@ -421,15 +423,19 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
                      carried=carried if carried_keys else None)
 
 
-def _carried_with_rewrites(run: _Run) -> tuple[CarriedPass, dict[str, Rewrite]]:
-    """The carried pass, and beside it (`_rewritten_ahead`) the files holding the stored rows it
-    replaces rewritten without them: its longest task, a hot connection's Python, leaves the
-    driver and the other cores idle, and the rows it replaces are known before it when every
-    connection is carried on (none falls back). Then writing its tables is committing them."""
+def _carried_with_rewrites(run: _Run, keys: list[str]) -> tuple[CarriedPass, dict[str, Rewrite]]:
+    """The carried pass of these connections, and beside it (`_rewritten_ahead`) the files holding
+    the stored rows it replaces rewritten without them: its longest task, a hot connection's
+    Python, leaves the driver and the other cores idle, and the rows it replaces are known before
+    it when every connection is carried on (none falls back; none planned whole, else no rewrite).
+    Then writing its tables is committing them."""
+    if run.plan.whole:
+        return carry_on_connections(run.spark, run.lake, run.plan.new_files, keys, run.mode, run.connections,
+                                    run.settings, run.plan.frames_version, leave=run.plan.whole), {}
     with ThreadPoolExecutor(1) as beside:
         rewriting = beside.submit(inheritable_thread_target(run.spark)(_rewritten_ahead), run)
         try:
-            carried = carry_on_connections(run.spark, run.lake, run.plan.new_files, run.keys, run.mode,
+            carried = carry_on_connections(run.spark, run.lake, run.plan.new_files, keys, run.mode,
                                            run.connections, run.settings, run.plan.frames_version)
         except BaseException:
             if rewriting.exception() is None:   # waits for it
@@ -588,7 +594,7 @@ def _merge_input_files(lake: str, run_id: str, plan: RunScope, steps: Steps, rep
 def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: str) -> list[str]:
     if plan.scope == NEW_DATA:
         # One column of the new files (a scheduled run's few): the driver reads it, no Spark job.
-        return distinct_strings(plan.new_files, "connection_id")
+        return sorted({*distinct_strings(plan.new_files, "connection_id"), *plan.whole})
     if plan.scope == DAYS:
         ids = read_delta(spark, lake, "frames", schema.FRAMES, mode, plan.since, plan.until,
                          version=plan.frames_version).select("connection_id")

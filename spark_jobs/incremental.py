@@ -94,8 +94,13 @@ def changed_in_driver(lake: str, stale: pa.Table, written: list[AddAction]) -> p
 
 
 def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, ...], keys: list[str], mode: str,
-                         connections: DataFrame, settings: Settings, frames_version: int) -> CarriedPass:
+                         connections: DataFrame, settings: Settings, frames_version: int,
+                         leave: tuple[str, ...] = ()) -> CarriedPass:
+    """`keys`: the connections of the new files to carry on; `leave`: those of theirs not to (the
+    run analyses them whole: run_scope.RunScope.whole), whose frames and checkpoints are not read."""
     new = read_files(spark, lake, "frames", new_files, list(ANALYSIS_COLUMNS))
+    if leave:
+        new = of_connections(new, keys)
     states = of_connections(read_delta(spark, lake, STATE_TABLE, schema.ANALYSIS_STATE, mode), keys)
     # What the wide table holds, taken while it is materialised: the fallbacks and the files the
     # pass wrote (few), and the carried connections' tallies summed.

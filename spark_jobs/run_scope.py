@@ -10,10 +10,14 @@ nothing.
 
 Scopes:
 - full: every connection in `frames`, and the output tables replaced whole. The first run; rows
-  of `frames` deleted since the last run, or rows it had not read compacted into files with older
-  ones (what changed is not known; a compaction of rows already analysed, as the agent runs them,
-  changes nothing); settings that shape the stored rows changed; or `--full`.
-- new_data: the connections with frames in files added since the last full or new_data run.
+  of `frames` deleted since the last run (save an ingest's provisional files: new_data, below),
+  or rows it had not read compacted into files with older ones (what changed is not known; a
+  compaction of rows already analysed, as the agent runs them, changes nothing); settings that
+  shape the stored rows changed; or `--full`.
+- new_data: the connections with frames in files added since the last full or new_data run; and,
+  where every frames file removed since is one an ingest committed provisionally and took out
+  again (a capture in pieces: the rows that ended its open flows at the end of a piece;
+  lake.PROVISIONAL_PREFIX), the connections those files held (`whole`), analysed whole.
 - days (`--since` / `--until`): the connections with frames on those UTC days, again. A window
   for re-analysing, not a limit on the frames: each connection is analysed whole.
 """
@@ -30,11 +34,11 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from analyzer import schema
-from analyzer.lake import (UnreadableFile, damaged_file, filesystem, logged_rows, open_table, read_table, set_aside,
-                           table_files, unreadable)
+from analyzer.lake import (PROVISIONAL_PREFIX, UnreadableFile, damaged_file, filesystem, logged_rows, open_table,
+                           read_table, set_aside, table_files, unreadable, written_with_prefix)
 from analyzer.published import RUNS_TABLE
 
-from .table_files import changes_between, relative_in_table, spark_location
+from .table_files import changes_between, distinct_strings, relative_in_table, spark_location
 from analyzer.detectors.thresholds import Thresholds
 
 FULL, NEW_DATA, DAYS = "full", "new_data", "days"
@@ -53,18 +57,20 @@ class RunScope:
     findings_stale: bool = False         # nothing new, but the findings need the detectors again
     frames_rows: int | None = None       # rows in that snapshot, from the Delta log (None: a file has no count)
     new_rows: int | None = None          # new_data: rows in the new files, from the Delta log
+    whole: tuple[str, ...] = ()          # new_data: connections to analyse whole (their provisional frames taken out)
 
     @property
     def nothing_new(self) -> bool:
-        """A new_data run with no frames file added and findings up to date: it changes nothing."""
-        return self.scope == NEW_DATA and not self.new_files and not self.findings_stale
+        """A new_data run with no frames file added, none taken out and findings up to date: it
+        changes nothing."""
+        return self.scope == NEW_DATA and not self.new_files and not self.whole and not self.findings_stale
 
     @property
     def rows_to_read(self) -> int | None:
         """The frame rows the run reads, as the log counts them (None: not known): a new_data run
-        its new files' (more only if a connection must be analysed whole), any other run at most
-        the snapshot's."""
-        return self.new_rows if self.scope == NEW_DATA else self.frames_rows
+        its new files' (more only if a connection must be analysed whole), any other run, and one
+        with connections planned whole (`whole`), at most the snapshot's."""
+        return self.new_rows if self.scope == NEW_DATA and not self.whole else self.frames_rows
 
 
 def plan_run(lake: str, since: str | None, until: str | None, full: bool, bucket_seconds: int,
@@ -183,13 +189,32 @@ def _scope(lake: str, frames: DeltaTable, version: int, since: str | None, until
     if baseline > version:
         return RunScope(FULL, f"the frames table is at version {version}, older than the last run's {baseline}", version)
     changes = changes_between(lake, "frames", baseline, version)
+    whole, taken_out = (), ""
     if changes.removed:
-        return RunScope(FULL, f"{len(changes.removed)} frames file(s) deleted or rewritten since version {baseline} "
-                              f"(a delete, or new rows compacted with older ones before a run read them): "
-                              f"what changed cannot be told", version)
-    return RunScope(NEW_DATA, f"{len(changes.added)} frames file(s) added since version {baseline}", version,
-                    baseline_version=baseline, new_files=changes.added,
+        whole = _taken_out_provisionally(changes.removed)
+        if whole is None:
+            return RunScope(FULL, f"{len(changes.removed)} frames file(s) deleted or rewritten since version "
+                                  f"{baseline} (a delete, or new rows compacted with older ones before a run read "
+                                  f"them): what changed cannot be told", version)
+        taken_out = (f"; {len(changes.removed)} provisional frames file(s) taken out by an ingest continuing "
+                     f"their flows: {len(whole)} connection(s) analysed whole")
+    return RunScope(NEW_DATA, f"{len(changes.added)} frames file(s) added since version {baseline}{taken_out}",
+                    version, baseline_version=baseline, new_files=changes.added, whole=whole,
                     findings_stale=last["thresholds"] != thresholds_json(thresholds))
+
+
+def _taken_out_provisionally(removed: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The connections whose frames were in these removed files, where every one is a file an
+    ingest committed provisionally (its name says so: lake.PROVISIONAL_PREFIX), which the ingest
+    of the capture's next piece takes out as it continues those flows: what changed is those
+    connections, which a run analyses whole. None where one is not, or can no longer be read
+    (removed files stay until a VACUUM): what changed cannot be told."""
+    if not all(written_with_prefix(path, PROVISIONAL_PREFIX) for path in removed):
+        return None
+    try:
+        return tuple(distinct_strings(removed, "connection_id"))
+    except UnreadableFile:
+        return None
 
 
 def last_complete_run(lake: str) -> dict | None:

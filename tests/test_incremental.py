@@ -8,6 +8,7 @@ import glob
 import importlib.util
 import json
 import os
+import shutil
 import sys
 from datetime import datetime, timezone
 from urllib.parse import unquote
@@ -19,7 +20,7 @@ import pytest
 from deltalake import DeltaTable
 
 from analyzer import lake, schema
-from analyzer.ingest import ingest_file
+from analyzer.ingest import ingest_file, ingest_files
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 from spark_jobs import analyze as analyze_module, compaction, delta_io
 from spark_jobs.analyze import FLAGGED_TABLES, OUTPUT_TABLES, PER_CONNECTION_TABLES, analyze, planned_run
@@ -31,7 +32,8 @@ from analyzer.detectors.thresholds import Thresholds
 from spark_jobs.timeline.plans import conf_meanwhile
 
 from .conftest import ROOT
-from .findings_check import LAB_THRESHOLDS
+from .findings_check import LAB_THRESHOLDS, analysed_as_the_command_does
+from .pieces_support import cut
 
 _spec = importlib.util.spec_from_file_location("bench_frames_generator",
                                                os.path.join(ROOT, "bench", "frames_generator.py"))
@@ -255,6 +257,67 @@ def test_scope_planner(tmp_path, traffic):
     plan = _plan(lake_dir)
     assert plan.scope == FULL and "deleted" in plan.reason, plan.reason
     assert plan.frames_rows == 400 - pc.sum(pc.less(traffic[0].slice(0, 400)["seq"], 5)).as_py()
+
+
+def test_scope_planner_provisional_files_taken_out(tmp_path, traffic):
+    """An ingest continuing a capture's open flows takes out the provisional files it had written
+    to end them (lake.PROVISIONAL_PREFIX): what changed is those files' connections, analysed
+    whole by a new_data run. Any other file taken out, or one no longer on disk: a full run."""
+    frames = traffic[0]
+    lake_dir = str(tmp_path)
+    _append(lake_dir, "frames", frames.slice(0, 200), schema.FRAMES, "one")
+    _append(lake_dir, "deliveries", schema.DELIVERIES.empty_table(), schema.DELIVERIES, "out")
+    ended = frames.slice(200, 50)
+    provisional = lake.TableWriter(lake_dir, "frames", schema.FRAMES, prefix=f"{lake.PROVISIONAL_PREFIX}-0123abcd")
+    provisional.write(ended)
+    provisional.commit("provisional")
+    taken_out = lake.files_named(lake_dir, "frames", f"{lake.PROVISIONAL_PREFIX}-0123abcd")
+    _log(lake_dir, DeltaTable(os.path.join(lake_dir, "frames")).version())
+    more = lake.TableWriter(lake_dir, "frames", schema.FRAMES)
+    more.write(frames.slice(250, 50))
+    more.commit("continued", remove=taken_out)
+    plan = _plan(lake_dir)
+    whole = tuple(sorted(set(ended["connection_id"].to_pylist())))
+    assert (plan.scope, plan.whole, len(plan.new_files)) == (NEW_DATA, whole, 1), plan.reason
+    assert plan.reason.endswith(f"1 provisional frames file(s) taken out by an ingest continuing their flows: "
+                                f"{len(whole)} connection(s) analysed whole"), plan.reason
+    assert not plan.nothing_new and (plan.new_rows, plan.rows_to_read) == (50, plan.frames_rows)
+    # Vacuumed away: what it held cannot be told.
+    os.remove(os.path.join(lake_dir, "frames", taken_out[0]))
+    plan = _plan(lake_dir)
+    assert plan.scope == FULL and "deleted or rewritten" in plan.reason, plan.reason
+    # A file of the ingest's own rows taken out: a full run, as before.
+    _log(lake_dir, DeltaTable(os.path.join(lake_dir, "frames")).version())
+    kept = [p for p in lake.table_files(DeltaTable(os.path.join(lake_dir, "frames")))][:1]
+    lake.TableWriter(lake_dir, "frames", schema.FRAMES).commit("deleted", remove=kept)
+    plan = _plan(lake_dir)
+    assert plan.scope == FULL and "deleted or rewritten" in plan.reason, plan.reason
+
+
+def test_a_capture_ingested_in_pieces_stays_scoped_and_ends_with_a_full_runs_tables(spark, tmp_path):
+    """Captures ingested piece by piece (rotated files, `ingest --watch`), analysed after each
+    ingest: an ingest that continues open flows takes out the provisional rows that ended them, and
+    the run after it is still a new_data run, analysing those connections whole beside the others
+    carried on from their checkpoints; its tables are a full run's over the same lake."""
+    # Cut where ending the open flows makes rows (each piece but the last leaves a provisional
+    # file), and a capture whose open connection ends with none: carried on.
+    captures = {"redelivery_after_close": [20, 47], "lost_confirms": [34, 68]}
+    cuts = {name: cut(os.path.join(ROOT, "examples", f"{name}.pcapng"), at, str(tmp_path / name))[0]
+            for name, at in captures.items()}
+    lake_dir = str(tmp_path / "lake")
+    reports = []
+    for number in range(3):
+        for name, pieces in cuts.items():
+            assert not ingest_files([pieces[number]], lake_dir, source=name)[0].errors
+        reports.append(analysed_as_the_command_does(spark, lake_dir, LAB_THRESHOLDS))
+        full_dir = str(tmp_path / f"full-{number}")
+        shutil.copytree(lake_dir, full_dir)
+        assert analyze(spark, full_dir, thresholds=LAB_THRESHOLDS, full=True).scope == FULL
+        assert _tables(lake_dir) == _tables(full_dir), number
+    assert [r.scope for r in reports] == [FULL, NEW_DATA, NEW_DATA], [r.reason for r in reports]
+    assert all("provisional frames file(s) taken out by an ingest continuing their flows: 1 connection(s) "
+               "analysed whole" in r.reason for r in reports[1:]), [r.reason for r in reports]
+    assert all(r.carried_connections >= 1 and r.connections > r.carried_connections for r in reports[1:])
 
 
 # --- carried runs: only the new frames are read -------------------------------------------------------
