@@ -174,6 +174,8 @@ def _without_spark(lake: str, plan: RunScope, planned_seconds: float, progress: 
         run_id = uuid.uuid4().hex
         with commits_tagged(None, run_id):
             if whole:
+                if plan.scope != FULL:
+                    plan = replace(plan, scope=FULL, reason=f"{plan.reason}; the lake is small: analysed whole")
                 return _whole_by_driver(lake, run_id, plan, settings, started, planned_seconds, steps)
             return _carried_by_driver(lake, run_id, plan, settings, delta_mode, started, planned_seconds, steps)
     steps.took("plan", planned_seconds, detail=f"{plan.scope}, 0 connection(s): no Spark")
@@ -192,9 +194,12 @@ def _driver_can_carry(plan: RunScope) -> bool:
 
 
 def _driver_can_analyse_whole(plan: RunScope) -> bool:
-    """Is the run a full one of a lake whose frames the driver analyses whole itself
-    (local_executor.whole_pass): as few frame rows as it carries on (the Delta log's count)."""
-    return (plan.scope == FULL and plan.rows_to_read is not None
+    """Is the run one the driver makes as a full run of the lake itself (local_executor.whole_pass),
+    a lake of as few frame rows as it carries on (the Delta log's count): a full run, or a
+    scheduled one with connections planned whole (an ingest took their provisional frames out),
+    which on Spark costs a scoped replace of theirs where the driver analyses the small lake whole
+    in less."""
+    return ((plan.scope == FULL or bool(plan.whole)) and plan.rows_to_read is not None
             and plan.rows_to_read <= local_executor.DRIVER_FRAMES)
 
 

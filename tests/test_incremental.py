@@ -297,19 +297,24 @@ def test_scope_planner_provisional_files_taken_out(tmp_path, traffic):
 def test_a_capture_ingested_in_pieces_stays_scoped_and_ends_with_a_full_runs_tables(spark, tmp_path):
     """Captures ingested piece by piece (rotated files, `ingest --watch`), analysed after each
     ingest: an ingest that continues open flows takes out the provisional rows that ended them, and
-    the run after it is still a new_data run, analysing those connections whole beside the others
-    carried on from their checkpoints; its tables are a full run's over the same lake."""
+    the run after it is still a new_data run on Spark, analysing those connections whole beside the
+    others carried on from their checkpoints; its tables are a full run's over the same lake. The
+    local executor (the command's route on a lake this small) analyses the small lake whole instead:
+    the same tables."""
     # Cut where ending the open flows makes rows (each piece but the last leaves a provisional
     # file), and a capture whose open connection ends with none: carried on.
     captures = {"redelivery_after_close": [20, 47], "lost_confirms": [34, 68]}
     cuts = {name: cut(os.path.join(ROOT, "examples", f"{name}.pcapng"), at, str(tmp_path / name))[0]
             for name, at in captures.items()}
-    lake_dir = str(tmp_path / "lake")
-    reports = []
+    lake_dir, local_dir = str(tmp_path / "lake"), str(tmp_path / "local")
+    reports, local = [], []
     for number in range(3):
         for name, pieces in cuts.items():
-            assert not ingest_files([pieces[number]], lake_dir, source=name)[0].errors
-        reports.append(analysed_as_the_command_does(spark, lake_dir, LAB_THRESHOLDS))
+            for into in (lake_dir, local_dir):
+                assert not ingest_files([pieces[number]], into, source=name)[0].errors
+        reports.append(analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS))
+        local.append(analysed_as_the_command_does(spark, local_dir, LAB_THRESHOLDS))
+        assert local[-1].delta_mode == "none" and _tables(local_dir) == _tables(lake_dir), number
         full_dir = str(tmp_path / f"full-{number}")
         shutil.copytree(lake_dir, full_dir)
         assert analyze(spark, full_dir, thresholds=LAB_THRESHOLDS, full=True).scope == FULL
@@ -318,6 +323,8 @@ def test_a_capture_ingested_in_pieces_stays_scoped_and_ends_with_a_full_runs_tab
     assert all("provisional frames file(s) taken out by an ingest continuing their flows: 1 connection(s) "
                "analysed whole" in r.reason for r in reports[1:]), [r.reason for r in reports]
     assert all(r.carried_connections >= 1 and r.connections > r.carried_connections for r in reports[1:])
+    assert [r.scope for r in local] == [FULL] * 3 and all(r.reason.endswith("the lake is small: analysed whole")
+                                                          for r in local[1:]), [r.reason for r in local]
 
 
 # --- carried runs: only the new frames are read -------------------------------------------------------
