@@ -189,6 +189,7 @@ class Run:
     cpu_seconds: float           # CPU time of the process tree (last sample of each process): what
                                  # the run cost, whatever else the machine was doing meanwhile
     log: str
+    executor: str = "?"          # who made the run, as its report says (executor_of)
     outputs: dict = field(default_factory=dict)
     checks: list = field(default_factory=list)
 
@@ -237,6 +238,17 @@ def timed_run(cmd: list[str], env: dict, log_path: str, timeout: float
     return seconds, proc.returncode, tree_peak / 1024, largest / 1024, xmx, sum(cpu.values())
 
 
+def executor_of(log_path: str, master: str) -> str:
+    """Who made the run, from the report line `ackscope analyze` prints ("Spark not started": the
+    local executor, which takes lakes of at most local_executor.DRIVER_FRAMES frame rows whatever
+    --master says; else Spark at `master`); "?" where the log has no report."""
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            if line.startswith("analysed ") and " frame rows of " in line:
+                return "local" if "Spark not started" in line else f"Spark {master}"
+    return "?"
+
+
 # -- the lake between runs -----------------------------------------------------------------------
 
 def output_tables(lake_dir: str) -> list[str]:
@@ -256,8 +268,21 @@ def clear_outputs(lake_dir: str) -> list[str]:
 
 
 def input_fingerprint(lake_dir: str) -> dict:
-    """Each input table's Delta log files: the analysis must not commit to its inputs."""
-    return {name: sorted(os.listdir(os.path.join(lake_dir, name, "_delta_log"))) for name in INPUT_TABLES}
+    """Each input table's Delta log commits that change its data or schema: the analysis must not
+    change its inputs. Its merges of their small files after a complete run
+    (compaction.merge_analysed_input: every add and remove `dataChange: false`) and vacuums are left out."""
+    def changes_data(path: str) -> bool:
+        with open(path) as f:
+            actions = [json.loads(line) for line in f if line.strip()]
+        return any(kind in ("metaData", "protocol") or (kind in ("add", "remove") and action.get("dataChange", True))
+                   for a in actions for kind, action in a.items())
+
+    fingerprint = {}
+    for name in INPUT_TABLES:
+        log = os.path.join(lake_dir, name, "_delta_log")
+        fingerprint[name] = sorted(e for e in os.listdir(log)
+                                   if not e.endswith(".json") or changes_data(os.path.join(log, e)))
+    return fingerprint
 
 
 def table_rows(path: str, table) -> int:
@@ -339,7 +364,7 @@ def print_lake(lake_dir: str, stats: dict, reused: bool) -> None:
 def print_results(runs_by_master: dict[str, list[Run]], frames: int, driver_how: str, repeat: int) -> dict:
     print(f"\nackscope analyze, best of {repeat} wall-clock run(s) each, fresh output tables per run; "
           f"driver memory via {driver_how}")
-    header = ["master", "cores", "exit", "seconds", "frames/s", "frames/s/core", "target", "CPU s", "frames/CPU s",
+    header = ["master", "executor", "cores", "exit", "seconds", "frames/s", "frames/s/core", "target", "CPU s", "frames/CPU s",
               "tree peak MB", "largest proc MB", "driver -Xmx"]
     rows, summary = [], {}
     for master, runs in runs_by_master.items():
@@ -349,7 +374,7 @@ def print_results(runs_by_master: dict[str, list[Run]], frames: int, driver_how:
         per_cpu_second = frames / r.cpu_seconds if r.ok and r.cpu_seconds else 0.0
         summary[master] = {"run": asdict(r), "frames_per_second": fps, "frames_per_second_per_core": per_core,
                            "frames_per_cpu_second": per_cpu_second}
-        rows.append([master, str(r.cores), str(r.returncode), f"{r.seconds:,.1f}", f"{fps:,.0f}", f"{per_core:,.0f}",
+        rows.append([master, r.executor, str(r.cores), str(r.returncode), f"{r.seconds:,.1f}", f"{fps:,.0f}", f"{per_core:,.0f}",
                      f"{mark(r.ok and per_core >= TARGET_FRAMES_PER_CORE)} >={TARGET_FRAMES_PER_CORE:,}",
                      f"{r.cpu_seconds:,.0f}", f"{per_cpu_second:,.0f}",
                      f"{r.tree_peak_mb:,.0f}", f"{r.largest_process_mb:,.0f}", r.jvm_xmx or "?"])
@@ -523,6 +548,9 @@ def main(argv: list[str] | None = None) -> int:
             seconds, code, tree_mb, largest_mb, xmx, cpu_s = timed_run(cmd, env, log_path, args.timeout)
             run = Run(master, cores[master], seconds, code, tree_mb, largest_mb, xmx, cpu_s, log_path)
             if run.ok:
+                run.executor = executor_of(log_path, master)
+                if run.executor == "local":   # one core, whatever --master says
+                    run.cores = 1
                 run.outputs, run.checks = read_outputs(lake_dir, stats)
             if input_fingerprint(lake_dir) != before:
                 run.checks.append("MISMATCH: the run committed to an input table (frames or connections)")
