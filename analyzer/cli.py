@@ -212,8 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="run the whole pipeline on the bundled sample capture",
                                description="Ingest the sample capture shipped with ackscope into LAKE, "
-                                           "analyse it with Spark, print what was found and write the HTML "
-                                           "report LAKE/report.html.")
+                                           "analyse it (a lake this small in process, without starting Spark, on a "
+                                           "local master), print what was found and write the HTML report "
+                                           "LAKE/report.html.")
     demo.add_argument("--lake", default=".demo-lake", metavar="DIR", help="default %(default)s")
     demo.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
     demo.set_defaults(run=run_demo)
