@@ -50,7 +50,6 @@ from spark_jobs.run_scope import (COMPLETE_SCOPES, DAYS, FULL, NEW_DATA, RunScop
 from spark_jobs.session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, use_lake
 from spark_jobs.steps import Steps
 from spark_jobs.table_files import commit, distinct_strings
-from spark_jobs.stored_findings import stored_raw_findings
 from analyzer.detectors.thresholds import Thresholds
 from analyzer.published import RUNS_TABLE, finished_runs
 from spark_jobs.connection_pass import (RAW_FINDINGS, STATE_TABLE, PassSummary, connection_pass, pass_summary,
@@ -189,7 +188,7 @@ def _driver_can_carry(plan: RunScope) -> bool:
     """Is the run one whose connections the driver may carry on itself (local_executor.py), as
     far as its plan says: a scheduled run (new_data) with findings up to date, few new frame rows and
     no connection planned whole (`RunScope.whole`: Spark's path analyses those)."""
-    return (plan.scope == NEW_DATA and bool(plan.new_files) and not plan.findings_stale and not plan.whole
+    return (plan.scope == NEW_DATA and bool(plan.new_files) and not plan.whole
             and plan.new_rows is not None and plan.new_rows <= local_executor.DRIVER_FRAMES)
 
 
@@ -217,8 +216,7 @@ def _whole_by_driver(lake: str, run_id: str, plan: RunScope, settings: Settings,
     with steps.step("write tables"):
         _write_whole_lake(lake, summary, report)
     with steps.step("findings"):
-        refresh_findings(lake, summary.raw_findings, None, None if summary.came_back else Changed(),
-                         settings.thresholds, (), plan.frames_version)
+        _full_run_findings(lake, summary.raw_findings, summary.came_back, settings.thresholds, plan.frames_version)
         report.rows["findings"] = _count_findings(lake, report)
     _log_run(lake, run_id, plan, report, started_ts, settings.bucket_seconds, settings.overdue_ns,
              settings.thresholds, steps)
@@ -356,7 +354,7 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
     report = AnalysisReport(lake=lake, delta_mode=mode, scope=plan.scope, reason=plan.reason,
                             frames_version=plan.frames_version)
     run = _Run(spark, lake, mode, plan, keys, connections, bucket_seconds, overdue_ns, thresholds, steps)
-    if keys == [] and not plan.findings_stale:
+    if keys == []:
         _nothing_to_analyse(lake, report)
         if not plan.nothing_new:  # new files without a connection's frames, or days: logged
             _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds, steps)
@@ -369,7 +367,7 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
         merged = (beside.submit(_compacted, lake, COMPACTED_BESIDE_FINDINGS, commit_tag())
                   if keys is not None and mode == "bridge" else None)
         with steps.step("findings"):
-            _refresh_findings(run, analysed, all_frames, thresholds)
+            _refresh_findings(run, analysed, thresholds)
             report.rows["findings"] = _count_findings(lake, report)
         if merged is not None:
             _compact_tables(lake, steps, report, merged)
@@ -524,33 +522,32 @@ def _write_whole_lake(lake: str, summary: PassSummary, report: AnalysisReport) -
     report.rows = {name: summary.rows[name] for name in PER_CONNECTION_TABLES}
 
 
-def _refresh_findings(run: _Run, analysed: _Analysed | None, all_frames: DataFrame, thresholds: Thresholds) -> None:
+def _refresh_findings(run: _Run, analysed: _Analysed, thresholds: Thresholds) -> None:
     """The findings step (findings.py), fed by Spark's executor: a scoped run hands it the raw
     findings about one connection of the connections it analysed (the pass's for those analysed
     whole, the carried pass's for those carried on) and the delivery rows it changed; a full run
-    the pass's raw findings of every connection; new thresholds those of every connection from
-    their stored rows (stored_findings.py)."""
-    if run.keys is not None and not run.plan.findings_stale:
-        own, rows, whole = [], [], ()
-        if analysed.own is not None:
-            own.append(analysed.own)
-            if analysed.whole_deliveries:   # every delivery row of theirs, read by the step from the table
-                whole = tuple(analysed.whole_keys)
-        if analysed.carried is not None:
-            raw, carried_changed = analysed.carried.in_driver(run.lake)
-            own.append(raw)
-            rows.append(carried_changed)
-        refresh_findings(run.lake, pa.concat_tables(own) if own else RAW_FINDINGS.empty_table(), run.keys,
-                         Changed(tuple(rows), whole), thresholds, run.plan.new_files, run.plan.frames_version)
+    the pass's raw findings of every connection (`_full_run_findings`)."""
+    if run.keys is None:
+        _full_run_findings(run.lake, analysed.own, analysed.came_back, thresholds, run.plan.frames_version)
         return
-    if analysed is not None and run.keys is None:
-        own = analysed.own
-        changed = None if analysed.came_back else Changed()
-    else:
-        stored = {name: read_delta(run.spark, run.lake, name, OUTPUT_TABLES[name], run.mode) for name in TIMELINE_TABLES}
-        own = stored_raw_findings(stored, all_frames, run.connections, thresholds).toArrow()
-        changed = None
-    refresh_findings(run.lake, own, None, changed, thresholds, (), run.plan.frames_version)
+    own, rows, whole = [], [], ()
+    if analysed.own is not None:
+        own.append(analysed.own)
+        if analysed.whole_deliveries:   # every delivery row of theirs, read by the step from the table
+            whole = tuple(analysed.whole_keys)
+    if analysed.carried is not None:
+        raw, carried_changed = analysed.carried.in_driver(run.lake)
+        own.append(raw)
+        rows.append(carried_changed)
+    refresh_findings(run.lake, pa.concat_tables(own) if own else RAW_FINDINGS.empty_table(), run.keys,
+                     Changed(tuple(rows), whole), thresholds, run.plan.new_files, run.plan.frames_version)
+
+
+def _full_run_findings(lake: str, raw: pa.Table, came_back: int, thresholds: Thresholds, frames_version: int) -> None:
+    """A full run's findings step, whichever executor made its pass: every connection's raw
+    findings from the pass; the message kinds read the stored deliveries only where one came back
+    (none did: they have nothing to start from)."""
+    refresh_findings(lake, raw, None, None if came_back else Changed(), thresholds, (), frames_version)
 
 
 def _compacted(lake: str, names: list[str], tag: str | None) -> dict[str, int]:

@@ -4,7 +4,7 @@ runs in the driver, over Arrow, with no Spark session: what it reads of the lake
 delta-rs and pyarrow, a batch at a time, where it may be big.
 
 In: the raw findings about one connection (connection_pass.RAW_FINDINGS) of the connections the
-run analysed (the pass's, the carried pass's, or, for new thresholds, stored_findings.py's), and
+run analysed (the pass's or the carried pass's; new thresholds make a full run), and
 the delivery rows it changed (`Changed`; cross_connection_findings.py's docstring). Then:
 1. the message kinds' findings (cross_connection_findings.findings_across) from the stored
    candidates, read from only the deliveries' files that can hold one (requeue_related.py), and

@@ -13,7 +13,7 @@ Scopes:
   of `frames` deleted since the last run (save an ingest's provisional files: new_data, below),
   or rows it had not read compacted into files with older ones (what changed is not known; a
   compaction of rows already analysed, as the agent runs them, changes nothing); settings that
-  shape the stored rows changed; or `--full`.
+  shape the stored rows or the findings (`--threshold`) changed; or `--full`.
 - new_data: the connections with frames in files added since the last full or new_data run; and,
   where every frames file removed since is one an ingest committed provisionally and took out
   again (a capture in pieces: the rows that ended its open flows at the end of a piece;
@@ -54,16 +54,14 @@ class RunScope:
     new_files: tuple[str, ...] = ()      # new_data: the frames files added since the baseline
     since: str | None = None
     until: str | None = None
-    findings_stale: bool = False         # nothing new, but the findings need the detectors again
     frames_rows: int | None = None       # rows in that snapshot, from the Delta log (None: a file has no count)
     new_rows: int | None = None          # new_data: rows in the new files, from the Delta log
     whole: tuple[str, ...] = ()          # new_data: connections to analyse whole (their provisional frames taken out)
 
     @property
     def nothing_new(self) -> bool:
-        """A new_data run with no frames file added, none taken out and findings up to date: it
-        changes nothing."""
-        return self.scope == NEW_DATA and not self.new_files and not self.whole and not self.findings_stale
+        """A new_data run with no frames file added and none taken out: it changes nothing."""
+        return self.scope == NEW_DATA and not self.new_files and not self.whole
 
     @property
     def rows_to_read(self) -> int | None:
@@ -185,6 +183,9 @@ def _scope(lake: str, frames: DeltaTable, version: int, since: str | None, until
     if (last["bucket_seconds"], last["overdue_ns"]) != (bucket_seconds, overdue_ns):
         return RunScope(FULL, f"--bucket-seconds/--overdue-seconds differ from the last run's "
                               f"({last['bucket_seconds']} s, {last['overdue_ns'] / 1e9:g} s)", version)
+    if last["thresholds"] != thresholds_json(thresholds):
+        # The checkpoints' detector state and every stored finding were made under the old ones.
+        return RunScope(FULL, "--threshold settings differ from the last run's", version)
     baseline = last["frames_version"]
     if baseline > version:
         return RunScope(FULL, f"the frames table is at version {version}, older than the last run's {baseline}", version)
@@ -199,8 +200,7 @@ def _scope(lake: str, frames: DeltaTable, version: int, since: str | None, until
         taken_out = (f"; {len(changes.removed)} provisional frames file(s) taken out by an ingest continuing "
                      f"their flows: {len(whole)} connection(s) analysed whole")
     return RunScope(NEW_DATA, f"{len(changes.added)} frames file(s) added since version {baseline}{taken_out}",
-                    version, baseline_version=baseline, new_files=changes.added, whole=whole,
-                    findings_stale=last["thresholds"] != thresholds_json(thresholds))
+                    version, baseline_version=baseline, new_files=changes.added, whole=whole)
 
 
 def _taken_out_provisionally(removed: tuple[str, ...]) -> tuple[str, ...] | None:

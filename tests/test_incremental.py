@@ -213,8 +213,11 @@ def test_scope_planner(tmp_path, traffic):
     assert _plan(lake_dir).reason == "first run"
     _log(lake_dir, 1)
     plan = _plan(lake_dir)
-    assert (plan.scope, plan.new_files, plan.findings_stale) == (NEW_DATA, (), False)
-    assert _plan(lake_dir, thresholds=Thresholds(requeue_loop_deliveries=3)).findings_stale
+    assert (plan.scope, plan.new_files) == (NEW_DATA, ())
+    assert plan.nothing_new
+    # New thresholds: the checkpoints' detector state and the stored findings were made under the old ones.
+    rethresholded = _plan(lake_dir, thresholds=Thresholds(requeue_loop_deliveries=3))
+    assert (rethresholded.scope, rethresholded.reason) == (FULL, "--threshold settings differ from the last run's")
     assert _plan(lake_dir, full=True).scope == FULL
     assert _plan(lake_dir, since="2026-03-15").scope == DAYS
     assert _plan(lake_dir, bucket_seconds=60).scope == FULL

@@ -51,12 +51,6 @@ def from_wide(wide: DataFrame, name: str, table_schema: pa.Schema, role: str | N
     return rows.selectExpr(*[f"`{name}`.`{field.name}` AS `{field.name}`" for field in table_schema])
 
 
-def arrow_column(rows: pa.Table | pa.RecordBatch, table: str, name: str) -> pa.Array | pa.ChunkedArray:
-    """One column of table `table` among a wide table's Arrow rows (those of that table: in the
-    others' rows its values mean nothing)."""
-    return pc.struct_field(rows.column(table), name)
-
-
 def rows_from_wide(rows: pa.Table, name: str, table_schema: pa.Schema | None = None) -> pa.Table:
     """The rows of table `name` among a wide table's Arrow rows, as a table of its columns (those of
     `table_schema`, in its types; None: all of them)."""
@@ -64,14 +58,6 @@ def rows_from_wide(rows: pa.Table, name: str, table_schema: pa.Schema | None = N
     fields = table_schema if table_schema is not None else pa.schema(list(mine.type))
     return pa.Table.from_arrays([pc.struct_field(mine, field.name).cast(field.type) for field in fields],
                                 schema=pa.schema(fields))
-
-
-def records_from_wide(rows: pa.Table | pa.RecordBatch, name: str, record_type) -> list:
-    """The rows of table `name` among `rows` (a wide table's Arrow rows, in Python), back as the
-    frozen records whose fields are that table's columns (analyzer/timeline/records.py)."""
-    mine = rows.filter(pc.equal(rows.column(RECORD), name))
-    slots = record_type.__slots__
-    return as_records(pa.table([arrow_column(mine, name, slot) for slot in slots], names=list(slots)), record_type)
 
 
 def as_records(rows: pa.Table, record_type) -> list:
