@@ -148,7 +148,7 @@ PUBLISHES = pa.schema([
 PUBLISH_TIMESTAMPS = {"ts": "ts_ns", "settle_ts": "settle_ts_ns"}
 PUBLISH_DATE_FROM = "ts_ns"
 
-# -- Findings (analyzer/detectors; across connections gathered by spark_jobs/detectors) ---------
+# -- Findings (analyzer/detectors; across connections gathered by spark_jobs/findings.py) -------
 # One row per finding: a pathology on one channel incarnation (or connection, or message), with the
 # evidence to look it up in the capture. `finding_id` is a hash of what identifies it (kind, where,
 # and its first evidence), so a rerun over the same data replaces a finding rather than adding one.

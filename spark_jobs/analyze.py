@@ -24,13 +24,12 @@ import uuid
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from typing import TextIO
 
 import pyarrow as pa
 from pyspark import inheritable_thread_target
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from analyzer import schema
 from analyzer.lake import TableWriter, open_table, read_table
@@ -49,7 +48,7 @@ from spark_jobs.run_scope import (COMPLETE_SCOPES, DAYS, FULL, NEW_DATA, RunScop
                                   thresholds_json)
 from spark_jobs.session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, use_lake
 from spark_jobs.steps import Steps
-from spark_jobs.table_files import commit, distinct_strings
+from spark_jobs.table_files import commit, distinct_strings, files_to_read
 from analyzer.detectors.thresholds import Thresholds
 from analyzer.published import RUNS_TABLE, finished_runs
 from spark_jobs.connection_pass import (RAW_FINDINGS, STATE_TABLE, PassSummary, connection_pass, pass_summary,
@@ -348,7 +347,7 @@ def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts
             plan = planned_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds)
         all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
         connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)
-        keys = None if plan.scope == FULL else _connections_in_scope(spark, lake, plan, mode)
+        keys = None if plan.scope == FULL else _connections_in_scope(lake, plan)
         # What the run is about to do, said before it does it (a watcher knows a run is under way).
         planned.detail = f"{plan.scope}, " + ("every connection" if keys is None else f"{len(keys)} connection(s)")
     report = AnalysisReport(lake=lake, delta_mode=mode, scope=plan.scope, reason=plan.reason,
@@ -593,16 +592,17 @@ def _merge_input_files(lake: str, run_id: str, plan: RunScope, steps: Steps, rep
         report.input_files_merged = merged
 
 
-def _connections_in_scope(spark: SparkSession, lake: str, plan: RunScope, mode: str) -> list[str]:
+def _connections_in_scope(lake: str, plan: RunScope) -> list[str]:
+    """Listed by the driver from one column of the frames files that hold them, no Spark job: a
+    scheduled run's new files; a days run's files of those days in its snapshot of `frames`."""
     if plan.scope == NEW_DATA:
-        # One column of the new files (a scheduled run's few): the driver reads it, no Spark job.
         return sorted({*distinct_strings(plan.new_files, "connection_id"), *plan.whole})
-    if plan.scope == DAYS:
-        ids = read_delta(spark, lake, "frames", schema.FRAMES, mode, plan.since, plan.until,
-                         version=plan.frames_version).select("connection_id")
-    else:
+    if plan.scope != DAYS:
         raise ValueError(f"scope {plan.scope!r} has no list of connections")
-    return sorted(r["connection_id"] for r in ids.where(F.col("connection_id").isNotNull()).distinct().collect())
+    frames = open_table(lake, "frames")
+    frames.load_as_version(plan.frames_version)
+    since, until = (None if day is None else date.fromisoformat(day).isoformat() for day in (plan.since, plan.until))
+    return distinct_strings(files_to_read(frames, os.path.join(lake, "frames"), since, until).files, "connection_id")
 
 
 def _log_run(lake: str, run_id: str, plan: RunScope, report: AnalysisReport, started_ts: datetime,

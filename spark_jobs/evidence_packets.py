@@ -11,10 +11,6 @@ evidence frame is a new frame or has its packet in a stored finding, and whose f
 source there too, is finished from those; `frames` is scanned only for the frames of the others.
 Each raw finding is then finished by analyzer/detectors/common.py's `finish`, the one
 implementation, for every kind.
-
-`finished_findings` does the same over Spark tables (`detect`'s, the tests'): the named
-(connection, seq) pairs pick their rows out of a scan of `frames`, and each connection's raw
-findings meet its packets in one grouped Arrow call.
 """
 
 from __future__ import annotations
@@ -24,31 +20,12 @@ from collections.abc import Iterable, Sequence
 from itertools import zip_longest
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from analyzer import schema
-from analyzer.detectors import MAX_EVIDENCE, RawFinding, finish
-
-from .timeline.plans import BROADCAST_ROWS, lookup
-from .types import spark_schema
 
 PACKETS = ["connection_id", "seq", "source_packet", "source"]
-PACKETS_SCHEMA = pa.schema([schema.FRAMES.field(name) for name in PACKETS])
 FRAME_KEYS = pa.schema([schema.FRAMES.field(name) for name in ("connection_id", "seq")])
 Frame = tuple[str, int]   # (connection_id, seq)
-
-
-def finished_findings(raw: DataFrame, frames: DataFrame, raw_rows: int | None = None) -> DataFrame:
-    """schema.FINDINGS rows of the pass's raw findings (connection_pass.RAW_FINDINGS); `frames`:
-    schema.FRAMES rows holding at least every frame of those connections. `raw_rows`: how many
-    raw findings there are, if known (else they are counted: one Spark job more)."""
-    named = _named(raw)
-    if raw_rows is None:
-        named = lookup(named)
-    elif raw_rows * MAX_EVIDENCE <= BROADCAST_ROWS:
-        named = F.broadcast(named)
-    return _finished_with(raw, frames.select(*PACKETS).join(named, on=["connection_id", "seq"], how="left_semi"))
 
 
 def known_packets(named: Iterable[tuple[str, Sequence[int]]], stored: pa.Table | None,
@@ -96,23 +73,3 @@ def known_packets(named: Iterable[tuple[str, Sequence[int]]], stored: pa.Table |
                for seq in seqs}
     return {key: (packet, sources.get(key)) for key, packet in packets.items() if key not in unknown}, unknown
 
-
-def _named(raw: DataFrame) -> DataFrame:
-    return raw.select("connection_id", F.explode("seqs").alias("seq")).distinct()
-
-
-def _finished_with(raw: DataFrame, packets: DataFrame) -> DataFrame:
-    """The raw findings finished, each connection's with its packets (the named frames' PACKETS)."""
-    return (raw.groupBy("connection_id").cogroup(packets.groupBy("connection_id"))
-            .applyInArrow(_finish_connection, spark_schema(schema.FINDINGS)))
-
-
-def _finish_connection(raw: pa.Table, packets: pa.Table) -> pa.Table:
-    located = {row["seq"]: (row["source_packet"], row["source"]) for row in packets.to_pylist()}
-
-    def packets_of(seqs):
-        return [located.get(seq) for seq in seqs]
-
-    rows = [finish(RawFinding(**json.loads(row["finding"])), json.loads(row["connection"]), packets_of)
-            for row in raw.to_pylist()]
-    return pa.Table.from_pylist(rows, schema=schema.FINDINGS)

@@ -1,6 +1,6 @@
 """Hand-built timeline rows for the detectors: one connection per case, on both sides of every
 threshold, and the findings each must give. Used by test_detectors.py (every kind, the
-cross-connection ones on Spark) and test_detectors_python.py (the Python detectors alone).
+cross-connection ones through the findings step) and test_detectors_python.py (the Python detectors alone).
 
 Everything runs with the lab-scale thresholds of tests/findings_check.py."""
 

@@ -12,6 +12,7 @@ import os
 import tempfile
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -27,12 +28,12 @@ from analyzer.timeline.carry import continue_connection, load
 from analyzer.timeline.metrics import channel_metrics
 from analyzer.timeline.metrics import to_table as metrics_table
 from spark_jobs.connection_pass import STATE_TABLE, WRITTEN_TABLES, connection_pass, summarised_pass
-from spark_jobs.evidence_packets import finished_findings
+from spark_jobs.evidence_packets import PACKETS
+from spark_jobs.findings import Changed, refresh_findings
 from spark_jobs.provisional import PROVISIONAL
 from spark_jobs.requeue_related import REQUEUE_RELATED
 from spark_jobs.timeline.plans import arrow_batches_by_rows, conf_meanwhile
 from spark_jobs.timeline.tables import TIMELINE_TABLES
-from spark_jobs.types import spark_schema
 
 from .conftest import ROOT
 from .findings_check import LAB_THRESHOLDS
@@ -42,6 +43,8 @@ from .variants import VARIANTS
 
 FRAME_COLUMNS = (*ANALYSIS_COLUMNS, "source_packet", "source")
 INPUT_SCHEMA = pa.schema([schema.FRAMES.field(name) for name in FRAME_COLUMNS])
+# What the findings step reads of `frames`: each frame's packet and source, by day.
+PACKET_FRAMES = pa.schema([schema.FRAMES.field(name) for name in ("date", *PACKETS)])
 KEYS = {"deliveries": ("connection_id", "channel", "incarnation", "seq"),
         "publishes": ("connection_id", "channel", "incarnation", "seq"),
         "channels": ("connection_id", "channel", "incarnation"),
@@ -79,9 +82,7 @@ def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, pa
         for name in WRITTEN_TABLES}
     got = {name: written[name].sort_by([(k, "ascending") for k in KEYS[name]])
            for name in [*TIMELINE_TABLES, "channel_metrics"]}
-    raw = summary.raw_findings
-    got["findings"] = finished_findings(spark.createDataFrame(raw.to_pylist(), spark_schema(raw.schema)),
-                                        frames_df).toArrow().to_pylist()
+    got["findings"] = finished(summary.raw_findings, frames, os.path.join(write_to, "findings step"))
     states = {row["connection_id"]: row for row in written[STATE_TABLE].to_pylist()}
     tally = {row["connection_id"]: row["frames"] for row in summary.tally.to_pylist()}
     assert summary.rows == {name: table.num_rows for name, table in got.items() if name != "findings"} | {
@@ -90,6 +91,18 @@ def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, pa
     known = [d for d in got["deliveries"].to_pylist() if d["message_identity"] is not None]
     assert summary.came_back == sum(1 for d in known if d["redelivered"] or (d["x_death_count"] or 0) > 0)
     return got, states, tally, summary.metrics_redo
+
+
+def finished(raw: pa.Table, frames: pa.Table, lake_dir: str) -> list[dict]:
+    """The pass's raw findings finished by the pipeline's findings step (findings.refresh_findings,
+    as a full run calls it: the packets its evidence names found by its scan of `frames`), over a
+    lake holding these frames; its findings table read back."""
+    day = pc.cast(pc.cast(frames["ts_ns"], pa.timestamp("ns", tz="UTC")), pa.date32()).cast(pa.string())
+    writer = lake.TableWriter(lake_dir, "frames", PACKET_FRAMES)
+    writer.write(frames.select(list(PACKETS)).add_column(0, "date", day).cast(PACKET_FRAMES))
+    writer.commit("test-frames")
+    refresh_findings(lake_dir, raw, None, Changed(), LAB_THRESHOLDS, (), None)
+    return lake.read_table(lake_dir, "findings", schema.FINDINGS).to_pylist()
 
 
 def expected_outputs(frames: list[dict], connections: list[dict], overdue_ns: int) -> dict:

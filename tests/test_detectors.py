@@ -1,16 +1,16 @@
 """The findings of every kind, as the analysis computes them: the ten kinds about one connection by
 the Python detectors (analyzer.detectors, fed as the pass feeds them: tests/test_detectors_python.py),
-the two that follow a message across connections by the Spark job that gathers each message's
-deliveries for them (spark_jobs.detectors, on real Spark; the rules themselves without Spark:
-tests/test_message_kinds.py). On the recorded lab examples and the public corpus, ingested by the
-real agent and run through the reference timelines, and on the hand-built cases of
-tests/detector_cases.py.
+the two that follow a message across connections by the pipeline's findings step over a lake
+(spark_jobs/findings.py `refresh_findings`, as a full run calls it: the one route both executors
+take; the rules themselves without the lake: tests/test_message_kinds.py). On the recorded lab
+examples and the public corpus, ingested by the real agent and run through the reference
+timelines, and on the hand-built cases of tests/detector_cases.py.
 
 Lab captures last seconds, so everything here runs with the lab-scale thresholds of
 tests/findings_check.py (a delivery unacked 1.2 s is "stuck" in the lab; in production the
-default is 5 minutes). Spark jobs are slow to start and the machine is small: all of it is one
-`detect` run over every capture and every hand-built case together (each case is its own
-connection), plus one run over the same rows in another order to show the ids are stable.
+default is 5 minutes). All of it is one lake of every capture and every hand-built case together
+(each case is its own connection), plus one of the same rows in another order to show the ids
+are stable.
 """
 
 from __future__ import annotations
@@ -22,26 +22,34 @@ from collections import defaultdict
 from datetime import datetime, timezone
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from analyzer import lake, schema
 from analyzer.detectors import KINDS
+from analyzer.detectors.messages import candidates, in_loop, left_at_close
+from analyzer.detectors.thresholds import Thresholds
 from analyzer.ingest import ingest_file
 from analyzer.rows import dicts_to_table
 from analyzer.timeline import replay_frames
 from analyzer.timeline.records import DELIVERY_OUTCOMES
-from spark_jobs.detectors import DETECTORS, INPUTS, SEVERITY, detect
-from analyzer.detectors.messages import candidates, in_loop, left_at_close
-
-from analyzer.detectors.thresholds import Thresholds
-from spark_jobs.types import spark_schema
+from spark_jobs.connection_pass import RAW_FINDINGS
+from spark_jobs.findings import refresh_findings
+from spark_jobs.provisional import PROVISIONAL
+from spark_jobs.requeue_related import REQUEUE_RELATED
+from spark_jobs.timeline.tables import TIMELINE_TABLES, as_stored
 
 from .conftest import CORPUS, ROOT
 from .detector_cases import TABLES, UNIT_EXPECTED, Case, hand_built_cases
 from .findings_check import LAB_THRESHOLDS as LAB
 from .findings_check import problems
 from .test_detectors_python import assert_same, case_findings, findings_by_connection
+from .test_message_kinds import KINDS as MESSAGE_KINDS
 from .test_message_kinds import message_findings
+
+SEVERITY = schema.FINDING_SEVERITY
+# The tables the findings step reads, as the pipeline stores them.
+STORED = {"frames": schema.FRAMES, "connections": schema.CONNECTIONS, "deliveries": TIMELINE_TABLES["deliveries"]}
 
 EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))
 CLEAN_EXAMPLES = ("clean_async_confirms", "heartbeats")
@@ -69,16 +77,24 @@ def captured_tables(lake_dir: str, captures: list[str]) -> dict[str, pa.Table]:
     return {**replay_frames(frames), "frames": frames, "connections": connections}
 
 
-def spark_tables(spark, tables: dict[str, pa.Table], reverse: bool = False) -> dict:
-    # One chunk per column: Spark 4.2's createDataFrame(pyarrow.Table) silently drops every
-    # chunk after an empty one (and concatenated tables have empty chunks).
-    out = {}
-    for name in INPUTS:
-        table = tables[name].combine_chunks()
+def findings_step(lake_dir: str, tables: dict[str, pa.Table], reverse: bool = False) -> list[dict]:
+    """The message kinds' findings of `tables` as a full run makes them: frames, connections and
+    deliveries written to a lake as the pipeline stores them (the deliveries flagged, the
+    candidates in files of their own), then the pipeline's findings step over it
+    (findings.refresh_findings: every candidate changed, no finding about one connection handed
+    in), its findings table read back. `reverse`: every table's rows in reverse order."""
+    for name, table_schema in STORED.items():
+        rows = tables[name]
         if reverse:
-            table = table.take(pa.array(range(table.num_rows - 1, -1, -1), pa.int64()))
-        out[name] = spark.createDataFrame(table, schema=spark_schema(table.schema))
-    return out
+            rows = rows.take(pa.array(range(rows.num_rows - 1, -1, -1), pa.int64()))
+        if name == "deliveries":
+            rows = as_stored(name, rows, provisional=False)
+        writer = lake.TableWriter(lake_dir, name, table_schema, split_by=tuple(
+            flag for flag in (PROVISIONAL, REQUEUE_RELATED) if flag in table_schema.names))
+        writer.write(rows.cast(table_schema))
+        writer.commit(f"test-{name}")
+    refresh_findings(lake_dir, RAW_FINDINGS.empty_table(), None, None, LAB, (), None)
+    return lake.read_table(lake_dir, "findings", schema.FINDINGS).to_pylist()
 
 
 def own_findings(captured: dict[str, pa.Table], cases: list[Case], reverse: bool = False) -> list[dict]:
@@ -111,14 +127,22 @@ def everything(captured, cases) -> dict[str, pa.Table]:
 
 
 @pytest.fixture(scope="module")
-def output(spark, everything):
-    """The cross-connection kinds, from Spark."""
-    return detect(spark_tables(spark, everything), LAB)
+def analysed(tmp_path_factory, everything) -> str:
+    """The lake the findings step ran over (`findings_step`)."""
+    lake_dir = str(tmp_path_factory.mktemp("analysed"))
+    findings_step(lake_dir, everything)
+    return lake_dir
+
+
+@pytest.fixture(scope="module")
+def output(analysed) -> list[dict]:
+    """The cross-connection kinds, from the pipeline's findings step."""
+    return lake.read_table(analysed, "findings", schema.FINDINGS).to_pylist()
 
 
 @pytest.fixture(scope="module")
 def findings(captured, cases, output) -> list[dict]:
-    return own_findings(captured, cases) + [row.asDict() for row in output.collect()]
+    return own_findings(captured, cases) + output
 
 
 def connection_ids(tables: dict[str, pa.Table], capture: str) -> set[str]:
@@ -142,14 +166,24 @@ def evidence_of(finding: dict) -> dict:
 
 # -- the contract --------------------------------------------------------------------------------
 
-def test_every_kind_is_decided_once_each_with_a_severity():
-    assert not set(KINDS) & set(DETECTORS)
-    assert sorted(KINDS + DETECTORS) == sorted(schema.FINDING_KINDS)
+def test_every_kind_is_decided_once_each_with_a_severity(output):
+    assert not set(KINDS) & set(MESSAGE_KINDS)
+    assert sorted(KINDS + MESSAGE_KINDS) == sorted(schema.FINDING_KINDS)
     assert set(SEVERITY) == set(schema.FINDING_KINDS) and set(SEVERITY.values()) <= set(schema.SEVERITIES)
+    assert {f["kind"] for f in output} == set(MESSAGE_KINDS)   # the step decides those, and only those
 
 
-def test_output_schema_is_the_findings_schema_exactly(output):
-    assert output.schema == spark_schema(schema.FINDINGS)
+def test_output_schema_is_the_findings_schema_exactly(analysed):
+    """Every file the findings step wrote holds the findings schema's columns, types and order
+    (`date` is the partition, in the log), and the table's schema names them all."""
+    table = lake.open_table(analysed, "findings")
+    in_files = pa.schema([f for f in schema.FINDINGS if f.name not in schema.PARTITION_BY])
+    files = sorted(lake.table_files(table))
+    assert files
+    for path in files:
+        assert pq.read_schema(os.path.join(analysed, "findings", path)).remove_metadata() == in_files, path
+    assert table.schema().to_arrow().names == schema.FINDINGS.names
+    assert table.metadata().partition_columns == list(schema.PARTITION_BY)
 
 
 def test_every_finding_is_well_formed(findings):
@@ -168,52 +202,37 @@ def test_every_finding_is_well_formed(findings):
     assert len(ids) == len(set(ids))
 
 
-def test_ids_and_rows_are_the_same_when_run_again_on_reordered_input(spark, captured, cases, everything, findings):
-    again = own_findings(captured, cases, reverse=True) + [
-        row.asDict() for row in detect(spark_tables(spark, everything, reverse=True), LAB).collect()]
+def test_ids_and_rows_are_the_same_when_run_again_on_reordered_input(tmp_path, captured, cases, everything, findings):
+    again = own_findings(captured, cases, reverse=True) + findings_step(str(tmp_path), everything, reverse=True)
     key = lambda f: f["finding_id"]  # noqa: E731
     assert sorted(again, key=key) == sorted(findings, key=key)
 
 
-def test_the_deliveries_a_full_run_hands_the_message_kinds_give_their_findings_exactly(spark, everything, output):
-    """A full run hands `detect` only what the message kinds can use of the deliveries (every
-    delivery of a message that can loop, every closed or redelivered one): the same findings, row
-    for row, as from every delivery, on cases with loops, dead-letter cycles, closes and identical
-    bodies that are not the same message."""
-    tables = spark_tables(spark, everything)
+def test_the_candidate_deliveries_alone_give_the_message_kinds_findings_exactly(tmp_path, everything, output):
+    """The message kinds read only the candidate deliveries (every delivery of a message that can
+    loop, every closed or redelivered one): a lake holding those alone gives the same findings,
+    row for row, as one holding every delivery, on cases with loops, dead-letter cycles, closes
+    and identical bodies that are not the same message."""
     deliveries = everything["deliveries"]
-    narrowed = spark_tables(spark, {**everything,
-                                    "deliveries": deliveries.filter(candidates(deliveries))})["deliveries"]
-    assert 0 < narrowed.count() < tables["deliveries"].count()
-    again = [row.asDict() for row in detect({**tables, "deliveries": narrowed}, LAB).collect()]
-    expected = [row.asDict() for row in output.collect()]
-    assert {f["kind"] for f in expected} == set(DETECTORS)
+    narrowed = deliveries.filter(candidates(deliveries))
+    assert 0 < narrowed.num_rows < deliveries.num_rows
+    again = findings_step(str(tmp_path), {**everything, "deliveries": narrowed})
+    assert {f["kind"] for f in output} == set(MESSAGE_KINDS)
     key = lambda f: f["finding_id"]  # noqa: E731
-    assert sorted(again, key=key) == sorted(expected, key=key)
+    assert sorted(again, key=key) == sorted(output, key=key)
 
 
-def test_the_spark_job_gives_what_the_python_rules_give(everything, output):
-    """The message kinds' Spark job (the gathering by message, then by incarnation; the packets'
-    lookup) against the same rules run over the same rows in plain Python."""
+def test_the_findings_step_gives_what_the_python_rules_give(everything, output):
+    """The pipeline's findings step (the candidates read from their files, gathered by message,
+    then by incarnation; the packets' scan of `frames`) against the same rules run over the same
+    rows in plain Python."""
     located = defaultdict(dict)
     for frame in everything["frames"].select(["connection_id", "seq", "source_packet", "source"]).to_pylist():
         located[frame["connection_id"]][frame["seq"]] = (frame["source_packet"], frame["source"])
     expected = message_findings(everything["deliveries"].to_pylist(), everything["connections"].to_pylist(),
                                 lambda cid: lambda seqs: [located[cid].get(seq) for seq in seqs], LAB)
-    assert {f["kind"] for f in expected} == set(DETECTORS)
-    # Spark hands timestamps back naive, in the session's time zone (UTC).
-    expected = [{**f, "first_ts": f["first_ts"].replace(tzinfo=None), "last_ts": f["last_ts"].replace(tzinfo=None)}
-                for f in expected]
-    assert_same([row.asDict() for row in output.collect()], expected)
-
-
-def test_detect_names_what_is_missing(spark):
-    with pytest.raises(ValueError, match="missing: connections, frames"):
-        detect({name: None for name in ("deliveries", "publishes", "channels", "violations")})
-    tables = {name: spark.createDataFrame([], spark_schema(TABLES[name][0])) for name in INPUTS}
-    tables["deliveries"] = tables["deliveries"].drop("redelivered")
-    with pytest.raises(ValueError, match="'deliveries' lacks the columns redelivered"):
-        detect(tables)
+    assert {f["kind"] for f in expected} == set(MESSAGE_KINDS)
+    assert_same(output, expected)
 
 
 # -- the recorded lab examples and the public corpus ------------------------------------------------

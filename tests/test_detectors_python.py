@@ -4,7 +4,7 @@
   lake (conftest `analysed_examples`) stores;
 - the hand-built cases of tests/detector_cases.py: their evidence, records in any order, packets
   looked up after the pass, rows of the findings schema (test_detectors.py checks every case's
-  counts of every kind, the cross-connection ones from Spark);
+  counts of every kind, the cross-connection ones from the findings step);
 - how numbers are formatted and the median picked.
 
 Also the feeding helpers test_detectors.py uses, and the random connections (tests/test_timeline.py's

@@ -297,6 +297,41 @@ def test_scope_planner_provisional_files_taken_out(tmp_path, traffic):
     assert plan.scope == FULL and "deleted or rewritten" in plan.reason, plan.reason
 
 
+def test_a_days_run_lists_the_connections_of_those_days_in_its_snapshot(tmp_path, traffic):
+    """analyze._connections_in_scope of a --since/--until run, by the driver (no Spark): from the
+    connection_id column of the frames files of those UTC days in the run's snapshot, exactly the
+    connections with frames on those days, whatever the window; frames appended after the plan
+    wait for the next run."""
+    frames = traffic[0]
+    lake_dir = str(tmp_path)
+    for start in range(0, frames.num_rows, frames.num_rows // 3 + 1):   # a few files a day
+        _append(lake_dir, "frames", frames.slice(start, frames.num_rows // 3 + 1), schema.FRAMES, f"at-{start}")
+    rows = frames.select(["date", "connection_id"]).to_pylist()
+    days = sorted({row["date"] for row in rows})
+    assert len(days) >= 2
+
+    def on_days(since, until):
+        return sorted({row["connection_id"] for row in rows if (since is None or row["date"] >= since)
+                       and (until is None or row["date"] <= until)})
+
+    windows = [(days[0], None), (days[-1], None), (None, days[0]), (days[0], days[0]), (days[1], days[-1]),
+               ("2000-01-01", "2000-01-02")]
+    for since, until in windows:
+        plan = _plan(lake_dir, since=since, until=until)
+        assert plan.scope == DAYS
+        assert analyze_module._connections_in_scope(lake_dir, plan) == on_days(since, until), (since, until)
+    assert 0 < len(on_days(days[-1], None)) < len(on_days(None, None))
+    # A day as the command line takes it (ISO 8601 without dashes) selects the same partitions.
+    compact = _plan(lake_dir, since=days[-1].replace("-", ""))
+    assert analyze_module._connections_in_scope(lake_dir, compact) == on_days(days[-1], None)
+    plan = _plan(lake_dir, since=days[0])
+    later = frames.slice(0, 10).set_column(frames.schema.get_field_index("connection_id"), "connection_id",
+                                           pa.array(["appended-later"] * 10, pa.string()))
+    _append(lake_dir, "frames", later.cast(frames.schema), schema.FRAMES, "later")
+    assert analyze_module._connections_in_scope(lake_dir, plan) == on_days(days[0], None)
+    assert "appended-later" in analyze_module._connections_in_scope(lake_dir, _plan(lake_dir, since=days[0]))
+
+
 def test_a_capture_ingested_in_pieces_stays_scoped_and_ends_with_a_full_runs_tables(spark, tmp_path):
     """Captures ingested piece by piece (rotated files, `ingest --watch`), analysed after each
     ingest: an ingest that continues open flows takes out the provisional rows that ended them, and

@@ -1,8 +1,9 @@
 """The kinds that follow a message across connections (analyzer/detectors/messages.py), directly,
-without Spark: each message's deliveries gathered here as the Spark job gathers them (by message
-identity; then each incarnation's matches), on the hand-built cases of tests/detector_cases.py and
-on traffic made up to probe each rule. tests/test_detectors.py runs the same cases through the
-Spark job and compares the two (`message_findings` below is its reference).
+without a lake: each message's deliveries gathered here as the findings step gathers them (by
+message identity; then each incarnation's matches), on the hand-built cases of
+tests/detector_cases.py and on traffic made up to probe each rule. tests/test_detectors.py runs the
+same cases through the pipeline's findings step and compares the two (`message_findings` below is
+its reference).
 """
 
 from __future__ import annotations

@@ -45,8 +45,6 @@ def examples_report(analysed_examples, tmp_path_factory) -> tuple[str, str]:
 # -- the advice: one source --------------------------------------------------------------------
 
 def test_readme_advice_table_is_finding_advice():
-    from spark_jobs.detectors import SEVERITY
-
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as readme:
         text = readme.read()
     table = text[text.index("| kind | severity | what it means | what to do |"):].splitlines()[2:]
@@ -58,11 +56,11 @@ def test_readme_advice_table_is_finding_advice():
         advice[kind.strip("`")] = (meaning, todo)
         severities[kind.strip("`")] = severity
     assert advice == ADVICE
-    assert severities == SEVERITY
+    assert severities == schema.FINDING_SEVERITY
     assert set(ADVICE) == set(schema.FINDING_KINDS)
     # The dashboards' panel descriptions say the same (their severities are a copy without Spark).
     from dashboards.grafana import advice
-    assert advice.SEVERITY == SEVERITY
+    assert advice.SEVERITY == schema.FINDING_SEVERITY
     assert advice.findings_table() == "\n".join(text[text.index("| kind | severity |"):].splitlines()[:2 + len(ADVICE)])
 
 

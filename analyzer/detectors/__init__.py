@@ -139,8 +139,8 @@ _publish_in_c = folds.publish_fold(SynchronousConfirms, _Lockstep, Firsts, MAX_E
 def evidence_seqs(raw: list[RawFinding]) -> list[int]:
     """The frame seqs the raw findings of one connection point at, each once, ascending: what
     `packets_of` will be asked for. The pass sees each frame once and these are known only at the
-    connection's end, so a caller that did not keep the frames looks them up afterwards (one
-    semi-join of these few seqs with `frames`: spark_jobs/evidence_packets.py)."""
+    connection's end, so a caller that did not keep the frames looks them up afterwards (the
+    findings step's scan of `frames` for these few seqs: spark_jobs/findings.py)."""
     return sorted({seq for finding in raw for seq in finding.evidence.get("seqs") or () if seq is not None})
 
 

@@ -1,7 +1,7 @@
 """The kinds that follow one message across deliveries, channels and connections, sans-IO:
 requeue_loop (one finding per message) and redelivery_after_close (one per closed channel
-incarnation). The caller gathers the deliveries of each message wherever they went (Spark shuffles
-them by message identity: spark_jobs/detectors/messages.py) and hands them in here.
+incarnation). The caller gathers the deliveries of each message wherever they went (the
+pipeline's findings step, over Arrow: spark_jobs/cross_connection_findings.py) and hands them in here.
 
 A message is known by `message_identity` (its message_id, else a hash of body, exchange and
 routing key). Identical bodies share an identity, so a later delivery counts as the same message

@@ -1,4 +1,4 @@
-"""The tunables of the detectors (analyzer/detectors; the findings across connections in spark_jobs/detectors), with production defaults.
+"""The tunables of the detectors (analyzer/detectors, the findings across connections among them), with production defaults.
 
 Only three finding kinds have no exact line in the protocol: how long a delivery may stay
 unacked, how many bounces make a requeue loop, and how lockstep a publisher must be to be

@@ -10,11 +10,6 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 
-# A lookup table (one row per incarnation, consumer registration, ...) up to this many rows is
-# broadcast: a few tens of MB at most in the driver. Above it (an application that opens a channel
-# per message makes millions of incarnations) it is joined by shuffling, which is slower but
-# bounded in memory.
-BROADCAST_ROWS = 200_000
 # Up to this many connections, "the rows of these connections" is a literal IN filter: no join and
 # so no broadcast, which without adaptive execution is a Spark job of its own each time a query
 # runs it; and Parquet skips row groups by it. Above it, a broadcast semi-join.
@@ -38,17 +33,6 @@ def measured(df: DataFrame, **measures: Column) -> tuple[DataFrame, dict]:
     observation = Observation()
     done = materialised(df.observe(observation, *[measure.alias(name) for name, measure in measures.items()]))
     return done, observation.get
-
-
-def lookup(df: DataFrame, rows: int | None = None) -> DataFrame:
-    """`df` marked for broadcast if it is small. A cut plan has no size estimate, so without the
-    mark Spark would shuffle and sort the big side of every join with it. `rows`: at most how many
-    rows `df` has, where the caller knows (then nothing is computed here); else `df` is
-    materialised and counted (one Spark job)."""
-    if rows is None:
-        df, seen = measured(df, rows=F.count(F.lit(1)))
-        rows = seen["rows"]
-    return F.broadcast(df) if rows <= BROADCAST_ROWS else df
 
 
 def of_connections(df: DataFrame, keys: list[str]) -> DataFrame:
