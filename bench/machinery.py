@@ -2,7 +2,7 @@
 a piece that saves under 10% of its figure goes; docs/analysis.md, "The speed machinery").
 
     .venv/bin/python bench/machinery.py analyze --runs full|days|append [--frames N --hot-deliveries N]
-        [--tail 0.9] [--master 'local[2]'] [--repeat 3] [--pieces archive,daemon,quick_start]
+        [--tail 0.9] [--master 'local[2]'] [--repeat 3] [--pieces archive,quick_start]
     .venv/bin/python bench/machinery.py ingest [--capture FILE] [--repeat 7] [--pieces pandas_probe,gc_paused]
 
 `analyze`: the runs Spark makes now that the local executor takes small lakes and small appends
@@ -34,12 +34,11 @@ import sys
 OFF = {
     "none": "",
     "archive": "",  # the environment's ACKSCOPE_JVM_ARCHIVE_DIR, set by the parent
-    "daemon": "import spark_jobs.session as s; s.PYTHON_DAEMON = 'pyspark.daemon'",
     "quick_start": "import spark_jobs.session as s; s.QUICK_START_UP_TO_ROWS = -1",
     "pandas_probe": "import analyzer.pandas_probe as p; p.answer_pandas_probe_without_pandas = lambda: None",
     "gc_paused": "import contextlib, analyzer.gcpause as g; g.cyclic_gc_paused = contextlib.nullcontext",
 }
-SPARK_PIECES = ("archive", "daemon", "quick_start")
+SPARK_PIECES = ("archive", "quick_start")
 NO_SPARK_EXIT = 3
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
