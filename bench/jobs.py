@@ -45,9 +45,8 @@ from spark_jobs import session, steps  # noqa: E402
 from spark_jobs.analyze import analyze  # noqa: E402
 from spark_jobs.schedule import release_run  # noqa: E402
 
-# Spark's Python daemon as local sessions run it (spark_jobs/python_daemon.py), or PySpark's own:
-# the module its command runs (`python -m ...`), which the workers it forks inherit.
-DAEMONS = (session.PYTHON_DAEMON.encode(), b"pyspark.daemon")
+# Spark's Python daemon: the module its command runs (`python -m ...`), which the workers it forks inherit.
+DAEMON = b"pyspark.daemon"
 OWN_CODE = (os.path.join(REPO_DIR, "spark_jobs") + os.sep, os.path.join(REPO_DIR, "analyzer") + os.sep)
 
 
@@ -150,13 +149,13 @@ def tree_cpu_s(root: int) -> float:
 
 def python_worker_mb(root: int) -> int:
     """The largest resident set (MB) among the PySpark Python processes under process `root`: the
-    daemon (DAEMONS) and the workers it forks (named after it)."""
+    daemon (DAEMON) and the workers it forks (named after it)."""
     largest = 0
     for pid in _descendants(root):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                 command = cmdline.read().split(b"\0")
-                if not any(command[1:3] == [b"-m", name] for name in DAEMONS):
+                if command[1:3] != [b"-m", DAEMON]:
                     continue
             with open(f"/proc/{pid}/status") as status:
                 kb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))

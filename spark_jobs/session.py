@@ -76,14 +76,11 @@ LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 # A driver JVM for one small run spends most of its life starting and warming up: the JIT's
 # optimising compiler (C2) compiles Spark's code on the cores the run's Python workers need, for
 # code that runs too briefly to pay it back. Stopping at the quick compiler (C1) starts sooner and
-# competes less, but Spark's code runs slower once warm. On the 10 M-frame bench lake, each run in
-# a new process (bench/README.md, session 35): a scheduled run over a 5% append (0.5 M new frame
-# rows) 19.7-20.1 s with it against 22.9-23.9 s without; a full run of a 1 M-frame lake 25.2-26.7 s
-# against 30.2-31.9; a full run over all 10 M rows 159.8 s against 149.5. Session 36, on a slower
-# machine: full runs of a 3 M-frame lake 110.2-122.8 s against 119.5-132.4, of a 5 M-frame lake
-# 171.4-183.0 against 173.6-176.1 (even). Issue 58: `analyze --full` of the demo's lake in a new
-# process 7.10 s with it, 9.10 without (medians of 5, docs/analysis.md "The speed machinery").
-# A long-lived driver (`analyze --every`, the tests) keeps C2.
+# competes less, but Spark's code runs slower once warm. Each run in a new process
+# (docs/analysis.md, "The speed machinery"): a run by day on the demo's lake 24% less wall time with
+# it; a full run of 1.2 M frame rows and an append of 1.1 M even; a full run of the 10 M-frame bench
+# lake ~10 s more (159.8 s against 149.5, when measured). A long-lived driver (`analyze --every`,
+# the tests) keeps C2.
 QUICK_START = "-XX:TieredStopAtLevel=1"
 # A one-shot run reading at most this many frame rows gets a QUICK_START driver: the largest run
 # measured to gain (the crossover lies near 5 M rows).
@@ -182,9 +179,6 @@ def _s3a_problem(spark: SparkSession) -> str | None:
             f"--packages org.apache.hadoop:hadoop-aws:{hadoop} (Maven brings the SDK bundle), or both JARs in {jars}")
 
 
-# The Python daemon module of local sessions (python_daemon.py).
-PYTHON_DAEMON = "spark_jobs.python_daemon"
-
 # delta-spark writes this session setting into each commit's `userMetadata`; the bridge does too.
 COMMIT_TAG_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
@@ -234,8 +228,6 @@ def get_spark(master: str | None = "local[*]", app_name: str = "ackscope", drive
         conf.set("spark.sql.shuffle.partitions", str(2 * cores))
         # Local runs are batch jobs and tests, often several at once: no UI, no fight over port 4040.
         conf.set("spark.ui.enabled", "false")
-        # Python workers that import pyspark as installed, not from Spark's archives (python_daemon.py).
-        conf.set("spark.python.daemon.module", PYTHON_DAEMON)
     if cores is not None:
         # Local Python workers (grouped Arrow functions) need this interpreter's packages: pyarrow,
         # analyzer. PySpark reads the variable when the context starts; a cluster sets its own.
