@@ -50,14 +50,13 @@ _SESSION_CONF = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.ui.showConsoleProgress": "false",
     # Adaptive execution runs every shuffle and broadcast of a plan as a job of its own. The pass
-    # fixes its partitions itself and small lookups are broadcast by count (timeline/plans.py), so
-    # it has little to adapt, and a small run pays for each extra job.
+    # fixes its partitions itself, so it has little to adapt, and a small run pays for each extra job.
     "spark.sql.adaptive.enabled": "false",
     # Spark's sorts and window buffers, when they spill, open every piece at once with a 1 MB read
     # buffer, two with read-ahead: one buffer per piece keeps a big spill (the pass sorts a hot
     # connection in one task) within a small driver (bench/README.md).
     "spark.unsafe.sorter.spill.read.ahead.enabled": "false",
-    # Checkpointed steps (timeline.materialised) are stored on disk through this serializer; Java
+    # Checkpointed steps (timeline/plans.materialised) are stored on disk through this serializer; Java
     # serialization of millions of rows costs more than computing them.
     "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
     # PySpark 4 otherwise records the Python call site of every DataFrame and Column function in
