@@ -46,6 +46,14 @@ def analysed(spark, tmp_path_factory):
     return lake_dir, _tables(lake_dir)
 
 
+def _copy(lake: tuple[str, dict], tmp_path) -> tuple[str, dict]:
+    """A copy of a module fixture's lake, to damage or run on: (its folder, the fixture's tables)."""
+    source, tables = lake
+    lake_dir = str(tmp_path / "lake")
+    shutil.copytree(source, lake_dir)
+    return lake_dir, tables
+
+
 def cut_last_log_entry(table_dir: str) -> str:
     entry = sorted(glob.glob(os.path.join(table_dir, "_delta_log", "*.json")))[-1]
     _cut(entry)
@@ -69,9 +77,7 @@ def _cut(path: str) -> None:
 @pytest.mark.parametrize("damage", [cut_last_log_entry, cut_a_data_file])
 @pytest.mark.parametrize("name", WRITTEN)
 def test_a_damaged_table_is_named_set_aside_and_rebuilt_in_that_run(spark, analysed, tmp_path, name, damage):
-    source, tables = analysed
-    lake_dir = str(tmp_path / "lake")
-    shutil.copytree(source, lake_dir)
+    lake_dir, tables = _copy(analysed, tmp_path)
     damage(os.path.join(lake_dir, name))
     report = analyze(spark, lake_dir)
     assert report.scope == FULL and f"table {name} unreadable (" in report.reason, report.reason
@@ -85,9 +91,7 @@ def test_a_damaged_table_is_named_set_aside_and_rebuilt_in_that_run(spark, analy
 def test_ackscope_analyze_full_exits_0_with_analysis_state_cut_and_the_findings_of_the_run(analysed, tmp_path):
     """The case issue 60 found: even --full exited 5 AFTER committing new deliveries, publishes,
     channels, violations and channel_metrics, leaving the previous run's findings."""
-    source, tables = analysed
-    lake_dir = str(tmp_path / "lake")
-    shutil.copytree(source, lake_dir)
+    lake_dir, tables = _copy(analysed, tmp_path)
     cut_last_log_entry(os.path.join(lake_dir, STATE_TABLE))
     run = subprocess.run([ACKSCOPE, "analyze", "--lake", lake_dir, "--full"],
                          capture_output=True, text=True, timeout=600)
@@ -117,9 +121,12 @@ def unwritable(path: str):
         subprocess.run(["chattr", "-i", path], check=True)
 
 
-def _half_analysed_then_appended(spark, lake_dir: str) -> tuple[str, dict]:
+@pytest.fixture(scope="module")
+def half_analysed_then_appended(spark, tmp_path_factory) -> tuple[str, dict]:
     """A lake of the first half of the examples, analysed, then the second half ingested: (the
-    lake, its published tables)."""
+    lake, its published tables). Made once (an ingest and a Spark run) and read only: each test
+    runs on a copy of its own (_copy)."""
+    lake_dir = str(tmp_path_factory.mktemp("half-analysed"))
     captures = sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))
     for capture in captures[: len(captures) // 2]:
         assert not ingest_file(capture, lake_dir).errors
@@ -132,12 +139,12 @@ def _half_analysed_then_appended(spark, lake_dir: str) -> tuple[str, dict]:
 
 @pytest.mark.parametrize("name", ["deliveries", "channel_metrics", STATE_TABLE, "findings", RUNS_TABLE])
 def test_a_run_failing_at_any_commit_leaves_the_last_runs_tables_visible_and_the_next_run_recovers(
-        spark, analysed, tmp_path, name):
+        spark, analysed, half_analysed_then_appended, tmp_path, name):
     """The run's commit of `name` refused (its log folder unwritable): the tables it committed before
     stay unpublished, and the findings, report and push read the run before's, whole; the next run
     publishes the tables of one run over everything, exit 0."""
     _, tables = analysed
-    lake_dir, before = _half_analysed_then_appended(spark, str(tmp_path / "lake"))
+    lake_dir, before = _copy(half_analysed_then_appended, tmp_path)
     with unwritable(os.path.join(lake_dir, name, "_delta_log")):
         with pytest.raises(Exception):
             analyze(spark, lake_dir)
@@ -149,11 +156,11 @@ def test_a_run_failing_at_any_commit_leaves_the_last_runs_tables_visible_and_the
 
 @pytest.mark.parametrize("name", ["deliveries", "channel_metrics", STATE_TABLE, "findings", RUNS_TABLE])
 def test_a_run_of_the_local_executor_failing_at_any_commit_leaves_the_last_runs_tables_visible(
-        spark, analysed, tmp_path, name):
+        spark, analysed, half_analysed_then_appended, tmp_path, name):
     """As above, the run made by the driver without Spark (analyze_without_spark: a small append
     carried on from the checkpoints, the findings by the driver), its commit of `name` refused."""
     _, tables = analysed
-    lake_dir, before = _half_analysed_then_appended(spark, str(tmp_path / "lake"))
+    lake_dir, before = _copy(half_analysed_then_appended, tmp_path)
     with unwritable(os.path.join(lake_dir, name, "_delta_log")):
         with pytest.raises(Exception) as failed:   # the driver's run (None, Spark's, would not raise)
             analyze_without_spark(lake_dir, planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS,
@@ -201,9 +208,7 @@ def test_a_table_damaged_inside_its_pages_is_named_set_aside_and_rebuilt_by_the_
     """The footer check at plan time (lake.unreadable) lets such a file pass: the run reading it
     (Spark's reader or pyarrow's, each page's checksum checked) fails on it, sets the table aside and
     is made again as a whole analysis, with the tables of an undamaged lake; so are the runs after."""
-    source, tables = analysed
-    lake_dir = str(tmp_path / "lake")
-    shutil.copytree(source, lake_dir)
+    lake_dir, tables = _copy(analysed, tmp_path)
     # A run over the day re-analyses every connection, reading each table it replaces rows of; the
     # run log is read as any run without --since/--until is planned.
     day = _day(lake_dir)
@@ -224,9 +229,7 @@ def test_damaged_frames_or_connections_stop_the_run_naming_the_file_and_publish_
     """The captured traffic cannot be written again by an analysis: `ackscope analyze` says which
     file cannot be read and exits non-zero, and the findings, report and push still read the last
     finished run's tables, whole."""
-    source, tables = analysed
-    lake_dir = str(tmp_path / "lake")
-    shutil.copytree(source, lake_dir)
+    lake_dir, tables = _copy(analysed, tmp_path)
     damaged = damage_every_page(os.path.join(lake_dir, name))
     before = _published(lake_dir)
     run = subprocess.run([ACKSCOPE, "analyze", "--lake", lake_dir, "--full"], capture_output=True, text=True,
@@ -244,18 +247,17 @@ def test_damaged_frames_or_connections_stop_the_run_naming_the_file_and_publish_
 @pytest.mark.parametrize("name, append", [(STATE_TABLE, True), ("frames", True), ("connections", True),
                                           ("findings", False)])
 def test_the_local_executor_names_a_table_damaged_inside_its_pages_and_spark_rebuilds_it(
-        spark, analysed, tmp_path, name, append):
+        spark, analysed, half_analysed_then_appended, tmp_path, name, append):
     """The driver's run without Spark (a small append carried on from the checkpoints, or nothing
     new) reading a damaged file (pyarrow, each page's checksum checked): a table the analysis writes
     is set aside and the run left to Spark as a whole analysis (RebuildWhole, as `ackscope analyze`
     does), with the tables of an undamaged lake; a damaged file of the append's frames or
     connections stops the run naming it, nothing published."""
-    source, tables = analysed
-    lake_dir = str(tmp_path / "lake")
+    _, tables = analysed
     if append:
-        lake_dir, before = _half_analysed_then_appended(spark, lake_dir)
+        lake_dir, before = _copy(half_analysed_then_appended, tmp_path)
     else:
-        shutil.copytree(source, lake_dir)
+        lake_dir, _ = _copy(analysed, tmp_path)
         before = _published(lake_dir)
     damaged = damage_every_page(os.path.join(lake_dir, name))
     plan = planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS, Thresholds())

@@ -9,8 +9,10 @@ they look for the one thing each scenario is about, so the two do not share a mi
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,13 @@ def lab_out(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def lab_capture(lab_out) -> Callable[[str], tuple[Capture, dict]]:
+    """read_lab_capture of the recording, each scenario's decoded by tshark once: the tests below
+    read a scenario's up to five times, and tests only read what it returns."""
+    return functools.cache(functools.partial(read_lab_capture, lab_out))
+
+
 def test_list_prints_every_scenario_once_per_line():
     result = subprocess.run([sys.executable, "-m", "tests.lab", "list"], cwd=REPOSITORY,
                             capture_output=True, text=True, timeout=60, check=True)
@@ -51,8 +60,8 @@ def test_run_rejects_an_unknown_scenario(tmp_path):
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_capture_decodes_and_expectations_are_complete(lab_out, scenario):
-    capture, expected = read_lab_capture(lab_out, scenario)
+def test_capture_decodes_and_expectations_are_complete(lab_out, lab_capture, scenario):
+    capture, expected = lab_capture(scenario)
     assert (lab_out / f"{scenario}.pcapng").stat().st_size < MAX_CAPTURE_BYTES
     assert any(frame.kind == "method" for frame in capture.frames)
     assert expected["scenario"] == scenario and expected["description"]
@@ -68,9 +77,9 @@ def test_capture_decodes_and_expectations_are_complete(lab_out, scenario):
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_expectations_follow_from_the_capture_on_disk(lab_out, scenario):
+def test_expectations_follow_from_the_capture_on_disk(lab_capture, scenario):
     """Judged again from the file alone, the capture gives the same expectations."""
-    capture, expected = read_lab_capture(lab_out, scenario)
+    capture, expected = lab_capture(scenario)
     evidence = all_evidence(capture)
     verdict = SCENARIOS[scenario].judge(capture, evidence)
     again = expectations_document(scenario, SCENARIOS[scenario].description, verdict, evidence,
@@ -103,8 +112,8 @@ def broker_confirms(capture: Capture, name: str, channel: int = 1) -> list[Frame
             and capture.connection_name(f) == name and f.channel == channel]
 
 
-def test_clean_async_confirms_confirms_every_publish_and_acks_every_delivery(lab_out):
-    capture, _ = read_lab_capture(lab_out, "clean_async_confirms")
+def test_clean_async_confirms_confirms_every_publish_and_acks_every_delivery(lab_capture):
+    capture, _ = lab_capture("clean_async_confirms")
     publisher, consumer = connection("clean_async_confirms", "publisher"), connection("clean_async_confirms", "consumer")
     published = len(capture.methods("basic.publish", connection_name=publisher))
     assert covered_tags(broker_confirms(capture, publisher), published) == set(range(1, published + 1))
@@ -115,8 +124,8 @@ def test_clean_async_confirms_confirms_every_publish_and_acks_every_delivery(lab
     assert {a.flag("multiple") for a in acks} == {True, False}
 
 
-def test_lost_confirms_end_with_publishes_never_confirmed(lab_out):
-    capture, _ = read_lab_capture(lab_out, "lost_confirms")
+def test_lost_confirms_end_with_publishes_never_confirmed(lab_capture):
+    capture, _ = lab_capture("lost_confirms")
     for role in ("tcp-cut", "broker-closed"):
         name = connection("lost_confirms", role)
         stream = capture.stream_named(name)
@@ -128,14 +137,14 @@ def test_lost_confirms_end_with_publishes_never_confirmed(lab_out):
     assert forced[0].args["reply_code"] == "320"
 
 
-def test_confirm_nacks_come_from_the_broker(lab_out):
-    capture, _ = read_lab_capture(lab_out, "confirm_nacks")
+def test_confirm_nacks_come_from_the_broker(lab_capture):
+    capture, _ = lab_capture("confirm_nacks")
     settled = settled_by(broker_confirms(capture, connection("confirm_nacks", "publisher")), 20)
     assert sorted(settled.values()) == ["basic.ack"] * 5 + ["basic.nack"] * 15
 
 
-def test_out_of_order_confirms_ack_a_higher_tag_before_a_lower_one(lab_out):
-    capture, _ = read_lab_capture(lab_out, "out_of_order_confirms")
+def test_out_of_order_confirms_ack_a_higher_tag_before_a_lower_one(lab_capture):
+    capture, _ = lab_capture("out_of_order_confirms")
     confirmed: set[int] = set()
     overtaking = []
     for confirm in broker_confirms(capture, connection("out_of_order_confirms", "publisher")):
@@ -145,8 +154,8 @@ def test_out_of_order_confirms_ack_a_higher_tag_before_a_lower_one(lab_out):
     assert overtaking
 
 
-def test_unacked_buildup_consumers_never_ack_while_deliveries_pile_up(lab_out):
-    capture, _ = read_lab_capture(lab_out, "unacked_buildup")
+def test_unacked_buildup_consumers_never_ack_while_deliveries_pile_up(lab_capture):
+    capture, _ = lab_capture("unacked_buildup")
     unbounded, stuck = connection("unacked_buildup", "unbounded-consumer"), connection("unacked_buildup", "stuck-consumer")
     assert not capture.methods("basic.ack", from_broker=False)
     assert not capture.methods("basic.qos", connection_name=unbounded)
@@ -156,8 +165,8 @@ def test_unacked_buildup_consumers_never_ack_while_deliveries_pile_up(lab_out):
     assert deliveries[-1].time - deliveries[0].time > 1.5
 
 
-def test_requeue_loop_delivers_each_poison_message_again_and_again(lab_out):
-    capture, _ = read_lab_capture(lab_out, "requeue_loop")
+def test_requeue_loop_delivers_each_poison_message_again_and_again(lab_capture):
+    capture, _ = lab_capture("requeue_loop")
     for role, message_id in (("nack-consumer", "poison-nack"), ("reject-consumer", "poison-reject"),
                              ("dead-letter-consumer", "poison-dead-letter")):
         deliveries = capture.methods("basic.deliver", connection_name=connection("requeue_loop", role))
@@ -167,8 +176,8 @@ def test_requeue_loop_delivers_each_poison_message_again_and_again(lab_out):
     assert counts == list(range(1, len(dead_lettered)))
 
 
-def test_unknown_delivery_tags_get_their_channels_closed_with_406(lab_out):
-    capture, _ = read_lab_capture(lab_out, "unknown_delivery_tag")
+def test_unknown_delivery_tags_get_their_channels_closed_with_406(lab_capture):
+    capture, _ = lab_capture("unknown_delivery_tag")
     closes = capture.methods("channel.close", from_broker=True)
     assert [(c.channel, c.args["reply_code"]) for c in closes] == [(1, "406"), (2, "406"), (4, "406")]
     for close in closes:
@@ -177,8 +186,8 @@ def test_unknown_delivery_tags_get_their_channels_closed_with_406(lab_out):
         assert acks, f"an ack on channel {close.channel} before its close"
 
 
-def test_redelivery_after_close_redelivers_what_was_left_unacked(lab_out):
-    capture, _ = read_lab_capture(lab_out, "redelivery_after_close")
+def test_redelivery_after_close_redelivers_what_was_left_unacked(lab_capture):
+    capture, _ = lab_capture("redelivery_after_close")
     first = capture.methods("basic.deliver", connection_name=connection("redelivery_after_close", "first-consumer"))
     second = capture.methods("basic.deliver", connection_name=connection("redelivery_after_close", "second-consumer"))
     close = capture.methods("channel.close", from_broker=False,
@@ -187,16 +196,16 @@ def test_redelivery_after_close_redelivers_what_was_left_unacked(lab_out):
     assert {d.message_id for d in second} < {d.message_id for d in first} and len(second) == 7
 
 
-def test_unroutable_mandatory_returns_before_confirming(lab_out):
-    capture, _ = read_lab_capture(lab_out, "unroutable_mandatory")
+def test_unroutable_mandatory_returns_before_confirming(lab_capture):
+    capture, _ = lab_capture("unroutable_mandatory")
     name = connection("unroutable_mandatory", "publisher")
     returns = capture.methods("basic.return", from_broker=True, connection_name=name)
     assert len(returns) == 10 and {r.args["reply_code"] for r in returns} == {"312"}
     assert covered_tags(broker_confirms(capture, name), 10) == set(range(1, 11))
 
 
-def test_synchronous_publisher_waits_for_each_confirm_and_the_others_do_not(lab_out):
-    capture, _ = read_lab_capture(lab_out, "synchronous_confirms")
+def test_synchronous_publisher_waits_for_each_confirm_and_the_others_do_not(lab_capture):
+    capture, _ = lab_capture("synchronous_confirms")
 
     def publishes_with_nothing_outstanding(role: str) -> tuple[int, int]:
         name = connection("synchronous_confirms", role)
@@ -218,8 +227,8 @@ def test_synchronous_publisher_waits_for_each_confirm_and_the_others_do_not(lab_
         assert lockstep <= published // 4, role
 
 
-def test_persistent_without_confirms_publishes_persistent_on_a_plain_channel(lab_out):
-    capture, _ = read_lab_capture(lab_out, "persistent_without_confirms")
+def test_persistent_without_confirms_publishes_persistent_on_a_plain_channel(lab_capture):
+    capture, _ = lab_capture("persistent_without_confirms")
     name = connection("persistent_without_confirms", "plain-publisher")
     publishes = capture.methods("basic.publish", connection_name=name)
     assert len(publishes) == 20 and {p.properties["delivery_mode"] for p in publishes} == {"2"}
@@ -227,8 +236,8 @@ def test_persistent_without_confirms_publishes_persistent_on_a_plain_channel(lab
     assert not capture.methods("tx.select", connection_name=name)
 
 
-def test_transactions_commit_and_roll_back_on_both_sides(lab_out):
-    capture, _ = read_lab_capture(lab_out, "transactions")
+def test_transactions_commit_and_roll_back_on_both_sides(lab_capture):
+    capture, _ = lab_capture("transactions")
     for role in ("tx-publisher", "tx-consumer"):
         name = connection("transactions", role)
         for method in ("tx.select", "tx.commit", "tx.rollback"):
@@ -241,8 +250,8 @@ def test_transactions_commit_and_roll_back_on_both_sides(lab_out):
     assert not capture.methods("channel.close", from_broker=True)
 
 
-def test_flow_control_blocks_and_unblocks_both_publishers(lab_out):
-    capture, _ = read_lab_capture(lab_out, "flow_control")
+def test_flow_control_blocks_and_unblocks_both_publishers(lab_capture):
+    capture, _ = lab_capture("flow_control")
     for role in ("pika-publisher", "py-amqp-publisher"):
         name = connection("flow_control", role)
         blocked = capture.methods("connection.blocked", from_broker=True, connection_name=name)
@@ -250,8 +259,8 @@ def test_flow_control_blocks_and_unblocks_both_publishers(lab_out):
         assert len(blocked) == 1 and len(unblocked) == 1 and blocked[0].number < unblocked[0].number, role
 
 
-def test_polling_and_autoack_uses_get_get_empty_and_no_ack(lab_out):
-    capture, _ = read_lab_capture(lab_out, "polling_and_autoack")
+def test_polling_and_autoack_uses_get_get_empty_and_no_ack(lab_capture):
+    capture, _ = lab_capture("polling_and_autoack")
     poller, autoack = connection("polling_and_autoack", "poller"), connection("polling_and_autoack", "autoack-consumer")
     gets = capture.methods("basic.get", from_broker=False, connection_name=poller)
     assert [g.flag("no_ack") for g in gets] == [False] * 3 + [True] * 2 + [False]
@@ -260,8 +269,8 @@ def test_polling_and_autoack_uses_get_get_empty_and_no_ack(lab_out):
     assert not capture.methods("basic.ack", connection_name=autoack)
 
 
-def test_channel_reuse_opens_one_channel_number_three_times(lab_out):
-    capture, _ = read_lab_capture(lab_out, "channel_reuse")
+def test_channel_reuse_opens_one_channel_number_three_times(lab_capture):
+    capture, _ = lab_capture("channel_reuse")
     opens = capture.methods("channel.open", from_broker=False)
     closes = capture.methods("channel.close", from_broker=False)
     assert [f.channel for f in opens] == [1, 1, 1] and len(closes) == 3
@@ -270,15 +279,15 @@ def test_channel_reuse_opens_one_channel_number_three_times(lab_out):
     assert min(first_confirms) <= 3, "confirm numbering starts again on the second incarnation"
 
 
-def test_mid_stream_capture_starts_without_a_handshake_and_high_tags(lab_out):
-    capture, _ = read_lab_capture(lab_out, "mid_stream")
+def test_mid_stream_capture_starts_without_a_handshake_and_high_tags(lab_capture):
+    capture, _ = lab_capture("mid_stream")
     assert not capture.methods("connection.start") and not capture.methods("channel.open")
     assert capture.methods("basic.deliver")[0].tag > 1000
     assert not any(stream.ended for stream in capture.streams.values())
 
 
-def test_heartbeats_flow_both_ways_on_an_idle_connection(lab_out):
-    capture, _ = read_lab_capture(lab_out, "heartbeats")
+def test_heartbeats_flow_both_ways_on_an_idle_connection(lab_capture):
+    capture, _ = lab_capture("heartbeats")
     name = connection("heartbeats", "idle")
     assert len(capture.heartbeats(from_broker=True, connection_name=name)) >= 2
     assert len(capture.heartbeats(from_broker=False, connection_name=name)) >= 2
@@ -289,7 +298,7 @@ def test_heartbeats_flow_both_ways_on_an_idle_connection(lab_out):
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_analyzer_decodes_every_scenario_like_tshark(lab_out, scenario):
+def test_analyzer_decodes_every_scenario_like_tshark(lab_out, lab_capture, scenario):
     """ackscope's decoder against tshark on each freshly recorded scenario: the same frames by method,
     no decoding errors, and every connection the lab named is found with its name."""
     from analyzer.ingest import decode
@@ -300,7 +309,7 @@ def test_analyzer_decodes_every_scenario_like_tshark(lab_out, scenario):
     report, connections = decode(path, lambda table: None)
     assert report.errors == []
     assert report.frames_by_method == tshark_frames_by_method(path)
-    _, expected = read_lab_capture(lab_out, scenario)
+    _, expected = lab_capture(scenario)
     if scenario != "mid_stream":  # its connections were opened before the recording: no names on the wire
         assert set(expected["facts"]["connections"]) <= {c["connection_name"] for c in connections}
 
@@ -321,8 +330,8 @@ def lab_lake(lab_out, spark, tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_analysis_finds_what_each_scenario_expects_and_nothing_it_forbids(lab_out, lab_lake, scenario):
+def test_analysis_finds_what_each_scenario_expects_and_nothing_it_forbids(lab_out, lab_capture, lab_lake, scenario):
     from tests.findings_check import findings_of_capture, problems
 
-    _, expected = read_lab_capture(lab_out, scenario)
+    _, expected = lab_capture(scenario)
     assert problems(findings_of_capture(lab_lake, str(lab_out / f"{scenario}.pcapng")), expected) == []

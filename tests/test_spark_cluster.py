@@ -4,19 +4,21 @@ an incremental run after an append, on a lab lake (the recorded examples) and a 
 (bench/frames_generator.py), each ending with tables equal, row for row, to the same runs' on this
 machine alone (`ackscope analyze`, whose small append the driver carries on itself with no JVM).
 The lab lake's incremental run goes through `spark-submit --master spark://... spark_jobs/job.py`,
-which runs on the master spark-submit was given.
+which runs on the master spark-submit was given, shipped with docs/deployment.md's packed virtualenv
+(`--archives`), as it would be to a real cluster's nodes; elsewhere the executors import ackscope
+from this venv (the workers share this machine).
 
-The executors import ackscope from this venv (the workers share this machine), except in the test of
-docs/deployment.md's packed virtualenv, which spark-submit ships with `--archives` as it would to a
-real cluster's nodes."""
+The cluster is started once for the module (a master's and two workers' JVMs cost tens of seconds
+on a busy machine), and the packed environment is made beside its start."""
 
+import functools
 import glob
 import importlib.util
 import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,10 +46,23 @@ RUN_TIMEOUT_S = 900
 GENERATED = gen.Params(frames=12_000, hot_deliveries=2_000, seed=23, connections=8, duration_s=900)
 
 
+class _BlockFailed(Exception):
+    """Raised inside the module cluster's block once its tests are over, as a failing test would."""
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with standalone_cluster(tmp_path_factory.mktemp("spark-cluster")) as running:
-        yield running
+    """The module's cluster, ended by a failure inside its block; on the way out, standalone_cluster's
+    promise is checked: no JVM of the cluster is left, even when the block fails."""
+    pids = []
+    try:
+        with standalone_cluster(tmp_path_factory.mktemp("spark-cluster")) as running:
+            pids = [process.pid for process in running.processes]
+            yield running
+            raise _BlockFailed()
+    except _BlockFailed:
+        pass
+    assert len(pids) == 3 and [pid for pid in pids if os.path.exists(f"/proc/{pid}")] == []
 
 
 def _analyze(lake_dir: str, env: dict, *options: str) -> dict:
@@ -108,24 +123,75 @@ def _analyze_on_cluster(cluster, lake_dir: str) -> dict:
     return _analyze(lake_dir, cluster.driver_env(), "--master", cluster.url)
 
 
-def _submit_to_cluster(cluster, lake_dir: str) -> dict:
-    """`spark-submit --master spark://... spark_jobs/job.py --lake ...`, with no --master of the job's
-    own: the job runs on spark-submit's master (before, its default local[*] overrode it)."""
+# What the executors' Python workers import of ackscope's dependencies (pyspark comes from the
+# cluster's Spark, on the workers' PYTHONPATH): the packed environment of docs/deployment.md.
+EXECUTOR_PACKAGES = ("pyarrow", "numpy", "deltalake")
+
+
+def _pinned(packages: tuple[str, ...]) -> list[str]:
+    """`name==version` of each package as pyproject.toml pins it."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as project:
+        pins = {line.split("==")[0]: line for line in tomllib.load(project)["project"]["dependencies"]}
+    return [pins[name] for name in packages]
+
+
+def _pack_environment(folder) -> str:
+    """docs/deployment.md's packed virtualenv, made as it says: ackscope without its dependencies,
+    the executors' packages at the project's pins, the folder packed with tar. Its path."""
+    env, packed = folder / "ackscope-env", folder / "ackscope-env.tar.gz"
+    subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", str(env)], check=True)
+    pip = [str(env / "bin" / "pip"), "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "--no-deps", ROOT], check=True, capture_output=True)
+    subprocess.run([*pip, *_pinned(EXECUTOR_PACKAGES)], check=True, capture_output=True)
+    subprocess.run(["tar", "-czf", str(packed), "-C", str(env), "."], check=True)
+    return str(packed)
+
+
+@pytest.fixture(scope="module")
+def packed_environment(tmp_path_factory):
+    """The packed virtualenv, made in the background (a minute of pip and gzip, beside the first runs
+    on the cluster): a Future of its path."""
+    with ThreadPoolExecutor(1) as packing:
+        yield packing.submit(_pack_environment, tmp_path_factory.mktemp("packed"))
+
+
+def _submit_with_packed_environment(cluster, lake_dir: str, packing: Future) -> dict:
+    """`spark-submit --master spark://... --archives ackscope-env.tar.gz#environment spark_jobs/job.py
+    --lake ...`, as docs/deployment.md ships a job: each executor unpacks the environment in its work
+    folder and runs its Python workers from it (`./environment/bin/python`, nothing of this venv).
+    With no --master of the job's own, the job runs on spark-submit's master (before, its default
+    local[*] overrode it)."""
+    env = {key: value for key, value in cluster.driver_env().items() if key != "PYSPARK_PYTHON"}
     run = subprocess.run([os.path.join(SPARK_HOME, "bin", "spark-submit"), "--master", cluster.url,
+                          "--archives", f"{packing.result()}#environment",
+                          "--conf", "spark.pyspark.python=./environment/bin/python",
+                          "--conf", f"spark.pyspark.driver.python={sys.executable}",
                           os.path.join(ROOT, "spark_jobs", "job.py"), "--lake", lake_dir, "--json"],
-                         capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=cluster.driver_env())
+                         capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     return json.loads(run.stdout.splitlines()[-1])  # Spark merges the driver's stderr into stdout
 
 
-@pytest.mark.parametrize("traffic, then", [("lab", _submit_to_cluster), ("generated", _analyze_on_cluster)],
-                         ids=["lab, the append through spark-submit", "generated"])
-def test_a_full_run_and_an_incremental_one_on_the_cluster_equal_the_local_runs(cluster, traffic, then, tmp_path):
+def _unpacked_environments(cluster) -> set:
+    """The packed environments the cluster's executors have unpacked in their work folders."""
+    return set(cluster.folder.glob("worker-*/app-*/*/environment"))
+
+
+@pytest.mark.parametrize("traffic", ["lab", "generated"],
+                         ids=["lab, the append through spark-submit with the packed environment", "generated"])
+def test_a_full_run_and_an_incremental_one_on_the_cluster_equal_the_local_runs(cluster, traffic, tmp_path, request):
     """A full run, an append, an incremental run: on the cluster and on a local master, each lake
-    equal to the other after each run. On the lab lake the incremental run is spark-submit's."""
-    pieces = _lab_pieces(tmp_path) if traffic == "lab" else _generated_pieces()
+    equal to the other after each run. On the lab lake the incremental run is spark-submit's, shipped
+    with docs/deployment.md's packed virtualenv."""
+    if traffic == "lab":
+        then = functools.partial(_submit_with_packed_environment, packing=request.getfixturevalue("packed_environment"))
+        pieces = _lab_pieces(tmp_path)
+    else:
+        then, pieces = _analyze_on_cluster, _generated_pieces()
     local_lake, cluster_lake = str(tmp_path / "local"), str(tmp_path / "cluster")
-    before = len(_applications(cluster))
+    before, unpacked_before = len(_applications(cluster)), _unpacked_environments(cluster)
     reports = []
     # Each local run goes beside the cluster's run of the same step: the two share no lake, and the
     # local master is none of the cluster's.
@@ -144,78 +210,15 @@ def test_a_full_run_and_an_incremental_one_on_the_cluster_equal_the_local_runs(c
     assert next_cluster["delta_mode"] != "none" and next_cluster["spark_jobs"] > next_local["spark_jobs"]
     if traffic == "generated":
         assert next_cluster["carried_connections"] > 0
+    else:  # the executors that ran its tasks unpacked the packed environment, and ran their workers from it
+        unpacked = _unpacked_environments(cluster) - unpacked_before
+        assert unpacked and all((path / "bin" / "python").exists() for path in unpacked)
     assert sum(full_cluster["findings_by_kind"].values()) > 0
     # Both runs were applications of the cluster's master, not local sessions.
     assert _applications(cluster)[before:] == ["ackscope-analyze", "ackscope-analyze"]
-
-
-def test_the_cluster_is_stopped_with_every_jvm(tmp_path):
-    """The fixture's promise: after the block, no JVM of the cluster is left, even when the block fails."""
-    with pytest.raises(RuntimeError, match="inside"):
-        with standalone_cluster(tmp_path / "short", workers=1) as short:
-            pids = [process.pid for process in short.processes]
-            assert len(short.state()["workers"]) == 1
-            raise RuntimeError("a failure inside")
-    assert [pid for pid in pids if os.path.exists(f"/proc/{pid}")] == []
-
-
-# What the executors' Python workers import of ackscope's dependencies (pyspark comes from the
-# cluster's Spark, on the workers' PYTHONPATH): the packed environment of docs/deployment.md.
-EXECUTOR_PACKAGES = ("pyarrow", "numpy", "deltalake")
-
-
-def _pinned(packages: tuple[str, ...]) -> list[str]:
-    """`name==version` of each package as pyproject.toml pins it."""
-    import tomllib
-
-    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as project:
-        pins = {line.split("==")[0]: line for line in tomllib.load(project)["project"]["dependencies"]}
-    return [pins[name] for name in packages]
-
-
-@pytest.fixture(scope="module")
-def packed_environment(tmp_path_factory) -> str:
-    """docs/deployment.md's packed virtualenv, made as it says: ackscope without its dependencies,
-    the executors' packages at the project's pins, the folder packed with tar."""
-    folder = tmp_path_factory.mktemp("packed")
-    env, packed = folder / "ackscope-env", folder / "ackscope-env.tar.gz"
-    subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", str(env)], check=True)
-    pip = [str(env / "bin" / "pip"), "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, "--no-deps", ROOT], check=True, capture_output=True)
-    subprocess.run([*pip, *_pinned(EXECUTOR_PACKAGES)], check=True, capture_output=True)
-    subprocess.run(["tar", "-czf", str(packed), "-C", str(env), "."], check=True)
-    return str(packed)
 
 
 def test_the_documented_install_names_the_projects_pins():
     """docs/deployment.md's line that installs the executors' packages pins what pyproject.toml pins."""
     with open(os.path.join(ROOT, "docs", "deployment.md")) as doc:
         assert f"ackscope-env/bin/pip install {' '.join(_pinned(EXECUTOR_PACKAGES))}" in doc.read()
-
-
-def test_a_job_shipped_with_its_packed_environment_runs_on_the_cluster_as_locally(cluster, packed_environment,
-                                                                                   tmp_path):
-    """spark-submit --archives: each executor unpacks the environment in its work folder and runs its
-    Python workers from it (`./environment/bin/python`, nothing of this venv); the tables equal a
-    local run's."""
-    captures = sorted(glob.glob(os.path.join(ROOT, "examples", "*.pcapng")))
-    local_lake, cluster_lake = str(tmp_path / "local"), str(tmp_path / "cluster")
-    for lake_dir in (local_lake, cluster_lake):
-        for capture in captures:
-            assert not ingest_file(capture, lake_dir).errors, capture
-    env = {key: value for key, value in cluster.driver_env().items() if key != "PYSPARK_PYTHON"}
-    before = set(cluster.folder.glob("worker-*/app-*/*/environment"))
-    run = subprocess.run([os.path.join(SPARK_HOME, "bin", "spark-submit"), "--master", cluster.url,
-                          "--archives", f"{packed_environment}#environment",
-                          "--conf", "spark.pyspark.python=./environment/bin/python",
-                          "--conf", f"spark.pyspark.driver.python={sys.executable}",
-                          os.path.join(ROOT, "spark_jobs", "job.py"), "--lake", cluster_lake, "--json"],
-                         capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    report = json.loads(run.stdout.splitlines()[-1])
-    assert report["scope"] == "full" and sum(report["findings_by_kind"].values()) > 0
-    # The executors that ran tasks unpacked it in their work folders, and ran their workers from it.
-    unpacked = set(cluster.folder.glob("worker-*/app-*/*/environment")) - before
-    assert unpacked and all((path / "bin" / "python").exists() for path in unpacked)
-    _analyze(local_lake, {**os.environ, "PYSPARK_PYTHON": sys.executable})
-    _equal_tables(local_lake, cluster_lake)
