@@ -71,10 +71,13 @@ def held(lock: str | None):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def timed(cmd: list[str], lock: str | None) -> float:
+def timed(checkout: "Checkout", args: list[str], lock: str | None) -> float:
+    """`ackscope ARGS` of this checkout, run in its folder: Spark's Python workers import the
+    analysis from their working directory first, so a run started elsewhere would mix two codes."""
+    cmd = [checkout.ackscope, *args]
     with held(lock):
         started = time.monotonic()
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=checkout.folder)
         seconds = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
@@ -98,7 +101,7 @@ class Demo(Figure):
 
     def run(self, checkout):
         shutil.rmtree(self.lake(checkout), ignore_errors=True)
-        return timed([checkout.ackscope, "demo", "--lake", self.lake(checkout)], self.lock)
+        return timed(checkout, ["demo", "--lake", self.lake(checkout)], self.lock)
 
 
 class Analyze(Figure):
@@ -113,7 +116,7 @@ class Analyze(Figure):
 
     def run(self, checkout):
         clear_outputs(self.source)
-        return timed([checkout.ackscope, "analyze", "--lake", self.source, *self.extra], self.lock)
+        return timed(checkout, ["analyze", "--lake", self.source, *self.extra], self.lock)
 
 
 class Append(Figure):
@@ -134,16 +137,16 @@ class Append(Figure):
         shutil.rmtree(folder, ignore_errors=True)
         append(folder, "frames", self.head, schema.FRAMES, "head")
         append(folder, "connections", self.connections, schema.CONNECTIONS, "all")
-        timed([checkout.ackscope, "analyze", "--lake", folder, "--master", "local[2]",
-               "--driver-memory", DRIVER_MEMORY], self.lock)
+        timed(checkout, ["analyze", "--lake", folder, "--master", "local[2]", "--driver-memory", DRIVER_MEMORY],
+              self.lock)
 
     def run(self, checkout):
         work = self.lake(checkout)
         shutil.rmtree(work, ignore_errors=True)
         shutil.copytree(self.analysed(checkout), work)
         append(work, "frames", self.tail, schema.FRAMES, "tail")
-        return timed([checkout.ackscope, "analyze", "--lake", work, "--master", "local[2]",
-                      "--driver-memory", DRIVER_MEMORY], self.lock)
+        return timed(checkout, ["analyze", "--lake", work, "--master", "local[2]", "--driver-memory", DRIVER_MEMORY],
+                     self.lock)
 
 
 def figures(names: list[str], work: str, this: Checkout, args) -> list[Figure]:
