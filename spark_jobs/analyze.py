@@ -269,7 +269,7 @@ def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Setting
         merged = (beside.submit(_compacted, lake, COMPACTED_BESIDE_FINDINGS, commit_tag())
                   if delta_mode != "native" else None)
         with steps.step("findings"):
-            refresh_findings(lake, carried.raw, keys, Changed((carried.changed,)), settings.thresholds, plan.new_files,
+            refresh_findings(lake, carried.raw, keys, Changed((carried.changed(lake),)), settings.thresholds, plan.new_files,
                              plan.frames_version)
             report.rows["findings"] = _count_findings(lake, report)
         if merged is not None:
@@ -476,7 +476,7 @@ def _write_tables(run: _Run, written: dict, analysed_whole: list, carried: Carri
     alone; for the rest, the files holding the stored rows the whole pass's and `carried.matches`
     name found and rewritten without them, for all of them at once (delta_io.replace_all)."""
     replacements = {name: Replacement(None, OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE),
-                                      analysed_whole + (carried.matches[name] if carried is not None else []))
+                                      analysed_whole + (carried.replaced(run.lake, name) if carried is not None else []))
                     for name in written if name not in ahead}
     replace_all(run.lake, replacements, written=written)
     for name, rewrite in ahead.items():
@@ -536,9 +536,8 @@ def _refresh_findings(run: _Run, analysed: _Analysed, thresholds: Thresholds) ->
         if analysed.whole_deliveries:   # every delivery row of theirs, read by the step from the table
             whole = tuple(analysed.whole_keys)
     if analysed.carried is not None:
-        raw, carried_changed = analysed.carried.in_driver(run.lake)
-        own.append(raw)
-        rows.append(carried_changed)
+        own.append(analysed.carried.raw)
+        rows.append(analysed.carried.changed(run.lake))
     refresh_findings(run.lake, pa.concat_tables(own) if own else RAW_FINDINGS.empty_table(), run.keys,
                      Changed(tuple(rows), whole), thresholds, run.plan.new_files, run.plan.frames_version)
 

@@ -9,7 +9,7 @@ copy-on-write). Until then no log names a file: the files of a failed or repeate
 committed, and VACUUM removes them.
 
 The passes (connection_pass.py, timeline/carried.py) write every table they produce this way from
-their own tasks (`FilesWriter`) and hand on the files' rows (`add_actions`, `read_written`);
+their own tasks (`FilesWriter`) and hand on the files' rows (`add_actions`);
 `write_tables` writes DataFrames' rows so, several tables in one Spark job (delta_io.py's rewrites:
 Spark's writer takes one schema per job).
 """
@@ -23,15 +23,12 @@ from functools import reduce
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.transaction import AddAction
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame
 
 from analyzer.lake import TableWriter, by_flags
-from analyzer.schema import PARTITION_BY
 
 from .provisional import PROVISIONAL
 from .requeue_related import REQUEUE_RELATED
-from .table_files import spark_location
 from .types import spark_schema
 
 # One row per file a task wrote.
@@ -73,24 +70,6 @@ def add_actions(files: list) -> dict[str, list[AddAction]]:
         adds.setdefault(file["table"], []).append(AddAction(file["path"], file["size"], {"date": file["date"]},
                                                             file["modified_ms"], True, file["stats"]))
     return adds
-
-
-def read_written(spark: SparkSession, lake: str, name: str, adds: list[AddAction], table_schema: pa.Schema,
-                 columns: list[str] | None = None) -> DataFrame:
-    """The rows of table `name` (its schema as stored) in these files written into its folder and
-    not committed yet; `columns` of them (None: all). The files hold every column but the `date`
-    partition's (Delta keeps it in the log, as each add action does)."""
-    columns = columns or table_schema.names
-    data = pa.schema([field for field in table_schema if field.name in columns and field.name not in PARTITION_BY])
-    folder = f"{spark_location(lake).rstrip('/')}/{name}"
-    by_day: dict[str | None, list[str]] = {}
-    for add in adds:
-        by_day.setdefault(add.partition_values["date"], []).append(f"{folder}/{add.path}")
-    parts = [spark.read.schema(spark_schema(data)).parquet(*paths).withColumn("date", F.lit(day).cast("string"))
-             for day, paths in sorted(by_day.items(), key=lambda item: str(item[0]))]
-    if not parts:
-        return spark.createDataFrame([], spark_schema(table_schema)).select(*columns)
-    return reduce(DataFrame.unionByName, parts).select(*columns)
 
 
 class FilesWriter:

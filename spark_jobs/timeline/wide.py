@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 RECORD, ROLE = "record", "role"
@@ -35,11 +35,6 @@ def to_wide(wide: pa.Schema, parts: list[tuple[str, str | None, pa.Table]]) -> p
                                        else pa.nulls(n, field.type))
         out.append(pa.Table.from_pydict(columns, schema=wide))
     return pa.concat_tables(out)
-
-
-def column(table: str, name: str) -> Column:
-    """One column of table `table` in a wide DataFrame."""
-    return F.col(table).getField(name)
 
 
 def from_wide(wide: DataFrame, name: str, table_schema: pa.Schema, role: str | None = None) -> DataFrame:
