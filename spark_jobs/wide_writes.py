@@ -1,4 +1,5 @@
-"""Tables written into a lake as uncommitted Parquet files by Spark's tasks.
+"""Tables written into a lake as uncommitted Parquet files, by a pass's tasks (either executor's)
+or by a rewrite (delta_io.py).
 
 Each task writes its rows of a table as Parquet files straight into the table's folder with the
 agent's writer (analyzer.lake.TableWriter: files by day; provisional rows, and the deliveries a
@@ -9,27 +10,23 @@ copy-on-write). Until then no log names a file: the files of a failed or repeate
 committed, and VACUUM removes them.
 
 The passes (connection_pass.py, timeline/carried.py) write every table they produce this way from
-their own tasks (`FilesWriter`) and hand on the files' rows (`add_actions`);
-`write_tables` writes DataFrames' rows so, several tables in one Spark job (delta_io.py's rewrites:
-Spark's writer takes one schema per job).
+their own tasks (`FilesWriter`) and hand on the files' rows (`add_actions`); delta_io.py's
+rewrites write the rows a file keeps with the same writer.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from functools import reduce
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.transaction import AddAction
-from pyspark.sql import DataFrame
 
 from analyzer.lake import TableWriter, by_flags
 
 from .provisional import PROVISIONAL
 from .requeue_related import REQUEUE_RELATED
-from .types import spark_schema
 
 # One row per file a task wrote.
 FILES = pa.schema([("table", pa.string()), ("path", pa.string()), ("size", pa.int64()), ("date", pa.string()),
@@ -40,27 +37,6 @@ FILES = pa.schema([("table", pa.string()), ("path", pa.string()), ("size", pa.in
 FILE_ROWS = 250_000
 # The columns whose true and false rows go to files apart, where a table has them.
 FILE_FLAGS = (PROVISIONAL, REQUEUE_RELATED)
-
-
-def write_tables(lake: str, tables: dict[str, tuple[DataFrame, pa.Schema]]) -> dict[str, list[AddAction]]:
-    """Each table's rows (name -> (rows in the table's columns and order, schema as stored)) written
-    as Parquet files into that table's folder of `lake`, uncommitted; the add actions of each
-    table's files (none for a table without rows).
-
-    A task per table and partition of its rows, all in one job: a partition holding a hot
-    connection has its tables written side by side."""
-    def writer(name: str, table_schema: pa.Schema):
-        def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            files = FilesWriter(lake, name, table_schema)
-            for batch in batches:
-                files.add(pa.Table.from_batches([batch]))
-            yield files.files()
-        return write_partition
-
-    parts = [rows.mapInArrow(writer(name, table_schema), spark_schema(FILES))
-             for name, (rows, table_schema) in tables.items()]
-    adds = add_actions(reduce(DataFrame.union, parts).collect())
-    return {name: adds.get(name, []) for name in tables}
 
 
 def add_actions(files: list) -> dict[str, list[AddAction]]:

@@ -45,8 +45,8 @@ def _rows_by_table(wide: pa.Table, lake_dir: str) -> dict[str, list[dict]]:
             if name not in ("fallback", "files")}
     for name, table_schema in WRITTEN_TABLES.items():
         writer = lake.TableWriter(lake_dir, name, table_schema)
-        rows[name] = rows.get(name, []) + [row for add in adds.get(name, [])
-                                           for row in writer.read_file(add.path, add.partition_values["date"]).to_pylist()]
+        written = [writer.read_file(add.path, add.partition_values["date"]) for add in adds.get(name, [])]
+        rows[name] = rows.get(name, []) + [row for table in written for row in table.to_pylist()]
     return {name: sorted(table, key=lambda row: json.dumps(row, default=str)) for name, table in rows.items()}
 
 
