@@ -28,7 +28,6 @@ from datetime import date, datetime, timezone
 from typing import TextIO
 
 import pyarrow as pa
-from pyspark import inheritable_thread_target
 from pyspark.sql import DataFrame, SparkSession
 
 from analyzer import schema
@@ -39,7 +38,7 @@ from analyzer.connection_analysis import Settings
 
 from spark_jobs import local_executor
 from spark_jobs.delta_io import (Listed, Match, Replacement, Rewrite, connections_match, read_delta, replace_all,
-                                 rewrite_all, rewrite_all_in_driver)
+                                 rewrite_all)
 from spark_jobs.findings import Changed, refresh_findings
 from spark_jobs.incremental import CarriedPass, carry_on_connections
 from spark_jobs.compaction import compact, merge_analysed_input, small_final_files
@@ -225,17 +224,15 @@ def _whole_by_driver(lake: str, run_id: str, plan: RunScope, settings: Settings,
 def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Settings, delta_mode: str, started: float,
                        planned_seconds: float, steps: Steps) -> AnalysisReport | None:
     """A scheduled run whose connections the driver carries on (local_executor.py): where every
-    table it replaces can only hold provisional rows of them (`_provisional_only`) in files the
-    driver rewrites (delta_io.rewrite_all_in_driver), and no connection falls back; else None,
+    table it replaces can only hold provisional rows of them (`_provisional_only`: their files are
+    rewritten ahead, delta_io.rewrite_all), and no connection falls back; else None,
     nothing written, for Spark's path. Its commits and findings are those of Spark's path for a run
     that carried every connection on (`_per_connection_tables`, `_refresh_findings`)."""
     started_ts = datetime.now(timezone.utc)
     keys = distinct_strings(plan.new_files, "connection_id")
     if len(keys) > IN_LIST_CONNECTIONS or _provisional_only(lake) != set(PER_CONNECTION_TABLES):
         return None
-    ahead = rewrite_all_in_driver(lake, _replaced_ahead(None, lake, keys)) if keys else {}
-    if ahead is None:
-        return None
+    ahead = rewrite_all(lake, _replaced_ahead(lake, keys)) if keys else {}
     steps.took("plan", planned_seconds, detail=f"{plan.scope}, {len(keys)} connection(s): carried on by the driver")
     report = AnalysisReport(lake=lake, delta_mode=NO_SPARK, scope=plan.scope, reason=plan.reason,
                             frames_version=plan.frames_version)
@@ -268,8 +265,8 @@ def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Setting
         merged = (beside.submit(_compacted, lake, COMPACTED_BESIDE_FINDINGS, commit_tag())
                   if delta_mode != "native" else None)
         with steps.step("findings"):
-            refresh_findings(lake, carried.raw, keys, Changed((carried.changed,)), settings.thresholds, plan.new_files,
-                             plan.frames_version)
+            refresh_findings(lake, carried.raw, keys, Changed((carried.changed(lake),)), settings.thresholds,
+                             plan.new_files, plan.frames_version)
             report.rows["findings"] = _count_findings(lake, report)
         if merged is not None:
             _compact_tables(lake, steps, report, merged)
@@ -435,7 +432,7 @@ def _carried_with_rewrites(run: _Run, keys: list[str]) -> tuple[CarriedPass, dic
         return carry_on_connections(run.spark, run.lake, run.plan.new_files, keys, run.mode, run.connections,
                                     run.settings, run.plan.frames_version, leave=run.plan.whole), {}
     with ThreadPoolExecutor(1) as beside:
-        rewriting = beside.submit(inheritable_thread_target(run.spark)(_rewritten_ahead), run)
+        rewriting = beside.submit(_rewritten_ahead, run)
         try:
             carried = carry_on_connections(run.spark, run.lake, run.plan.new_files, keys, run.mode,
                                            run.connections, run.settings, run.plan.frames_version)
@@ -450,14 +447,13 @@ def _carried_with_rewrites(run: _Run, keys: list[str]) -> tuple[CarriedPass, dic
 def _rewritten_ahead(run: _Run) -> dict[str, Rewrite]:
     """delta_io.rewrite_all of what a carried run replaces, should no connection fall back
     (`_replaced_ahead`)."""
-    return rewrite_all(run.lake, _replaced_ahead(run.spark, run.lake, run.keys))
+    return rewrite_all(run.lake, _replaced_ahead(run.lake, run.keys))
 
 
-def _replaced_ahead(spark: SparkSession | None, lake: str, keys: list[str]) -> dict[str, Replacement]:
+def _replaced_ahead(lake: str, keys: list[str]) -> dict[str, Replacement]:
     """What a run that carries every one of `keys` on replaces: every analysis_state row of its
     connections, and in the tables where it can only replace provisional rows (`_provisional_only`),
-    those of its connections. `spark`: None where the keys are few enough to be listed
-    (plans.IN_LIST_CONNECTIONS)."""
+    those of its connections."""
     def replacing(name: str, match: Match | Listed, provisional_only: bool = False) -> Replacement:
         # No rows: the pass writes them all as files, committed with the rewrite (_write_tables).
         return Replacement(None, OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE), [match], provisional_only)
@@ -472,10 +468,10 @@ def _write_tables(run: _Run, written: dict, analysed_whole: list, carried: Carri
                   ahead: dict[str, Rewrite], report: AnalysisReport, whole_rows: dict[str, int]) -> None:
     """Each table's rows of these connections replaced by the files the passes wrote (`written`),
     in its own commit: the tables rewritten `ahead` (`_carried_with_rewrites`) by their commit
-    alone; for the rest, the files holding the stored rows the whole pass's and `carried.matches`
-    name found and rewritten without them, for all of them at once (delta_io.replace_all)."""
-    replacements = {name: Replacement(None, OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE),
-                                      analysed_whole + (carried.matches[name] if carried is not None else []))
+    alone; for the rest, the files holding the stored rows the whole pass's and the carried pass's
+    rows replace (`CarriedPass.replaced`) found and rewritten without them (delta_io.replace_all)."""
+    replacements = {name: Replacement(None, OUTPUT_TABLES.get(name, schema.ANALYSIS_STATE), analysed_whole
+                                      + (carried.replaced(run.lake, name) if carried is not None else []))
                     for name in written if name not in ahead}
     replace_all(run.lake, replacements, written=written)
     for name, rewrite in ahead.items():
@@ -535,9 +531,8 @@ def _refresh_findings(run: _Run, analysed: _Analysed, thresholds: Thresholds) ->
         if analysed.whole_deliveries:   # every delivery row of theirs, read by the step from the table
             whole = tuple(analysed.whole_keys)
     if analysed.carried is not None:
-        raw, carried_changed = analysed.carried.in_driver(run.lake)
-        own.append(raw)
-        rows.append(carried_changed)
+        own.append(analysed.carried.raw)
+        rows.append(analysed.carried.changed(run.lake))
     refresh_findings(run.lake, pa.concat_tables(own) if own else RAW_FINDINGS.empty_table(), run.keys,
                      Changed(tuple(rows), whole), thresholds, run.plan.new_files, run.plan.frames_version)
 

@@ -24,22 +24,21 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from analyzer.lake import Bounds, TableWriter, any_within, committed, filesystem, open_table, scan
+from analyzer.lake import Bounds, any_within, committed, filesystem, open_table, scan
 from analyzer.schema import PARTITION_BY
 
 from . import session
 from .provisional import PROVISIONAL, files_with_provisional_rows
 from .table_files import (OPEN_COST_BYTES, TRANSACTION_VERSION, commit, commit_properties, delete_staging,
                           files_that_may_hold, files_to_read, new_staging_folder, place_written_files,
-                          relative_in_table, snapshot_files, spark_location)
+                          snapshot_files, spark_location)
 from .types import spark_schema
-from .wide_writes import FILE_FLAGS, write_tables
+from .wide_writes import FilesWriter, add_actions
 
 SAVE_MODES = ("append", "overwrite")
 # A replace whose searched files hold no more bytes than opening one file costs Spark
-# (table_files.OPEN_COST_BYTES: the findings table, a carried run's provisional files, a small
-# lake's tables) rewrites them all: finding which of them hold a replaced row would cost a Spark
-# job, and a collect, more than rewriting the rest.
+# (table_files.OPEN_COST_BYTES) rewrites them all: a search would read them about as much, and
+# the rewrite merges their small files.
 REWRITTEN_WHOLE_BYTES = OPEN_COST_BYTES
 # The column a write of provisional and final rows is split by (a Spark partition, not a Delta one).
 SPLIT_BY_PROVISIONAL = "provisional_rows"
@@ -117,8 +116,8 @@ def read_files(spark: SparkSession, lake: str, name: str, files: tuple[str, ...]
 class Match:
     """Rows equal to one of `keys` on the columns `on` (a null matches none); with `at_least`
     (column, key column), only those whose column is at least the smallest key column of their
-    key's rows. Keys in Spark are gathered by the driver when the replace is planned."""
-    keys: DataFrame | pa.Table
+    key's rows."""
+    keys: pa.Table
     on: tuple[str, ...]
     at_least: tuple[str, str] | None = None
 
@@ -142,9 +141,8 @@ def connections_match(keys: list[str], **also: tuple) -> Listed:
 
 
 def doomed(rows: pa.Table | pa.RecordBatch, matches: list["Match | Listed | Keyed"]) -> pa.Array:
-    """Does any of `matches` name each row: a replace's one rule, in the driver's rewrite and in
-    Spark's tasks alike (`_Search`). A null matches no listed value, nor any key; `Match` keys in
-    Arrow (`_Search` gathers Spark's)."""
+    """Does any of `matches` name each row: a replace's one rule (`_Search`). A null matches no
+    listed value, nor any key."""
     hit = pa.repeat(pa.scalar(False), rows.num_rows)
     for match in matches:
         if isinstance(match, Listed):
@@ -186,30 +184,13 @@ def _keyed(rows: pa.Table | pa.RecordBatch, match: Match) -> pa.Array:
     return pc.is_in(position, value_set=joined["_row"].combine_chunks())
 
 
-def replace_matching(df: DataFrame, lake: str, name: str, schema: pa.Schema, matches: list[Match | Listed],
-                     provisional_only: bool = False) -> int | None:
-    """Delete the rows any of `matches` names and append the rows of `df`, in one commit.
-
-    Copy-on-write, as Delta's MERGE does it: only the files holding such rows are rewritten
-    (their other rows copied), the rest of the table is untouched; files too small to be worth the
-    search are all rewritten (REWRITTEN_WHOLE_BYTES). Done the bridge's way (Parquet
-    written from Spark's tasks, delta-rs commits) on both paths: delta-spark reads the result like
-    any commit. Every table is partitioned by PARTITION_BY (the one layout of ackscope's tables).
-    `provisional_only`: the caller knows every such row is a provisional one
-    (provisional.py), so only the files that may hold those are searched. Returns the new table
-    version, or None when there was nothing to do."""
-    replaced = Replacement(df, schema, matches, provisional_only)
-    return replace_all(lake, {name: replaced})[name]
-
-
 @dataclass(frozen=True)
 class Replacement:
     """One table's part of `replace_all`: the rows `matches` names deleted, `rows` appended (None:
-    none, but for files already written: replace_all's `written`). Rows in Arrow and matches of
-    keys in Arrow (`Keyed`, a Match of an Arrow table) need no Spark session where the table is
-    small enough for the driver to rewrite whole (REWRITTEN_WHOLE_BYTES), nor, whatever its size,
-    for `rewrite_in_driver`."""
-    rows: DataFrame | pa.Table | None
+    none, but for files already written: replace_all's `written`). `provisional_only`: the caller
+    knows every such row is a provisional one (provisional.py), so only the files that may hold
+    those are searched."""
+    rows: pa.Table | None
     schema: pa.Schema
     matches: list[Match | Listed | Keyed]
     provisional_only: bool = False
@@ -217,19 +198,18 @@ class Replacement:
 
 def replace_all(lake: str, replacements: dict[str, Replacement],
                 written: dict[str, list[AddAction]] | None = None) -> dict[str, int | None]:
-    """`replace_matching` of several tables (by name) at once, in two Spark jobs whatever their
-    number (`rewrite_all`); then each table gets its commit (a missing table is created by it).
-    `written`: files of new rows already written into a table's folder (by a pass,
-    wide_writes.FilesWriter), committed with its new rows. Returns each table's new version, or
-    None where there was nothing to do."""
+    """Each table's Replacement (by name) made (`rewrite_all`), then committed, each table in its
+    commit (a missing table is created by it). `written`: files of new rows already written into a
+    table's folder (by a pass, wide_writes.FilesWriter), committed with its new rows. Returns each
+    table's new version, or None where there was nothing to do."""
     written = written or {}
     return {name: rewrite.commit(written.get(name, [])) for name, rewrite in rewrite_all(lake, replacements).items()}
 
 
 @dataclass(frozen=True)
 class Rewrite:
-    """One table's part of `rewrite_all`, not committed yet: the files it removes (paths relative
-    to the table) and those it adds (written into the table's folder; no log names them yet)."""
+    """One table's Replacement made, not committed yet: the files it removes (paths relative to the
+    table) and those it adds (written into the table's folder; no log names them yet)."""
     search: "_Search"
     removed: list[str]
     adds: list[AddAction]
@@ -247,47 +227,19 @@ class Rewrite:
 
 
 def rewrite_all(lake: str, replacements: dict[str, Replacement]) -> dict[str, Rewrite]:
-    """`replace_all` up to its commits, in two Spark jobs whatever the number of tables: one finds
-    the files holding a doomed row in every table (none when every table's are rewritten whole),
-    one writes every table's kept and new rows (wide_writes.write_tables). A table with no new rows
-    is the driver's where no search is needed: no file to search, or a few small ones rewritten
-    whole with only literal lists to match (`Listed`), which a Spark job would cost more to plan
-    and schedule than to read."""
-    if not replacements:
-        return {}
-    searches = _searches(lake, replacements)
-    in_spark = {name: search.planned() for name, search in searches.items() if not search.in_driver}
-    files = [search.doomed_files(name) for name, search in in_spark.items() if search.matched and not search.whole]
-    touched = {name: [] for name in searches}
-    for row in (reduce(DataFrame.union, files).collect() if files else []):
-        touched[row["table"]].append(row["_file"])
-    adds = write_tables(lake, {name: (search.kept(sorted(touched[name])), search.replaced.schema)
-                               for name, search in in_spark.items()}) if in_spark else {}
-    adds.update({name: search.kept_in_driver() for name, search in searches.items() if search.in_driver})
-    return {name: Rewrite(search, search.rewritten(sorted(touched[name])), adds[name])
-            for name, search in searches.items()}
+    """Each table's Replacement up to its commit (`rewrite`)."""
+    return {name: rewrite(lake, name, replaced) for name, replaced in replacements.items()}
 
 
-def rewrite_all_in_driver(lake: str, replacements: dict[str, Replacement]) -> dict[str, Rewrite] | None:
-    """`rewrite_all` when the driver does every table's (no Spark session is needed); None, with
-    nothing written, where a table needs Spark's search or write."""
-    searches = _searches(lake, replacements)
-    if not all(search.in_driver for search in searches.values()):
-        return None
-    return {name: Rewrite(search, search.rewritten([]), search.kept_in_driver()) for name, search in searches.items()}
-
-
-def rewrite_in_driver(lake: str, name: str, replaced: Replacement) -> Rewrite:
-    """One table's `rewrite_all` made by the driver, whatever the table's size: no Spark session,
-    its rows and keys in Arrow (Listed, Keyed, a Match of an Arrow table). Searched files too many
-    bytes to rewrite whole (REWRITTEN_WHOLE_BYTES) are searched by the driver for those holding a
-    doomed row (`_Search.doomed_in_driver`), and only those are rewritten."""
-    if isinstance(replaced.rows, DataFrame) or any(isinstance(match, Match) and isinstance(match.keys, DataFrame)
-                                                   for match in replaced.matches):
-        raise ValueError(f"{name}: the driver rewrites a table with rows and keys in Arrow, not Spark's")
-    search = _searches(lake, {name: replaced})[name]
-    rewritten = search.searched if search.whole else search.doomed_in_driver() if search.matched else []
-    return Rewrite(search, rewritten, search.kept_in_driver(rewritten))
+def rewrite(lake: str, name: str, replaced: Replacement) -> Rewrite:
+    """Copy-on-write, as Delta's MERGE does it, by the driver: the searched files holding a row the
+    matches name (`_Search.touched`) rewritten without those rows, file by file, and the new rows
+    written; the rest of the table untouched. Searched files of no more bytes than opening one costs
+    Spark (REWRITTEN_WHOLE_BYTES: the findings table, a carried run's provisional files, a small
+    lake's tables) are all rewritten, unsearched (their small files merged on the way)."""
+    search = _Search(open_table(lake, name), os.path.join(lake, name), replaced)
+    removed = search.searched if search.whole else search.touched() if search.matched else []
+    return Rewrite(search, removed, search.kept(removed))
 
 
 def _may_match(matches: list[Match | Listed | Keyed]) -> Callable[[Bounds], bool]:
@@ -306,128 +258,47 @@ def _may_match(matches: list[Match | Listed | Keyed]) -> Callable[[Bounds], bool
                               for columns in named)
 
 
-def _searches(lake: str, replacements: dict[str, Replacement]) -> dict[str, "_Search"]:
-    return {name: _Search(open_table(lake, name), os.path.join(lake, name), replaced)
-            for name, replaced in replacements.items()}
-
-
 class _Search:
-    """One table of `replace_all`: of the files searched (`searched`, paths relative to the table),
+    """One table of a rewrite: of the files searched (`searched`, paths relative to the table),
     those holding a row its matches name (`doomed`) rewritten without those rows; `whole`: every
-    searched file is rewritten, with no search for those holding one; `in_driver`: by the driver
-    (rewrite_all), else in Spark's tasks, with the same rule (`planned`)."""
+    searched file is rewritten, with no search for those holding one."""
 
     def __init__(self, table: DeltaTable | None, location: str, replaced: Replacement):
         self.table, self.location, self.replaced = table, location, replaced
-        self.struct = spark_schema(replaced.schema)
         self.logged = snapshot_files(table) if table is not None else {}
-        self.narrowed = files_with_provisional_rows(table) if table is not None and replaced.provisional_only else None
-        self.searched = [path for path in self.logged if self.narrowed is None or path in self.narrowed]
-        self.searched_bytes = sum(self.logged[path].size for path in self.searched)
+        narrowed = files_with_provisional_rows(table) if table is not None and replaced.provisional_only else None
+        self.searched = [path for path in self.logged if narrowed is None or path in narrowed]
         self.matched = bool(self.searched and replaced.matches)    # a searched file may hold a doomed row
-        self.whole = self.matched and self.searched_bytes <= REWRITTEN_WHOLE_BYTES
-        # No Spark job where there is nothing for one to do.
-        self.in_driver = not isinstance(replaced.rows, DataFrame) and (not self.matched or self.whole and not any(
-            isinstance(match, Match) and isinstance(match.keys, DataFrame) for match in replaced.matches))
-        self.shipped = None
+        self.whole = self.matched and sum(self.logged[path].size for path in self.searched) <= REWRITTEN_WHOLE_BYTES
 
-    @property
-    def spark(self) -> SparkSession:
-        rows = self.replaced.rows
-        return rows.sparkSession if isinstance(rows, DataFrame) else SparkSession.active()
-
-    def planned(self) -> "_Search":
-        """Itself, its matches shipped to Spark's tasks (a table not `in_driver`): the keys of a
-        Match in Spark gathered in the driver (a Spark job each), all broadcast."""
-        if self.matched:
-            matches = [Match(match.keys.select(*match.on, *(match.at_least or ())[1:]).toArrow(), match.on,
-                             match.at_least)
-                       if isinstance(match, Match) and isinstance(match.keys, DataFrame) else match
-                       for match in self.replaced.matches]
-            self.shipped = self.spark.sparkContext.broadcast(matches)
-        return self
-
-    def _read(self, only: set[str] | None, columns: list[str] | None = None) -> DataFrame:
-        current = _read_bridge(self.spark, self.table, self.location, self.struct, None, None, only)
-        return current if columns is None else current.select(*columns, F.col("_metadata.file_path").alias("_file"))
-
-    def doomed_files(self, name: str) -> DataFrame:
-        """The files holding a doomed row (Spark names files by URI; the Delta log by path
-        relative to the table), with the table's name: only the columns the matches read are read."""
-        keys = [_as_keys(match) for match in self.replaced.matches if not isinstance(match, Listed)]
-        columns = sorted({*(column for match in self.replaced.matches if isinstance(match, Listed)
-                            for column in match.values),
-                          *(column for match in keys for column in (*match.on, *(match.at_least or ())[:1]))})
-        shipped = self.shipped
-
-        def files(batches):
-            for batch in batches:
-                yield batch.filter(doomed(batch, shipped.value)).select(["_file"])
-
-        return (self._read(self.narrowed, columns).mapInArrow(files, "_file string")
-                .select(F.lit(name).alias("table"), "_file").distinct())
-
-    def rewritten(self, touched: list[str]) -> list[str]:
-        """The files to rewrite (relative paths), of those found holding a doomed row (URIs)."""
-        if self.whole:
-            return self.searched
-        base = spark_location(self.location)
-        return [relative_in_table(uri, base) for uri in touched]
-
-    def kept(self, touched: list[str]) -> DataFrame:
-        """The rows the rewritten files keep, and the new rows."""
-        rows = self.replaced.rows
-        if isinstance(rows, pa.Table):
-            rows = self.spark.createDataFrame(rows.select(self.struct.names), self.struct)
-        new = [] if rows is None else [_schema_contract(rows, self.struct)]
-        if self.whole or touched:
-            shipped = self.shipped
-
-            def keep(batches):
-                for batch in batches:
-                    yield batch.filter(pc.invert(doomed(batch, shipped.value)))
-
-            current = self._read(self.narrowed if self.whole else set(self.rewritten(touched)))
-            kept = current.mapInArrow(keep, current.schema).select(*self.struct.names)
-        else:
-            kept = self.spark.createDataFrame([], self.struct)
-        return reduce(DataFrame.unionByName, [kept, *new])
-
-    def kept_in_driver(self, rewritten: list[str] | None = None) -> list[AddAction]:
-        """The rows the `rewritten` files keep (paths relative to the table; None: every searched
-        file where `whole`, else none), and the new rows, written as files (as wide_writes'
-        writers split them by flags) into the table's folder; their add actions."""
-        if rewritten is None:
-            rewritten = self.searched if self.whole else []
-        flags = tuple(flag for flag in FILE_FLAGS if flag in self.replaced.schema.names)
-        writer = TableWriter(os.path.dirname(self.location), os.path.basename(self.location), self.replaced.schema,
-                             split_by=flags)
-        rows = []
-        for path in rewritten:
-            current = writer.read_file(path, self.logged[path].partition_values.get("date"))
-            rows.append(current.filter(pc.invert(doomed(current, self.replaced.matches))))
-        if self.replaced.rows is not None:
-            rows.append(self.replaced.rows.select(self.replaced.schema.names).cast(self.replaced.schema))
-        if rows:
-            writer.write(pa.concat_tables(rows))
-        return writer.actions
-
-    def doomed_in_driver(self) -> list[str]:
-        """The searched files holding a doomed row (paths relative to the table), found by the
-        driver with the one rule (`doomed`): only the columns the matches read, file by file,
-        streamed (lake.scan), a file or row group whose statistics say it holds none of the values
-        matched left unread."""
-        keys = [_as_keys(match) for match in self.replaced.matches if not isinstance(match, Listed)]
-        columns = sorted({*(column for match in self.replaced.matches if isinstance(match, Listed)
-                            for column in match.values),
-                          *(column for match in keys for column in (*match.on, *(match.at_least or ())[:1]))})
+    def touched(self) -> list[str]:
+        """The searched files holding a doomed row (paths relative to the table), found with the one
+        rule (`doomed`): only the columns the matches read, file by file, streamed (lake.scan), a
+        file or row group whose statistics say it holds none of the values matched left unread."""
+        matches = self.replaced.matches
+        columns = sorted({*(column for match in matches if isinstance(match, Listed) for column in match.values),
+                          *(column for match in matches if not isinstance(match, Listed)
+                            for column in (*match.on, *(getattr(match, "at_least", None) or ())[:1]))})
         touched: list[str] = []
         for path, batch in scan(os.path.dirname(self.location), os.path.basename(self.location),
                                 self.replaced.schema, columns, version=self.table.version(), files=set(self.searched),
-                                bounded=tuple(columns), may_hold=_may_match(self.replaced.matches)):
-            if (not touched or touched[-1] != path) and pc.any(doomed(batch, self.replaced.matches)).as_py():
+                                bounded=tuple(columns), may_hold=_may_match(matches)):
+            if (not touched or touched[-1] != path) and pc.any(doomed(batch, matches)).as_py():
                 touched.append(path)
         return touched
+
+    def kept(self, rewritten: list[str]) -> list[AddAction]:
+        """The rows the `rewritten` files keep (paths relative to the table), a file at a time, and
+        the new rows, written as files (wide_writes.FilesWriter: split by flags, FILE_ROWS at most
+        held) into the table's folder; their add actions."""
+        lake, name = os.path.dirname(self.location), os.path.basename(self.location)
+        files = FilesWriter(lake, name, self.replaced.schema)
+        for path in rewritten:
+            current = files.writer.read_file(path, self.logged[path].partition_values.get("date"))
+            files.add(current.filter(pc.invert(doomed(current, self.replaced.matches))))
+        if self.replaced.rows is not None and self.replaced.rows.num_rows:
+            files.add(self.replaced.rows.select(self.replaced.schema.names))
+        return add_actions(files.files().to_pylist()).get(name, [])
 
     def commit(self, rewritten: list[str], adds: list[AddAction], tag: str | None) -> int | None:
         if self.table is None:

@@ -18,7 +18,7 @@ the delivery rows it changed (`Changed`; cross_connection_findings.py's docstrin
 3. each raw finding finished (analyzer.detectors.finish), and the stored findings they replace
    (every kind about one connection of the analysed connections; requeue_loop of the changed
    rows' messages; redelivery_after_close of the incarnations computed again) replaced in one
-   commit, the files holding them rewritten by the driver (delta_io.rewrite_in_driver); a full
+   commit, the files holding them rewritten by the driver (delta_io.rewrite); a full
    run replaces the table whole.
 """
 
@@ -43,7 +43,7 @@ from analyzer.lake import (READ_CHECKSUMS, Bounds, TableWriter, any_within, file
 
 from .connection_pass import CONNECTION_COLUMNS, connection_facts
 from .cross_connection_findings import CANDIDATES, findings_across
-from .delta_io import Keyed, Listed, Replacement, rewrite_in_driver
+from .delta_io import Keyed, Listed, Replacement, rewrite
 from .evidence_packets import FRAME_KEYS, PACKETS, Frame, known_packets
 from .requeue_related import REQUEUE_RELATED
 from .session import commit_tag
@@ -104,7 +104,7 @@ def refresh_findings(lake: str, own: pa.Table, keys: list[str] | None, changed: 
     if found is not None and found.places:
         replaces.append(Keyed(("kind", "connection_id", "channel", "incarnation"),
                               frozenset(("redelivery_after_close", *place) for place in found.places)))
-    rewrite_in_driver(lake, "findings", Replacement(rows, schema.FINDINGS, replaces)).commit()
+    rewrite(lake, "findings", Replacement(rows, schema.FINDINGS, replaces)).commit()
 
 
 def stored_candidates(lake: str, deliveries) -> pa.Table:

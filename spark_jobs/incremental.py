@@ -15,7 +15,9 @@ their new frames are read. What they write, and which stored rows that replaces:
 
 The pass writes every row to write as files itself (uncommitted, as the pass over whole
 connections does: `written`, committed by the caller with the rows they replace deleted); what it
-says of them and of the rows they replace are Spark rows of its wide table.
+says of them and of the rows they replace are rows of its wide table, whichever executor ran it:
+Spark collects them in one job (they are few: files, the rows replaced, tallies, findings), the
+local executor has them in Arrow, and both make the run's facts of them with `carried_summary`.
 
 Their findings about one connection come out of the same pass (`raw_findings`), from the
 detectors resumed from the checkpoint: nothing of the connection's history is read again.
@@ -30,120 +32,127 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from analyzer import schema
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
 from analyzer.detectors.messages import COLUMNS
-from analyzer.lake import TableWriter
+from analyzer.lake import READ_CHECKSUMS, TableWriter, filesystem
 
 from .delta_io import Listed, Match, connections_match, read_delta, read_files
 from .connection_pass import RAW_FINDINGS, STATE_TABLE, WRITTEN_TABLES
 from .requeue_related import REQUEUE_RELATED
 from .table_files import adds_that_may_hold, rows_in
-from .timeline.carried import STALE, carried_rows, carry_on, without_fallbacks
-from .timeline.plans import measured, of_connections
-from .timeline.wide import RECORD, ROLE, column, rows_from_wide
+from .timeline.carried import STALE, TALLY, TOUCHED, carry_on, without_fallbacks
+from .timeline.plans import of_connections
+from .timeline.wide import ROLE, rows_from_wide
 from .timeline.tables import TIMELINE_TABLES
-from .wide_writes import add_actions, read_written
+from .wide_writes import FILES, add_actions
 
 INCARNATION = ["connection_id", "channel", "incarnation"]
+# The stored rows a carried run's rows of each timeline table replace: those equal on these
+# columns to the rows it writes, and replaces, of this table (violations: every row of an
+# incarnation whose channels row is written).
+REPLACED_BY = {"deliveries": ("deliveries", ["connection_id", "seq"]),
+               "publishes": ("publishes", ["connection_id", "seq"]),
+               "channels": ("channels", INCARNATION), "violations": ("channels", INCARNATION)}
 
 
 @dataclass
 class CarriedPass:
     """What the carried pass gives the run, for all its carried connections (what carrying one
-    connection on gives: analyzer.connection_analysis.Carried)."""
+    connection on gives: analyzer.connection_analysis.Carried), from its wide table's rows in
+    Arrow (`carried_summary`), whichever executor ran it."""
     written: dict[str, list[AddAction]]   # the files of the rows to write, per table, written by the pass
-    rows: dict[str, int]                  # rows to write, per table
-    matches: dict[str, list[Match | Listed]]   # the stored rows they replace
+    stale: pa.Table                       # the wide table's stored timeline rows the written ones replace
+    touched: pa.Table                     # TOUCHED: incarnations whose channel_metrics are recomputed
+    raw: pa.Table                         # their findings about one connection (RAW_FINDINGS)
     fallbacks: dict[str, str]             # connection -> why it must be analysed whole
+    carried_keys: list[str]               # the connections carried on
     frames: int                           # new frame rows read for the carried connections
-    connections: int                      # connections carried
     records: int                          # records their checkpoints held
-    wide: DataFrame                       # the pass's wide table, materialised (timeline/carried.py)
+
+    @property
+    def connections(self) -> int:
+        return len(self.carried_keys)
 
     @property
     def whole_keys(self) -> list[str]:
         return sorted(self.fallbacks)
 
-    def in_driver(self, lake: str) -> tuple[pa.Table, pa.Table]:
-        """What the findings step (findings.py) takes of the pass, in Arrow: its findings about one
-        connection (connection_pass.RAW_FINDINGS) and the requeue_related delivery rows it wrote
-        and replaced (their message kinds' COLUMNS: what it changed of what those kinds read), the
-        wide table's rows of both in one Spark job, the written files' read by the driver."""
-        stale = (F.col(RECORD) == "deliveries") & (F.col(ROLE) == STALE) & column("deliveries", REQUEUE_RELATED)
-        rows = self.wide.where((F.col(RECORD) == "raw_findings") | stale).select(
-            RECORD, "raw_findings", "deliveries").toArrow()
-        return (rows_from_wide(rows, "raw_findings", RAW_FINDINGS),
-                changed_in_driver(lake, rows_from_wide(rows, "deliveries", TIMELINE_TABLES["deliveries"]),
-                                  self.written.get("deliveries", [])))
+    @property
+    def rows(self) -> dict[str, int]:
+        """Rows written per table (analysis_state's aside: a run reports the others)."""
+        return {name: rows_in(self.written.get(name, [])) for name in WRITTEN_TABLES if name != STATE_TABLE}
+
+    def replaced(self, lake: str, name: str) -> list[Match | Listed]:
+        """The stored rows of table `name` its written rows replace, their keys in Arrow: the keys
+        of the rows it wrote (read from its files by the driver) and of the stale rows."""
+        if name == "channel_metrics":
+            return [Match(self.touched, tuple(INCARNATION), ("bucket_start_ns", "from_ns"))]
+        if name == STATE_TABLE:
+            return [connections_match(self.carried_keys)]
+        table, columns = REPLACED_BY[name]
+        keys = pa.schema([TIMELINE_TABLES[table].field(column) for column in columns])
+        stale = rows_from_wide(self.stale, table, keys)
+        return [Match(pa.concat_tables([written_columns(lake, table, self.written.get(table, []), keys), stale]),
+                      tuple(columns))]
+
+    def changed(self, lake: str) -> pa.Table:
+        """What it changes of what the message kinds read, in their COLUMNS: the requeue_related
+        delivery rows it replaced (stale) and wrote (read from the files that may hold one)."""
+        deliveries = TIMELINE_TABLES["deliveries"]
+        writer = TableWriter(lake, "deliveries", deliveries)
+        parts = [rows_from_wide(self.stale, "deliveries", deliveries),
+                 *[writer.read_file(add.path, add.partition_values["date"])
+                   for add in adds_that_may_hold(self.written.get("deliveries", []), REQUEUE_RELATED)]]
+        return pa.concat_tables([part.filter(pc.fill_null(part[REQUEUE_RELATED], False)).select(COLUMNS)
+                                 for part in parts])
+
+    def discard(self, lake: str) -> None:
+        """The files the pass wrote deleted (no log names them)."""
+        for name, adds in self.written.items():
+            fs, root = filesystem(f"{lake.rstrip('/')}/{name}")
+            for add in adds:
+                fs.delete_file(f"{root}/{add.path}")
 
 
-def changed_in_driver(lake: str, stale: pa.Table, written: list[AddAction]) -> pa.Table:
-    """What a carried run changes of what the message kinds read, in their COLUMNS: the requeue_related rows of `stale` (delivery rows replaced) and
-    of the deliveries' files the pass wrote (`written`), read from those that may hold one."""
-    deliveries = TIMELINE_TABLES["deliveries"]
-    writer = TableWriter(lake, "deliveries", deliveries)
-    parts = [stale, *[writer.read_file(add.path, add.partition_values["date"])
-              for add in adds_that_may_hold(written, REQUEUE_RELATED)]]
-    return pa.concat_tables([part.filter(pc.fill_null(part[REQUEUE_RELATED], False)).select(COLUMNS)
-                             for part in parts])
+def carried_summary(rows: pa.Table, keys: list[str]) -> CarriedPass:
+    """The carried pass's wide table's rows (timeline/carried.WIDE: Spark's collected, or the local
+    executor's) over the connections `keys`, as the run reads them. The rows of a connection that
+    fell back after some of its rows had left the pass (`streamed`: the pass took those it wrote
+    back out of its files) are dropped."""
+    fallback = rows_from_wide(rows, "fallback")
+    rows = without_fallbacks(rows, pc.filter(fallback["connection_id"], fallback["streamed"]).to_pylist())
+    fallbacks = dict(zip(fallback["connection_id"].to_pylist(), fallback["reason"].to_pylist()))
+    written = add_actions(rows_from_wide(rows, "files", FILES).to_pylist())
+    tally = rows_from_wide(rows, "tally", TALLY)
+    return CarriedPass({name: written.get(name, []) for name in WRITTEN_TABLES},
+                       rows.filter(pc.equal(rows[ROLE], STALE)), rows_from_wide(rows, "touched", TOUCHED),
+                       rows_from_wide(rows, "raw_findings", RAW_FINDINGS), fallbacks,
+                       [key for key in keys if key not in fallbacks], frames=pc.sum(tally["frames"]).as_py() or 0,
+                       records=pc.sum(tally["carried_records"]).as_py() or 0)
+
+
+def written_columns(lake: str, name: str, adds: list[AddAction], columns: pa.Schema) -> pa.Table:
+    """These data columns of the rows of table `name` in files written and not committed yet."""
+    fs, root = filesystem(f"{lake.rstrip('/')}/{name}")
+    return pa.concat_tables([columns.empty_table(), *[
+        pq.read_table(f"{root}/{add.path}", columns=columns.names, filesystem=fs, partitioning=None,
+                      **READ_CHECKSUMS).cast(columns) for add in adds]])
 
 
 def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, ...], keys: list[str], mode: str,
                          connections: DataFrame, settings: Settings, frames_version: int,
                          leave: tuple[str, ...] = ()) -> CarriedPass:
-    """`keys`: the connections of the new files to carry on; `leave`: those of theirs not to (the
-    run analyses them whole: run_scope.RunScope.whole), whose frames and checkpoints are not read."""
+    """The carried pass on Spark. `keys`: the connections of the new files to carry on; `leave`:
+    those of theirs not to (the run analyses them whole: run_scope.RunScope.whole), whose frames
+    and checkpoints are not read. Its wide table's rows collected in one Spark job."""
     new = read_files(spark, lake, "frames", new_files, list(ANALYSIS_COLUMNS))
     if leave:
         new = of_connections(new, keys)
     states = of_connections(read_delta(spark, lake, STATE_TABLE, schema.ANALYSIS_STATE, mode), keys)
-    # What the wide table holds, taken while it is materialised: the fallbacks and the files the
-    # pass wrote (few), and the carried connections' tallies summed.
-    def measured_carry(wide: DataFrame) -> tuple[DataFrame, dict]:
-        return measured(
-            wide, fallbacks=F.collect_list("fallback"), files=F.collect_list("files"),
-            **{c: F.coalesce(F.sum(column("tally", c)), F.lit(0)) for c in ("frames", "carried_records")})
-
-    wide, seen = measured_carry(carry_on(new, states, of_connections(connections, keys), settings, frames_version,
-                                         write_to=lake))
-    fallbacks = {row["connection_id"]: row["reason"] for row in seen["fallbacks"]}
-    streamed = sorted(row["connection_id"] for row in seen["fallbacks"] if row["streamed"])
-    if streamed:
-        # Rows of connections that fell back after some of theirs had left the pass: dropped (the
-        # pass took those it wrote back out of its files), the rest counted again.
-        wide, seen = measured_carry(without_fallbacks(wide, streamed))
-    written = add_actions(seen["files"])
-    rows = {name: rows_in(written.get(name, [])) for name in WRITTEN_TABLES}
-
-    def written_rows(name: str, columns: list[str] | None = None) -> DataFrame:
-        return read_written(spark, lake, name, written.get(name, []), TIMELINE_TABLES[name], columns)
-
-    read = {c: seen[c] for c in ("frames", "carried_records")}
-    carried_keys = [k for k in keys if k not in fallbacks]
-    return CarriedPass({name: written.get(name, []) for name in WRITTEN_TABLES}, rows,
-                       _matches(wide, written_rows, carried_keys), fallbacks,
-                       frames=read["frames"], connections=len(keys) - len(fallbacks),
-                       records=read["carried_records"], wide=wide)
-
-
-def _matches(wide: DataFrame, written_rows, carried_keys: list[str]) -> dict[str, list[Match | Listed]]:
-    """The stored rows each table's new rows replace. `written_rows(name, columns)`: those columns
-    of the rows the pass wrote to files."""
-    def keys(name: str, columns: list[str]) -> DataFrame:
-        return written_rows(name, columns).unionByName(carried_rows(wide, name, STALE).select(*columns))
-
-    items = ["connection_id", "seq"]
-    incarnations = keys("channels", INCARNATION)
-    return {
-        "deliveries": [Match(keys("deliveries", items), tuple(items))],
-        "publishes": [Match(keys("publishes", items), tuple(items))],
-        "channels": [Match(incarnations, tuple(INCARNATION))],
-        "violations": [Match(incarnations, tuple(INCARNATION))],
-        "channel_metrics": [Match(carried_rows(wide, "touched"), tuple(INCARNATION), ("bucket_start_ns", "from_ns"))],
-        STATE_TABLE: [connections_match(carried_keys)],
-    }
+    wide = carry_on(new, states, of_connections(connections, keys), settings, frames_version, write_to=lake)
+    return carried_summary(wide.toArrow(), keys)

@@ -13,7 +13,7 @@ on the 10 M-frame bench lake a 5% append's carried pass was ~3 CPU s of Python a
 the session, plans made cold and the Python worker (bench/driver_carry.py). So an append of at
 most DRIVER_FRAMES new frame rows is carried on here (`carried_pass`). A connection that cannot be
 carried on (it must be analysed whole: `fallbacks`) is left to Spark: the caller deletes what the
-pass wrote (`DriverCarried.discard`) and runs Spark's path. analyze.py decides when this executor
+pass wrote (`CarriedPass.discard`) and runs Spark's path. analyze.py decides when this executor
 is taken (analyze_without_spark) and commits what it wrote.
 """
 
@@ -21,26 +21,21 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake.transaction import AddAction
 
 from analyzer import schema
 from analyzer.connection_analysis import ADVANCE_EVERY_ROWS, ANALYSIS_COLUMNS, Settings
-from analyzer.lake import filesystem, read_table
+from analyzer.lake import read_table
 
-from .connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, STATE_TABLE, WIDE, WRITTEN_TABLES,
-                              ConnectionsPartition, _Partition)
+from .connection_pass import FLUSH_RECORDS, HEADER, HEADER_SEQ, STATE_TABLE, WIDE, ConnectionsPartition, _Partition
 from .findings import facts_in_lake
-from .incremental import changed_in_driver
-from .table_files import relative_in_table, rows_in, spark_location
+from .incremental import CarriedPass, carried_summary
+from .table_files import relative_in_table, spark_location
 from .timeline import carried
-from .timeline.carried import STALE, STATE_COLUMNS, STORED, _CarriedPartition
-from .timeline.tables import TIMELINE_TABLES
-from .timeline.wide import RECORD, ROLE, rows_from_wide
-from .wide_writes import FILE_ROWS, FILES, add_actions
+from .timeline.carried import STATE_COLUMNS, STORED, _CarriedPartition
+from .wide_writes import FILE_ROWS
 
 # New frame rows up to which the driver carries a run's connections on itself: on these machines
 # its one core replays ~150,000 of them a second (bench/driver_carry.py: the 10 M lake's 5% append,
@@ -55,30 +50,6 @@ FRAME_COLUMNS = pa.schema([schema.FRAMES.field(name) for name in ANALYSIS_COLUMN
 # it has an analysis_state row, and that row's STATE_COLUMNS (timeline/carried.py's `carry_on`).
 CARRIED_HEADER_COLUMNS = pa.schema([schema.ANALYSIS_STATE.field(name) for name in STATE_COLUMNS]
                                    + [(STORED, pa.bool_()), (HEADER, pa.string())])
-
-
-@dataclass
-class DriverCarried:
-    """What the driver's carried pass gives the run (incremental.CarriedPass: Spark's)."""
-    written: dict[str, list[AddAction]]   # the files of the rows to write, per table (WRITTEN_TABLES)
-    raw: pa.Table                         # the connections' findings about one connection (RAW_FINDINGS)
-    changed: pa.Table                     # the requeue_related delivery rows written and replaced
-    fallbacks: dict[str, str]             # connection -> why it must be analysed whole
-    frames: int                           # new frame rows read
-    connections: int                      # connections carried on
-    records: int                          # records their checkpoints held
-
-    @property
-    def rows(self) -> dict[str, int]:
-        """Rows written per table (analysis_state's aside: a run reports the others)."""
-        return {name: rows_in(self.written.get(name, [])) for name in WRITTEN_TABLES if name != STATE_TABLE}
-
-    def discard(self, lake: str) -> None:
-        """The files the pass wrote deleted (no log names them)."""
-        for name, adds in self.written.items():
-            fs, root = filesystem(f"{lake.rstrip('/')}/{name}")
-            for add in adds:
-                fs.delete_file(f"{root}/{add.path}")
 
 
 def whole_pass(lake: str, keys: list[str] | None, settings: Settings, frames_version: int) -> pa.Table:
@@ -97,7 +68,7 @@ def whole_pass(lake: str, keys: list[str] | None, settings: Settings, frames_ver
 
 
 def carried_pass(lake: str, new_files: tuple[str, ...], keys: list[str], settings: Settings,
-                 frames_version: int) -> DriverCarried:
+                 frames_version: int) -> CarriedPass:
     """The carried pass over the frames of `new_files` (the connections `keys`), in this process:
     its files written into the lake's tables, uncommitted."""
     frames = new_frames(lake, new_files, frames_version)
@@ -108,16 +79,7 @@ def carried_pass(lake: str, new_files: tuple[str, ...], keys: list[str], setting
     rows = laid_out(frames, carried_headers(frames, headers, states), CARRIED_HEADER_COLUMNS)
     del frames
     wide = run(_CarriedPartition(settings, frames_version, FLUSH_RECORDS, lake, FILE_ROWS), rows, carried.WIDE)
-    fallbacks = {row["connection_id"]: row["reason"] for row in rows_from_wide(wide, "fallback").to_pylist()}
-    written = add_actions(rows_from_wide(wide, "files", FILES).to_pylist())
-    tally = rows_from_wide(wide, "tally")
-    stale = wide.filter(pc.and_(pc.equal(wide[RECORD], "deliveries"), pc.equal(wide[ROLE], STALE)))
-    return DriverCarried({name: written.get(name, []) for name in WRITTEN_TABLES},
-                         rows_from_wide(wide, "raw_findings", RAW_FINDINGS),
-                         changed_in_driver(lake, rows_from_wide(stale, "deliveries", TIMELINE_TABLES["deliveries"]),
-                                           written.get("deliveries", [])),
-                         fallbacks, frames=pc.sum(tally["frames"]).as_py() or 0,
-                         connections=len(keys) - len(fallbacks), records=pc.sum(tally["carried_records"]).as_py() or 0)
+    return carried_summary(wide, keys)
 
 
 def carried_headers(frames: pa.Table, headers: dict[str, str], states: dict[str, dict]) -> list[dict]:

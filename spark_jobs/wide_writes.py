@@ -1,4 +1,5 @@
-"""Tables written into a lake as uncommitted Parquet files by Spark's tasks.
+"""Tables written into a lake as uncommitted Parquet files, by a pass's tasks (either executor's)
+or by a rewrite (delta_io.py).
 
 Each task writes its rows of a table as Parquet files straight into the table's folder with the
 agent's writer (analyzer.lake.TableWriter: files by day; provisional rows, and the deliveries a
@@ -9,30 +10,23 @@ copy-on-write). Until then no log names a file: the files of a failed or repeate
 committed, and VACUUM removes them.
 
 The passes (connection_pass.py, timeline/carried.py) write every table they produce this way from
-their own tasks (`FilesWriter`) and hand on the files' rows (`add_actions`, `read_written`);
-`write_tables` writes DataFrames' rows so, several tables in one Spark job (delta_io.py's rewrites:
-Spark's writer takes one schema per job).
+their own tasks (`FilesWriter`) and hand on the files' rows (`add_actions`); delta_io.py's
+rewrites write the rows a file keeps with the same writer.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from functools import reduce
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.transaction import AddAction
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from analyzer.lake import TableWriter, by_flags
-from analyzer.schema import PARTITION_BY
 
 from .provisional import PROVISIONAL
 from .requeue_related import REQUEUE_RELATED
-from .table_files import spark_location
-from .types import spark_schema
 
 # One row per file a task wrote.
 FILES = pa.schema([("table", pa.string()), ("path", pa.string()), ("size", pa.int64()), ("date", pa.string()),
@@ -45,27 +39,6 @@ FILE_ROWS = 250_000
 FILE_FLAGS = (PROVISIONAL, REQUEUE_RELATED)
 
 
-def write_tables(lake: str, tables: dict[str, tuple[DataFrame, pa.Schema]]) -> dict[str, list[AddAction]]:
-    """Each table's rows (name -> (rows in the table's columns and order, schema as stored)) written
-    as Parquet files into that table's folder of `lake`, uncommitted; the add actions of each
-    table's files (none for a table without rows).
-
-    A task per table and partition of its rows, all in one job: a partition holding a hot
-    connection has its tables written side by side."""
-    def writer(name: str, table_schema: pa.Schema):
-        def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            files = FilesWriter(lake, name, table_schema)
-            for batch in batches:
-                files.add(pa.Table.from_batches([batch]))
-            yield files.files()
-        return write_partition
-
-    parts = [rows.mapInArrow(writer(name, table_schema), spark_schema(FILES))
-             for name, (rows, table_schema) in tables.items()]
-    adds = add_actions(reduce(DataFrame.union, parts).collect())
-    return {name: adds.get(name, []) for name in tables}
-
-
 def add_actions(files: list) -> dict[str, list[AddAction]]:
     """FILES rows (Spark's Rows, or dicts) -> each table's add actions."""
     adds: dict[str, list[AddAction]] = {}
@@ -73,24 +46,6 @@ def add_actions(files: list) -> dict[str, list[AddAction]]:
         adds.setdefault(file["table"], []).append(AddAction(file["path"], file["size"], {"date": file["date"]},
                                                             file["modified_ms"], True, file["stats"]))
     return adds
-
-
-def read_written(spark: SparkSession, lake: str, name: str, adds: list[AddAction], table_schema: pa.Schema,
-                 columns: list[str] | None = None) -> DataFrame:
-    """The rows of table `name` (its schema as stored) in these files written into its folder and
-    not committed yet; `columns` of them (None: all). The files hold every column but the `date`
-    partition's (Delta keeps it in the log, as each add action does)."""
-    columns = columns or table_schema.names
-    data = pa.schema([field for field in table_schema if field.name in columns and field.name not in PARTITION_BY])
-    folder = f"{spark_location(lake).rstrip('/')}/{name}"
-    by_day: dict[str | None, list[str]] = {}
-    for add in adds:
-        by_day.setdefault(add.partition_values["date"], []).append(f"{folder}/{add.path}")
-    parts = [spark.read.schema(spark_schema(data)).parquet(*paths).withColumn("date", F.lit(day).cast("string"))
-             for day, paths in sorted(by_day.items(), key=lambda item: str(item[0]))]
-    if not parts:
-        return spark.createDataFrame([], spark_schema(table_schema)).select(*columns)
-    return reduce(DataFrame.unionByName, parts).select(*columns)
 
 
 class FilesWriter:

@@ -16,10 +16,10 @@ from analyzer import lake, schema
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, ConnectionAnalysis, Settings
 from analyzer.ingest import ingest_file
 from spark_jobs.connection_pass import WRITTEN_TABLES, state_row, states_table
-from spark_jobs.timeline.carried import CARRIED_TABLES, carried_rows, carry_on, without_fallbacks
+from spark_jobs.timeline.carried import CARRIED_TABLES, carry_on, without_fallbacks
 from spark_jobs.timeline.plans import conf_meanwhile
-from spark_jobs.timeline.wide import RECORD
-from spark_jobs.wide_writes import add_actions, read_written
+from spark_jobs.timeline.wide import rows_from_wide
+from spark_jobs.wide_writes import add_actions
 
 from .conftest import ROOT
 from .findings_check import LAB_THRESHOLDS
@@ -37,15 +37,16 @@ def _checkpointed(rows: list[dict]) -> dict:
     return state_row(done.checkpoint, analysis.whole.timeline, 1)
 
 
-def _rows_by_table(wide, lake_dir: str) -> dict[str, list[dict]]:
-    """Each table's rows but the fallbacks', in a canonical order: those in the wide table (of the
-    timeline tables, `stale`) and those in the files the pass wrote into `lake_dir`."""
-    adds = add_actions(carried_rows(wide, "files").collect())
-    rows = {name: carried_rows(wide, name).toArrow().to_pylist() for name in CARRIED_TABLES
+def _rows_by_table(wide: pa.Table, lake_dir: str) -> dict[str, list[dict]]:
+    """Each table's rows but the fallbacks', in a canonical order: those in the wide table's rows
+    (of the timeline tables, `stale`) and those in the files the pass wrote into `lake_dir`."""
+    adds = add_actions(rows_from_wide(wide, "files").to_pylist())
+    rows = {name: rows_from_wide(wide, name, table_schema).to_pylist() for name, table_schema in CARRIED_TABLES.items()
             if name not in ("fallback", "files")}
     for name, table_schema in WRITTEN_TABLES.items():
-        written = read_written(wide.sparkSession, lake_dir, name, adds.get(name, []), table_schema)
-        rows[name] = rows.get(name, []) + written.toArrow().to_pylist()
+        writer = lake.TableWriter(lake_dir, name, table_schema)
+        written = [writer.read_file(add.path, add.partition_values["date"]) for add in adds.get(name, [])]
+        rows[name] = rows.get(name, []) + [row for table in written for row in table.to_pylist()]
     return {name: sorted(table, key=lambda row: json.dumps(row, default=str)) for name, table in rows.items()}
 
 
@@ -78,9 +79,8 @@ def test_a_fallback_after_rows_left_is_dropped_and_the_rest_is_as_if_none_left(s
     def carried_pass(flush_records: int, file_rows: int | None = None):
         lake_dir = str(tmp_path / f"written-{flush_records}")
         wide = carry_on(frames_df, states_df, connections, SETTINGS, 2, lake_dir, partitions=2,
-                        flush_records=flush_records, file_rows=file_rows)
-        wide = wide.localCheckpoint()
-        fallbacks = {row["connection_id"]: row for row in carried_rows(wide, "fallback").toArrow().to_pylist()}
+                        flush_records=flush_records, file_rows=file_rows).toArrow()
+        fallbacks = {row["connection_id"]: row for row in rows_from_wide(wide, "fallback").to_pylist()}
         return wide, fallbacks, lake_dir
 
     whole_batches, fallbacks, whole_dir = carried_pass(50_000)
@@ -107,4 +107,4 @@ def test_a_fallback_after_rows_left_is_dropped_and_the_rest_is_as_if_none_left(s
                   if damaged["connection_id"] in pq.read_table(path, columns=["connection_id"])["connection_id"].to_pylist()]
     assert not taken_back
     assert _rows_by_table(without_fallbacks(one_by_one, streamed), one_by_one_dir) == kept
-    assert one_by_one.where(one_by_one[RECORD] == "fallback").count() == len(fallbacks)
+    assert rows_from_wide(one_by_one, "fallback").num_rows == len(fallbacks)

@@ -1,7 +1,7 @@
 """The findings step's reads and its rewrite in the driver, no Spark (spark_jobs/findings.py): the
 scan of `frames` for evidence packets and of the deliveries for the changed rows, streamed and
 pruned by statistics (analyzer.lake.scan), and the findings table patched by the driver whatever
-its size (delta_io.rewrite_in_driver). Real Delta tables: written by delta-rs with statistics in
+its size (delta_io.rewrite). Real Delta tables: written by delta-rs with statistics in
 the log, and by ackscope's own writers without (then each row group's own statistics prune)."""
 
 import os
@@ -18,7 +18,7 @@ from analyzer import lake, schema
 from analyzer.detectors import KINDS
 from analyzer.detectors.messages import COLUMNS, candidates
 from spark_jobs import delta_io, findings
-from spark_jobs.delta_io import Keyed, Listed, Replacement, rewrite_in_driver
+from spark_jobs.delta_io import Keyed, Listed, Replacement, rewrite
 from spark_jobs.evidence_packets import PACKETS
 from spark_jobs.table_files import commit
 from spark_jobs.timeline.tables import TIMELINE_TABLES
@@ -190,7 +190,7 @@ def _findings_lake(lake_dir: str) -> tuple[list[str], list, pa.Table]:
 
 @pytest.mark.parametrize("bound", ["whole", "searched"])
 def test_the_driver_patches_a_findings_table_of_any_size(tmp_path, monkeypatch, bound):
-    """delta_io.rewrite_in_driver: the rows named by listed values and by keys deleted, new rows
+    """delta_io.rewrite: the rows named by listed values and by keys deleted, new rows
     added, in one commit. Under the bound every file is rewritten; over it (here a bound of 0
     bytes) only the files holding a named row are (found by reading the columns matched), the
     others stay as they were; the rows are the same either way."""
@@ -201,15 +201,15 @@ def test_the_driver_patches_a_findings_table_of_any_size(tmp_path, monkeypatch, 
     assert len(holding) == 3 < len(files)
     if bound == "searched":
         monkeypatch.setattr(delta_io, "REWRITTEN_WHOLE_BYTES", 0)
-    rewrite = rewrite_in_driver(lake_dir, "findings", Replacement(new, schema.FINDINGS, matches))
-    assert sorted(rewrite.removed) == (files if bound == "whole" else holding)
-    rewrite.commit()
+    rewritten = rewrite(lake_dir, "findings", Replacement(new, schema.FINDINGS, matches))
+    assert sorted(rewritten.removed) == (files if bound == "whole" else holding)
+    rewritten.commit()
     after = lake.read_table(lake_dir, "findings", schema.FINDINGS)
     kept = before.filter(pc.invert(delta_io.doomed(before, matches)))
     assert kept.num_rows < before.num_rows
     key = [("finding_id", "ascending")]
     assert after.sort_by(key).to_pylist() == pa.concat_tables([kept, new]).sort_by(key).to_pylist()
-    assert set(lake.table_files(lake.open_table(lake_dir, "findings"))) >= set(files) - set(rewrite.removed)
+    assert set(lake.table_files(lake.open_table(lake_dir, "findings"))) >= set(files) - set(rewritten.removed)
 
 
 def test_the_findings_steps_reads_and_rewrite_on_s3_are_those_on_a_local_lake(
@@ -228,12 +228,12 @@ def test_the_findings_steps_reads_and_rewrite_on_s3_are_those_on_a_local_lake(
                 writer.write(rows.slice(start, 400))
             writer.commit("setup")
         files, matches, new = _findings_lake(lake_dir)
-        rewrite = rewrite_in_driver(lake_dir, "findings", Replacement(new, schema.FINDINGS, matches))
-        rewrite.commit()
+        rewritten = rewrite(lake_dir, "findings", Replacement(new, schema.FINDINGS, matches))
+        rewritten.commit()
         seen.append((findings._scanned(lake_dir, None, None, wanted),
                      findings._of_connections(lake_dir, lake.open_table(lake_dir, "deliveries").version(), keys,
                                               among).sort_by("seq").to_pylist(),
-                     len(rewrite.removed), len(files),
+                     len(rewritten.removed), len(files),
                      lake.read_table(lake_dir, "findings", schema.FINDINGS).sort_by("finding_id").to_pylist()))
     assert seen[0] == seen[1]
     assert seen[0][0] == _truth(frames, wanted) and seen[0][1] and seen[0][2] == 3 < seen[0][3]

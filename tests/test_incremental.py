@@ -662,15 +662,15 @@ def findings_searched(monkeypatch, searches: list) -> None:
     each search's arguments kept in `searches`."""
     from spark_jobs import findings
 
-    rewrite = findings.rewrite_in_driver
+    rewrite = findings.rewrite
 
     def searched(*args):
         with pytest.MonkeyPatch.context() as bound:
             bound.setattr(delta_io, "REWRITTEN_WHOLE_BYTES", 0)
             return rewrite(*args)
 
-    monkeypatch.setattr(findings, "rewrite_in_driver", searched)
-    _spy(monkeypatch, delta_io._Search, "doomed_in_driver", searches)
+    monkeypatch.setattr(findings, "rewrite", searched)
+    _spy(monkeypatch, delta_io._Search, "touched", searches)
 
 
 def _stray_files(lake_dir: str) -> list[str]:
@@ -777,12 +777,12 @@ def test_a_delivery_left_at_a_close_then_unsettled_by_a_gap_takes_its_finding_aw
 @pytest.mark.parametrize("findings_table", ["small", "large"])
 def test_a_carried_runs_findings_take_one_spark_job_and_are_one_runs(spark, tmp_path, monkeypatch, findings_table):
     """findings.py: a run that carried every connection on computes its findings again in the
-    driver, after one Spark job for the carried pass's rows: here A's new frames make a requeue
+    driver, with no Spark job (the carried pass's rows were collected with it): here A's new frames make a requeue
     loop and leave a delivery at a close that B, already in the lake, got again (redelivered); A's
     delivery open when the first run ended, of a message that came back, is written again settled
     (a replaced requeue_related row). A findings table too large to be rewritten whole (forced by
     a bound of 0 bytes while the step rewrites it) has the files holding a replaced row searched
-    for by the driver (delta_io.rewrite_in_driver), still no Spark job. Both end with one run's
+    for by the driver (delta_io.rewrite), still no Spark job. Both end with one run's
     tables over everything."""
     import io
 
@@ -822,7 +822,7 @@ def test_a_carried_runs_findings_take_one_spark_job_and_are_one_runs(spark, tmp_
     report = analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS, progress=progress)
     assert report.carried_connections == report.connections == 1, report.reason
     findings_line = next(line for line in progress.getvalue().splitlines() if ": findings (" in line)
-    assert findings_line.endswith(", 1 Spark jobs)"), findings_line
+    assert findings_line.endswith(", 0 Spark jobs)"), findings_line
     assert len(searches) == (findings_table == "large"), searches
     assert _tables(pieces_dir) == _tables(whole_dir)
 

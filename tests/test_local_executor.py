@@ -99,7 +99,7 @@ def test_the_drivers_findings_need_no_spark(spark, tmp_path, monkeypatch, needs)
     packets of frames neither the stored findings nor the new frames hold are found by a scan of
     `frames` in Arrow (findings._scanned); a findings table too large to be rewritten whole (a
     bound of 0 bytes while the step rewrites it) has the files holding a replaced row searched for
-    and rewritten by the driver (delta_io.rewrite_in_driver). Both end with one run's tables."""
+    and rewritten by the driver (delta_io.rewrite). Both end with one run's tables."""
     from .test_incremental import _spy, findings_searched
     from .test_timeline import T0, Conv
 

@@ -266,11 +266,11 @@ def test_the_bridge_refuses_tables_whose_files_need_delta_spark(spark, tmp_path)
 def test_listed_connections_filter_and_replace_as_the_join_does(spark, agent_lake, tmp_path, monkeypatch):
     """Rows of a few connections are picked by a literal IN filter (no broadcast job); past
     plans.IN_LIST_CONNECTIONS by a broadcast semi-join. Both must pick the same rows. A replace
-    names them by listed values (connections_match) or by keys gathered from Spark (Match): the one
-    rule (delta_io.doomed) must take out the same rows either way."""
+    names them by listed values (connections_match) or by keys (Match): the one rule
+    (delta_io.doomed) must take out the same rows either way."""
     from itertools import product
 
-    from spark_jobs.delta_io import Listed, Match, connections_match, replace_matching
+    from spark_jobs.delta_io import Listed, Match, Replacement, connections_match, replace_all
     from spark_jobs.timeline import plans
 
     frames = read_delta(spark, agent_lake, "frames", schema.FRAMES)
@@ -291,14 +291,13 @@ def test_listed_connections_filter_and_replace_as_the_join_does(spark, agent_lak
     kinds = ("basic.deliver", "basic.ack")
     as_list = connections_match(picked, method=kinds)
     assert isinstance(as_list, Listed)
-    keys = spark.createDataFrame(pa.Table.from_pylist(
-        [{"connection_id": c, "method": m} for c, m in product(picked, kinds)]))
+    keys = pa.Table.from_pylist([{"connection_id": c, "method": m} for c, m in product(picked, kinds)])
     as_keys = Match(keys, ("connection_id", "method"))
     results = []
     for i, match in enumerate([as_list, as_keys]):
         lake_dir = str(tmp_path / f"lake{i}")
         write_delta(frames, lake_dir, "frames", schema.FRAMES)
-        replace_matching(frames.limit(0), lake_dir, "frames", schema.FRAMES, [match])
+        replace_all(lake_dir, {"frames": Replacement(None, schema.FRAMES, [match])})
         results.append(in_order(agent_read(lake_dir, "frames")))
     everything = agent_read(agent_lake, "frames")
     doomed = pc.and_(pc.is_in(everything["connection_id"], pa.array(picked)),
@@ -315,7 +314,7 @@ def test_provisional_rows_are_written_apart_and_only_their_files_searched(spark,
     row that matches is left alone: the caller's promise decides), and otherwise every file; so
     when those files are rewritten whole, too (delta_io.REWRITTEN_WHOLE_BYTES)."""
     from spark_jobs import delta_io
-    from spark_jobs.delta_io import Match, replace_matching
+    from spark_jobs.delta_io import Match, Replacement, replace_all
     from spark_jobs.provisional import PROVISIONAL, files_with_provisional_rows, stored_schema
     from spark_jobs.session import commits_tagged
 
@@ -342,12 +341,12 @@ def test_provisional_rows_are_written_apart_and_only_their_files_searched(spark,
             assert set(flags.to_pylist()) == {file["max.provisional"]}
         assert files_with_provisional_rows(table) == {s["path"] for s in stats if s["max.provisional"]}
         # Replace seq 3 (provisional) and seq 4 (final) of the first day with one new row.
-        keys = spark.createDataFrame([("c", 3), ("c", 4)], "connection_id string, seq long")
-        new = spark.createDataFrame(pa.Table.from_pylist([{"date": "2026-11-24", "connection_id": "c", "seq": 3,
-                                                           PROVISIONAL: False}], schema=table_schema))
+        keys = pa.table({"connection_id": ["c", "c"], "seq": [3, 4]})
+        new = pa.Table.from_pylist([{"date": "2026-11-24", "connection_id": "c", "seq": 3, PROVISIONAL: False}],
+                                   schema=table_schema)
         with commits_tagged(spark, "run-2"):
-            replace_matching(new, lake_dir, "t", table_schema, [Match(keys, ("connection_id", "seq"))],
-                             provisional_only=provisional_only)
+            replace_all(lake_dir, {"t": Replacement(new, table_schema, [Match(keys, ("connection_id", "seq"))],
+                                                    provisional_only)})
         table = DeltaTable(os.path.join(lake_dir, "t"))
         assert table.history(1)[0]["userMetadata"] == "run-2"
         got = table.to_pyarrow_table()
@@ -538,194 +537,82 @@ def test_rows_written_beside_the_task_fail_the_task_when_it_waits(tmp_path):
         files.files()
 
 
-def test_tables_written_together_in_one_job_are_the_tables_written_alone(spark, tmp_path):
-    """wide_writes.write_tables: several tables (here out of one wide DataFrame) written by one Spark
-    job give each table the rows, partitions and provisional files that a write of that table alone
-    gives (rows of other records left out, a null day in Hive's null folder), and nothing is in any
-    log until the commits."""
-    from spark_jobs.provisional import PROVISIONAL, files_with_provisional_rows, stored_schema
-    from spark_jobs.table_files import commit
-    from spark_jobs.timeline.wide import from_wide, to_wide, wide_schema
-    from spark_jobs.wide_writes import write_tables
-
-    padding = [(f"pad_{i}", pa.int32()) for i in range(40)]
-    items = stored_schema(pa.schema([("date", pa.string()), ("connection_id", pa.string()), ("seq", pa.int64()),
-                                     ("ts", pa.timestamp("us", tz="UTC")), *padding]))
-    states = pa.schema([("date", pa.string()), ("connection_id", pa.string()), ("last_seq", pa.int64())])
-    tally = pa.schema([("connection_id", pa.string()), ("frames", pa.int64())])
-    item_rows = pa.Table.from_pylist(
-        [{"date": day, "connection_id": f"c{seq % 4}", "seq": seq, "ts": datetime(2026, 11, 24, tzinfo=timezone.utc),
-          PROVISIONAL: seq % 3 == 0, "pad_7": seq} for day in ("2026-11-24", "2026-11-25", None)
-         for seq in range(1, 41)], schema=items)
-    state_rows = pa.Table.from_pylist([{"date": "2026-11-25", "connection_id": f"c{i}", "last_seq": 40}
-                                       for i in range(4)], schema=states)
-    wide = wide_schema({"items": items, "states": states, "tally": tally})
-    parts = [("items", None, item_rows), ("tally", None, pa.Table.from_pylist([{"connection_id": "c0", "frames": 9}],
-                                                                             schema=tally)),
-             ("states", None, state_rows)]
-    data = spark.createDataFrame(to_wide(wide, parts)).repartition(3)
-    tables = {"items": items, "states": states}
-
-    together = str(tmp_path / "together")
-    group = "wide-writes-test"
-    spark.sparkContext.setJobGroup(group, group)
-    adds = write_tables(together, {name: (from_wide(data, name, table_schema), table_schema)
-                                   for name, table_schema in tables.items()})
-    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == 1
-    assert all(lake.open_table(together, name) is None for name in tables)  # nothing committed yet
-    for name, table_schema in tables.items():
-        commit(os.path.join(together, name), table_schema, adds[name], schema.PARTITION_BY)
-    alone = str(tmp_path / "alone")
-    written = {"items": item_rows, "states": state_rows}
-    for name, table_schema in tables.items():
-        write_delta(spark.createDataFrame(written[name]), alone, name, table_schema)
-
-    for name, table_schema in tables.items():
-        got = read_delta(spark, together, name, table_schema).toArrow()
-        assert_same_rows(got, read_delta(spark, alone, name, table_schema).toArrow())
-        assert_same_rows(got, written[name])
-        assert_same_rows(lake.read_table(together, name, table_schema), got)
-    assert sorted(os.listdir(os.path.join(together, "items"))) == [
-        "_delta_log", "date=2026-11-24", "date=2026-11-25", "date=__HIVE_DEFAULT_PARTITION__"]
-    table = DeltaTable(os.path.join(together, "items"))
-    stats = pa.table(table.get_add_actions(flatten=True)).to_pylist()
-    assert sum(s["num_records"] for s in stats) == item_rows.num_rows
-    for file in stats:  # provisional rows in files of their own, whose statistics say so
-        flags = pq.read_table(os.path.join(together, "items", file["path"]), columns=[PROVISIONAL])[PROVISIONAL]
-        assert set(flags.to_pylist()) == {file["min.provisional"]} == {file["max.provisional"]}
-    assert files_with_provisional_rows(table) == {s["path"] for s in stats if s["max.provisional"]}
-
-
 @pytest.mark.parametrize("searched", [True, False], ids=["searched", "rewritten-whole"])
-def test_tables_replaced_together_in_two_jobs_as_one_by_one(spark, agent_lake, tmp_path, monkeypatch, searched):
-    """delta_io.replace_all: several tables' rows deleted and appended in two Spark jobs (the files
-    to rewrite in every table, then every table's rows), each table in its own commit, with the
-    tables replace_matching gives one by one. Tables as small as these are rewritten whole, in one
-    job (REWRITTEN_WHOLE_BYTES); `searched` lowers that bound, so the files are searched."""
+def test_tables_replaced_together_each_in_its_commit_by_the_driver(spark, agent_lake, tmp_path, monkeypatch,
+                                                                   searched):
+    """delta_io.replace_all: several tables' rows deleted and appended by the driver (no Spark job),
+    each table in its own commit: the stored rows but those matched, and the new rows. Tables as
+    small as these are rewritten whole (REWRITTEN_WHOLE_BYTES); `searched` lowers that bound, so
+    the files are searched. A file written beside the rewrite goes into the same commit."""
+    from analyzer.lake import TableWriter
     from spark_jobs import delta_io
-    from spark_jobs.delta_io import Listed, Replacement, replace_all, replace_matching
+    from spark_jobs.delta_io import Listed, Replacement, replace_all
 
     if searched:
         monkeypatch.setattr(delta_io, "REWRITTEN_WHOLE_BYTES", 0)
-
     tables = {"frames": schema.FRAMES, "connections": schema.CONNECTIONS}
-    stored = {name: read_delta(spark, agent_lake, name, table_schema) for name, table_schema in tables.items()}
-    ids = sorted(r["connection_id"] for r in stored["connections"].select("connection_id").collect())
+    stored = {name: agent_read(agent_lake, name) for name in tables}
+    ids = sorted(stored["connections"]["connection_id"].to_pylist())
     picked = ids[::2]
-    # Each picked connection's rows replaced by themselves with the agent id changed.
-    new = {name: rows.where(F.col("connection_id").isin(picked)).withColumn("agent_id", F.lit("again"))
+    # Each picked connection's rows replaced by themselves with the agent id changed; the control
+    # frames (channel 0) of the others deleted.
+    mine = {name: pc.is_in(rows["connection_id"], pa.array(picked)) for name, rows in stored.items()}
+    new = {name: rows.filter(mine[name]).set_column(rows.schema.get_field_index("agent_id"), "agent_id",
+                                                    pa.repeat(pa.scalar("again"), pc.sum(mine[name]).as_py()))
            for name, rows in stored.items()}
-    results = {}
-    for together in (True, False):
-        lake_dir = str(tmp_path / f"together-{together}")
-        for name, table_schema in tables.items():
-            write_delta(stored[name], lake_dir, name, table_schema)
-        versions = {name: table_version(lake_dir, name) for name in tables}
-        if together:
-            group = f"replace-all-test-{searched}"
-            spark.sparkContext.setJobGroup(group, group)
-            of_picked = [Listed({"connection_id": tuple(picked)})]
-            replace_all(lake_dir, {name: Replacement(new[name], table_schema, of_picked)
-                                   for name, table_schema in tables.items()})
-            assert len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == (2 if searched else 1)
-        else:
-            for name, table_schema in tables.items():
-                replace_matching(new[name], lake_dir, name, table_schema, [Listed({"connection_id": tuple(picked)})])
-        assert {name: table_version(lake_dir, name) for name in tables} == {n: v + 1 for n, v in versions.items()}
-        results[together] = {name: in_order(agent_read(lake_dir, name)) for name in tables}
+    matches = {"frames": [Listed({"connection_id": tuple(picked)}),
+                          Listed({"connection_id": tuple(ids), "channel": (0,)})],
+               "connections": [Listed({"connection_id": tuple(picked)})]}
+    lake_dir = str(tmp_path / "lake")
+    for name, table_schema in tables.items():
+        write_delta(spark.createDataFrame(stored[name]), lake_dir, name, table_schema)
+    versions = {name: table_version(lake_dir, name) for name in tables}
+    extra = TableWriter(lake_dir, "connections", schema.CONNECTIONS)
+    extra.write(stored["connections"].slice(0, 1))
+    group = f"replace-all-test-{searched}"
+    spark.sparkContext.setJobGroup(group, group)
+    replace_all(lake_dir, {name: Replacement(new[name], table_schema, matches[name])
+                           for name, table_schema in tables.items()}, written={"connections": extra.actions})
+    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == 0
+    assert {name: table_version(lake_dir, name) for name in tables} == {n: v + 1 for n, v in versions.items()}
+    control = pc.fill_null(pc.equal(stored["frames"]["channel"], 0), False)
+    expected = {"frames": pa.concat_tables([stored["frames"].filter(pc.invert(pc.or_(mine["frames"], control))),
+                                            new["frames"]]),
+                "connections": pa.concat_tables([stored["connections"].filter(pc.invert(mine["connections"])),
+                                                 new["connections"], stored["connections"].slice(0, 1)])}
     for name in tables:
-        assert results[True][name].equals(results[False][name])
-        got = results[True][name]
-        again = pc.equal(got["agent_id"], "again")
-        assert set(got.filter(again)["connection_id"].to_pylist()) == set(picked)
-        assert got.num_rows == agent_read(agent_lake, name).num_rows
+        got = in_order(agent_read(lake_dir, name))
+        assert got.equals(in_order(expected[name].cast(got.schema)))
+        assert 0 < pc.sum(pc.equal(got["agent_id"], "again")).as_py() < got.num_rows
 
 
-def test_a_small_rewrite_without_new_rows_is_the_drivers_and_equals_sparks(spark, agent_lake, tmp_path):
-    """delta_io.rewrite_all: a table rewritten whole with no new rows and literal lists to match is
-    rewritten by the driver (no Spark job), each file's kept rows as wide_writes' writers split
-    them; with the same replacement done by Spark (new rows given, none), the committed tables are
-    equal, and so is what the rewrite's files and a commit with more files written beside it add."""
-    from analyzer.lake import TableWriter
-    from spark_jobs.delta_io import Listed, Replacement, rewrite_all
-
-    tables = {"frames": schema.FRAMES, "connections": schema.CONNECTIONS}
-    stored = {name: read_delta(spark, agent_lake, name, table_schema) for name, table_schema in tables.items()}
-    ids = sorted(r["connection_id"] for r in stored["connections"].select("connection_id").collect())
-    # Rows of the first connections, of the control frames (channel 0) of the others too.
-    doomed = [Listed({"connection_id": tuple(ids[:2])}), Listed({"connection_id": tuple(ids), "channel": (0,)})]
-    results = {}
-    for in_driver in (True, False):
-        lake_dir = str(tmp_path / f"driver-{in_driver}")
-        for name, table_schema in tables.items():
-            write_delta(stored[name], lake_dir, name, table_schema)
-        group = f"rewrite-in-driver-{in_driver}"
-        spark.sparkContext.setJobGroup(group, group)
-        matches = {"frames": doomed, "connections": doomed[:1]}
-        rewrites = rewrite_all(lake_dir, {
-            name: Replacement(None if in_driver else spark.createDataFrame([], spark_schema(table_schema)),
-                              table_schema, matches[name]) for name, table_schema in tables.items()})
-        assert all(rewrite.search.in_driver == in_driver for rewrite in rewrites.values())
-        jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
-        assert jobs == 0 if in_driver else jobs >= 1
-        # One more file, written beside the rewrite, goes into the same commit.
-        extra = TableWriter(lake_dir, "connections", schema.CONNECTIONS)
-        extra.write(agent_read(agent_lake, "connections").slice(0, 1))
-        versions = {name: table_version(lake_dir, name) for name in tables}
-        for name, rewrite in rewrites.items():
-            assert rewrite.commit(extra.actions if name == "connections" else []) == versions[name] + 1
-        results[in_driver] = {name: in_order(agent_read(lake_dir, name)) for name in tables}
-    for name in tables:
-        assert results[True][name].equals(results[False][name])
-    frames = results[True]["frames"]
-    assert frames.num_rows > 0
-    assert not set(frames["connection_id"].to_pylist()) & set(ids[:2])
-    assert 0 not in frames["channel"].to_pylist()
-    assert results[True]["connections"].num_rows == len(ids) - 2 + 1
-
-
-def test_a_small_rewrite_with_rows_and_keys_in_the_driver_equals_sparks(spark, agent_lake, tmp_path, monkeypatch):
-    """delta_io: new rows in Arrow and `Keyed` matches (findings.py's) are the
-    driver's rewrite, no Spark job; the same replacement by Spark (the rows a DataFrame, the keys a
-    `Match`) commits an equal table. A null matches no key. Such a replacement of a table too big
-    to be rewritten whole is Spark's, the same rule (delta_io.doomed) in its tasks: an equal table."""
+@pytest.mark.parametrize("searched", [True, False], ids=["searched", "rewritten-whole"])
+def test_a_rewrite_with_rows_and_keys_takes_out_the_keyed_rows(spark, agent_lake, tmp_path, monkeypatch, searched):
+    """delta_io: new rows and matches by keys, as tuples (`Keyed`, findings.py's) or an Arrow table
+    (`Match`, a carried run's), replace the same rows, whether the files are searched or rewritten
+    whole; a null matches no key."""
     from spark_jobs import delta_io
     from spark_jobs.delta_io import Keyed, Match, Replacement, replace_all
 
+    if searched:
+        monkeypatch.setattr(delta_io, "REWRITTEN_WHOLE_BYTES", 0)
     stored = agent_read(agent_lake, "connections")
     rows = stored.to_pylist()
     keys = [(row["connection_id"], row["agent_id"]) for row in rows[:2]] + [(rows[2]["connection_id"], None)]
     new = pa.Table.from_pylist([{**row, "connection_name": "again"} for row in rows[:1]], schema=schema.CONNECTIONS)
-    results = {}
-    for in_driver in (True, False):
-        lake_dir = str(tmp_path / f"driver-{in_driver}")
+    results = []
+    for number, match in enumerate([Keyed(("connection_id", "agent_id"), frozenset(keys)),
+                                    Match(pa.table({"connection_id": [k[0] for k in keys],
+                                                    "agent_id": pa.array([k[1] for k in keys], pa.string())}),
+                                          ("connection_id", "agent_id"))]):
+        lake_dir = str(tmp_path / f"lake-{number}")
         write_delta(spark.createDataFrame(stored), lake_dir, "connections", schema.CONNECTIONS)
-        group = f"keyed-in-driver-{in_driver}"
-        spark.sparkContext.setJobGroup(group, group)
-        if in_driver:
-            replaced = Replacement(new, schema.CONNECTIONS,
-                                   [Keyed(("connection_id", "agent_id"), frozenset(keys))])
-        else:
-            key_rows = spark.createDataFrame(keys, "connection_id string, agent_id string")
-            replaced = Replacement(spark.createDataFrame(new), schema.CONNECTIONS,
-                                   [Match(key_rows, ("connection_id", "agent_id"))])
-        replace_all(lake_dir, {"connections": replaced})
-        jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
-        assert jobs == 0 if in_driver else jobs >= 1
-        results[in_driver] = in_order(agent_read(lake_dir, "connections"))
-    assert results[True].equals(results[False])
-    kept = results[True].to_pylist()
+        replace_all(lake_dir, {"connections": Replacement(new, schema.CONNECTIONS, [match])})
+        results.append(in_order(agent_read(lake_dir, "connections")))
+    assert results[0].equals(results[1])
+    kept = results[0].to_pylist()
     assert len(kept) == len(rows) - 2 + 1 and {"again"} == {row["connection_name"] for row in kept
                                                              if row["connection_id"] == rows[0]["connection_id"]}
-    monkeypatch.setattr(delta_io, "REWRITTEN_WHOLE_BYTES", 0)
-    lake_dir = str(tmp_path / "too-big")
-    write_delta(spark.createDataFrame(stored), lake_dir, "connections", schema.CONNECTIONS)
-    group = "keyed-too-big"
-    spark.sparkContext.setJobGroup(group, group)
-    replace_all(lake_dir, {"connections": Replacement(new, schema.CONNECTIONS,
-                                                      [Keyed(("connection_id", "agent_id"), frozenset(keys))])})
-    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) >= 1
-    assert in_order(agent_read(lake_dir, "connections")).equals(results[True])
 
 
 def test_a_discarded_rewrite_leaves_the_table_and_its_folder_as_they_were(spark, agent_lake, tmp_path):

@@ -27,7 +27,8 @@ import json
 from collections.abc import Iterator
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, CarriedAnalysis, Settings
@@ -40,7 +41,7 @@ from ..connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, 
 from ..types import spark_schema
 from ..wide_writes import FILE_ROWS, FILES
 from .tables import TIMELINE_TABLES, as_stored
-from .wide import column, from_wide, to_wide, wide_schema
+from .wide import to_wide, wide_schema
 
 STALE = "stale"
 # A connection new to the run has no stored metrics: its incarnations' buckets are all computed here.
@@ -93,16 +94,16 @@ def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, s
             .mapInArrow(run_partition, spark_schema(WIDE)))
 
 
-def carried_rows(wide: DataFrame, name: str, role: str | None = None) -> DataFrame:
-    return from_wide(wide, name, CARRIED_TABLES[name], role)
-
-
-def without_fallbacks(wide: DataFrame, connection_ids: list[str]) -> DataFrame:
-    """The wide table without any row of these connections (fallbacks whose rows had left the pass)."""
-    of_connection: Column = F.coalesce(*[column(name, "connection_id") for name, table in CARRIED_TABLES.items()
-                                         if "connection_id" in table.names])
+def without_fallbacks(rows: pa.Table, connection_ids: list[str]) -> pa.Table:
+    """The wide table's rows (in Arrow) without any row of these connections (fallbacks whose rows
+    had left the pass)."""
+    if not connection_ids:
+        return rows
+    of_connection = pc.coalesce(*[pc.struct_field(rows[name], "connection_id")
+                                  for name, table in CARRIED_TABLES.items() if "connection_id" in table.names])
     # A row of no connection (`files`: each file's rows are the pass's to keep right) stays.
-    return wide.where(of_connection.isNull() | ~of_connection.isin(connection_ids))
+    return rows.filter(pc.or_kleene(pc.is_null(of_connection),
+                                    pc.invert(pc.is_in(of_connection, pa.array(connection_ids, pa.string())))))
 
 
 class _Carrying:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
 
 RECORD, ROLE = "record", "role"
 
@@ -35,20 +33,6 @@ def to_wide(wide: pa.Schema, parts: list[tuple[str, str | None, pa.Table]]) -> p
                                        else pa.nulls(n, field.type))
         out.append(pa.Table.from_pydict(columns, schema=wide))
     return pa.concat_tables(out)
-
-
-def column(table: str, name: str) -> Column:
-    """One column of table `table` in a wide DataFrame."""
-    return F.col(table).getField(name)
-
-
-def from_wide(wide: DataFrame, name: str, table_schema: pa.Schema, role: str | None = None) -> DataFrame:
-    """The rows of one table (with one role), in that table's columns."""
-    rows = wide.where(F.col(RECORD) == name)
-    if role is not None:
-        rows = rows.where(F.col(ROLE) == role)
-    # As SQL text: one call into the JVM, where Column objects cost several round trips per column.
-    return rows.selectExpr(*[f"`{name}`.`{field.name}` AS `{field.name}`" for field in table_schema])
 
 
 def rows_from_wide(rows: pa.Table, name: str, table_schema: pa.Schema | None = None) -> pa.Table:
