@@ -698,7 +698,7 @@ def _analyze_every(args, spark, thresholds, every_s: float) -> int:
     """Runs on spark_jobs/schedule.py's schedule until a signal stops them (exit 0), the settings
     turn out wrong (2), or the driver is gone (EXIT_ANALYSIS_FAILED); a run that fails otherwise is
     reported (and pushed) and the next one runs at its time."""
-    from spark_jobs.schedule import close_gone_driver, driver_alive, release_run, run_every, stop_on_signals
+    from spark_jobs.schedule import close_gone_driver, driver_alive, run_every, stop_on_signals
 
     exit_status = EXIT_OK
 
@@ -718,7 +718,6 @@ def _analyze_every(args, spark, thresholds, every_s: float) -> int:
         if status == 2:
             exit_status = status
             return False
-        release_run(spark)
         if not driver_alive(spark):  # whatever the run's status: one with nothing new needs no Spark job
             close_gone_driver(spark)
             print("ackscope analyze: the Spark driver is gone: stopping", file=sys.stderr, flush=True)

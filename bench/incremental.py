@@ -104,7 +104,6 @@ class OneDriver:
         (analyze_without_spark: a small append), else with this driver's Spark."""
         from analyzer.timeline.records import DEFAULT_OVERDUE_NS
         from spark_jobs.analyze import analyze, analyze_without_spark, planned_run
-        from spark_jobs.schedule import release_run
         from analyzer.detectors.thresholds import Thresholds
 
         started = time.monotonic()
@@ -112,7 +111,6 @@ class OneDriver:
         report = (analyze_without_spark(lake_dir, plan, time.monotonic() - started, local_master=True)
                   or analyze(self.spark, lake_dir, full=full, plan=plan)).as_json()
         seconds = time.monotonic() - started
-        release_run(self.spark)
         return seconds, report
 
 

@@ -43,7 +43,6 @@ from pyspark import SparkConf  # noqa: E402
 from analyzer import lake, schema  # noqa: E402
 from spark_jobs import session, steps  # noqa: E402
 from spark_jobs.analyze import analyze  # noqa: E402
-from spark_jobs.schedule import release_run  # noqa: E402
 
 # Spark's Python daemon: the module its command runs (`python -m ...`), which the workers it forks inherit.
 DAEMON = b"pyspark.daemon"
@@ -295,7 +294,6 @@ def main(argv: list[str] | None = None) -> int:
     watcher = JobWatcher(spark)
     for attempt in range(1, args.repeat + 1):
         if attempt > 1:
-            release_run(spark)  # as `analyze --every` does between its runs
             time.sleep(args.pause)
         shutil.rmtree(work, ignore_errors=True)
         shutil.copytree(base, work)

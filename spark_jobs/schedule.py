@@ -18,7 +18,6 @@ exits, for its supervisor to start a new one.
 
 from __future__ import annotations
 
-import gc
 import logging
 import re
 import signal
@@ -27,7 +26,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
 _INTERVAL = re.compile(r"(\d+(?:\.\d+)?)([smh]?)")
@@ -117,38 +115,3 @@ def close_gone_driver(spark: SparkSession) -> None:
     context = spark.sparkContext
     context._jsc = None
     context.stop()
-
-
-def release_run(spark: SparkSession) -> None:
-    """Lets Spark delete what the run left on disk (its shuffle files, local checkpoints): the
-    ContextCleaner removes them once the JVM has collected the objects that held them, which the
-    run's Python references pin until Python collects them and tells the JVM, and which the JVM
-    collects on its own only every 30 minutes (spark.cleaner.periodicGC.interval) in a driver that
-    allocates little."""
-    gc.collect()
-    try:
-        with _py4j_logs_silenced():
-            _tell_jvm_of_collected_references(spark)
-            spark.sparkContext._jvm.System.gc()
-    except (Py4JError, OSError):  # the driver is gone: nothing to release (driver_alive says so)
-        pass
-
-
-def _tell_jvm_of_collected_references(spark: SparkSession) -> None:
-    """pyspark's py4j (pinned threads) queues the references Python collected for a worker thread
-    that wakes once a second to send them: measured, a few hundred were still queued when the JVM
-    collected, and their shuffle files stayed (a quarter of them in two of three trials). Sent here, at once, each
-    answered before the collection. A reference the worker took just before is sent by it meanwhile."""
-    from py4j.clientserver import SHUTDOWN_FINALIZER_WORKER
-
-    queued = getattr(spark.sparkContext._gateway._gateway_client, "finalizer_deque", None)
-    while queued:  # None without pinned threads: py4j then sends each reference as Python collects it
-        try:
-            task = queued.pop()
-        except IndexError:  # the worker took the last one
-            return
-        if task is SHUTDOWN_FINALIZER_WORKER:
-            queued.append(task)  # the worker's to take, after the rest
-            return
-        java_client, target_id = task
-        java_client.garbage_collect_object(target_id, False)

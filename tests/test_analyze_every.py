@@ -17,7 +17,8 @@ from analyzer.findings import read_findings
 from analyzer.ingest import ingest_file
 from analyzer.lake import open_table
 from spark_jobs.analyze import analyze
-from spark_jobs.schedule import next_start, parse_interval, release_run, run_every, stop_on_signals
+from spark_jobs.schedule import next_start, parse_interval, run_every, stop_on_signals
+from spark_jobs.timeline.plans import conf_meanwhile
 
 from .conftest import ROOT
 from .prometheus_stack import pushgateway, pushgateway_series, settle
@@ -244,25 +245,28 @@ def test_analyze_every_exits_when_its_driver_is_gone(tmp_path):
 
 
 def _spark_local_files(spark) -> list[str]:
-    """The files in the driver's Spark local folders: shuffle files, local checkpoints' blocks."""
+    """The files in the driver's Spark local folders: shuffle files, blocks stored on disk."""
     folders = spark.sparkContext._jsc.sc().env().blockManager().diskBlockManager().localDirs()
     return [os.path.join(path, name) for folder in folders
             for path, _dirs, names in os.walk(folder.getAbsolutePath()) for name in names]
 
 
-def test_after_each_run_the_driver_lets_spark_delete_what_the_run_left_on_disk(spark, tmp_path):
-    """release_run, as the loop calls it after each run: the shuffle files and checkpointed blocks
-    of the run go at once, not at the JVM's next collection (every 30 minutes in a quiet driver)."""
-    lake_dir = str(tmp_path / "lake")
-    before = set(_spark_local_files(spark))  # the session's: other tests' may still be held
-    for name in ("confirm_nacks", "requeue_loop"):
-        ingest_file(_example(name), lake_dir)
-    analyze(spark, lake_dir)
-    ingest_file(_example("flow_control"), lake_dir)
-    analyze(spark, lake_dir)  # an incremental run: its local checkpoints and shuffles
-    left = {path for path in set(_spark_local_files(spark)) - before if "shuffle_" in os.path.basename(path)}
-    assert left, sorted(set(_spark_local_files(spark)) - before)[:20]
-    release_run(spark)
-    # The cleaner works on its own thread: local checkpoints' blocks and shuffle files go one by one.
-    settle(lambda: not left & set(_spark_local_files(spark)),
-           f"the runs' {len(left)} shuffle files all deleted after release_run", 60)
+def _shuffle_files(spark) -> set[str]:
+    return {path for path in _spark_local_files(spark) if "shuffle_" in os.path.basename(path)}
+
+
+def test_a_long_lived_driver_keeps_no_runs_shuffle_files(spark, tmp_path):
+    """The session has Spark delete a query's shuffle files when it ends (session.py): an `--every`
+    driver that collects seldom would otherwise keep every run's until the JVM collected the objects
+    that reference them. The same run without that setting shows where they would stay."""
+    before = _shuffle_files(spark)  # the session's: other tests' may still be held
+    for cleanup, lake_dir in [("false", tmp_path / "kept"), ("true", tmp_path / "deleted")]:
+        for name in ("confirm_nacks", "requeue_loop"):
+            ingest_file(_example(name), str(lake_dir))
+        with conf_meanwhile(spark, "spark.sql.classic.shuffleDependency.fileCleanup.enabled", lambda _: cleanup):
+            analyze(spark, str(lake_dir))
+            ingest_file(_example("flow_control"), str(lake_dir))
+            analyze(spark, str(lake_dir))  # an incremental run: the carried pass's shuffle
+        left = _shuffle_files(spark) - before
+        assert bool(left) == (cleanup == "false"), (cleanup, sorted(left)[:20])
+        before |= left
