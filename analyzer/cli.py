@@ -136,8 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "or other frames deleted (or compacted before a run read them) since the last run analyse "
                     "everything; "
                     "a run with nothing new reports the stored findings without starting Spark; on a local "
-                    "master, a run after a small append and a full run of a small lake (docs/analysis.md) are "
-                    "made by this process itself, without Spark; the rest run on Spark. Runs are "
+                    "master, a run that reads few frame rows (--local-up-to) is made by this process itself, "
+                    "without Spark; the rest run on Spark. Runs are "
                     "logged in LAKE/analysis_runs; once a full or incremental run is logged, the small frames files it "
                     "analysed and the connections' small files are merged (the agents then merge none: docs/agent.md). "
                     "The same job runs on a cluster with --master, or through "
@@ -151,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "docs/deployment.md), holding the Delta tables")
     analyze.add_argument("--master", help="Spark master (default local[*]; under spark-submit, the master "
                                           "spark-submit was given). On a cluster every run with new frames runs there")
+    analyze.add_argument("--local-up-to", type=int, default=None, metavar="ROWS",
+                         help="on a local master, a run that reads at most ROWS frame rows (the Delta log's count: "
+                              "a small append's, a small lake's) is made by this process, without a JVM (default "
+                              "1,000,000: spark_jobs/local_executor.py's DRIVER_FRAMES; 0: only a run with nothing "
+                              "new)")
     analyze.add_argument("--driver-memory", default=None, metavar="SIZE",
                          help="Spark driver memory when this command starts the driver, e.g. 2g")
     analyze.add_argument("--since", metavar="DAY",
@@ -537,8 +542,8 @@ def sample_captures() -> list[str]:
 
 
 def run_analyze(args) -> int:
-    from spark_jobs.schedule import driver_alive, parse_interval
-    from spark_jobs.session import DriverDidNotStart, get_spark
+    from spark_jobs.schedule import parse_interval
+    from spark_jobs.session import DriverDidNotStart
     from analyzer.detectors.thresholds import Thresholds
 
     try:
@@ -566,66 +571,60 @@ def run_analyze(args) -> int:
     if every_s is None and not _has_frames(args.lake):
         print(f"ackscope analyze: no frames table in {args.lake}: run `ackscope ingest` first", file=sys.stderr)
         return 2
-    plan, planned_seconds = _planned(args, thresholds) if every_s is None else (None, 0.0)
-    spark = None
+    plan = _planned(args, thresholds) if every_s is None else None
+    driver = _Driver(args, quick_start=plan is not None and _quick_start(plan))
     try:
-        if plan is not None:
-            done, plan = _without_spark(args, plan, planned_seconds, thresholds, _local_master(args))
-            if done is not None:
-                return done  # nothing new, or few new frames: the driver's run, no Spark
+        if every_s is None:
+            return _analyze_once(args, driver, thresholds, plan=plan)
         try:
-            spark = get_spark(args.master, "ackscope-analyze", driver_memory=args.driver_memory,
-                              quick_start=plan is not None and _quick_start(plan))
+            driver.session()   # a long-lived driver: its JVM warm for the runs that need Spark
         except DriverDidNotStart as exc:  # no java, a bad --driver-memory: the JVM's own words
             print(f"ackscope analyze: {exc}", file=sys.stderr)
             return EXIT_ANALYSIS_FAILED
-        if every_s is None:
-            return _analyze_once(args, spark, thresholds, plan=plan)
-        return _analyze_every(args, spark, thresholds, every_s)
+        return _analyze_every(args, driver, thresholds, every_s)
     finally:
-        if spark is not None and driver_alive(spark):  # a JVM that is gone has nothing to stop, and py4j would raise
-            spark.stop()
+        driver.stop()
+
+
+class _Driver:
+    """The command's Spark session, started when a run first needs one: a run the local executor
+    makes (spark_jobs/analyze.py's `local_takes`) starts no JVM."""
+
+    def __init__(self, args, quick_start: bool):
+        self.args, self.quick_start, self.spark = args, quick_start, None
+
+    def session(self):
+        from spark_jobs.session import get_spark
+
+        if self.spark is None:
+            self.spark = get_spark(self.args.master, "ackscope-analyze", driver_memory=self.args.driver_memory,
+                                   quick_start=self.quick_start)
+        return self.spark
+
+    def stop(self) -> None:
+        from spark_jobs.schedule import driver_alive
+
+        if self.spark is not None and driver_alive(self.spark):  # a JVM that is gone has nothing to stop
+            self.spark.stop()
 
 
 def _planned(args, thresholds):
-    """A one-shot command's run, planned before Spark starts (its driver is sized on it, and the run
-    then analyses that plan), and the seconds that took; no plan where planning fails (the run plans
-    itself, with Spark, and reports what stops it there)."""
+    """A run, planned before anything starts: its executor and a driver JVM's size are chosen on
+    it, and the run then analyses that plan; None where planning fails (the run plans itself, and
+    reports what stops it)."""
     from spark_jobs.analyze import planned_run
 
-    started = time.monotonic()
     try:
-        plan = planned_run(args.lake, args.since, args.until, args.full, args.bucket_seconds,
+        return planned_run(args.lake, args.since, args.until, args.full, args.bucket_seconds,
                            int(args.overdue_seconds * 1e9), thresholds)
     except Exception:  # noqa: BLE001 - see above
-        return None, 0.0
-    return plan, time.monotonic() - started
-
-
-def _without_spark(args, plan, planned_seconds: float, thresholds, local_master: bool, scheduled: bool = False):
-    """A run the driver makes without Spark (spark_jobs/analyze.py's analyze_without_spark: nothing
-    new, or, where `local_master`, few new frames it carries on itself): its report and push
-    (_reported), and the command's exit status; None where the run
-    needs Spark. With it, the plan of the run Spark is to make: `plan`, or a whole analysis where
-    the driver found a table it reads damaged and set it aside."""
-    from spark_jobs.analyze import RebuildWhole, analyze_without_spark
-
-    try:
-        report = analyze_without_spark(args.lake, plan, planned_seconds, progress=sys.stderr, thresholds=thresholds,
-                                       bucket_seconds=args.bucket_seconds,
-                                       overdue_ns=int(args.overdue_seconds * 1e9), delta_mode=args.delta_mode,
-                                       local_master=local_master)
-    except RebuildWhole as rebuild:
-        return None, rebuild.plan
-    except Exception as exc:  # noqa: BLE001 - reported as a failed analysis, as with Spark
-        return _failed(args, exc, spark_log=False), plan
-    return (None if report is None else _reported(args, report, scheduled)), plan
+        return None
 
 
 def _local_master(args) -> bool:
-    """Is the master local? The driver carries a small append's connections on itself (the local
-    executor) only where it is the machine the run was given; on a cluster every run with new frames
-    runs there, and only a run with nothing new stays in the driver."""
+    """Is the master local? The local executor makes the runs of few frame rows only where this
+    machine is the one the run was given; on a cluster every run with new frames runs there, and
+    only a run with nothing new stays in the driver."""
     from spark_jobs.session import is_local, resolved_master
 
     return is_local(resolved_master(args.master))
@@ -645,22 +644,25 @@ def _has_frames(lake: str) -> bool:
     return is_dir(os.path.join(lake, "frames"))
 
 
-def _analyze_once(args, spark, thresholds, scheduled: bool = False, plan=None) -> int:
-    """One run with Spark, its push and its output (_reported). `plan`: the command's, made before
-    Spark started (None: the run plans itself)."""
+def _analyze_once(args, driver: _Driver, thresholds, scheduled: bool = False, plan=None) -> int:
+    """One run, its push and its output (_reported). `plan`: the command's, made before the run
+    (None: the run plans itself)."""
     from spark_jobs.analyze import analyze
-    from spark_jobs.session import ObjectStoreUnavailable
+    from spark_jobs.session import DriverDidNotStart, ObjectStoreUnavailable
 
     try:
-        report = analyze(spark, args.lake, since=args.since, until=args.until, delta_mode=args.delta_mode,
+        report = analyze(driver.session, args.lake, since=args.since, until=args.until, delta_mode=args.delta_mode,
                          thresholds=thresholds, bucket_seconds=args.bucket_seconds,
                          overdue_ns=int(args.overdue_seconds * 1e9), full=args.full, progress=sys.stderr,
-                         plan=plan)
+                         plan=plan, local=_local_master(args), local_up_to=args.local_up_to)
+    except DriverDidNotStart as exc:  # no java, a bad --driver-memory: the JVM's own words
+        print(f"ackscope analyze: {exc}", file=sys.stderr)
+        return EXIT_ANALYSIS_FAILED
     except ObjectStoreUnavailable as exc:  # a configuration error, found before the run starts
         print(f"ackscope analyze: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - the job's own failure, reported once, with its cause
-        return _failed(args, exc, spark_log=True)
+        return _failed(args, exc, spark_log=driver.spark is not None)
     return _reported(args, report, scheduled)
 
 
@@ -694,7 +696,7 @@ def _reported(args, report, scheduled: bool = False) -> int:
     return EXIT_OK
 
 
-def _analyze_every(args, spark, thresholds, every_s: float) -> int:
+def _analyze_every(args, driver: _Driver, thresholds, every_s: float) -> int:
     """Runs on spark_jobs/schedule.py's schedule until a signal stops them (exit 0), the settings
     turn out wrong (2), or the driver is gone (EXIT_ANALYSIS_FAILED); a run that fails otherwise is
     reported (and pushed) and the next one runs at its time."""
@@ -708,18 +710,12 @@ def _analyze_every(args, spark, thresholds, every_s: float) -> int:
             print(f"ackscope analyze: no frames table in {args.lake} yet: the next run at its time",
                   file=sys.stderr, flush=True)
             return True
-        plan, planned_seconds = _planned(args, thresholds)
-        status = None
-        if plan is not None:
-            status, plan = _without_spark(args, plan, planned_seconds, thresholds, _local_master(args),
-                                          scheduled=True)
-        if status is None:
-            status = _analyze_once(args, spark, thresholds, scheduled=True, plan=plan)
+        status = _analyze_once(args, driver, thresholds, scheduled=True, plan=_planned(args, thresholds))
         if status == 2:
             exit_status = status
             return False
-        if not driver_alive(spark):  # whatever the run's status: one with nothing new needs no Spark job
-            close_gone_driver(spark)
+        if not driver_alive(driver.spark):  # whatever the run's status: the local executor's needs no Spark job
+            close_gone_driver(driver.spark)
             print("ackscope analyze: the Spark driver is gone: stopping", file=sys.stderr, flush=True)
             exit_status = EXIT_ANALYSIS_FAILED
             return False
@@ -811,7 +807,7 @@ def run_demo(args) -> int:
     status = run_analyze(argparse.Namespace(lake=args.lake, master=args.master, driver_memory=None, since=None,
                                             until=None, full=False, delta_mode="auto", threshold=[],
                                             bucket_seconds=10, overdue_seconds=60.0, json=False, pushgateway=None,
-                                            push_job=None, every=None))
+                                            push_job=None, every=None, local_up_to=None))
     if status != EXIT_OK:
         return status
     print("\nackscope demo: ", end="")

@@ -101,15 +101,14 @@ class OneDriver:
 
     def run(self, lake_dir: str, full: bool = False) -> tuple[float, dict]:
         """One run as `--every` makes it: planned, then by the driver without Spark where it can
-        (analyze_without_spark: a small append), else with this driver's Spark."""
+        (analyze's local executor: a small append), else with this driver's Spark."""
         from analyzer.timeline.records import DEFAULT_OVERDUE_NS
-        from spark_jobs.analyze import analyze, analyze_without_spark, planned_run
+        from spark_jobs.analyze import analyze, planned_run
         from analyzer.detectors.thresholds import Thresholds
 
         started = time.monotonic()
         plan = planned_run(lake_dir, None, None, full, 10, DEFAULT_OVERDUE_NS, Thresholds())
-        report = (analyze_without_spark(lake_dir, plan, time.monotonic() - started, local_master=True)
-                  or analyze(self.spark, lake_dir, full=full, plan=plan)).as_json()
+        report = analyze(self.spark, lake_dir, full=full, plan=plan, local=True).as_json()
         seconds = time.monotonic() - started
         return seconds, report
 

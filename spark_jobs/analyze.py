@@ -1,19 +1,15 @@
 """The analysis job: frames and connections in; deliveries, publishes, channels, violations,
-channel_metrics and findings out, as Delta tables of the same lake.
+channel_metrics and findings out, as Delta tables of the same lake. Runs the same from `ackscope
+analyze` and from `spark-submit spark_jobs/job.py --lake ...` on a cluster.
 
-The I/O shell around one pass of the reference state machine (connection_pass.py: the timeline
-tables, channel_metrics, the findings about one connection and checkpoints) and the findings step
-after it (findings.py: the findings across connections, evidence packets, the commit). Runs the same from
-`ackscope analyze` and from `spark-submit spark_jobs/job.py --lake ...` on a cluster.
-
-A run analyses the connections with frames it has not seen (run_scope.py says which and why) and
-replaces their rows in the per-connection tables, each table in one commit; then it computes again
-the findings those rows can change (findings.py), or all of them on a full run. The run is
-logged in `analysis_runs` last: a run cut short is simply done again by the next one.
-
-A scheduled run with nothing new, or with an append small enough for the driver to carry its
-connections on itself (local_executor.py), is made without starting Spark
-(`analyze_without_spark`, which `ackscope analyze` tries first): the findings step needs none.
+One run, top to bottom (`analyze`): plan (run_scope.py: which connections, and why) and choose the
+executor (`local_takes`: the local one, local_executor.py, in this process without a JVM; or
+Spark's, spark_executor.py); the pass, every connection through the reference state machine
+(connection_pass.py), carried on from its checkpoint over its new frames (incremental.py) or
+analysed whole; their rows replaced in the per-connection tables, each table in one commit; the
+findings those rows can change, across connections (findings.py), or all of them on a full run;
+the run logged in `analysis_runs`, last: a run cut short is simply done again by the next one.
+The executors only read and move rows: every step after the pass is the same code for both.
 """
 
 from __future__ import annotations
@@ -22,37 +18,36 @@ import os
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timezone
 from typing import TextIO
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from analyzer import schema
+from analyzer.connection_analysis import Settings
+from analyzer.detectors.thresholds import Thresholds
 from analyzer.lake import TableWriter, open_table, read_table
+from analyzer.published import RUNS_TABLE, finished_runs
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
-from analyzer.connection_analysis import Settings
-
 from spark_jobs import local_executor
-from spark_jobs.delta_io import (Listed, Match, Replacement, Rewrite, connections_match, read_delta, replace_all,
-                                 rewrite_all)
-from spark_jobs.findings import Changed, refresh_findings
-from spark_jobs.incremental import CarriedPass, carry_on_connections
 from spark_jobs.compaction import compact, merge_analysed_input, small_final_files
+from spark_jobs.connection_pass import RAW_FINDINGS, STATE_TABLE, PassSummary
+from spark_jobs.delta_io import Listed, Match, Replacement, Rewrite, connections_match, replace_all, rewrite_all
+from spark_jobs.findings import Changed, refresh_findings
+from spark_jobs.incremental import CarriedPass
+from spark_jobs.local_executor import LocalExecutor
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
 from spark_jobs.run_scope import (COMPLETE_SCOPES, DAYS, FULL, NEW_DATA, RunScope, plan_run, set_aside_damaged,
                                   thresholds_json)
-from spark_jobs.session import commit_tag, commits_tagged, delta_mode as resolve_delta_mode, use_lake
+from spark_jobs.session import commit_tag, commits_tagged
+from spark_jobs.spark_executor import SparkExecutor
 from spark_jobs.steps import Steps
 from spark_jobs.table_files import commit, distinct_strings, files_to_read
-from analyzer.detectors.thresholds import Thresholds
-from analyzer.published import RUNS_TABLE, finished_runs
-from spark_jobs.connection_pass import (RAW_FINDINGS, STATE_TABLE, PassSummary, connection_pass, pass_summary,
-                                        summarised_pass)
-from spark_jobs.timeline.plans import IN_LIST_CONNECTIONS, first_day, first_seen, of_connections
 from spark_jobs.timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES
 from spark_jobs.wide_writes import FILE_FLAGS
 
@@ -66,7 +61,9 @@ FLAGGED_TABLES = {name: tuple(flag for flag in FILE_FLAGS if flag in OUTPUT_TABL
                   for name in PER_CONNECTION_TABLES}
 
 
-NO_SPARK = "none"  # the delta_mode of a run that did not start Spark (analyze_without_spark)
+NO_SPARK = LocalExecutor.delta_mode  # the delta_mode of a run that did not start Spark
+
+Executor = LocalExecutor | SparkExecutor
 
 
 @dataclass
@@ -78,7 +75,7 @@ class AnalysisReport:
     frames_version: int | None = None
     frames: int = 0                     # frame rows this run read from `frames` for its connections
     connections: int = 0                # connections analysed by this run
-    carried_connections: int = 0        # of those, carried on from their checkpoint (only their new frames read)
+    carried_connections: int = 0        # of those, carried on from their checkpoints (only their new frames read)
     carried_records: int = 0            # records their checkpoints held (open items, the boundary bucket's)
     rows: dict = field(default_factory=dict)   # rows written per table (per-connection tables: for those connections)
     findings_by_kind: dict = field(default_factory=dict)   # the whole findings table after the run
@@ -95,224 +92,79 @@ class AnalysisReport:
 
 @dataclass
 class _Run:
-    """What every step of one run reads: where, which snapshot and connections, with what settings."""
-    spark: SparkSession
+    """What every step of one run reads: where, which snapshot and connections, with what settings,
+    and the executor making its passes."""
     lake: str
-    mode: str
+    run_id: str
     plan: RunScope
     keys: list[str] | None              # the connections in scope; None: all of them (a full run)
-    connections: DataFrame
-    bucket_seconds: int
-    overdue_ns: int
-    thresholds: Thresholds
+    settings: Settings
+    executor: Executor
     steps: Steps
-
-    @property
-    def settings(self) -> Settings:
-        return Settings(self.bucket_seconds, self.overdue_ns, self.thresholds)
-
-    def frames_of(self, keys: list[str]) -> DataFrame:
-        """Every frame of these connections: from the first day any of them was seen, else from the start."""
-        return of_connections(self.frames_since(self.first_day(keys)), keys)
-
-    def first_day(self, keys: list[str]) -> str | None:
-        """The UTC day the first of these connections was seen, as the connections table says
-        (None: it does not know them all): their frames are from that day on. One Spark job."""
-        return first_day(first_seen(self.connections, keys).first(), keys)
-
-    def frames_since(self, day: str | None) -> DataFrame:
-        """The run's snapshot of `frames` from this UTC day on (None: all of it)."""
-        return read_delta(self.spark, self.lake, "frames", schema.FRAMES, self.mode, since=day,
-                          version=self.plan.frames_version)
+    delta_mode: str                     # as asked for (auto, native, bridge)
 
 
 def planned_run(lake: str, since: str | None, until: str | None, full: bool, bucket_seconds: int, overdue_ns: int,
                 thresholds: Thresholds) -> RunScope:
     """What a run with these options would analyse now (run_scope.py), without Spark: its first
-    step, and what a one-shot command reads before it starts Spark (its `rows_to_read`)."""
+    step, which also chooses its executor (`local_takes`)."""
     return plan_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds, [*OUTPUT_TABLES, STATE_TABLE],
                     flagged_tables=FLAGGED_TABLES)
 
 
-def analyze_without_spark(lake: str, plan: RunScope, planned_seconds: float, progress: TextIO | None = None,
-                          thresholds: Thresholds | None = None, bucket_seconds: int = 10,
-                          overdue_ns: int = DEFAULT_OVERDUE_NS, delta_mode: str = "auto",
-                          local_master: bool = False) -> AnalysisReport | None:
-    """A run made without starting Spark, and its report; None (nothing written) when the run needs
-    Spark. A run with nothing new (no frames file added since the last complete run, findings up
-    to date with the thresholds: a scheduled run over an idle lake) writes nothing. Where
-    `local_master` (the machine the run was given is this one), the local executor
-    (local_executor.py) takes the runs one process makes fastest: a scheduled run whose new frames
-    are few enough for the driver to carry their connections on itself (`_carried_by_driver`), and
-    a full run of a lake of as few frames (`_whole_by_driver`), their findings too. `plan`: planned_run's
-    with these options, `planned_seconds` what planning it took. A table the run reads found
-    damaged is set aside and RebuildWhole raised: its plan, a whole analysis, is `analyze`'s to make."""
-    try:
-        return _without_spark(lake, plan, planned_seconds, progress, thresholds, bucket_seconds, overdue_ns,
-                              delta_mode, local_master)
-    except Exception as error:
-        whole = _whole_after_damage(lake, error, [], bucket_seconds, overdue_ns,
-                                    thresholds if thresholds is not None else Thresholds(), progress)
-        if whole is None:
-            raise
-        raise RebuildWhole(whole) from error
+def local_takes(plan: RunScope, up_to: int | None = None) -> bool:
+    """Is the run the local executor's, where the machine the run was given is this one: nothing
+    new, or at most `up_to` frame rows to read (the Delta log's count; None: DRIVER_FRAMES)?"""
+    up_to = local_executor.DRIVER_FRAMES if up_to is None else up_to
+    return plan.nothing_new or (plan.rows_to_read is not None and plan.rows_to_read <= up_to)
 
 
-def _without_spark(lake: str, plan: RunScope, planned_seconds: float, progress: TextIO | None,
-                   thresholds: Thresholds | None, bucket_seconds: int, overdue_ns: int, delta_mode: str,
-                   local_master: bool) -> AnalysisReport | None:
-    started = time.monotonic() - planned_seconds
-    steps = Steps(None, progress)
-    if not plan.nothing_new:
-        whole = _driver_can_analyse_whole(plan)
-        if not local_master or not (whole or _driver_can_carry(plan)):
-            return None
-        settings = Settings(bucket_seconds, overdue_ns, thresholds if thresholds is not None else Thresholds())
-        run_id = uuid.uuid4().hex
-        with commits_tagged(None, run_id):
-            if whole:
-                if plan.scope != FULL:
-                    plan = replace(plan, scope=FULL, reason=f"{plan.reason}; the lake is small: analysed whole")
-                return _whole_by_driver(lake, run_id, plan, settings, started, planned_seconds, steps)
-            return _carried_by_driver(lake, run_id, plan, settings, delta_mode, started, planned_seconds, steps)
-    steps.took("plan", planned_seconds, detail=f"{plan.scope}, 0 connection(s): no Spark")
-    report = AnalysisReport(lake=lake, delta_mode=NO_SPARK, scope=plan.scope, reason=plan.reason,
-                            frames_version=plan.frames_version)
-    _nothing_to_analyse(lake, report)
-    return _finished(report, started, steps)
+def analyze(spark: SparkSession | Callable[[], SparkSession] | None, lake: str, since: str | None = None,
+            until: str | None = None, delta_mode: str = "auto", thresholds: Thresholds | None = None,
+            bucket_seconds: int = 10, overdue_ns: int = DEFAULT_OVERDUE_NS, full: bool = False,
+            progress: TextIO | None = None, plan: RunScope | None = None, local: bool = False,
+            local_up_to: int | None = None) -> AnalysisReport:
+    """One run: plan its scope (run_scope.py) and choose its executor; carry the connections with
+    new frames on from their checkpoints, or analyse them whole where that cannot be done exactly;
+    replace their rows; then the findings they can change (all of them on a full run or new
+    thresholds); log the run.
 
-
-def _driver_can_carry(plan: RunScope) -> bool:
-    """Is the run one whose connections the driver may carry on itself (local_executor.py), as
-    far as its plan says: a scheduled run (new_data) with findings up to date, few new frame rows and
-    no connection planned whole (`RunScope.whole`: Spark's path analyses those)."""
-    return (plan.scope == NEW_DATA and bool(plan.new_files) and not plan.whole
-            and plan.new_rows is not None and plan.new_rows <= local_executor.DRIVER_FRAMES)
-
-
-def _driver_can_analyse_whole(plan: RunScope) -> bool:
-    """Is the run one the driver makes as a full run of the lake itself (local_executor.whole_pass),
-    a lake of as few frame rows as it carries on (the Delta log's count): a full run, or a
-    scheduled one with connections planned whole (an ingest took their provisional frames out),
-    which on Spark costs a scoped replace of theirs where the driver analyses the small lake whole
-    in less."""
-    return ((plan.scope == FULL or bool(plan.whole)) and plan.rows_to_read is not None
-            and plan.rows_to_read <= local_executor.DRIVER_FRAMES)
-
-
-def _whole_by_driver(lake: str, run_id: str, plan: RunScope, settings: Settings, started: float,
-                     planned_seconds: float, steps: Steps) -> AnalysisReport:
-    """A full run by the local executor: Spark's full run (`_run` with every connection in scope)
-    with the pass made in this process; the same tables, checkpoints, findings and log entry."""
-    started_ts = datetime.now(timezone.utc)
-    steps.took("plan", planned_seconds, detail=f"{plan.scope}, every connection: analysed by the driver")
-    report = AnalysisReport(lake=lake, delta_mode=NO_SPARK, scope=plan.scope, reason=plan.reason,
-                            frames_version=plan.frames_version)
-    with steps.step("timelines"):
-        summary = pass_summary(local_executor.whole_pass(lake, None, settings, plan.frames_version))
-        report.frames, report.connections = summary.frames, summary.connections
-    with steps.step("write tables"):
-        _write_whole_lake(lake, summary, report)
-    with steps.step("findings"):
-        _full_run_findings(lake, summary.raw_findings, summary.came_back, settings.thresholds, plan.frames_version)
-        report.rows["findings"] = _count_findings(lake, report)
-    _log_run(lake, run_id, plan, report, started_ts, settings.bucket_seconds, settings.overdue_ns,
-             settings.thresholds, steps)
-    return _finished(report, started, steps)
-
-
-def _carried_by_driver(lake: str, run_id: str, plan: RunScope, settings: Settings, delta_mode: str, started: float,
-                       planned_seconds: float, steps: Steps) -> AnalysisReport | None:
-    """A scheduled run whose connections the driver carries on (local_executor.py): where every
-    table it replaces can only hold provisional rows of them (`_provisional_only`: their files are
-    rewritten ahead, delta_io.rewrite_all), and no connection falls back; else None,
-    nothing written, for Spark's path. Its commits and findings are those of Spark's path for a run
-    that carried every connection on (`_per_connection_tables`, `_refresh_findings`)."""
-    started_ts = datetime.now(timezone.utc)
-    keys = distinct_strings(plan.new_files, "connection_id")
-    if len(keys) > IN_LIST_CONNECTIONS or _provisional_only(lake) != set(PER_CONNECTION_TABLES):
-        return None
-    ahead = rewrite_all(lake, _replaced_ahead(lake, keys)) if keys else {}
-    steps.took("plan", planned_seconds, detail=f"{plan.scope}, {len(keys)} connection(s): carried on by the driver")
-    report = AnalysisReport(lake=lake, delta_mode=NO_SPARK, scope=plan.scope, reason=plan.reason,
-                            frames_version=plan.frames_version)
-    if not keys:   # new files without a connection's frames: logged
-        _nothing_to_analyse(lake, report)
-        _log_run(lake, run_id, plan, report, started_ts, settings.bucket_seconds, settings.overdue_ns,
-                 settings.thresholds, steps)
-        return _finished(report, started, steps)
-    carried = None
-    try:
-        with steps.step("carry on from checkpoints") as carrying:
-            carried = local_executor.carried_pass(lake, plan.new_files, keys, settings, plan.frames_version)
-            if carried.fallbacks:
-                carried.discard(lake)
-                carrying.detail = (f"{len(carried.fallbacks)} connection(s) to analyse whole: "
-                                   "Spark takes the run")
-    finally:
-        if carried is None or carried.fallbacks:   # failed, or Spark's: the rewrites are not committed
-            for rewrite in ahead.values():
-                rewrite.discard()
-    if carried.fallbacks:
-        return None
-    _report_carried(carried, report)
-    with steps.step("write tables"):
-        for name, rewrite in ahead.items():
-            rewrite.commit(carried.written[name])
-        report.rows = carried.rows
-    with ThreadPoolExecutor(1) as beside:
-        # As Spark's path does beside its findings step (delta-spark's tables are left to its OPTIMIZE).
-        merged = (beside.submit(_compacted, lake, COMPACTED_BESIDE_FINDINGS, commit_tag())
-                  if delta_mode != "native" else None)
-        with steps.step("findings"):
-            refresh_findings(lake, carried.raw, keys, Changed((carried.changed(lake),)), settings.thresholds,
-                             plan.new_files, plan.frames_version)
-            report.rows["findings"] = _count_findings(lake, report)
-        if merged is not None:
-            _compact_tables(lake, steps, report, merged)
-    _log_run(lake, run_id, plan, report, started_ts, settings.bucket_seconds, settings.overdue_ns,
-             settings.thresholds, steps)
-    return _finished(report, started, steps)
-
-
-def analyze(spark: SparkSession, lake: str, since: str | None = None, until: str | None = None,
-            delta_mode: str = "auto", thresholds: Thresholds | None = None, bucket_seconds: int = 10,
-            overdue_ns: int = DEFAULT_OVERDUE_NS, full: bool = False,
-            progress: TextIO | None = None, plan: RunScope | None = None) -> AnalysisReport:
-    """One run: plan its scope (run_scope.py); carry the connections with new frames on from their
-    checkpoints, or analyse them whole where that cannot be done exactly; patch or replace their
-    rows; then the findings they can change (all of them on a full run or new thresholds).
-    `progress`: where one line per step goes (the command line: stderr). `plan`: planned_run's
-    with these same options, when the caller planned the run before it started Spark (the command
-    line, to size its driver): the run analyses that snapshot; frames appended since wait for the
-    next run. None: the run plans itself."""
-    started, started_ts = time.monotonic(), datetime.now(timezone.utc)
-    use_lake(spark, lake)  # a lake Spark cannot reach fails here, before any step
-    thresholds = thresholds if thresholds is not None else Thresholds()
+    `spark`: the session for the runs Spark's executor makes, or a function that starts one (called
+    only when a run needs it), or None where the local executor is to make the run. `local`: the
+    machine the run was given is this one (a local master): the local executor makes the runs
+    `local_takes` says, of at most `local_up_to` frame rows (None: local_executor.DRIVER_FRAMES). `progress`: where one line per step goes (the command line: stderr). `plan`:
+    planned_run's with these same options, when the caller planned the run already: the run
+    analyses that snapshot; frames appended since wait for the next run. None: the run plans itself.
+    A table the run reads found damaged inside its pages is set aside and the run made again as a
+    whole analysis (`_whole_after_damage`)."""
+    started = time.monotonic()
+    settings = Settings(bucket_seconds, overdue_ns, thresholds if thresholds is not None else Thresholds())
     set_aside: list[str] = []
     while True:
-        run_id = uuid.uuid4().hex
+        attempt = time.monotonic()
         try:
-            with commits_tagged(spark, run_id):  # every commit of the run names it (provisional.py)
-                return _run(spark, lake, run_id, started, started_ts, since, until, delta_mode, thresholds,
-                            bucket_seconds, overdue_ns, full, progress, plan)
+            if plan is None:
+                plan = planned_run(lake, since, until, full, bucket_seconds, overdue_ns, settings.thresholds)
+            executor = _executor(spark, lake, plan, settings, delta_mode, local and local_takes(plan, local_up_to))
+            run_id = uuid.uuid4().hex
+            with commits_tagged(executor.spark, run_id):  # every commit of the run names it (provisional.py)
+                return _run(_Run(lake, run_id, plan, None, settings, executor, Steps(executor.spark, progress),
+                                 delta_mode), attempt, started)
         except Exception as error:
-            plan = _whole_after_damage(lake, error, set_aside, bucket_seconds, overdue_ns, thresholds, progress)
+            plan = _whole_after_damage(lake, error, set_aside, settings, progress)
             if plan is None:
                 raise
 
 
-class RebuildWhole(Exception):
-    """A run without Spark found a table it reads damaged and set it aside (`_whole_after_damage`):
-    `plan`, a whole analysis, is to be made with Spark."""
-
-    def __init__(self, plan: RunScope):
-        super().__init__(plan.reason)
-        self.plan = plan
+def _executor(spark: SparkSession | Callable[[], SparkSession] | None, lake: str, plan: RunScope,
+              settings: Settings, delta_mode: str, local: bool) -> Executor:
+    if spark is None or local:
+        return LocalExecutor(lake, plan, settings)
+    return SparkExecutor(spark if isinstance(spark, SparkSession) else spark(), lake, plan, settings, delta_mode)
 
 
-def _whole_after_damage(lake: str, error: Exception, set_aside: list[str], bucket_seconds: int, overdue_ns: int,
-                        thresholds: Thresholds, progress: TextIO | None) -> RunScope | None:
+def _whole_after_damage(lake: str, error: Exception, set_aside: list[str], settings: Settings,
+                        progress: TextIO | None) -> RunScope | None:
     """After a run failed: where it failed reading a data file of a table the analysis writes,
     damaged inside its pages (which planning, reading footers only, let pass), that table set
     aside (run_scope.set_aside_damaged) and the plan of a whole analysis to make instead, its
@@ -329,46 +181,41 @@ def _whole_after_damage(lake: str, error: Exception, set_aside: list[str], bucke
     set_aside.append(note)
     if progress is not None:
         print(f"ackscope analyze: {note}: the run is made again, as a whole analysis", file=progress, flush=True)
-    plan = planned_run(lake, None, None, True, bucket_seconds, overdue_ns, thresholds)
+    plan = planned_run(lake, None, None, True, settings.bucket_seconds, settings.overdue_ns, settings.thresholds)
     also = "" if plan.reason == "asked for (--full)" else f"; {plan.reason}"
     return replace(plan, reason="; ".join(set_aside) + ": rebuilt by a whole analysis" + also)
 
 
-def _run(spark: SparkSession, lake: str, run_id: str, started: float, started_ts: datetime, since: str | None,
-         until: str | None, delta_mode: str, thresholds: Thresholds, bucket_seconds: int, overdue_ns: int,
-         full: bool, progress: TextIO | None, plan: RunScope | None) -> AnalysisReport:
-    steps = Steps(spark, progress)
-    with steps.step("plan") as planned:
-        mode = resolve_delta_mode(spark, delta_mode)
-        if plan is None:
-            plan = planned_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds)
-        all_frames = read_delta(spark, lake, "frames", schema.FRAMES, mode, version=plan.frames_version)
-        connections = read_delta(spark, lake, "connections", schema.CONNECTIONS, mode)
-        keys = None if plan.scope == FULL else _connections_in_scope(lake, plan)
-        # What the run is about to do, said before it does it (a watcher knows a run is under way).
-        planned.detail = f"{plan.scope}, " + ("every connection" if keys is None else f"{len(keys)} connection(s)")
-    report = AnalysisReport(lake=lake, delta_mode=mode, scope=plan.scope, reason=plan.reason,
+def _run(run: _Run, started: float, report_started: float) -> AnalysisReport:
+    """`started`: when this attempt's planning started; `report_started`: the run's (its seconds)."""
+    started_ts = datetime.now(timezone.utc)
+    plan = run.plan
+    run.keys = None if plan.scope == FULL else _connections_in_scope(run.lake, plan)
+    # What the run is about to do, said before it does it (a watcher knows a run is under way).
+    detail = f"{plan.scope}, " + ("every connection" if run.keys is None else f"{len(run.keys)} connection(s)")
+    if run.executor.spark is None:
+        detail += ": no Spark" if run.keys == [] else ": analysed by the driver"
+    run.steps.took("plan", time.monotonic() - started, detail=detail)
+    report = AnalysisReport(lake=run.lake, delta_mode=run.executor.delta_mode, scope=plan.scope, reason=plan.reason,
                             frames_version=plan.frames_version)
-    run = _Run(spark, lake, mode, plan, keys, connections, bucket_seconds, overdue_ns, thresholds, steps)
-    if keys == []:
-        _nothing_to_analyse(lake, report)
+    if run.keys == []:
+        _nothing_to_analyse(run.lake, report)
         if not plan.nothing_new:  # new files without a connection's frames, or days: logged
-            _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds, steps)
-        return _finished(report, started, steps)
-
-    analysed = _per_connection_tables(run, all_frames, report) if keys != [] else None
+            _log_run(run, report, started_ts)
+        return _finished(report, report_started, run.steps)
+    analysed = _per_connection_tables(run, report)
     with ThreadPoolExecutor(1) as beside:
         # A scoped run's per-connection tables are written: their small files are merged while the
-        # findings, which only read them, are computed (the driver mostly waits on Spark meanwhile).
-        merged = (beside.submit(_compacted, lake, COMPACTED_BESIDE_FINDINGS, commit_tag())
-                  if keys is not None and mode == "bridge" else None)
-        with steps.step("findings"):
-            _refresh_findings(run, analysed, thresholds)
-            report.rows["findings"] = _count_findings(lake, report)
+        # findings, which only read them, are computed (delta-spark's tables are left to its OPTIMIZE).
+        merged = (beside.submit(_compacted, run.lake, COMPACTED_BESIDE_FINDINGS, commit_tag())
+                  if run.keys is not None and "native" not in (run.delta_mode, run.executor.delta_mode) else None)
+        with run.steps.step("findings"):
+            _refresh_findings(run, analysed)
+            report.rows["findings"] = _count_findings(run.lake, report)
         if merged is not None:
-            _compact_tables(lake, steps, report, merged)
-    _log_run(lake, run_id, plan, report, started_ts, bucket_seconds, overdue_ns, thresholds, steps)
-    return _finished(report, started, steps)
+            _compact_tables(run.lake, run.steps, report, merged)
+    _log_run(run, report, started_ts)
+    return _finished(report, report_started, run.steps)
 
 
 @dataclass
@@ -381,13 +228,13 @@ class _Analysed:
     carried: CarriedPass | None = None  # the carried pass, where it carried connections on
 
 
-def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisReport) -> _Analysed:
+def _per_connection_tables(run: _Run, report: AnalysisReport) -> _Analysed:
     """The per-connection tables of the run's connections, written (a full run: replacing each
     table; otherwise: replacing those connections' rows). Connections carried on from their
     checkpoints read only their new frames; the rest are analysed whole, their findings too."""
     if run.keys is None:
         with run.steps.step("timelines"):
-            summary = _analysed_whole(run, all_frames, None, report)
+            summary = _analysed_whole(run, None, report)
         with run.steps.step("write tables"):
             _write_whole_lake(run.lake, summary, report)
         return _Analysed(summary.raw_findings, came_back=summary.came_back)
@@ -406,7 +253,7 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
     summary = None
     if whole_keys:
         with run.steps.step("timelines"):
-            summary = _analysed_whole(run, run.frames_of(whole_keys), whole_keys, report)
+            summary = _analysed_whole(run, whole_keys, report)
         for name, files in summary.written.items():
             written[name] += files
     if carried is not None:
@@ -423,31 +270,22 @@ def _per_connection_tables(run: _Run, all_frames: DataFrame, report: AnalysisRep
 
 
 def _carried_with_rewrites(run: _Run, keys: list[str]) -> tuple[CarriedPass, dict[str, Rewrite]]:
-    """The carried pass of these connections, and beside it (`_rewritten_ahead`) the files holding
-    the stored rows it replaces rewritten without them: its longest task, a hot connection's
-    Python, leaves the driver and the other cores idle, and the rows it replaces are known before
-    it when every connection is carried on (none falls back; none planned whole, else no rewrite).
-    Then writing its tables is committing them."""
+    """The carried pass of these connections, and beside it (`_replaced_ahead`) the files holding
+    the stored rows it replaces rewritten without them (delta_io.rewrite_all): the rows it replaces
+    are known before it when every connection is carried on (none falls back; none planned whole,
+    else no rewrite). Then writing its tables is committing them."""
     if run.plan.whole:
-        return carry_on_connections(run.spark, run.lake, run.plan.new_files, keys, run.mode, run.connections,
-                                    run.settings, run.plan.frames_version, leave=run.plan.whole), {}
+        return run.executor.carried_pass(keys), {}
     with ThreadPoolExecutor(1) as beside:
-        rewriting = beside.submit(_rewritten_ahead, run)
+        rewriting = beside.submit(lambda: rewrite_all(run.lake, _replaced_ahead(run.lake, run.keys)))
         try:
-            carried = carry_on_connections(run.spark, run.lake, run.plan.new_files, keys, run.mode,
-                                           run.connections, run.settings, run.plan.frames_version)
+            carried = run.executor.carried_pass(keys)
         except BaseException:
             if rewriting.exception() is None:   # waits for it
                 for rewrite in rewriting.result().values():
                     rewrite.discard()
             raise
     return carried, rewriting.result()
-
-
-def _rewritten_ahead(run: _Run) -> dict[str, Rewrite]:
-    """delta_io.rewrite_all of what a carried run replaces, should no connection fall back
-    (`_replaced_ahead`)."""
-    return rewrite_all(run.lake, _replaced_ahead(run.lake, run.keys))
 
 
 def _replaced_ahead(lake: str, keys: list[str]) -> dict[str, Replacement]:
@@ -496,13 +334,11 @@ def _report_carried(carried: CarriedPass, report: AnalysisReport) -> None:
             f"{k}: {why}" for k, why in sorted(carried.fallbacks.items())[:5])
 
 
-def _analysed_whole(run: _Run, frames: DataFrame, keys: list[str] | None, report: AnalysisReport) -> PassSummary:
+def _analysed_whole(run: _Run, keys: list[str] | None, report: AnalysisReport) -> PassSummary:
     """These connections (None: all) analysed from all their frames, in one pass of the reference
     state machine (connection_pass.py): the per-connection tables and checkpoints as files it wrote
     into the lake (uncommitted), and its findings about one connection."""
-    connections = run.connections if keys is None else of_connections(run.connections, keys)
-    summary = summarised_pass(connection_pass(frames, connections, run.settings, run.plan.frames_version,
-                                              write_to=run.lake))
+    summary = run.executor.whole_pass(keys)
     report.frames += summary.frames
     report.connections += summary.connections
     return summary
@@ -517,13 +353,15 @@ def _write_whole_lake(lake: str, summary: PassSummary, report: AnalysisReport) -
     report.rows = {name: summary.rows[name] for name in PER_CONNECTION_TABLES}
 
 
-def _refresh_findings(run: _Run, analysed: _Analysed, thresholds: Thresholds) -> None:
-    """The findings step (findings.py), fed by Spark's executor: a scoped run hands it the raw
-    findings about one connection of the connections it analysed (the pass's for those analysed
-    whole, the carried pass's for those carried on) and the delivery rows it changed; a full run
-    the pass's raw findings of every connection (`_full_run_findings`)."""
+def _refresh_findings(run: _Run, analysed: _Analysed) -> None:
+    """The findings step (findings.py): a scoped run hands it the raw findings about one connection
+    of the connections it analysed (the pass's for those analysed whole, the carried pass's for
+    those carried on) and the delivery rows it changed; a full run the pass's raw findings of every
+    connection, the message kinds reading the stored deliveries only where one came back (none
+    did: they have nothing to start from)."""
     if run.keys is None:
-        _full_run_findings(run.lake, analysed.own, analysed.came_back, thresholds, run.plan.frames_version)
+        refresh_findings(run.lake, analysed.own, None, None if analysed.came_back else Changed(),
+                         run.settings.thresholds, (), run.plan.frames_version)
         return
     own, rows, whole = [], [], ()
     if analysed.own is not None:
@@ -534,14 +372,7 @@ def _refresh_findings(run: _Run, analysed: _Analysed, thresholds: Thresholds) ->
         own.append(analysed.carried.raw)
         rows.append(analysed.carried.changed(run.lake))
     refresh_findings(run.lake, pa.concat_tables(own) if own else RAW_FINDINGS.empty_table(), run.keys,
-                     Changed(tuple(rows), whole), thresholds, run.plan.new_files, run.plan.frames_version)
-
-
-def _full_run_findings(lake: str, raw: pa.Table, came_back: int, thresholds: Thresholds, frames_version: int) -> None:
-    """A full run's findings step, whichever executor made its pass: every connection's raw
-    findings from the pass; the message kinds read the stored deliveries only where one came back
-    (none did: they have nothing to start from)."""
-    refresh_findings(lake, raw, None, None if came_back else Changed(), thresholds, (), frames_version)
+                     Changed(tuple(rows), whole), run.settings.thresholds, run.plan.new_files, run.plan.frames_version)
 
 
 def _compacted(lake: str, names: list[str], tag: str | None) -> dict[str, int]:
@@ -600,20 +431,20 @@ def _connections_in_scope(lake: str, plan: RunScope) -> list[str]:
     return distinct_strings(files_to_read(frames, os.path.join(lake, "frames"), since, until).files, "connection_id")
 
 
-def _log_run(lake: str, run_id: str, plan: RunScope, report: AnalysisReport, started_ts: datetime,
-             bucket_seconds: int, overdue_ns: int, thresholds: Thresholds, steps: Steps) -> None:
+def _log_run(run: _Run, report: AnalysisReport, started_ts: datetime) -> None:
     """The run's entry in the log of runs, then the input files it analysed merged: only once the
     entry is there (a run cut short before it merged nothing, so its rerun stays scoped)."""
-    finished_ts = datetime.now(timezone.utc)
-    row = {"date": started_ts.date().isoformat(), "run_id": run_id, "started_ts": started_ts,
-           "finished_ts": finished_ts, "scope": plan.scope, "reason": report.reason, "since": plan.since,
-           "until": plan.until, "frames_version": plan.frames_version, "baseline_version": plan.baseline_version,
-           "connections": report.connections, "frames": report.frames, "bucket_seconds": bucket_seconds,
-           "overdue_ns": overdue_ns, "thresholds": thresholds_json(thresholds)}
-    writer = TableWriter(lake, RUNS_TABLE, schema.ANALYSIS_RUNS)
+    plan, settings = run.plan, run.settings
+    row = {"date": started_ts.date().isoformat(), "run_id": run.run_id, "started_ts": started_ts,
+           "finished_ts": datetime.now(timezone.utc), "scope": plan.scope, "reason": report.reason,
+           "since": plan.since, "until": plan.until, "frames_version": plan.frames_version,
+           "baseline_version": plan.baseline_version, "connections": report.connections, "frames": report.frames,
+           "bucket_seconds": settings.bucket_seconds, "overdue_ns": settings.overdue_ns,
+           "thresholds": thresholds_json(settings.thresholds)}
+    writer = TableWriter(run.lake, RUNS_TABLE, schema.ANALYSIS_RUNS)
     writer.write(pa.Table.from_pylist([row], schema=schema.ANALYSIS_RUNS))
-    writer.commit(row["run_id"])
-    _merge_input_files(lake, run_id, plan, steps, report)
+    writer.commit(run.run_id)
+    _merge_input_files(run.lake, run.run_id, plan, run.steps, report)
 
 
 def _nothing_to_analyse(lake: str, report: AnalysisReport) -> None:

@@ -34,19 +34,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
-from pyspark.sql import DataFrame, SparkSession
 
-from analyzer import schema
-from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
 from analyzer.detectors.messages import COLUMNS
 from analyzer.lake import READ_CHECKSUMS, TableWriter, filesystem
 
-from .delta_io import Listed, Match, connections_match, read_delta, read_files
+from .delta_io import Listed, Match, connections_match
 from .connection_pass import RAW_FINDINGS, STATE_TABLE, WRITTEN_TABLES
 from .requeue_related import REQUEUE_RELATED
 from .table_files import adds_that_may_hold, rows_in
-from .timeline.carried import STALE, TALLY, TOUCHED, carry_on, without_fallbacks
-from .timeline.plans import of_connections
+from .timeline.carried import STALE, TALLY, TOUCHED, without_fallbacks
 from .timeline.wide import ROLE, rows_from_wide
 from .timeline.tables import TIMELINE_TABLES
 from .wide_writes import FILES, add_actions
@@ -142,17 +138,3 @@ def written_columns(lake: str, name: str, adds: list[AddAction], columns: pa.Sch
     return pa.concat_tables([columns.empty_table(), *[
         pq.read_table(f"{root}/{add.path}", columns=columns.names, filesystem=fs, partitioning=None,
                       **READ_CHECKSUMS).cast(columns) for add in adds]])
-
-
-def carry_on_connections(spark: SparkSession, lake: str, new_files: tuple[str, ...], keys: list[str], mode: str,
-                         connections: DataFrame, settings: Settings, frames_version: int,
-                         leave: tuple[str, ...] = ()) -> CarriedPass:
-    """The carried pass on Spark. `keys`: the connections of the new files to carry on; `leave`:
-    those of theirs not to (the run analyses them whole: run_scope.RunScope.whole), whose frames
-    and checkpoints are not read. Its wide table's rows collected in one Spark job."""
-    new = read_files(spark, lake, "frames", new_files, list(ANALYSIS_COLUMNS))
-    if leave:
-        new = of_connections(new, keys)
-    states = of_connections(read_delta(spark, lake, STATE_TABLE, schema.ANALYSIS_STATE, mode), keys)
-    wide = carry_on(new, states, of_connections(connections, keys), settings, frames_version, write_to=lake)
-    return carried_summary(wide.toArrow(), keys)

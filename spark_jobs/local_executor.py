@@ -1,20 +1,18 @@
 """The local executor: the pass in the driver's own process, with pyarrow and delta-rs, no JVM.
 
-Spark's executor hands the pass its rows shuffled by connection and sorted by (connection, seq),
-each connection's header row first (connection_pass.py, timeline/carried.py); this one reads the
-same rows from the lake, lays them out in that same order (`laid_out`) and runs the same partition
-code over them, one connection after another, in Spark's batch size. What comes out is the same
-wide table, the same files written into the lake, uncommitted. One core instead of all of them,
-and every row of the run in memory at once: for the work one process does fastest (a small lake,
-a small append), where starting Spark would cost more than the pass.
+Spark's executor (spark_executor.py) hands the pass its rows shuffled by connection and sorted by
+(connection, seq), each connection's header row first (connection_pass.py, timeline/carried.py);
+this one reads the same rows from the lake, lays them out in that same order (`laid_out`) and runs
+the same partition code over them, one connection after another, in Spark's batch size. What comes
+out is the same wide table, the same files written into the lake, uncommitted. One core instead of
+all of them, and every row of the run in memory at once: for the work one process does fastest
+(a small lake, a small append), where starting Spark would cost more than the pass.
 
 A scheduled run in a fresh process (a CronJob's) spent most of its time starting what Spark needs:
 on the 10 M-frame bench lake a 5% append's carried pass was ~3 CPU s of Python and the rest the JVM,
-the session, plans made cold and the Python worker (bench/driver_carry.py). So an append of at
-most DRIVER_FRAMES new frame rows is carried on here (`carried_pass`). A connection that cannot be
-carried on (it must be analysed whole: `fallbacks`) is left to Spark: the caller deletes what the
-pass wrote (`CarriedPass.discard`) and runs Spark's path. analyze.py decides when this executor
-is taken (analyze_without_spark) and commits what it wrote.
+the session, plans made cold and the Python worker (bench/driver_carry.py). So a run that reads at
+most DRIVER_FRAMES frame rows is this executor's where the machine is this one (analyze.py's
+`local_takes`).
 """
 
 from __future__ import annotations
@@ -29,17 +27,19 @@ from analyzer import schema
 from analyzer.connection_analysis import ADVANCE_EVERY_ROWS, ANALYSIS_COLUMNS, Settings
 from analyzer.lake import read_table
 
-from .connection_pass import FLUSH_RECORDS, HEADER, HEADER_SEQ, STATE_TABLE, WIDE, ConnectionsPartition, _Partition
+from .connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, STATE_TABLE, WIDE, ConnectionsPartition,
+                              PassSummary, _Partition, pass_summary)
 from .findings import facts_in_lake
 from .incremental import CarriedPass, carried_summary
 from .table_files import relative_in_table, spark_location
 from .timeline import carried
+from .run_scope import RunScope
 from .timeline.carried import STATE_COLUMNS, STORED, _CarriedPartition
 from .wide_writes import FILE_ROWS
 
-# New frame rows up to which the driver carries a run's connections on itself: on these machines
-# its one core replays ~150,000 of them a second (bench/driver_carry.py: the 10 M lake's 5% append,
-# 500,000 frames, in ~3 s), where a fresh Spark session takes ~10 s before the pass starts.
+# Frame rows up to which a run is this executor's: on these machines its one core replays ~150,000
+# of them a second (bench/driver_carry.py: the 10 M lake's 5% append, 500,000 frames, in ~3 s),
+# where a fresh Spark session takes ~10 s before the pass starts.
 DRIVER_FRAMES = 1_000_000
 
 # Rows of each batch the pass is handed: Spark's (spark.sql.execution.arrow.maxRecordsPerBatch).
@@ -50,6 +50,23 @@ FRAME_COLUMNS = pa.schema([schema.FRAMES.field(name) for name in ANALYSIS_COLUMN
 # it has an analysis_state row, and that row's STATE_COLUMNS (timeline/carried.py's `carry_on`).
 CARRIED_HEADER_COLUMNS = pa.schema([schema.ANALYSIS_STATE.field(name) for name in STATE_COLUMNS]
                                    + [(STORED, pa.bool_()), (HEADER, pa.string())])
+
+
+class LocalExecutor:
+    """The passes of one run in this process, over the run's snapshot of `frames`."""
+    spark = None
+    delta_mode = "none"   # no Spark, no Delta access of its
+
+    def __init__(self, lake: str, plan: RunScope, settings: Settings):
+        self.lake, self.plan, self.settings = lake, plan, settings
+
+    def whole_pass(self, keys: list[str] | None) -> PassSummary:
+        """These connections (None: all) analysed from all their frames."""
+        return pass_summary(whole_pass(self.lake, keys, self.settings, self.plan.frames_version))
+
+    def carried_pass(self, keys: list[str]) -> CarriedPass:
+        """These connections carried on from their checkpoints over the plan's new files."""
+        return carried_pass(self.lake, self.plan.new_files, keys, self.settings, self.plan.frames_version)
 
 
 def whole_pass(lake: str, keys: list[str] | None, settings: Settings, frames_version: int) -> pa.Table:
@@ -69,9 +86,11 @@ def whole_pass(lake: str, keys: list[str] | None, settings: Settings, frames_ver
 
 def carried_pass(lake: str, new_files: tuple[str, ...], keys: list[str], settings: Settings,
                  frames_version: int) -> CarriedPass:
-    """The carried pass over the frames of `new_files` (the connections `keys`), in this process:
-    its files written into the lake's tables, uncommitted."""
+    """The carried pass over the frames of `new_files` of the connections `keys` (their other
+    connections are analysed whole), in this process: its files written into the lake's tables,
+    uncommitted."""
     frames = new_frames(lake, new_files, frames_version)
+    frames = frames.filter(pc.is_in(frames["connection_id"], pa.array(keys, pa.string())))
     stored = read_table(lake, STATE_TABLE, schema.ANALYSIS_STATE, columns=["connection_id", *STATE_COLUMNS],
                         where=pc.field("connection_id").isin(keys))
     states = {row["connection_id"]: row for row in stored.to_pylist()} if stored is not None else {}

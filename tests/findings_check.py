@@ -106,13 +106,9 @@ def findings_of_capture(lake_dir: str, capture: str) -> list[dict]:
 
 
 def analysed_as_the_command_does(spark, lake_dir: str, thresholds: Thresholds | None = None):
-    """The lake analysed by `ackscope analyze`'s route (the driver's own run where it takes the run,
-    a small append; else Spark's), in the test session's Spark rather than a driver JVM of its own
+    """The lake analysed as `ackscope analyze` on a local master does (the local executor where it
+    takes the run, else Spark's), in the test session's Spark rather than a driver JVM of its own
     a run: for tests about what an analysis finds, not about the command. Its report."""
-    from analyzer.timeline.records import DEFAULT_OVERDUE_NS
-    from spark_jobs.analyze import analyze, analyze_without_spark, planned_run
+    from spark_jobs.analyze import analyze
 
-    thresholds = thresholds if thresholds is not None else Thresholds()
-    plan = planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS, thresholds)
-    report = analyze_without_spark(lake_dir, plan, 0.0, thresholds=thresholds, local_master=True)
-    return report if report is not None else analyze(spark, lake_dir, thresholds=thresholds, plan=plan)
+    return analyze(spark, lake_dir, thresholds=thresholds, local=True)

@@ -235,7 +235,7 @@ def test_analyze_every_exits_when_its_driver_is_gone(tmp_path):
         command.report_of_version(_frames_version(lake_dir))
         [java] = _java_children(command.process.pid)
         os.kill(java, signal.SIGKILL)
-        ingest_file(_example("flow_control"), lake_dir)  # so that the next run needs Spark
+        ingest_file(_example("flow_control"), lake_dir)  # a run follows, then the loop finds the driver gone
         assert command.wait() == 5
     finally:
         command.stop()

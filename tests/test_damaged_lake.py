@@ -22,9 +22,7 @@ from analyzer.ingest import ingest_file
 from analyzer.lake import UnreadableFile, read_table
 from analyzer.schema import FRAMES
 from analyzer.published import read_published
-from analyzer.detectors.thresholds import Thresholds
-from analyzer.timeline.records import DEFAULT_OVERDUE_NS
-from spark_jobs.analyze import OUTPUT_TABLES, RebuildWhole, analyze, analyze_without_spark, planned_run
+from spark_jobs.analyze import OUTPUT_TABLES, analyze
 from spark_jobs.connection_pass import STATE_TABLE
 from analyzer.published import RUNS_TABLE
 from spark_jobs.run_scope import FULL, INPUT_TABLES, NEW_DATA, DamagedInput
@@ -157,20 +155,16 @@ def test_a_run_failing_at_any_commit_leaves_the_last_runs_tables_visible_and_the
 @pytest.mark.parametrize("name", ["deliveries", "channel_metrics", STATE_TABLE, "findings", RUNS_TABLE])
 def test_a_run_of_the_local_executor_failing_at_any_commit_leaves_the_last_runs_tables_visible(
         spark, analysed, half_analysed_then_appended, tmp_path, name):
-    """As above, the run made by the driver without Spark (analyze_without_spark: a small append
-    carried on from the checkpoints, the findings by the driver), its commit of `name` refused."""
+    """As above, the run made by the local executor (a small append carried on from the checkpoints,
+    the findings by the driver), its commit of `name` refused."""
     _, tables = analysed
     lake_dir, before = _copy(half_analysed_then_appended, tmp_path)
     with unwritable(os.path.join(lake_dir, name, "_delta_log")):
-        with pytest.raises(Exception) as failed:   # the driver's run (None, Spark's, would not raise)
-            analyze_without_spark(lake_dir, planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS,
-                                                        Thresholds()), 0.0, local_master=True)
-    assert not isinstance(failed.value, RebuildWhole)
+        with pytest.raises(Exception):
+            analyze(None, lake_dir)
     assert _published(lake_dir) == before
     assert sorted(map(str, read_findings(lake_dir))) == sorted(map(str, before["findings"]))
-    again = analyze_without_spark(lake_dir, planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS,
-                                                        Thresholds()), 0.0, local_master=True)
-    assert (again or analyze(spark, lake_dir)).scope in (NEW_DATA, FULL)
+    assert analyze(None, lake_dir).scope in (NEW_DATA, FULL)
     assert _published(lake_dir) == _tables(lake_dir) == tables
 
 
@@ -246,13 +240,12 @@ def test_damaged_frames_or_connections_stop_the_run_naming_the_file_and_publish_
 # before the driver's run: `ackscope analyze` then leaves the planning to Spark's run (above).
 @pytest.mark.parametrize("name, append", [(STATE_TABLE, True), ("frames", True), ("connections", True),
                                           ("findings", False)])
-def test_the_local_executor_names_a_table_damaged_inside_its_pages_and_spark_rebuilds_it(
+def test_the_local_executor_names_a_table_damaged_inside_its_pages_and_rebuilds_it(
         spark, analysed, half_analysed_then_appended, tmp_path, name, append):
-    """The driver's run without Spark (a small append carried on from the checkpoints, or nothing
-    new) reading a damaged file (pyarrow, each page's checksum checked): a table the analysis writes
-    is set aside and the run left to Spark as a whole analysis (RebuildWhole, as `ackscope analyze`
-    does), with the tables of an undamaged lake; a damaged file of the append's frames or
-    connections stops the run naming it, nothing published."""
+    """The local executor's run (a small append carried on from the checkpoints, or nothing new)
+    reading a damaged file (pyarrow, each page's checksum checked): a table the analysis writes is
+    set aside and the run made again as a whole analysis, with the tables of an undamaged lake; a
+    damaged file of the append's frames or connections stops the run naming it, nothing published."""
     _, tables = analysed
     if append:
         lake_dir, before = _copy(half_analysed_then_appended, tmp_path)
@@ -260,20 +253,16 @@ def test_the_local_executor_names_a_table_damaged_inside_its_pages_and_spark_reb
         lake_dir, _ = _copy(analysed, tmp_path)
         before = _published(lake_dir)
     damaged = damage_every_page(os.path.join(lake_dir, name))
-    plan = planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS, Thresholds())
-    with pytest.raises(Exception) as failed:
-        analyze_without_spark(lake_dir, plan, 0.0, local_master=True)
     if name in INPUT_TABLES:
-        assert isinstance(failed.value, DamagedInput) and f"the {name} table's file " in str(failed.value)
+        with pytest.raises(DamagedInput) as failed:
+            analyze(None, lake_dir)
+        assert f"the {name} table's file " in str(failed.value)
         assert any(file in str(failed.value) for file in damaged), failed.value
         assert _published(lake_dir) == before
         return
-    assert isinstance(failed.value, RebuildWhole), failed.value
-    reason = failed.value.plan.reason
-    assert failed.value.plan.scope == FULL and f"table {name} unreadable (" in reason, reason
-    assert any(f"({file}: " in reason for file in damaged), reason
-    assert _published(lake_dir) == {**before, **({name: None} if name in before else {})}   # set aside, till Spark's run
-    assert analyze(spark, lake_dir, plan=failed.value.plan).reason == reason
+    report = analyze(None, lake_dir)
+    assert report.scope == FULL and f"table {name} unreadable (" in report.reason, report.reason
+    assert any(f"({file}: " in report.reason for file in damaged), report.reason
     assert _published(lake_dir) == _tables(lake_dir) == tables
 
 

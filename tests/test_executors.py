@@ -1,5 +1,5 @@
 """The two executors of the analysis held to one result: the local one (no JVM:
-spark_jobs/analyze.py's `analyze_without_spark`) and Spark's (`analyze`), each given an identical
+spark_jobs/local_executor.py) and Spark's (spark_executor.py), each given an identical
 lake, appended to in pieces and analysed after every append, must leave identical tables
 (deliveries, publishes, channels, violations, channel_metrics, findings) and checkpoints
 (analysis_state), row for row, after every run.
@@ -19,9 +19,9 @@ two UTC days):
 - a lockstep publisher, for the one kind of finding the others hold none of.
 The lab thresholds, so that findings of every kind appear.
 
-Each executor is driven through one function here (`run_locally`, `run_on_spark`), and which runs
-the local executor takes is one predicate (`local_takes`): widening the local executor (full runs
-of small lakes, connections analysed whole) is a change to those, not to the test.
+Each executor is driven through one function here (`run_locally`, `run_on_spark`): the local
+executor takes every run of these small lakes (analyze.local_takes), the first, a full one, and the
+runs with a connection analysed whole (it ended, then got frames) too.
 
 This replaces the per-route equivalence tests (the driver's carried runs against Spark's tables);
 test_local_executor.py holds what is the local executor's own (its bounds, no JVM, no Spark job).
@@ -43,10 +43,9 @@ from analyzer import lake, schema
 from analyzer.ingest import ingest_file
 from analyzer.published import RUNS_TABLE
 from analyzer.rows import dicts_to_table
-from analyzer.timeline.records import DEFAULT_OVERDUE_NS
-from spark_jobs.analyze import NO_SPARK, OUTPUT_TABLES, AnalysisReport, analyze, analyze_without_spark, planned_run
+from spark_jobs.analyze import NO_SPARK, OUTPUT_TABLES, AnalysisReport, analyze
 from spark_jobs.connection_pass import STATE_TABLE
-from spark_jobs.run_scope import FULL, NEW_DATA
+from spark_jobs.run_scope import FULL
 
 from .conftest import ROOT
 from .findings_check import LAB_THRESHOLDS
@@ -62,19 +61,9 @@ LOGGED = ("scope", "frames_version", "baseline_version", "connections", "frames"
           "thresholds")
 
 
-def local_takes(run: int, on_spark: AnalysisReport) -> bool:
-    """Which runs the local executor takes (`run`: 0 for the first; `on_spark`: Spark's report of the
-    same run in its own lake): every run of these small lakes (the first, a full one, too) but one
-    in which a connection must be analysed whole (it ended, then got frames: Spark's run analysed it
-    whole)."""
-    return on_spark.scope == FULL or on_spark.carried_connections == on_spark.connections
-
-
-def run_locally(spark, lake_dir: str) -> AnalysisReport | None:
-    """The local executor's run, as `ackscope analyze` tries it first; None where it leaves the run
-    to Spark (nothing written)."""
-    plan = planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS, LAB_THRESHOLDS)
-    return analyze_without_spark(lake_dir, plan, 0.0, thresholds=LAB_THRESHOLDS, local_master=True)
+def run_locally(lake_dir: str) -> AnalysisReport:
+    """The local executor's run: no Spark session to start."""
+    return analyze(None, lake_dir, thresholds=LAB_THRESHOLDS)
 
 
 def run_on_spark(spark, lake_dir: str) -> AnalysisReport:
@@ -180,9 +169,8 @@ def differences(local: list[dict], spark: list[dict]) -> str:
 @pytest.fixture(scope="module")
 def both_executors(spark, tmp_path_factory):
     """The inputs appended in pieces into two lakes, each analysed after every append: one by the
-    local executor where it takes the run (Spark's otherwise), one by Spark's. Per run: the local
-    executor's report (None: it left the run to Spark), Spark's, and both lakes' outputs; and the
-    files left in either lake that no commit names."""
+    local executor, one by Spark's. Per run: both reports and both lakes' outputs; and the files
+    left in either lake that no commit names."""
     root = tmp_path_factory.mktemp("executors")
     local_dir, spark_dir = str(root / "local"), str(root / "spark")
     pieces, connections = in_pieces(str(root / "staging"))
@@ -195,25 +183,22 @@ def both_executors(spark, tmp_path_factory):
             _append(lake_dir, "frames", piece, schema.FRAMES, f"piece-{number}")
             _append(lake_dir, "connections", new, schema.CONNECTIONS, f"piece-{number}")
         spark_report = run_on_spark(spark, spark_dir)
-        report = run_locally(spark, local_dir)
-        if report is None:
-            run_on_spark(spark, local_dir)
+        report = run_locally(local_dir)
         runs.append((report, spark_report, outputs(local_dir), outputs(spark_dir)))
     return runs, _stray_files(local_dir) + _stray_files(spark_dir)
 
 
-def test_the_local_executor_takes_the_runs_it_is_meant_to(both_executors):
+def test_both_executors_report_the_same_runs(both_executors):
     runs, _ = both_executors
     assert runs[0][1].scope == FULL
-    taken = []
-    for number, (report, on_spark, _, _) in enumerate(runs):
-        assert (report is not None) == local_takes(number, on_spark), (number, on_spark.reason)
-        if report is not None:
-            assert report.delta_mode == NO_SPARK and report.spark_jobs == 0, report
-            assert report.scope == on_spark.scope and report.connections == on_spark.connections > 0, report
-            assert report.carried_connections == on_spark.carried_connections, report
-            taken.append(number)
-    assert taken[0] == 0 and len(taken) >= 3, taken
+    for report, on_spark, _, _ in runs:
+        assert report.delta_mode == NO_SPARK and report.spark_jobs == 0, report
+        assert on_spark.delta_mode != NO_SPARK and on_spark.spark_jobs > 0, on_spark
+        for key in ("scope", "reason", "connections", "carried_connections", "frames", "rows"):
+            assert getattr(report, key) == getattr(on_spark, key), (key, report, on_spark)
+    # Not vacuous: runs carried every connection on, and one analysed a connection whole beside them.
+    assert any(0 < r.carried_connections == r.connections for r, *_ in runs), [r.reason for r, *_ in runs]
+    assert any(0 < r.carried_connections < r.connections for r, *_ in runs), [r.reason for r, *_ in runs]
 
 
 def test_both_executors_leave_the_same_tables_and_checkpoints_after_every_run(both_executors):
@@ -226,5 +211,5 @@ def test_both_executors_leave_the_same_tables_and_checkpoints_after_every_run(bo
     *_, last, _ = runs[-1]
     assert all(last[name] for name in last), [name for name in last if not last[name]]
     assert {row["kind"] for row in last["findings"]} == set(schema.FINDING_KINDS)
-    # A run the local executor left to Spark left nothing behind (its files deleted, not committed).
+    # No run left a file behind that no commit names.
     assert stray == []

@@ -1,7 +1,7 @@
 """The local executor's own (spark_jobs/local_executor.py; test_executors.py holds its tables to
-Spark's after every run): the bounds of the runs it takes; Spark's path where a connection must be
-analysed whole (nothing written before it); no Spark for its findings, whatever they read or
-rewrite; no JVM for `ackscope analyze`; its pass over whole connections equal to Spark's. Real
+Spark's after every run): the bounds of the runs it takes; a connection that must be analysed
+whole analysed whole by it; no Spark for its findings, whatever they read or rewrite; no JVM for
+`ackscope analyze`; its pass over whole connections equal to Spark's. Real
 Spark for the reference runs, real Delta tables, generated and recorded traffic (test_incremental.py's)."""
 
 import io
@@ -20,7 +20,7 @@ from analyzer import lake, schema
 from analyzer.connection_analysis import Settings
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 from spark_jobs import local_executor
-from spark_jobs.analyze import NO_SPARK, analyze, analyze_without_spark, planned_run
+from spark_jobs.analyze import NO_SPARK, analyze, local_takes, planned_run
 from spark_jobs.connection_pass import PASS_TABLES, STATE_TABLE, WRITTEN_TABLES, connection_pass
 from spark_jobs.delta_io import read_delta
 from spark_jobs.timeline.tables import TIMELINE_TABLES
@@ -30,40 +30,39 @@ from spark_jobs import findings
 from .findings_check import LAB_THRESHOLDS
 from .test_analyze import ACKSCOPE
 from .test_incremental import (_append, _frames, _lakes_split_at, _pieces, _stray_files, _tables,  # noqa: F401
-                               _versions, traffic)
+                               traffic)
 
 def _in_driver(spark, lake_dir: str, thresholds=LAB_THRESHOLDS):
-    """`ackscope analyze`'s run without Spark: (its report, None where it is Spark's run, and what it printed)."""
+    """`ackscope analyze`'s run on a local master: (its report, and what it printed)."""
     progress = io.StringIO()
-    plan = planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS, thresholds)
-    report = analyze_without_spark(lake_dir, plan, 0.0, progress=progress, thresholds=thresholds,
-                                   local_master=True)
+    report = analyze(spark, lake_dir, thresholds=thresholds, progress=progress, local=True)
     return report, progress.getvalue()
 
 
-def test_a_run_of_too_many_new_frames_is_sparks(spark, traffic, tmp_path, monkeypatch):  # noqa: F811
-    """local_executor.DRIVER_FRAMES bounds the new frame rows (the Delta log's count) the driver takes."""
+def test_a_run_of_too_many_frame_rows_is_sparks(spark, traffic, tmp_path):  # noqa: F811
+    """The local executor takes a run of at most `local_up_to` frame rows (the Delta log's count): an
+    append's new rows; a full run's, the lake's. `ackscope analyze --local-up-to` says the default."""
     frames, connections = traffic
     first, second, _ = _pieces(frames)
     lake_dir = str(tmp_path)
     _append(lake_dir, "frames", first, schema.FRAMES, "one")
     _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
-    analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    report = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS, local=True, local_up_to=first.num_rows - 1)
+    assert report.scope == "full" and report.delta_mode != NO_SPARK and report.spark_jobs > 0, report
     _append(lake_dir, "frames", second, schema.FRAMES, "two")
-    monkeypatch.setattr(local_executor, "DRIVER_FRAMES", second.num_rows - 1)
-    before = _versions(lake_dir)
-    report, said = _in_driver(spark, lake_dir)
-    assert report is None and said == ""
-    assert _versions(lake_dir) == before
-    monkeypatch.setattr(local_executor, "DRIVER_FRAMES", second.num_rows)
-    report, said = _in_driver(spark, lake_dir)
-    assert report is not None and report.frames == second.num_rows and report.delta_mode == NO_SPARK, said
+    plan = planned_run(lake_dir, None, None, False, 10, DEFAULT_OVERDUE_NS, LAB_THRESHOLDS)
+    assert not local_takes(plan, second.num_rows - 1) and local_takes(plan, second.num_rows)
+    report = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS, local=True, local_up_to=second.num_rows)
+    assert report.frames == second.num_rows and report.delta_mode == NO_SPARK and report.spark_jobs == 0, report
+    assert local_takes(plan) == (second.num_rows <= local_executor.DRIVER_FRAMES)
+    said = subprocess.run([ACKSCOPE, "analyze", "--help"], capture_output=True, text=True).stdout
+    assert f"(default {local_executor.DRIVER_FRAMES:,}:" in " ".join(said.split()), said
 
 
-def test_a_connection_to_analyse_whole_leaves_the_run_to_spark_with_nothing_written(spark, tmp_path):
+def test_a_connection_to_analyse_whole_is_analysed_whole_by_the_local_executor(spark, tmp_path):
     """A connection that ended (closed) gets new frames: it has no checkpoint to carry on from, so
-    the driver's pass gives up, deletes what it wrote and leaves the run to Spark, which ends with
-    one run's tables."""
+    the local executor's carried pass gives it up, deletes what it wrote of it, and the executor
+    analyses it whole, without Spark: one run's tables (test_executors.py: beside others carried on)."""
     from .test_timeline import T0, Conv
 
     a, b = Conv("10.9.0.21:40021>10.9.0.9:5672@1", start=T0), Conv("10.9.0.22:40022>10.9.0.9:5672@2", start=T0)
@@ -82,15 +81,12 @@ def test_a_connection_to_analyse_whole_leaves_the_run_to_spark_with_nothing_writ
     b.ack(1, 1)
     whole_dir, pieces_dir = _lakes_split_at(spark, tmp_path, a, b, held)
     _append(pieces_dir, "frames", _frames(a.rows[held:]), schema.FRAMES, "second")
-    before = _versions(pieces_dir)
     report, said = _in_driver(spark, pieces_dir)
-    assert report is None, report
-    assert "to analyse whole: Spark takes the run" in said
-    assert _versions(pieces_dir) == before and not _stray_files(pieces_dir)
-    report = analyze(spark, pieces_dir, thresholds=LAB_THRESHOLDS)
-    assert a.id in report.reason
+    assert report.delta_mode == NO_SPARK and report.spark_jobs == 0, said
+    assert a.id in report.reason and report.connections == 1 and report.carried_connections == 0, report
     analyze(spark, whole_dir, thresholds=LAB_THRESHOLDS)
     assert _tables(pieces_dir) == _tables(whole_dir)
+    assert not _stray_files(pieces_dir)
 
 
 @pytest.mark.parametrize("needs", ["a scan for packets", "a large findings table"])
@@ -120,7 +116,7 @@ def test_the_drivers_findings_need_no_spark(spark, tmp_path, monkeypatch, needs)
         findings_searched(monkeypatch, searches)
     _append(pieces_dir, "frames", _frames(a.rows[held:]), schema.FRAMES, "second")
     report, said = _in_driver(spark, pieces_dir)
-    assert report is not None and report.carried_connections == 1, said
+    assert report.carried_connections == 1, said
     assert report.spark_jobs == 0 and report.delta_mode == NO_SPARK and "start Spark" not in said, (report, said)
     assert len(scans) == 1 and len(searches) == (needs == "a large findings table"), (scans, searches)
     assert _tables(pieces_dir) == _tables(whole_dir)
@@ -186,5 +182,5 @@ def test_ackscope_analyze_carries_a_small_append_on_without_starting_spark(spark
     report = json.loads(done.stdout)
     assert report["delta_mode"] == NO_SPARK and report["spark_jobs"] == 0, report
     assert report["carried_connections"] == 1 and report["frames"] == len(a.rows) - held, report
-    assert "carried on by the driver" in done.stderr
+    assert "1 connection(s): analysed by the driver" in done.stderr
     assert _tables(pieces_dir) == _tables(whole_dir)

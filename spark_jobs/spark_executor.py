@@ -1,0 +1,64 @@
+"""Spark's executor: the pass over the frames shuffled by connection and sorted by seq
+(connection_pass.py, timeline/carried.py), on `local[N]` or any cluster. Its passes give what the
+local executor's give (local_executor.py): the files they wrote into the lake, uncommitted, and
+their wide table's small rows collected in one Spark job.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from pyspark.sql import DataFrame, SparkSession
+
+from analyzer import schema
+from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
+
+from .connection_pass import STATE_TABLE, PassSummary, connection_pass, summarised_pass
+from .delta_io import read_delta, read_files
+from .incremental import CarriedPass, carried_summary
+from .run_scope import RunScope
+from .session import delta_mode as resolve_delta_mode, use_lake
+from .timeline.carried import carry_on
+from .timeline.plans import first_day, first_seen, of_connections
+
+
+class SparkExecutor:
+    """The passes of one run on this session, over the run's snapshot of `frames`."""
+
+    def __init__(self, spark: SparkSession, lake: str, plan: RunScope, settings: Settings, delta_mode: str):
+        use_lake(spark, lake)  # a lake Spark cannot reach fails here, before any step
+        self.spark, self.lake, self.plan, self.settings = spark, lake, plan, settings
+        self.delta_mode = resolve_delta_mode(spark, delta_mode)   # how Spark reaches the tables
+
+    @cached_property
+    def connections(self) -> DataFrame:
+        return read_delta(self.spark, self.lake, "connections", schema.CONNECTIONS, self.delta_mode)
+
+    def whole_pass(self, keys: list[str] | None) -> PassSummary:
+        """These connections (None: all) analysed from all their frames."""
+        connections = self.connections if keys is None else of_connections(self.connections, keys)
+        frames = self._frames_since(None) if keys is None else self._frames_of(keys)
+        return summarised_pass(connection_pass(frames, connections, self.settings, self.plan.frames_version,
+                                               write_to=self.lake))
+
+    def carried_pass(self, keys: list[str]) -> CarriedPass:
+        """These connections carried on from their checkpoints over the plan's new files; the
+        connections planned whole (`RunScope.whole`) are not read."""
+        new = read_files(self.spark, self.lake, "frames", self.plan.new_files, list(ANALYSIS_COLUMNS))
+        if self.plan.whole:
+            new = of_connections(new, keys)
+        states = of_connections(read_delta(self.spark, self.lake, STATE_TABLE, schema.ANALYSIS_STATE,
+                                           self.delta_mode), keys)
+        wide = carry_on(new, states, of_connections(self.connections, keys), self.settings, self.plan.frames_version,
+                        write_to=self.lake)
+        return carried_summary(wide.toArrow(), keys)
+
+    def _frames_of(self, keys: list[str]) -> DataFrame:
+        """Every frame of these connections: from the first day any of them was seen (the
+        connections table says; one Spark job), else from the start."""
+        return of_connections(self._frames_since(first_day(first_seen(self.connections, keys).first(), keys)), keys)
+
+    def _frames_since(self, day: str | None) -> DataFrame:
+        """The run's snapshot of `frames` from this UTC day on (None: all of it)."""
+        return read_delta(self.spark, self.lake, "frames", schema.FRAMES, self.delta_mode, since=day,
+                          version=self.plan.frames_version)
