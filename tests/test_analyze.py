@@ -193,15 +193,15 @@ def test_one_run_over_few_frame_rows_gets_a_quick_start_driver(tmp_path, monkeyp
     lake_dir = _sample_lake(tmp_path)
     rows = lake.logged_rows(lake.open_table(lake_dir, "frames"))
     args = build_parser().parse_args(["analyze", "--lake", lake_dir])
-    plan, seconds = cli._planned(args, Thresholds())
-    assert plan.scope == "full" and plan.rows_to_read == rows and seconds > 0
+    plan = cli._planned(args, Thresholds())
+    assert plan.scope == "full" and plan.rows_to_read == rows
     assert cli._quick_start(plan)
     monkeypatch.setattr(session, "QUICK_START_UP_TO_ROWS", rows - 1)
     assert not cli._quick_start(plan)
     monkeypatch.setattr(session, "QUICK_START_UP_TO_ROWS", rows)
     assert cli._quick_start(plan)
     shutil.rmtree(os.path.join(lake_dir, "frames", "_delta_log"))
-    assert cli._planned(args, Thresholds()) == (None, 0.0)
+    assert cli._planned(args, Thresholds()) is None
 
 
 def test_spark_submit_runs_the_job_file_as_the_deployments_do(tmp_path):
@@ -224,8 +224,8 @@ def test_spark_submit_runs_the_job_file_as_the_deployments_do(tmp_path):
 
 def test_a_driver_that_cannot_start_is_reported_with_the_jvms_reason(tmp_path):
     lake_dir, log = _sample_lake(tmp_path), tmp_path / "spark.log"
-    # A run by day is Spark's (the local executor takes full runs and appends only).
-    run = subprocess.run([ACKSCOPE, "analyze", "--lake", lake_dir, "--driver-memory", "2x", "--since", "2000-01-01"],
+    # Left to Spark (--local-up-to 0: the local executor takes only a run with nothing new).
+    run = subprocess.run([ACKSCOPE, "analyze", "--lake", lake_dir, "--driver-memory", "2x", "--local-up-to", "0"],
                          capture_output=True,
                          text=True, timeout=600, env={**os.environ, "ACKSCOPE_SPARK_LOG": str(log)})
     assert run.returncode == 5 and run.stdout == "", run.stderr[-2000:]
