@@ -60,8 +60,6 @@ STORED = "_stored"
 # The header row's columns of the connection's analysis_state row.
 STATE_COLUMNS = ("format", "checkpoint", "carried_records")
 WIDE = wide_schema(CARRIED_TABLES)
-# The roles a table's rows come in (the others' rows have none).
-ROLES = {name: (STALE,) for name in RECORD_TYPES}
 
 
 def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, settings: Settings,
