@@ -271,7 +271,7 @@ def _search(table: DeltaTable, replaced: Replacement, searched: dict[str, TableF
         hit = doomed(rows, matches)
         if not pc.any(hit).as_py():
             continue
-        if rows.num_rows != searched[path].rows:
+        if rows.num_rows != searched[path].rows:   # row groups left unread hold rows the file keeps
             rows = writer.read_file(path, searched[path].partition_values.get("date"))
             hit = doomed(rows, matches)
         yield path, rows, hit

@@ -564,3 +564,32 @@ def test_the_drivers_distinct_values_of_files_are_sparks(spark, tmp_path):
                       .where(F.col("connection_id").isNotNull()).distinct().collect())
     assert distinct_strings(paths, "connection_id") == expected == [f"conn-{i}" for i in range(7)]
     assert distinct_strings(paths[2:], "connection_id") == [] and distinct_strings((), "connection_id") == []
+
+
+def test_a_searched_file_whose_statistics_left_a_row_group_unread_is_rewritten_whole(tmp_path, monkeypatch):
+    """delta_io._search reads each file once, skipping the row groups whose statistics hold no
+    matched value; a file that holds a matched row is then rewritten with every row it keeps,
+    those of the skipped row groups too."""
+    from deltalake.transaction import AddAction
+
+    from spark_jobs import delta_io
+    from spark_jobs.delta_io import Listed, Replacement, replace_all
+
+    monkeypatch.setattr(delta_io, "REWRITTEN_WHOLE_BYTES", 0)
+    table_schema = pa.schema([("date", pa.string()), ("connection_id", pa.string()), ("seq", pa.int64())])
+    location = tmp_path / "lake" / "t"
+    (location / "date=2026-11-24").mkdir(parents=True)
+    rows = pa.table({"connection_id": ["c1"] * 3 + ["c2"] * 3, "seq": range(6)}, table_schema.remove(0))
+    path = "date=2026-11-24/two-groups.parquet"
+    pq.write_table(rows, location / path, row_group_size=3)
+    assert pq.ParquetFile(location / path).metadata.num_row_groups == 2
+    add = AddAction(path, os.path.getsize(location / path), {"date": "2026-11-24"}, int(time.time() * 1000), True,
+                    json.dumps({"numRecords": 6}))
+    commit(str(location), table_schema, [add], schema.PARTITION_BY)
+    searches = []
+    original = delta_io._search
+    monkeypatch.setattr(delta_io, "_search", lambda *args: searches.append(args) or original(*args))
+    replace_all(str(tmp_path / "lake"), {"t": Replacement(None, table_schema, [Listed({"connection_id": ("c2",)})])})
+    assert len(searches) == 1
+    kept = lake.read_table(str(tmp_path / "lake"), "t", table_schema)
+    assert sorted(kept["seq"].to_pylist()) == [0, 1, 2] and set(kept["connection_id"].to_pylist()) == {"c1"}
