@@ -256,25 +256,28 @@ def _every_file(table: DeltaTable, replaced: Replacement, searched: dict[str, Ta
 
 def _search(table: DeltaTable, replaced: Replacement, searched: dict[str, TableFile],
             writer: TableWriter) -> Iterator[tuple[str, pa.Table, pa.Array]]:
-    """The searched files holding a doomed row, as `_every_file` gives them, each read once: the
-    files streamed (lake.scan), a file or row group whose statistics say it holds none of the values
-    matched left unread; a file that holds one after all read whole if its statistics left some of
-    its row groups unread."""
+    """The searched files holding a doomed row, as `_every_file` gives them: found by the columns
+    the matches read, streamed (lake.scan), a file or row group whose statistics say it holds none
+    of the values matched left unread; only those then read whole. A pass's file holds the
+    connections of one hash, spread over the whole range of ids: the bounds of most files take in
+    a key they do not hold, and reading only the matched columns to find out keeps the search cheap
+    (reading every column instead: 1.6-3.8 s against 0.2-0.3 s, 20 files of 28 MB whose bounds
+    each take in a key they do not hold)."""
     matches = replaced.matches
-    bounded = tuple(sorted({column for match in matches
-                            for column in (match.values if isinstance(match, Listed) else match.on)}))
+    columns = sorted({column for match in matches for column in _read_by(match)})
     lake, name = os.path.split(writer.path)
-    batches = scan(lake, name, replaced.schema, replaced.schema.names, version=table.version(), files=set(searched),
-                   bounded=bounded, may_hold=_may_match(matches))
+    batches = scan(lake, name, replaced.schema, columns, version=table.version(), files=set(searched),
+                   bounded=tuple(columns), may_hold=_may_match(matches))
     for path, read in groupby(batches, key=itemgetter(0)):
-        rows = pa.concat_tables([batch for _, batch in read])
-        hit = doomed(rows, matches)
-        if not pc.any(hit).as_py():
-            continue
-        if rows.num_rows != searched[path].rows:   # row groups left unread hold rows the file keeps
+        if any(pc.any(doomed(batch, matches)).as_py() for _, batch in read):
             rows = writer.read_file(path, searched[path].partition_values.get("date"))
-            hit = doomed(rows, matches)
-        yield path, rows, hit
+            yield path, rows, doomed(rows, matches)
+
+
+def _read_by(match: Match | Listed | Keyed) -> tuple[str, ...]:
+    if isinstance(match, Listed):
+        return tuple(match.values)
+    return (*match.on, *(match.at_least[:1] if isinstance(match, Match) and match.at_least else ()))
 
 
 def _may_match(matches: list[Match | Listed | Keyed]) -> Callable[[Bounds], bool]:

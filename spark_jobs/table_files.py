@@ -46,7 +46,6 @@ def spark_location(path: str) -> str:
 class TableFile:
     partition_values: dict
     size: int
-    rows: int | None    # None: the log keeps no statistics of it
 
 
 def snapshot_files(table: DeltaTable) -> dict[str, TableFile]:
@@ -55,12 +54,9 @@ def snapshot_files(table: DeltaTable) -> dict[str, TableFile]:
     partition_columns = table.metadata().partition_columns
     actions = pa.table(table.get_add_actions(flatten=True))
     files = {}
-    counted = ["num_records"] if "num_records" in actions.column_names else []
-    columns = ["path", "size_bytes", *counted, *(f"partition.{column}" for column in partition_columns)]
-    for action in actions.select(columns).to_pylist():
+    for action in actions.select(["path", "size_bytes"] + [f"partition.{c}" for c in partition_columns]).to_pylist():
         files[unquote(action["path"])] = TableFile(
-            {column: action[f"partition.{column}"] for column in partition_columns}, action["size_bytes"],
-            action.get("num_records"))
+            {column: action[f"partition.{column}"] for column in partition_columns}, action["size_bytes"])
     return files
 
 

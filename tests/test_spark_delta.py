@@ -567,9 +567,9 @@ def test_the_drivers_distinct_values_of_files_are_sparks(spark, tmp_path):
 
 
 def test_a_searched_file_whose_statistics_left_a_row_group_unread_is_rewritten_whole(tmp_path, monkeypatch):
-    """delta_io._search reads each file once, skipping the row groups whose statistics hold no
-    matched value; a file that holds a matched row is then rewritten with every row it keeps,
-    those of the skipped row groups too."""
+    """delta_io._search skips the row groups whose statistics hold no matched value; a file that
+    holds a matched row is then rewritten with every row it keeps, those of the skipped row groups
+    too."""
     from deltalake.transaction import AddAction
 
     from spark_jobs import delta_io
