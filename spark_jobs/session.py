@@ -51,9 +51,6 @@ _SESSION_CONF = {
     # buffer, two with read-ahead: one buffer per piece keeps a big spill (the pass sorts a hot
     # connection in one task) within a small driver (bench/README.md).
     "spark.unsafe.sorter.spill.read.ahead.enabled": "false",
-    # Checkpointed steps (timeline/plans.materialised) are stored on disk through this serializer; Java
-    # serialization of millions of rows costs more than computing them.
-    "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
     # PySpark 4 otherwise records the Python call site of every DataFrame and Column function in
     # the driver (a stack walk, a failed IPython import and several py4j round trips per call),
     # only to name that line in an error's DataFrame context. Measured without it: `analyze --full`
