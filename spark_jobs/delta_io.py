@@ -10,7 +10,6 @@ and an S3 lake.
 """
 
 import os
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
@@ -21,7 +20,7 @@ from operator import itemgetter
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
-from deltalake.transaction import AddAction, RemoveAction
+from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -31,7 +30,7 @@ from analyzer.schema import PARTITION_BY
 
 from . import session
 from .provisional import files_with_provisional_rows
-from .table_files import (OPEN_COST_BYTES, TableFile, commit, commit_properties, files_that_may_hold, files_to_read,
+from .table_files import (OPEN_COST_BYTES, TableFile, commit, commit_replacing, files_that_may_hold, files_to_read,
                           snapshot_files, spark_location)
 from .types import spark_schema
 from .wide_writes import FilesWriter, add_actions
@@ -202,12 +201,7 @@ class Rewrite:
         if self.table is None:
             commit(os.path.join(self.lake, self.name), self.schema, adds, PARTITION_BY, tag=tag)
         elif adds or self.removed:
-            now = int(time.time() * 1000)
-            removes = [RemoveAction(path, True, now, file.size, file.partition_values)
-                       for path, file in self.removed.items()]
-            # A concurrent writer removing one of these files makes this commit fail rather than lose its rows.
-            self.table.create_write_transaction([*removes, *adds], mode="append", schema=self.schema,
-                                                partition_by=PARTITION_BY, commit_properties=commit_properties(tag))
+            commit_replacing(self.table, self.schema, self.removed, adds, tag)
         else:
             return None
         return open_table(self.lake, self.name).version()

@@ -13,15 +13,17 @@ import json
 import os
 import posixpath
 import re
+import time
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, RemoveAction
 
 from analyzer.lake import NULL_PARTITION, READ_CHECKSUMS, filesystem, is_local, is_s3, open_or_create, reading
+from analyzer.schema import PARTITION_BY
 
 # Spark's own estimate of what opening a file costs, in bytes it could have read meanwhile
 # (spark.sql.files.openCostInBytes): below it a file costs a reader more to open than to read.
@@ -240,6 +242,17 @@ def commit(location: str, schema: pa.Schema, actions: list, partition_by: list[s
     the table if there is none; tagged with `tag` (commit_properties)."""
     table = open_or_create(location, schema, partition_by)
     table.create_write_transaction(actions, mode=mode, schema=schema, partition_by=partition_by,
+                                   commit_properties=commit_properties(tag))
+
+
+def commit_replacing(table: DeltaTable, schema: pa.Schema, removed: dict[str, TableFile], adds: list[AddAction],
+                     tag: str | None, data_change: bool = True) -> None:
+    """These files of the table's snapshot (by path as the log names them) removed and `adds` added,
+    in one commit tagged with `tag` (`data_change` false: no row changed, as in a compaction). A
+    concurrent writer removing one of these files makes the commit fail rather than lose its rows."""
+    now = int(time.time() * 1000)
+    removes = [RemoveAction(path, data_change, now, file.size, file.partition_values) for path, file in removed.items()]
+    table.create_write_transaction([*removes, *adds], mode="append", schema=schema, partition_by=PARTITION_BY,
                                    commit_properties=commit_properties(tag))
 
 
