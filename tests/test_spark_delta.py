@@ -161,7 +161,7 @@ def test_partition_values_that_need_escaping_round_trip(spark, tmp_path):
         read_delta(spark, str(tmp_path), "utf8", odd)
 
 
-def test_native_mode_without_the_delta_jars_fails_clearly(spark, agent_lake, tmp_path):
+def test_native_mode_without_the_delta_jars_fails_clearly(spark, agent_lake):
     assert delta_mode(spark) == "bridge" and delta_mode(spark, "bridge") == "bridge"
     with pytest.raises(NativeDeltaUnavailable) as failure:
         delta_mode(spark, "native")
