@@ -28,21 +28,19 @@ rows not analysed yet makes it analyse everything: run_scope.py).
 from __future__ import annotations
 
 import os
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.transaction import RemoveAction
 
 from analyzer.agent import compaction as agent_compaction
 from analyzer.lake import TableWriter, open_table, table_files
 from analyzer.schema import PARTITION_BY
 
 from .provisional import PROVISIONAL
-from .table_files import OPEN_COST_BYTES, commit_properties
+from .table_files import OPEN_COST_BYTES, TableFile, commit_replacing
 from .wide_writes import FILE_FLAGS
 
 # A file this small is worth merging: it costs a reader more to open than to read
@@ -102,20 +100,16 @@ def compact(lake: str, name: str, found: SmallFiles, tag: str | None) -> int:
     for paths in found.groups:
         writer.write(pa.concat_tables([writer.read_file(unquote(path), logged[path]["partition.date"])
                                        for path in paths]))
-    now = int(time.time() * 1000)
-    removes = [RemoveAction(path, False, now, logged[path]["size_bytes"], {c: logged[path][f"partition.{c}"]
-                                                                            for c in PARTITION_BY})
-               for paths in found.groups for path in paths]
-    adds = [replace(add, data_change=False) for add in writer.actions]
-    # A concurrent writer removing one of these files makes this commit fail rather than lose its rows.
-    table.create_write_transaction([*removes, *adds], mode="append", schema=stored, partition_by=PARTITION_BY,
-                                   commit_properties=commit_properties(tag))
+    removed = {path: TableFile({c: logged[path][f"partition.{c}"] for c in PARTITION_BY}, logged[path]["size_bytes"])
+               for paths in found.groups for path in paths}
+    commit_replacing(table, stored, removed, [replace(add, data_change=False) for add in writer.actions], tag,
+                     data_change=False)
     # As the agent does after its compactions: a checkpoint of the log (a run reads the table's log
     # from the last one), then the files removed long enough ago, by every run's patches too.
     table = open_table(lake, name)
     table.create_checkpoint()
     table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, enforce_retention_duration=False, dry_run=False)
-    return len(removes)
+    return len(removed)
 
 
 def _flags(table) -> tuple[str, ...]:

@@ -87,13 +87,9 @@ def connection_pass(frames: DataFrame, connections: DataFrame, settings: Setting
                     advance_every: int = ADVANCE_EVERY_ROWS, file_rows: int | None = None) -> DataFrame:
     """The wide table (PASS_TABLES) of every connection in `frames` (schema.FRAMES, or at least
     ANALYSIS_COLUMNS). `connections`: schema.CONNECTIONS rows (any number; those without frames
-    here are skipped).
-
-    `write_to`: the lake whose WRITTEN_TABLES the tasks write (uncommitted Parquet files,
-    wide_writes.FilesWriter, of `file_rows` rows, None: wide_writes.FILE_ROWS; their `files` rows
-    in the wide table, for the caller to commit): the records never become Spark rows, which cost the pass and its writes ~30% of their time on the
-    1 M-frame bench lake when the timeline tables did (materialised, read back, handed to Python
-    again)."""
+    here are skipped). `write_to`: the lake whose WRITTEN_TABLES the tasks write, uncommitted, in
+    files of `file_rows` rows (None: wide_writes.FILE_ROWS), their `files` rows in the wide table
+    (docs/analysis.md: the records as Spark rows cost ~30% more)."""
     spark = frames.sparkSession
     partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
     file_rows = file_rows or FILE_ROWS

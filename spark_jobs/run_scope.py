@@ -101,9 +101,14 @@ def _set_aside_unreadable(lake: str, tables: list[str]) -> str:
     for name in tables:
         why = unreadable(lake, name)
         if why is not None:
-            aside = set_aside(lake, name)
-            said.append(f"table {name} unreadable ({why})" + (f", set aside as {os.path.basename(aside)}" if aside else ""))
+            said.append(_set_aside(lake, name, why))
     return "; ".join(said)
+
+
+def _set_aside(lake: str, name: str, why: str) -> str:
+    """The table set aside (lake.set_aside), and the reason."""
+    aside = set_aside(lake, name)
+    return f"table {name} unreadable ({why})" + (f", set aside as {os.path.basename(aside)}" if aside else "")
 
 
 INPUT_TABLES = ("frames", "connections")   # the captured traffic: the ingest's, which no analysis can write again
@@ -136,9 +141,7 @@ def set_aside_damaged(lake: str, error: BaseException, tables: list[str]) -> str
             raise DamagedInput(f"the {name} table's file {os.path.join(lake, name, relative)} cannot be read ({why}): "
                                f"it holds captured traffic, which no analysis can write again; restore the file from "
                                f"a copy, or ingest the captures again into a new lake") from error
-        aside = set_aside(lake, name)
-        return (f"table {name} unreadable ({relative}: {why})"
-                + (f", set aside as {os.path.basename(aside)}" if aside else ""))
+        return _set_aside(lake, name, f"{relative}: {why}")
     return None
 
 

@@ -1,12 +1,12 @@
 """The SparkSession the jobs run in, and which Delta path it can take.
 
-`native`: delta-spark reads and writes the tables; needs the Delta Lake JARs on Spark's classpath
+`native`: delta-spark reads the tables; needs the Delta Lake JARs on Spark's classpath
 (Databricks, EMR, `--packages io.delta:...` with Maven access, or JARs baked into the image).
-`bridge`: delta-rs resolves snapshots and commits, Spark only reads and writes Parquet; works
-anywhere, including air-gapped sites and the build machines (see DESIGN.md, "Delta Lake on both sides").
+`bridge`: delta-rs resolves snapshots, Spark only reads Parquet; works anywhere, including
+air-gapped sites and the build machines. Either way the analysis commits with delta-rs.
 
-A lake on S3 is read and written by Spark through Hadoop's s3a connector (the hadoop-aws JAR and the
-AWS SDK bundle), configured from the AWS_* variables delta-rs reads (`use_lake`).
+A lake on S3 is read by Spark through Hadoop's s3a connector (the hadoop-aws JAR and the AWS SDK
+bundle), configured from the AWS_* variables delta-rs reads (`use_lake`).
 """
 
 import os
@@ -38,13 +38,8 @@ DELTA_MODES = ("auto", "native", "bridge")
 _SESSION_CONF = {
     # Partition dates and every timestamp the agent writes are UTC.
     "spark.sql.session.timeZone": "UTC",
-    # INT96, Spark's default, is deprecated and not what the agent writes: INT64 microseconds
-    # read back in pyarrow and delta-rs as timestamp[us, UTC], the type in analyzer.schema.
-    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     # pyarrow and delta-rs use the proleptic Gregorian calendar: never rebase to Spark 2's hybrid one.
-    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
     "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
-    "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
     "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
     # Between Spark and pandas through Arrow batches rather than a Python object per row.
     "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -61,17 +56,13 @@ _SESSION_CONF = {
     # buffer, two with read-ahead: one buffer per piece keeps a big spill (the pass sorts a hot
     # connection in one task) within a small driver (bench/README.md).
     "spark.unsafe.sorter.spill.read.ahead.enabled": "false",
-    # Checkpointed steps (timeline/plans.materialised) are stored on disk through this serializer; Java
-    # serialization of millions of rows costs more than computing them.
-    "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
     # PySpark 4 otherwise records the Python call site of every DataFrame and Column function in
     # the driver (a stack walk, a failed IPython import and several py4j round trips per call),
     # only to name that line in an error's DataFrame context. Measured without it: `analyze --full`
     # of the demo's lake in a new driver 18 s instead of 24 (bench/README.md, "Session 30").
     "spark.python.sql.dataFrameDebugging.enabled": "false",
-    # Each page written with its CRC32 and read with it checked, as pyarrow does (analyzer/lake.py):
-    # bytes damaged inside a data file fail the read naming the file, never read as other values.
-    "spark.hadoop.parquet.page.write-checksum.enabled": "true",
+    # Each page's CRC32 checked, as pyarrow does (analyzer/lake.py): bytes damaged inside a data
+    # file fail the read naming the file, never read as other values.
     "spark.hadoop.parquet.page.verify-checksum.enabled": "true",
 }
 
@@ -116,10 +107,10 @@ LISTING_JOB_THRESHOLD = "spark.sql.sources.parallelPartitionDiscovery.threshold"
 
 
 def use_lake(spark: SparkSession, lake: str) -> None:
-    """Make the session able to read and write `lake`: on S3, check that the s3a connector is on
+    """Make the session able to read `lake`: on S3, check that the s3a connector is on
     Spark's classpath (before any work, so a missing JAR is one clear error, not a failure halfway)
     and give Hadoop's configuration the settings delta-rs takes from the environment. They go into
-    the running context's Hadoop configuration, which every later read and write ships to its tasks,
+    the running context's Hadoop configuration, which every later read ships to its tasks,
     and not into SparkConf, which Spark's UI and event log list."""
     if not is_s3(lake):
         # The bridge names every file a read takes, and past 32 paths Spark lists them in a Spark
@@ -183,33 +174,19 @@ def _s3a_problem(spark: SparkSession) -> str | None:
             f"--packages org.apache.hadoop:hadoop-aws:{hadoop} (Maven brings the SDK bundle), or both JARs in {jars}")
 
 
-# delta-spark writes this session setting into each commit's `userMetadata`; the bridge does too.
-COMMIT_TAG_CONF = "spark.databricks.delta.commitInfo.userMetadata"
-
-
-# The tag of the commits being made (commits_tagged): delta-rs's commits read it here, where no
-# session may exist (a run that carries its connections on in the driver starts none).
+# The tag of the commits being made (commits_tagged), read by every commit (all delta-rs's).
 _COMMIT_TAG: ContextVar[str | None] = ContextVar("ackscope_commit_tag", default=None)
 
 
 @contextmanager
 def commits_tagged(spark: SparkSession | None, tag: str) -> Iterator[None]:
-    """Every Delta commit made meanwhile carries `tag` (provisional.py: the run id): delta-rs's
-    (commit_tag), and the session's own, if there is one (None: a run without Spark)."""
+    """Every Delta commit made meanwhile carries `tag` (provisional.py: the run id) as its
+    `userMetadata` (table_files.commit_properties). `spark` is not used: Spark commits nothing."""
     token = _COMMIT_TAG.set(tag)
-    if spark is not None:
-        tag_session(spark)
     try:
         yield
     finally:
         _COMMIT_TAG.reset(token)
-        if spark is not None:
-            spark.conf.unset(COMMIT_TAG_CONF)
-
-
-def tag_session(spark: SparkSession) -> None:
-    """delta-spark's commits of this session carry the current tag too (commits_tagged unsets it)."""
-    spark.conf.set(COMMIT_TAG_CONF, _COMMIT_TAG.get())
 
 
 def commit_tag() -> str | None:
@@ -232,7 +209,6 @@ def get_spark(master: str | None = "local[*]", app_name: str = "ackscope", drive
         conf.set("spark.sql.shuffle.partitions", str(2 * cores))
         # Local runs are batch jobs and tests, often several at once: no UI, no fight over port 4040.
         conf.set("spark.ui.enabled", "false")
-    if cores is not None:
         # Local Python workers (grouped Arrow functions) need this interpreter's packages: pyarrow,
         # analyzer. PySpark reads the variable when the context starts; a cluster sets its own.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -297,7 +273,7 @@ def delta_mode(spark: SparkSession, requested: str = "auto") -> str:
         raise NativeDeltaUnavailable(
             f"--delta-mode native: {problem}. Add them (spark-submit --packages "
             f"io.delta:delta-spark_2.13:{version('delta-spark')}, or spark.jars) or use --delta-mode bridge, "
-            f"which reads and writes the same tables through delta-rs.")
+            f"which reads the same tables through delta-rs.")
     return "bridge"
 
 

@@ -1,21 +1,10 @@
 """The driver's side of the delta-rs bridge, without Spark: which files a table's snapshot holds
-(named as Spark reads them), what changed between two versions, and which files a Spark write left
-to commit.
+(named as Spark reads them), what changed between two versions, and the commits of files written.
 
 A lake is a folder, a file:// URI or an S3 URL (analyzer/lake.py). Every look at the store goes
 through delta-rs or analyzer.lake's pyarrow file system, never `os` on a lake path, so the local
 tests run the code an S3 lake runs. Spark gets the same locations with the scheme its Hadoop file
 systems want (`spark_location`).
-
-A Spark write goes to a private staging folder inside the table, and its files are then moved to the
-table's partition folders (`date=.../part-....parquet`, where delta-spark puts them too) before
-one commit adds them. Not written in place: Spark's committer clears the `_temporary` folder under
-its output path when a job ends, whoever else writes there, so concurrent writers of one table
-need output folders of their own; and Spark's partition discovery refuses files under a write's own
-folder beside files directly in `date=` folders (CONFLICTING_DIRECTORY_STRUCTURES). On local and
-mounted file systems the move is a rename; on S3 it is a server-side copy and a delete per file
-(docs/deployment.md). Until the commit no log entry names the files; a crash between the move and
-the commit leaves unreferenced files in the partition folders, which VACUUM removes.
 """
 
 from __future__ import annotations
@@ -24,26 +13,21 @@ import json
 import os
 import posixpath
 import re
-import uuid
+import time
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.transaction import AddAction
+from deltalake import CommitProperties, DeltaTable
+from deltalake.transaction import AddAction, RemoveAction
 
-from analyzer.lake import (NULL_PARTITION, READ_CHECKSUMS, filesystem, is_local, is_s3, make_dir_in, open_or_create,
-                           reading)
+from analyzer.lake import NULL_PARTITION, READ_CHECKSUMS, filesystem, is_local, is_s3, open_or_create, reading
+from analyzer.schema import PARTITION_BY
 
-# Where Spark writes before the commit; a leading underscore hides it from Delta and Spark readers.
-STAGING_DIR = "_ackscope_staging"
 # Spark's own estimate of what opening a file costs, in bytes it could have read meanwhile
 # (spark.sql.files.openCostInBytes): below it a file costs a reader more to open than to read.
 OPEN_COST_BYTES = 4 * 1024 * 1024
-# analyzer.lake.TableWriter commits app ids at version 1 too: an app id has landed or it has not.
-TRANSACTION_VERSION = 1
 # Reader features that leave a Parquet file meaning what it says. Anything else (deletion vectors
 # hiding rows, column mapping renaming columns, ...) needs delta-spark to read correctly.
 BRIDGE_READER_FEATURES = {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck"}
@@ -250,88 +234,29 @@ def _commits(location: str, first: int, last: int) -> list[list[dict]] | None:
     return commits
 
 
-# --- write ----------------------------------------------------------------------------------------
+# --- write ---------------------------------------------------------------------------------------
 
-def new_staging_folder() -> str:
-    """A folder for one Spark write, relative to the table."""
-    return f"{STAGING_DIR}/{uuid.uuid4().hex}"
-
-
-def place_written_files(location: str, staging: str, partition_by: list[str], split_by: str | None = None,
-                        stats_of: tuple[str, ...] = ()) -> list[AddAction]:
-    """Move the data files Spark wrote under `staging` to the same partition folders of the table at
-    `location`; their add actions (size from the store's listing, row count and the min, max and
-    null count of the `stats_of` columns from each file's footer). `split_by`: one more folder level
-    Spark wrote below the partitions (a write split by a column that is not a partition of the
-    table), dropped, its value kept in the file's name. Spark's `_SUCCESS` and `.crc` files and an
-    uncleared `_temporary` are not data: they stay behind."""
-    fs, root = filesystem(location)
-    listed = fs.get_file_info(pafs.FileSelector(f"{root}/{staging}", recursive=True, allow_not_found=True))
-    levels = [*partition_by, *([split_by] if split_by else [])]
-    actions = []
-    for info in sorted((i for i in listed if i.type == pafs.FileType.File), key=lambda i: i.path):
-        written = posixpath.relpath(info.path, f"{root}/{staging}")
-        if any(part.startswith(("_", ".")) for part in written.split("/")):
-            continue
-        values = folder_partition_values(written)
-        if list(values) != levels or written.count("/") != len(levels):
-            raise RuntimeError(f"Spark wrote {written}, not under folders for {levels}")
-        folders, name = written.split("/")[:len(partition_by)], posixpath.basename(written)
-        if split_by:
-            # Spark numbers each folder's files from c000 again: the split value keeps the names apart.
-            name = f"{split_by}-{values.pop(split_by)}-{name}"
-        relative = "/".join([*folders, name])
-        target = f"{root}/{relative}"
-        make_dir_in(fs, posixpath.dirname(target))
-        fs.move(info.path, target)
-        # delta-rs URI-encodes the path as it writes the log: give it the plain one.
-        actions.append(AddAction(relative, info.size, values, int(info.mtime.timestamp() * 1000), True,
-                                 json.dumps(_file_stats(pq.read_metadata(target, filesystem=fs), stats_of))))
-    return actions
-
-
-def _file_stats(footer: pq.FileMetaData, columns: tuple[str, ...]) -> dict:
-    """Delta's per-file statistics of these columns, from the Parquet row groups' own; a column
-    some row group keeps no statistics for is left out (readers then assume nothing of it)."""
-    stats = {"numRecords": footer.num_rows}
-    names = [footer.schema.column(i).name for i in range(footer.num_columns)]
-    for column in columns:
-        if column not in names:
-            continue
-        index = names.index(column)
-        groups = [footer.row_group(g).column(index).statistics for g in range(footer.num_row_groups)]
-        if not groups or any(g is None or not g.has_min_max for g in groups):
-            if groups and all(g is not None and g.null_count == g.num_values for g in groups):
-                stats.setdefault("nullCount", {})[column] = footer.num_rows
-            continue
-        stats.setdefault("minValues", {})[column] = min(g.min for g in groups)
-        stats.setdefault("maxValues", {})[column] = max(g.max for g in groups)
-        stats.setdefault("nullCount", {})[column] = sum(g.null_count for g in groups)
-    return stats
-
-
-def delete_staging(location: str, staging: str) -> None:
-    """A write's staging folder, once its files are placed (or the write failed)."""
-    fs, root = filesystem(location)
-    try:
-        fs.delete_dir(f"{root}/{staging}")
-    except FileNotFoundError:
-        pass
-
-
-def commit(location: str, schema: pa.Schema, actions: list, partition_by: list[str], app_id: str | None = None,
-           mode: str = "append", tag: str | None = None) -> None:
+def commit(location: str, schema: pa.Schema, actions: list, partition_by: list[str], mode: str = "append",
+           tag: str | None = None) -> None:
     """Add (with `mode="overwrite"`: replace the snapshot with) these files in one commit, creating
-    the table if there is none; tagged with the app transaction `app_id` (version 1, as
-    analyzer.lake.TableWriter and delta-spark's `txnAppId` writes are here) and `tag` (commit_properties)."""
+    the table if there is none; tagged with `tag` (commit_properties)."""
     table = open_or_create(location, schema, partition_by)
-    transactions = [Transaction(app_id, TRANSACTION_VERSION)] if app_id is not None else None
     table.create_write_transaction(actions, mode=mode, schema=schema, partition_by=partition_by,
-                                   commit_properties=commit_properties(tag, transactions))
+                                   commit_properties=commit_properties(tag))
 
 
-def commit_properties(tag: str | None, transactions: list | None = None) -> CommitProperties:
-    """A commit's properties: its app transactions, and `tag` as its `userMetadata` (where
-    delta-spark keeps its session's spark.databricks.delta.commitInfo.userMetadata)."""
-    return CommitProperties(custom_metadata={"userMetadata": tag} if tag is not None else None,
-                            app_transactions=transactions)
+def commit_replacing(table: DeltaTable, schema: pa.Schema, removed: dict[str, TableFile], adds: list[AddAction],
+                     tag: str | None, data_change: bool = True) -> None:
+    """These files of the table's snapshot (by path as the log names them) removed and `adds` added,
+    in one commit tagged with `tag` (`data_change` false: no row changed, as in a compaction). A
+    concurrent writer removing one of these files makes the commit fail rather than lose its rows."""
+    now = int(time.time() * 1000)
+    removes = [RemoveAction(path, data_change, now, file.size, file.partition_values) for path, file in removed.items()]
+    table.create_write_transaction([*removes, *adds], mode="append", schema=schema, partition_by=PARTITION_BY,
+                                   commit_properties=commit_properties(tag))
+
+
+def commit_properties(tag: str | None) -> CommitProperties:
+    """`tag` as a commit's `userMetadata` (where delta-spark keeps its session's
+    spark.databricks.delta.commitInfo.userMetadata)."""
+    return CommitProperties(custom_metadata={"userMetadata": tag} if tag is not None else None)

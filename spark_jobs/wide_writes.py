@@ -1,17 +1,12 @@
-"""Tables written into a lake as uncommitted Parquet files, by a pass's tasks (either executor's)
-or by a rewrite (delta_io.py).
+"""Tables written into a lake as uncommitted Parquet files, by a pass's tasks (either executor's:
+connection_pass.py, timeline/carried.py) or by the driver's rewrites (delta_io.py).
 
-Each task writes its rows of a table as Parquet files straight into the table's folder with the
-agent's writer (analyzer.lake.TableWriter: files by day; provisional rows, and the deliveries a
-requeue touches, in files of their own with the columns' statistics, as provisional.py and
-requeue_related.py want), handing back only the files; the caller commits each table's files in
-one Delta commit with delta-rs, on either Delta path (a full run's overwrite, delta_io.replace_all's
-copy-on-write). Until then no log names a file: the files of a failed or repeated task are never
-committed, and VACUUM removes them.
-
-The passes (connection_pass.py, timeline/carried.py) write every table they produce this way from
-their own tasks (`FilesWriter`) and hand on the files' rows (`add_actions`); delta_io.py's
-rewrites write the rows a file keeps with the same writer.
+Each task writes its rows of a table straight into the table's folder with the agent's writer
+(analyzer.lake.TableWriter: files by day; provisional rows, and the deliveries a requeue touches,
+in files of their own with the columns' statistics, as provisional.py and requeue_related.py want)
+and hands back only the files (`FilesWriter`, `add_actions`); the caller commits each table's files
+in one Delta commit with delta-rs. Until then no log names a file: the files of a failed or repeated
+task are never committed, and VACUUM removes them.
 """
 
 from __future__ import annotations

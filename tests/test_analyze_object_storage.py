@@ -1,7 +1,6 @@
 """`ackscope analyze` on a lake given by URL: the whole analysis on a file:// lake (the URI code path,
 real Spark) against the same lake by folder path; against moto's S3 server, the driver's side of the
-delta-rs bridge (placing and committing the Parquet files Spark writes, `changes_between`,
-`committed`, the s3a:// files a read hands Spark), the s3a settings Spark's Hadoop gets from the
+delta-rs bridge (`changes_between`, `committed`, the s3a:// files a read hands Spark), the s3a settings Spark's Hadoop gets from the
 AWS_* environment, and the clear error when Spark has no s3a connector.
 
 What is not tested here: Spark's own s3a reads and writes, which need the hadoop-aws JAR and the
@@ -10,25 +9,19 @@ AWS SDK bundle from Maven Central, out of these machines' reach (docs/deployment
 from __future__ import annotations
 
 import glob
-import json
 import os
 import subprocess
 import sys
 import uuid
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
-import pytest
 from deltalake import DeltaTable, QueryBuilder
 
 from analyzer import lake, schema
 from analyzer.ingest import ingest_file
 from spark_jobs.analyze import OUTPUT_TABLES, analyze
 from spark_jobs.session import AWS_SDK_V2_CLIENT, S3A_FILESYSTEM, hadoop_version, s3a_settings, use_lake
-from spark_jobs.table_files import (STAGING_DIR, changes_between, commit, delete_staging, files_to_read,
-                                    new_staging_folder, place_written_files)
+from spark_jobs.table_files import changes_between, commit, files_to_read
 
 from .conftest import ROOT
 from .test_object_storage import SAMPLE, bucket, s3_env, s3_server  # noqa: F401 - the moto fixtures, reused
@@ -67,36 +60,26 @@ def test_analyze_on_a_file_uri_lake_writes_the_tables_of_the_same_lake_by_path(s
     assert os.path.isdir(tmp_path / "by-uri" / "deliveries" / "_delta_log")
 
 
-def _spark_shaped_parquet(location: str, staging: str, rows: list[dict]) -> pa.Table:
-    """Parquet written with pyarrow where and as Spark writes it: `date=` folders under the staging
-    folder, no partition column in the files, part-NNNNN-<job>.c000.zstd.parquet names, and Spark's
-    `_SUCCESS` beside them."""
-    fs, root = lake.filesystem(location)
+def _written(location: str, rows: list[dict]) -> tuple[pa.Table, list]:
+    """Rows written into the table's `date=` folders (analyzer.lake.TableWriter), not committed:
+    the rows and the files' add actions."""
+    lake_url, name = location.rsplit("/", 1)
+    writer = lake.TableWriter(lake_url, name, schema.FRAMES)
     table = pa.Table.from_pylist(rows, schema=schema.FRAMES)
-    job = uuid.uuid4()
-    for split, day in enumerate(sorted({r["date"] for r in rows})):
-        part = table.filter(pc.equal(table["date"], day)).drop_columns(["date"])
-        pq.write_table(part, f"{root}/{staging}/date={day}/part-{split:05d}-{job}.c000.zstd.parquet",
-                       filesystem=fs, compression="zstd")
-    with fs.open_output_stream(f"{root}/{staging}/_SUCCESS"):
-        pass
-    return table
+    writer.write(table)
+    return table, writer.actions
 
 
 def _frame_rows(first: int, n: int, day: str) -> list[dict]:
     return [{"date": day, "connection_id": "c1", "seq": first + i, "method": "basic.publish"} for i in range(n)]
 
 
-def test_the_bridge_driver_places_commits_and_lists_files_on_s3(bucket):  # noqa: F811
+def test_the_bridge_driver_commits_and_lists_files_on_s3(bucket):  # noqa: F811
     lake_url = f"{bucket}/lake"
     location = f"{lake_url}/frames"
-    staging = new_staging_folder()
-    written = _spark_shaped_parquet(location, staging,
-                                    _frame_rows(0, 5, "2026-11-24") + _frame_rows(5, 3, "2026-11-25"))
-    adds = place_written_files(location, staging, ["date"])
+    written, adds = _written(location, _frame_rows(0, 5, "2026-11-24") + _frame_rows(5, 3, "2026-11-25"))
     assert sorted(a.path.split("/")[0] for a in adds) == ["date=2026-11-24", "date=2026-11-25"]
-    assert sorted(json.loads(a.stats)["numRecords"] for a in adds) == [3, 5]
-    commit(location, schema.FRAMES, adds, ["date"], app_id="spark-run-1")
+    commit(location, schema.FRAMES, adds, ["date"])
 
     # deltalake reads the rows (its own object-store reader, not pyarrow's).
     table = DeltaTable(location)
@@ -104,12 +87,7 @@ def test_the_bridge_driver_places_commits_and_lists_files_on_s3(bucket):  # noqa
                     .read_all())
     assert held.to_pylist() == written.select(["date", "seq"]).sort_by("seq").to_pylist()
     assert sorted(lake.read_table(lake_url, "frames", schema.FRAMES)["seq"].to_pylist()) == list(range(8))
-    assert lake.committed(lake_url, "frames", "spark-run-1") and not lake.committed(lake_url, "frames", "spark-run-2")
-    # Nothing else was committed; Spark's _SUCCESS goes with the staging folder.
-    assert all(not path.startswith(STAGING_DIR) for path in table.get_add_actions(flatten=True)["path"].to_pylist())
-    delete_staging(location, staging)
-    fs, root = lake.filesystem(location)
-    assert fs.get_file_info(pafs.FileSelector(f"{root}/{STAGING_DIR}", recursive=True, allow_not_found=True)) == []
+    fs, _ = lake.filesystem(location)
 
     # What a read hands Spark: the s3a:// URIs of exactly the snapshot's files, below the table's base.
     snapshot = files_to_read(table, location, None, None)
@@ -119,15 +97,14 @@ def test_the_bridge_driver_places_commits_and_lists_files_on_s3(bucket):  # noqa
         assert fs.get_file_info(uri.removeprefix("s3a://")).size > 0
     assert [f.split("/")[-2] for f in files_to_read(table, location, "2026-11-25", None).files] == ["date=2026-11-25"]
 
-    # changes_between reads the commits from S3: an append, then a rewrite of one day's file.
+    # changes_between reads the commits from S3: an append.
     first = table.version()
-    staging = new_staging_folder()
-    _spark_shaped_parquet(location, staging, _frame_rows(8, 2, "2026-11-25"))
-    appended = place_written_files(location, staging, ["date"])
-    commit(location, schema.FRAMES, appended, ["date"], app_id="spark-run-2")
+    writer = lake.TableWriter(lake_url, "frames", schema.FRAMES)
+    writer.write(pa.Table.from_pylist(_frame_rows(8, 2, "2026-11-25"), schema=schema.FRAMES))
+    writer.commit("run-2")
     changes = changes_between(lake_url, "frames", first, DeltaTable(location).version())
-    assert changes.added == (f"{location}/{appended[0].path}",) and changes.removed == ()
-    assert lake.committed(lake_url, "frames", "spark-run-2")
+    assert changes.added == (f"{location}/{writer.actions[0].path}",) and changes.removed == ()
+    assert lake.committed(lake_url, "frames", "run-2") and not lake.committed(lake_url, "frames", "run-3")
 
     # Through the s3a spelling and the s3 one alike.
     assert changes_between(lake_url.replace("s3a://", "s3://"), "frames", first, first + 1) == changes
@@ -138,9 +115,7 @@ def test_changes_between_compares_snapshots_when_a_commit_is_gone_on_s3(bucket):
     location = f"{lake_url}/frames"
     added = []
     for run in range(2):
-        staging = new_staging_folder()
-        _spark_shaped_parquet(location, staging, _frame_rows(10 * run, 2, "2026-11-25"))
-        added += place_written_files(location, staging, ["date"])
+        added += _written(location, _frame_rows(10 * run, 2, "2026-11-25"))[1]
         commit(location, schema.FRAMES, added[-1:], ["date"])
     # A log cleaned up after a checkpoint: commit 1 is gone, version 2 loads from the checkpoint.
     DeltaTable(location).create_checkpoint()

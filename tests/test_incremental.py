@@ -669,7 +669,7 @@ def findings_searched(monkeypatch, searches: list) -> None:
             return rewrite(*args)
 
     monkeypatch.setattr(findings, "rewrite", searched)
-    _spy(monkeypatch, delta_io._Search, "touched", searches)
+    _spy(monkeypatch, delta_io, "_search", searches)
 
 
 def _stray_files(lake_dir: str) -> list[str]:

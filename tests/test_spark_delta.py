@@ -1,22 +1,21 @@
 """Spark on the lake's Delta tables without the Delta JARs: real Spark, real tables written by the real agent.
 
-The bridge (delta-rs snapshots and commits, Spark reads and writes Parquet) must give the tables
-delta-spark would: what the agent writes Spark reads, what Spark writes the agent reads, with
-`analyzer.schema`'s types exactly, one commit per write, and retried writes adding nothing.
+The bridge (delta-rs resolves the snapshot, Spark reads its Parquet files) must give the tables
+delta-spark would, with `analyzer.schema`'s types exactly; the driver's rewrites (delta_io.replace_all)
+and the pass's file writers (wide_writes.py) leave the rows they should, one commit per table.
 """
 
 import glob
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import date, datetime, timedelta, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
@@ -24,9 +23,10 @@ from pyspark.sql import types as T
 
 from analyzer import lake, schema
 from analyzer.ingest import ingest_file
-from spark_jobs.delta_io import read_delta, write_delta
+from analyzer.lake import TableWriter
+from spark_jobs.delta_io import read_delta
 from spark_jobs.session import NativeDeltaUnavailable, delta_mode
-from spark_jobs.table_files import STAGING_DIR
+from spark_jobs.table_files import commit
 from spark_jobs.types import spark_schema
 
 from .conftest import ROOT
@@ -69,9 +69,12 @@ def table_version(lake_dir: str, name: str) -> int:
     return DeltaTable(os.path.join(lake_dir, name)).version()
 
 
-def commit_actions(lake_dir: str, name: str, version: int) -> list[dict]:
-    with open(os.path.join(lake_dir, name, "_delta_log", f"{version:020}.json")) as log:
-        return [json.loads(line) for line in log]
+def write_table(rows: pa.Table, lake_dir: str, name: str, table_schema: pa.Schema, split_by: tuple[str, ...] = (),
+                tag: str | None = None) -> None:
+    """A table written as the analysis writes its own: analyzer.lake.TableWriter's files, one commit."""
+    writer = TableWriter(lake_dir, name, table_schema, split_by=split_by)
+    writer.write(rows.select(table_schema.names).cast(table_schema))
+    commit(os.path.join(lake_dir, name), table_schema, writer.actions, schema.PARTITION_BY, tag=tag)
 
 
 def test_spark_types_are_the_agents_types_exactly():
@@ -103,25 +106,6 @@ def test_spark_reads_the_agents_tables_as_the_agent_does(spark, agent_lake):
     assert set(agent_read(agent_lake, "frames")["date"].to_pylist()) == {ERROR_DAY, EXAMPLES_DAY}
 
 
-def test_the_agent_reads_what_spark_writes(spark, agent_lake, tmp_path):
-    out = str(tmp_path)
-    for name, arrow_schema in TABLES.items():
-        version = write_delta(read_delta(spark, agent_lake, name, arrow_schema), out, name, arrow_schema,
-                              app_id="copy-1")
-        assert_same_rows(agent_read(out, name), agent_read(agent_lake, name))
-        assert_same_rows(read_delta(spark, out, name, arrow_schema).toArrow(), agent_read(agent_lake, name))
-        table = DeltaTable(os.path.join(out, name))
-        assert table.version() == version and table.transaction_version("copy-1") == 1
-        assert pa.schema(table.schema().to_arrow()).equals(arrow_schema)
-        assert table.metadata().partition_columns == ["date"]
-        # The files are what the agent writes: no partition column inside, timestamp[us, UTC], int32...
-        in_files = pa.schema([field for field in arrow_schema if field.name != "date"])
-        for uri in table.file_uris():
-            assert uri.startswith(os.path.join(out, name, "date="))
-            assert pq.read_schema(uri).equals(in_files)
-        assert os.listdir(os.path.join(out, name, STAGING_DIR)) == []
-
-
 def test_since_and_until_pick_date_partitions_before_spark_opens_a_file(spark, agent_lake):
     frames = agent_read(agent_lake, "frames")
     rows_on = {day: pc.sum(pc.equal(frames["date"], day)).as_py() for day in (ERROR_DAY, EXAMPLES_DAY)}
@@ -148,97 +132,36 @@ def test_since_and_until_pick_date_partitions_before_spark_opens_a_file(spark, a
         read(since=datetime(2026, 11, 21))
 
 
-def test_writing_again_with_the_same_app_id_adds_nothing(spark, agent_lake, tmp_path):
-    out = str(tmp_path)
-    connections = read_delta(spark, agent_lake, "connections", schema.CONNECTIONS)
-    first = write_delta(connections, out, "connections", schema.CONNECTIONS, app_id="job-1")
-    files_on_disk = sorted(glob.glob(os.path.join(out, "connections", "date=*", "*")))
-    again = write_delta(connections, out, "connections", schema.CONNECTIONS, app_id="job-1")
-    assert again == first == table_version(out, "connections")
-    assert sorted(glob.glob(os.path.join(out, "connections", "date=*", "*"))) == files_on_disk
-    assert_same_rows(agent_read(out, "connections"), agent_read(agent_lake, "connections"))
-    # Another app id is another write.
-    assert write_delta(connections, out, "connections", schema.CONNECTIONS, app_id="job-2") == first + 1
-    assert agent_read(out, "connections").num_rows == 2 * connections.count()
-
-
-def test_overwrite_replaces_every_file_in_one_commit(spark, agent_lake, tmp_path):
-    out = str(tmp_path)
-    frames = read_delta(spark, agent_lake, "frames", schema.FRAMES)
-    first = write_delta(frames, out, "frames", schema.FRAMES)
-    old_files = set(DeltaTable(os.path.join(out, "frames")).file_uris())
-    publishes = frames.where(F.col("method") == "basic.publish")
-    version = write_delta(publishes, out, "frames", schema.FRAMES, app_id="publishes-only", mode="overwrite")
-    assert version == first + 1
-    actions = commit_actions(out, "frames", version)
-    removed = {os.path.join(out, "frames", a["remove"]["path"]) for a in actions if "remove" in a}
-    added = {os.path.join(out, "frames", a["add"]["path"]) for a in actions if "add" in a}
-    assert removed == old_files and added == set(DeltaTable(os.path.join(out, "frames")).file_uris())
-    expected = agent_read(agent_lake, "frames").filter(pc.equal(agent_read(agent_lake, "frames")["method"],
-                                                                "basic.publish"))
-    assert expected.num_rows > 0
-    assert_same_rows(agent_read(out, "frames"), expected)
-
-
 def test_empty_and_missing_tables(spark, tmp_path):
     out = str(tmp_path)
     missing = read_delta(spark, out, "frames", schema.FRAMES)
     assert missing.count() == 0 and missing.schema == spark_schema(schema.FRAMES)
     with pytest.raises(FileNotFoundError, match="no Delta table 'frames'"):
         read_delta(spark, out, "frames")
-    nothing = spark.createDataFrame([], spark_schema(schema.FRAMES))
-    version = write_delta(nothing, out, "frames", schema.FRAMES, app_id="empty-run")
-    table = DeltaTable(os.path.join(out, "frames"))
-    assert table.version() == version and table.transaction_version("empty-run") == 1
-    assert table.file_uris() == [] and pa.schema(table.schema().to_arrow()).equals(schema.FRAMES)
-    assert agent_read(out, "frames").equals(schema.FRAMES.empty_table())
+    DeltaTable.create(os.path.join(out, "frames"), schema.FRAMES, partition_by=["date"])
     empty = read_delta(spark, out, "frames", schema.FRAMES)
     assert empty.count() == 0 and empty.schema == spark_schema(schema.FRAMES)
 
 
-def test_the_dataframe_must_carry_every_column_of_the_table(spark, tmp_path):
-    partial = spark.createDataFrame([("2026-11-21", 1)], "date string, seq long")
-    with pytest.raises(ValueError, match="lacks the table's columns.*'ts'"):
-        write_delta(partial, str(tmp_path), "frames", schema.FRAMES)
-    assert not os.path.exists(os.path.join(tmp_path, "frames"))
-
-
-def test_concurrent_appends_from_spark_and_the_agent_all_land(spark, agent_lake, error_capture, tmp_path):
-    out = str(tmp_path)
-    ingest_file(error_capture, out)
-    before = agent_read(out, "frames").num_rows
-    frames = read_delta(spark, agent_lake, "frames", schema.FRAMES, since=EXAMPLES_DAY)
-    batches = {"spark-a": frames.where(F.col("direction") == "to_broker"),
-               "spark-b": frames.where(F.col("direction") == "to_client")}
-    with ThreadPoolExecutor(3) as pool:
-        writes = [pool.submit(write_delta, df, out, "frames", schema.FRAMES, app_id)
-                  for app_id, df in batches.items()]
-        agent = pool.submit(ingest_file, EXAMPLES[0], out)
-        versions = [write.result() for write in writes]
-        agent_rows = agent.result().rows
-    table = DeltaTable(os.path.join(out, "frames"))
-    assert agent_rows > 0 and all(version <= table.version() for version in versions)
-    assert all(table.transaction_version(app_id) == 1 for app_id in batches)
-    mixed = agent_read(out, "frames")
-    assert mixed.num_rows == before + frames.count() + agent_rows
-    assert_same_rows(read_delta(spark, out, "frames", schema.FRAMES).toArrow(), mixed)
-
-
 def test_partition_values_that_need_escaping_round_trip(spark, tmp_path):
-    out = str(tmp_path)
+    """Spark takes partition values from folder names, unescaping each %XX as one character: ASCII
+    values delta-rs escapes read back as the log has them; a non-ASCII one (escaped as UTF-8 bytes)
+    stops the read rather than read as other text (table_files.folder_partition_values)."""
     odd = pa.schema([("date", pa.string()), ("n", pa.int64())])
-    values = ["a:b c%d+e/f=g", "ü", None, "2026-11-21"]
-    df = spark.createDataFrame([(value, i) for i, value in enumerate(values)], spark_schema(odd))
-    write_delta(df, out, "odd", odd)
-    table = DeltaTable(os.path.join(out, "odd"))
+    values = ["a:b c%d+e/f=g", None, "2026-11-21"]
+    for name, written in (("odd", values), ("utf8", ["ü"])):
+        write_deltalake(str(tmp_path / name), pa.table({"date": written, "n": range(len(written))}, odd),
+                        partition_by=["date"])
+    table = DeltaTable(str(tmp_path / "odd"))
     logged = pa.table(table.get_add_actions(flatten=True))
     assert sorted(logged["partition.date"].to_pylist(), key=str) == sorted(values, key=str)
-    assert all(os.path.exists(uri) for uri in table.file_uris())
-    back = read_delta(spark, out, "odd", odd).toArrow()
+    back = read_delta(spark, str(tmp_path), "odd", odd).toArrow()
     assert sorted(zip(back["n"].to_pylist(), back["date"].to_pylist())) == list(enumerate(values))
+    with pytest.raises(RuntimeError, match="the bridge cannot read this table"):
+        read_delta(spark, str(tmp_path), "utf8", odd)
 
 
-def test_native_mode_without_the_delta_jars_fails_clearly(spark, agent_lake, tmp_path):
+def test_native_mode_without_the_delta_jars_fails_clearly(spark, agent_lake):
     assert delta_mode(spark) == "bridge" and delta_mode(spark, "bridge") == "bridge"
     with pytest.raises(NativeDeltaUnavailable) as failure:
         delta_mode(spark, "native")
@@ -247,10 +170,6 @@ def test_native_mode_without_the_delta_jars_fails_clearly(spark, agent_lake, tmp
     assert "io.delta:delta-spark_2.13:" in message and "--delta-mode bridge" in message
     with pytest.raises(NativeDeltaUnavailable):
         read_delta(spark, agent_lake, "frames", schema.FRAMES, mode="native")
-    frames = read_delta(spark, agent_lake, "frames", schema.FRAMES)
-    with pytest.raises(NativeDeltaUnavailable):
-        write_delta(frames, str(tmp_path), "frames", schema.FRAMES, delta_mode="native")
-    assert os.listdir(tmp_path) == []
     with pytest.raises(ValueError, match="--delta-mode must be one of"):
         delta_mode(spark, "fast")
 
@@ -296,7 +215,7 @@ def test_listed_connections_filter_and_replace_as_the_join_does(spark, agent_lak
     results = []
     for i, match in enumerate([as_list, as_keys]):
         lake_dir = str(tmp_path / f"lake{i}")
-        write_delta(frames, lake_dir, "frames", schema.FRAMES)
+        write_table(agent_read(agent_lake, "frames"), lake_dir, "frames", schema.FRAMES)
         replace_all(lake_dir, {"frames": Replacement(None, schema.FRAMES, [match])})
         results.append(in_order(agent_read(lake_dir, "frames")))
     everything = agent_read(agent_lake, "frames")
@@ -309,7 +228,7 @@ def test_listed_connections_filter_and_replace_as_the_join_does(spark, agent_lak
 
 @pytest.mark.parametrize("searched", [True, False], ids=["searched", "rewritten-whole"])
 def test_provisional_rows_are_written_apart_and_only_their_files_searched(spark, tmp_path, monkeypatch, searched):
-    """provisional.py: a write puts provisional rows in files of their own, whose Delta statistics
+    """provisional.py: the writers put provisional rows in files of their own, whose Delta statistics
     say so; a replace told that only provisional rows can match searches just those files (a final
     row that matches is left alone: the caller's promise decides), and otherwise every file; so
     when those files are rewritten whole, too (delta_io.REWRITTEN_WHOLE_BYTES)."""
@@ -318,20 +237,16 @@ def test_provisional_rows_are_written_apart_and_only_their_files_searched(spark,
     from spark_jobs.provisional import PROVISIONAL, files_with_provisional_rows, stored_schema
     from spark_jobs.session import commits_tagged
 
-    # Wider than the 32 columns Delta keeps statistics of, as deliveries is.
-    padding = [(f"pad_{i}", pa.int32()) for i in range(40)]
-    table_schema = stored_schema(pa.schema([("date", pa.string()), ("connection_id", pa.string()),
-                                            ("seq", pa.int64()), *padding]))
+    table_schema = stored_schema(pa.schema([("date", pa.string()), ("connection_id", pa.string()), ("seq", pa.int64())]))
     if searched:
         monkeypatch.setattr(delta_io, "REWRITTEN_WHOLE_BYTES", 0)
     rows = [{"date": day, "connection_id": "c", "seq": seq, PROVISIONAL: seq % 3 == 0}
             for day in ("2026-11-24", "2026-11-25") for seq in range(1, 31)]
-    data = spark.createDataFrame(pa.Table.from_pylist(rows, schema=table_schema)).repartition(3)
+    data = pa.Table.from_pylist(rows, schema=table_schema)
     results = {}
     for provisional_only in (True, False):
         lake_dir = str(tmp_path / f"lake-{provisional_only}")
-        with commits_tagged(spark, "run-1"):
-            write_delta(data, lake_dir, "t", table_schema)
+        write_table(data, lake_dir, "t", table_schema, split_by=(PROVISIONAL,), tag="run-1")
         table = DeltaTable(os.path.join(lake_dir, "t"))
         assert table.history(1)[0]["userMetadata"] == "run-1"
         stats = pa.table(table.get_add_actions(flatten=True)).to_pylist()
@@ -565,7 +480,7 @@ def test_tables_replaced_together_each_in_its_commit_by_the_driver(spark, agent_
                "connections": [Listed({"connection_id": tuple(picked)})]}
     lake_dir = str(tmp_path / "lake")
     for name, table_schema in tables.items():
-        write_delta(spark.createDataFrame(stored[name]), lake_dir, name, table_schema)
+        write_table(stored[name], lake_dir, name, table_schema)
     versions = {name: table_version(lake_dir, name) for name in tables}
     extra = TableWriter(lake_dir, "connections", schema.CONNECTIONS)
     extra.write(stored["connections"].slice(0, 1))
@@ -606,7 +521,7 @@ def test_a_rewrite_with_rows_and_keys_takes_out_the_keyed_rows(spark, agent_lake
                                                     "agent_id": pa.array([k[1] for k in keys], pa.string())}),
                                           ("connection_id", "agent_id"))]):
         lake_dir = str(tmp_path / f"lake-{number}")
-        write_delta(spark.createDataFrame(stored), lake_dir, "connections", schema.CONNECTIONS)
+        write_table(stored, lake_dir, "connections", schema.CONNECTIONS)
         replace_all(lake_dir, {"connections": Replacement(new, schema.CONNECTIONS, [match])})
         results.append(in_order(agent_read(lake_dir, "connections")))
     assert results[0].equals(results[1])
@@ -619,8 +534,7 @@ def test_a_discarded_rewrite_leaves_the_table_and_its_folder_as_they_were(spark,
     from spark_jobs.delta_io import Listed, Replacement, rewrite_all
 
     lake_dir = str(tmp_path / "lake")
-    write_delta(read_delta(spark, agent_lake, "connections", schema.CONNECTIONS), lake_dir, "connections",
-                schema.CONNECTIONS)
+    write_table(agent_read(agent_lake, "connections"), lake_dir, "connections", schema.CONNECTIONS)
     before = sorted(glob.glob(os.path.join(lake_dir, "connections", "**", "*.parquet"), recursive=True))
     version = table_version(lake_dir, "connections")
     rewrite = rewrite_all(lake_dir, {"connections": Replacement(None, schema.CONNECTIONS,
@@ -650,3 +564,32 @@ def test_the_drivers_distinct_values_of_files_are_sparks(spark, tmp_path):
                       .where(F.col("connection_id").isNotNull()).distinct().collect())
     assert distinct_strings(paths, "connection_id") == expected == [f"conn-{i}" for i in range(7)]
     assert distinct_strings(paths[2:], "connection_id") == [] and distinct_strings((), "connection_id") == []
+
+
+def test_a_searched_file_whose_statistics_left_a_row_group_unread_is_rewritten_whole(tmp_path, monkeypatch):
+    """delta_io._search skips the row groups whose statistics hold no matched value; a file that
+    holds a matched row is then rewritten with every row it keeps, those of the skipped row groups
+    too."""
+    from deltalake.transaction import AddAction
+
+    from spark_jobs import delta_io
+    from spark_jobs.delta_io import Listed, Replacement, replace_all
+
+    monkeypatch.setattr(delta_io, "REWRITTEN_WHOLE_BYTES", 0)
+    table_schema = pa.schema([("date", pa.string()), ("connection_id", pa.string()), ("seq", pa.int64())])
+    location = tmp_path / "lake" / "t"
+    (location / "date=2026-11-24").mkdir(parents=True)
+    rows = pa.table({"connection_id": ["c1"] * 3 + ["c2"] * 3, "seq": range(6)}, table_schema.remove(0))
+    path = "date=2026-11-24/two-groups.parquet"
+    pq.write_table(rows, location / path, row_group_size=3)
+    assert pq.ParquetFile(location / path).metadata.num_row_groups == 2
+    add = AddAction(path, os.path.getsize(location / path), {"date": "2026-11-24"}, int(time.time() * 1000), True,
+                    json.dumps({"numRecords": 6}))
+    commit(str(location), table_schema, [add], schema.PARTITION_BY)
+    searches = []
+    original = delta_io._search
+    monkeypatch.setattr(delta_io, "_search", lambda *args: searches.append(args) or original(*args))
+    replace_all(str(tmp_path / "lake"), {"t": Replacement(None, table_schema, [Listed({"connection_id": ("c2",)})])})
+    assert len(searches) == 1
+    kept = lake.read_table(str(tmp_path / "lake"), "t", table_schema)
+    assert sorted(kept["seq"].to_pylist()) == [0, 1, 2] and set(kept["connection_id"].to_pylist()) == {"c1"}

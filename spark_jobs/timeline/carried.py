@@ -1,24 +1,16 @@
 """Connections carried from run to run on Spark (the rules: analyzer/timeline/carry.py).
 
 A scheduled run hands each connection's new frames, with its checkpoint (the `analysis_state`
-table) and its connections row, to the reference state machine and the detectors resumed from
-that checkpoint (analyzer/connection_analysis.py's `CarriedAnalysis`): only the new frames are
-read. As in the pass over whole connections (connection_pass.py), the rows are shuffled by
-connection and sorted by seq within each partition, each connection's stored state travelling
-first (a header row), and `mapInArrow` streams them through the machine: a connection with
-millions of new frames is never held whole, its records leave as Arrow batches as they become
-final. Every row to write, of the four timeline tables, channel_metrics and analysis_state (the next
-checkpoint), is written as files by the tasks themselves (connection_pass.WRITTEN_TABLES: uncommitted,
-as the pass over whole connections writes its own; a connection that falls back takes its rows
-back out), so the run's writes are commits (analyze.py). Out come, as one wide table (wide.py):
-those files (`files`), the timeline rows they replace (role `stale`), the incarnations whose
-channel_metrics are recomputed from the boundary bucket on (`touched`: their rows replace those
-buckets), the connection's findings before their evidence packets (`raw_findings`, as the pass
-gives them), or why the connection must be analysed whole instead (`fallback`; if some of its
-rows had already left, `streamed`: the caller drops them, `without_fallbacks`).
-
-Runs that analyse connections whole (the first, `--full`, `--since`, fallbacks) get their
-checkpoints from the same pass that writes their tables (connection_pass.py).
+table) and its connections row, to the state machine and detectors resumed from that checkpoint
+(analyzer/connection_analysis.py's `CarriedAnalysis`): only the new frames are read. The rows are
+laid out, streamed and written as files as in the pass over whole connections (connection_pass.py),
+the stored state travelling in the header row; a connection that falls back takes its written
+rows back out. Out come, as one wide table (wide.py): those files (`files`), the timeline rows
+they replace (role `stale`), the incarnations whose channel_metrics are recomputed from the
+boundary bucket on (`touched`: their rows replace those buckets), the connection's findings before
+their evidence packets (`raw_findings`), or why the connection must be analysed whole instead
+(`fallback`; if some of its rows had already left, `streamed`: the caller drops them,
+`without_fallbacks`). Connections analysed whole get their checkpoints from connection_pass.py.
 """
 
 from __future__ import annotations
@@ -60,23 +52,16 @@ STORED = "_stored"
 # The header row's columns of the connection's analysis_state row.
 STATE_COLUMNS = ("format", "checkpoint", "carried_records")
 WIDE = wide_schema(CARRIED_TABLES)
-# The roles a table's rows come in (the others' rows have none).
-ROLES = {name: (STALE,) for name in RECORD_TYPES}
 
 
 def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, settings: Settings,
              frames_version: int, write_to: str, partitions: int | None = None, flush_records: int | None = None,
              file_rows: int | None = None) -> DataFrame:
     """The wide table for every connection of `new_frames` (ANALYSIS_COLUMNS), for the caller to
-    materialise (it is read once per table). `states`: their analysis_state rows; `connections`:
-    their schema.CONNECTIONS rows (for the findings, as the pass reads them: connection_pass.headers).
-    Records leave every `flush_records` (None: FLUSH_RECORDS).
-
-    The rows to write (WRITTEN_TABLES) never become Spark rows: the tasks write them into those
-    tables' folders of the lake `write_to` themselves, as the pass over whole connections does
-    (uncommitted files of `file_rows` rows, None: wide_writes.FILE_ROWS; their
-    `files` rows in the wide table, for the caller to commit). A connection that falls back takes
-    its rows back out of them (wide_writes.FilesWriter.drop)."""
+    collect. `states`: their analysis_state rows; `connections`: their schema.CONNECTIONS rows (for
+    the findings, as the pass reads them: connection_pass.headers). Records leave every
+    `flush_records` (None: FLUSH_RECORDS); the tasks write the rows to write into the tables'
+    folders of the lake `write_to`, in files of `file_rows` rows (None: wide_writes.FILE_ROWS)."""
     spark = new_frames.sparkSession
     partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
     flush_records = flush_records or FLUSH_RECORDS

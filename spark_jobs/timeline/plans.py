@@ -1,4 +1,4 @@
-"""How the timeline steps are executed: where a plan is cut, and which tables go whole to every task."""
+"""Pieces of the Spark plans: the rows of some connections, Spark settings held meanwhile, UTC days."""
 
 from __future__ import annotations
 
@@ -6,33 +6,13 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timezone
 
-from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 # Up to this many connections, "the rows of these connections" is a literal IN filter: no join and
 # so no broadcast, which without adaptive execution is a Spark job of its own each time a query
 # runs it; and Parquet skips row groups by it. Above it, a broadcast semi-join.
 IN_LIST_CONNECTIONS = 10_000
-
-
-def materialised(df: DataFrame) -> DataFrame:
-    """`df` computed once and its plan cut: later steps read it several times, and without the cut
-    every self-join re-analyses the whole lineage (the analyser's time and memory grow with it).
-
-    On local disk, not in the heap: blocks kept in memory crowd out the sorts and window buffers
-    (the hot channel's window partition then spills in hundreds of pieces and the driver runs out
-    of memory opening them), and blocks that do not fit are serialized to disk anyway."""
-    return df.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
-
-
-def measured(df: DataFrame, **measures: Column) -> tuple[DataFrame, dict]:
-    """`df` materialised, and aggregates over its rows (`measures`, by name) taken in the same Spark
-    job: Spark's Observation collects them while the rows are computed, where an aggregation
-    afterwards would be a job of its own reading them again."""
-    observation = Observation()
-    done = materialised(df.observe(observation, *[measure.alias(name) for name, measure in measures.items()]))
-    return done, observation.get
 
 
 def of_connections(df: DataFrame, keys: list[str]) -> DataFrame:

@@ -4,7 +4,7 @@ caller is to do with it); each table's row is a struct column named after the ta
 other tables' rows.
 
 A struct per table, not a flat column per table column: Spark keeps a row (in memory, and on disk
-when a step is materialised) with a fixed-width slot for each top-level field, null or not, so a
+when it spills) with a fixed-width slot for each top-level field, null or not, so a
 row of one table in ~170 flat columns costs ~1.4 KB before its values; a null struct costs one slot."""
 
 from __future__ import annotations
