@@ -147,7 +147,7 @@ def analyze(spark: SparkSession | Callable[[], SparkSession] | None, lake: str, 
                 plan = planned_run(lake, since, until, full, bucket_seconds, overdue_ns, settings.thresholds)
             executor = _executor(spark, lake, plan, settings, delta_mode, local and local_takes(plan, local_up_to))
             run_id = uuid.uuid4().hex
-            with commits_tagged(executor.spark, run_id):  # every commit of the run names it (provisional.py)
+            with commits_tagged(run_id):  # every commit of the run names it (provisional.py)
                 return _run(_Run(lake, run_id, plan, None, settings, executor, Steps(executor.spark, progress),
                                  delta_mode), attempt, started)
         except Exception as error:

@@ -259,7 +259,7 @@ def test_provisional_rows_are_written_apart_and_only_their_files_searched(spark,
         keys = pa.table({"connection_id": ["c", "c"], "seq": [3, 4]})
         new = pa.Table.from_pylist([{"date": "2026-11-24", "connection_id": "c", "seq": 3, PROVISIONAL: False}],
                                    schema=table_schema)
-        with commits_tagged(spark, "run-2"):
+        with commits_tagged("run-2"):
             replace_all(lake_dir, {"t": Replacement(new, table_schema, [Match(keys, ("connection_id", "seq"))],
                                                     provisional_only)})
         table = DeltaTable(os.path.join(lake_dir, "t"))
