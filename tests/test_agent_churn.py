@@ -21,12 +21,16 @@ from tests.tshark import frames_by_client_port
 
 pytestmark = pytest.mark.rabbitmq
 
-TRAFFIC_S = 75.0  # past the 30 s linger twice over: connections are forgotten while others' rows wait
+# The agent runs with a linger of LINGER_S (tests/agent_linger.py) instead of its 30 s, and the
+# traffic lasts TRAFFIC_S, past it six times over: connections are forgotten while others' rows wait.
+LINGER_S = 5.0
+TRAFFIC_S = 30.0
 
 
 def test_under_churn_every_publish_is_filed_once_under_its_connection(tmp_path, dumpcap):
     lake_dir, capture = str(tmp_path / "lake"), str(tmp_path / "churn.pcapng")
-    with AgentProcess(lake_dir, agent_id="churn", relayed=True, flush_interval=2.0) as agent:
+    with AgentProcess(lake_dir, agent_id="churn", relayed=True, flush_interval=2.0,
+                      entry=("tests.agent_linger", str(LINGER_S))) as agent:
         recorder = subprocess.Popen([dumpcap, "-i", "lo", "-f", f"tcp port {agent.broker_port}", "-B", "64",
                                      "-w", capture, "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:

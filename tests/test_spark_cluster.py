@@ -9,7 +9,7 @@ which runs on the master spark-submit was given, shipped with docs/deployment.md
 from this venv (the workers share this machine).
 
 The cluster is started once for the module (a master's and two workers' JVMs cost tens of seconds
-on a busy machine), and the packed environment is made beside its start."""
+on a busy machine), and the packed environment is made beside the generated lake's runs."""
 
 import functools
 import glob
@@ -151,8 +151,8 @@ def _pack_environment(folder) -> str:
 
 @pytest.fixture(scope="module")
 def packed_environment(tmp_path_factory):
-    """The packed virtualenv, made in the background (a minute of pip and gzip, beside the first runs
-    on the cluster): a Future of its path."""
+    """The packed virtualenv, made in the background (a minute or two of pip and gzip, beside the
+    generated lake's runs on the cluster, which go first): a Future of its path."""
     with ThreadPoolExecutor(1) as packing:
         yield packing.submit(_pack_environment, tmp_path_factory.mktemp("packed"))
 
@@ -179,14 +179,17 @@ def _unpacked_environments(cluster) -> set:
     return set(cluster.folder.glob("worker-*/app-*/*/environment"))
 
 
-@pytest.mark.parametrize("traffic", ["lab", "generated"],
-                         ids=["lab, the append through spark-submit with the packed environment", "generated"])
-def test_a_full_run_and_an_incremental_one_on_the_cluster_equal_the_local_runs(cluster, traffic, tmp_path, request):
+# The generated lake first: the environment the lab lake's spark-submit ships is packed meanwhile
+# (before, the lab lake went first and its spark-submit waited for the packing).
+@pytest.mark.parametrize("traffic", ["generated", "lab"],
+                         ids=["generated", "lab, the append through spark-submit with the packed environment"])
+def test_a_full_run_and_an_incremental_one_on_the_cluster_equal_the_local_runs(cluster, packed_environment, traffic,
+                                                                                tmp_path):
     """A full run, an append, an incremental run: on the cluster and on a local master, each lake
     equal to the other after each run. On the lab lake the incremental run is spark-submit's, shipped
     with docs/deployment.md's packed virtualenv."""
     if traffic == "lab":
-        then = functools.partial(_submit_with_packed_environment, packing=request.getfixturevalue("packed_environment"))
+        then = functools.partial(_submit_with_packed_environment, packing=packed_environment)
         pieces = _lab_pieces(tmp_path)
     else:
         then, pieces = _analyze_on_cluster, _generated_pieces()
