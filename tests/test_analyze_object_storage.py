@@ -160,8 +160,8 @@ def test_analyze_on_s3_without_hadoop_aws_fails_at_once_naming_what_is_missing(
     lake_url = f"{bucket}/lake"
     assert not ingest_file(SAMPLE, lake_url).errors
     spark_log = tmp_path / "spark.log"
-    # A run by day is Spark's (a full run of a lake this small is the local executor's, which needs no connector).
-    run = subprocess.run([ACKSCOPE, "analyze", "--lake", lake_url, "--master", "local[1]", "--since", "2000-01-01",
+    # Left to Spark (--local-up-to 0): on a lake this small the local executor, which needs no connector, runs.
+    run = subprocess.run([ACKSCOPE, "analyze", "--lake", lake_url, "--master", "local[1]", "--local-up-to", "0",
                           "--json"],
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "ACKSCOPE_SPARK_LOG": str(spark_log)})

@@ -17,7 +17,6 @@ from analyzer.connection_analysis import ANALYSIS_COLUMNS, carry_on_connection
 from analyzer.timeline.carry import _key, dump, load
 from analyzer.detectors.state import VOCABULARY as DETECTORS
 from analyzer.timeline.state import TIMELINE, StateError, from_doc
-from spark_jobs.analyze import analyze
 
 from .findings_check import LAB_THRESHOLDS
 from .test_local_executor import _in_driver
@@ -250,8 +249,8 @@ def _hostile(doc: dict, how: int) -> bytes:
 
 def test_hostile_checkpoints_in_the_lake_are_refused_and_the_run_ends_as_a_full_one(spark, whole, traffic, tmp_path):
     """Checkpoints in analysis_state holding "last_seq":"93", a tag of 2^70, "tag":"11" or deep
-    nesting: the driver leaves the run to Spark with nothing written, Spark's run analyses those
-    connections whole, and the tables end as one run's (each of these exited 5, every run after)."""
+    nesting: the run, the local executor's as on any small lake, analyses those connections whole,
+    and the tables end as one run's (each of these exited 5, every run after)."""
     lake_dir = str(tmp_path / "lake")
     last, states = analysed_but_the_last_piece(spark, traffic, lake_dir)
     states = states[:4]
@@ -259,9 +258,8 @@ def test_hostile_checkpoints_in_the_lake_are_refused_and_the_run_ends_as_a_full_
     replace_states(lake_dir, [dict(row, checkpoint=_hostile(json.loads(row["checkpoint"]), how))
                               for how, row in enumerate(states)])
     _append(lake_dir, "frames", last, schema.FRAMES, "last")
-    in_driver, _ = _in_driver(spark, lake_dir)
-    assert in_driver is None  # connections to analyse whole: Spark's run, nothing written by the driver
-    report = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
+    report, _ = _in_driver(spark, lake_dir)
+    assert report.delta_mode == "none" and report.connections > report.carried_connections > 0, report
     for row in states:
         assert f"{row['connection_id']}: checkpoint refused: " in report.reason, report.reason
     assert _tables(lake_dir) == whole
