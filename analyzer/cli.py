@@ -4,7 +4,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections import Counter
 from datetime import date
 from importlib import resources
