@@ -23,7 +23,10 @@ from tests.lab.capture import run_tshark
 from tests.lab.errors import LabError, NotObserved
 
 CAPTURE_FILTER = f"tcp port {broker.PORT}"
-STARTUP_TIMEOUT = 20.0
+# How long dumpcap may take to open its file (a readiness wait: it returns at once when ready).
+# 20 s was not enough once in CI, while the cluster test packed a virtualenv (pip, tar) and
+# started three JVMs on the same two cores: dumpcap had said "Capturing on" but not "File:".
+STARTUP_TIMEOUT = 60.0
 # dumpcap reads the kernel's packet ring in blocks with a 250 ms timeout; give it two.
 DRAIN_BEFORE_STOP = 0.6
 
