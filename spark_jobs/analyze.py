@@ -5,7 +5,7 @@ analyze` and from `spark-submit spark_jobs/job.py --lake ...` on a cluster.
 One run, top to bottom (`analyze`): plan (run_scope.py: which connections, and why) and choose the
 executor (`local_takes`: the local one, local_executor.py, in this process without a JVM; or
 Spark's, spark_executor.py); the pass, every connection through the reference state machine
-(connection_pass.py), carried on from its checkpoint over its new frames (incremental.py) or
+(connection_pass.py), carried on from its checkpoint over its new frames (carried_pass.py) or
 analysed whole; their rows replaced in the per-connection tables, each table in one commit; the
 findings those rows can change, across connections (findings.py), or all of them on a full run;
 the run logged in `analysis_runs`, last: a run cut short is simply done again by the next one.
@@ -39,7 +39,7 @@ from spark_jobs.compaction import compact, merge_analysed_input, small_final_fil
 from spark_jobs.connection_pass import RAW_FINDINGS, STATE_TABLE, PassSummary
 from spark_jobs.delta_io import Listed, Match, Replacement, Rewrite, connections_match, replace_all, rewrite_all
 from spark_jobs.findings import Changed, refresh_findings
-from spark_jobs.incremental import CarriedPass
+from spark_jobs.carried_pass import CarriedPass
 from spark_jobs.local_executor import LocalExecutor
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
 from spark_jobs.run_scope import (COMPLETE_SCOPES, DAYS, FULL, NEW_DATA, RunScope, plan_run, set_aside_damaged,
@@ -90,7 +90,7 @@ class AnalysisReport:
         return dict(self.__dict__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Run:
     """What every step of one run reads: where, which snapshot and connections, with what settings,
     and the executor making its passes."""
@@ -145,10 +145,11 @@ def analyze(spark: SparkSession | Callable[[], SparkSession] | None, lake: str, 
         try:
             if plan is None:
                 plan = planned_run(lake, since, until, full, bucket_seconds, overdue_ns, settings.thresholds)
+            keys = None if plan.scope == FULL else _connections_in_scope(lake, plan)
             executor = _executor(spark, lake, plan, settings, delta_mode, local and local_takes(plan, local_up_to))
             run_id = uuid.uuid4().hex
             with commits_tagged(run_id):  # every commit of the run names it (provisional.py)
-                return _run(_Run(lake, run_id, plan, None, settings, executor, Steps(executor.spark, progress),
+                return _run(_Run(lake, run_id, plan, keys, settings, executor, Steps(executor.spark, progress),
                                  delta_mode), attempt, started)
         except Exception as error:
             plan = _whole_after_damage(lake, error, set_aside, settings, progress)
@@ -190,7 +191,6 @@ def _run(run: _Run, started: float, report_started: float) -> AnalysisReport:
     """`started`: when this attempt's planning started; `report_started`: the run's (its seconds)."""
     started_ts = datetime.now(timezone.utc)
     plan = run.plan
-    run.keys = None if plan.scope == FULL else _connections_in_scope(run.lake, plan)
     # What the run is about to do, said before it does it (a watcher knows a run is under way).
     detail = f"{plan.scope}, " + ("every connection" if run.keys is None else f"{len(run.keys)} connection(s)")
     if run.executor.spark is None:

@@ -8,7 +8,7 @@ or left at a close), a few in a hundred, stored in files of their own (requeue_r
 message's findings can change only where a run adds or deletes a candidate row of it: those rows
 are `changed`. A connection analysed whole has all its rows deleted and written again, so all the
 rows it wrote count (the ones deleted were rows of the same deliveries); a carried connection
-changes the requeue_related rows it wrote and those they replace (incremental.py).
+changes the requeue_related rows it wrote and those they replace (carried_pass.py).
 - requeue_loop, one finding per message: computed again for every message identity of a changed
   delivery, from those identities' candidates;
 - redelivery_after_close, one finding per closed channel incarnation: computed again for the

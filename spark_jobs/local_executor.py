@@ -30,7 +30,7 @@ from analyzer.lake import read_table
 from .connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, STATE_TABLE, WIDE, ConnectionsPartition,
                               PassSummary, _Partition, pass_summary)
 from .findings import facts_in_lake
-from .incremental import CarriedPass, carried_summary
+from .carried_pass import CarriedPass, carried_summary
 from .table_files import relative_in_table, spark_location
 from .timeline import carried
 from .run_scope import RunScope
@@ -89,8 +89,7 @@ def carried_pass(lake: str, new_files: tuple[str, ...], keys: list[str], setting
     """The carried pass over the frames of `new_files` of the connections `keys` (their other
     connections are analysed whole), in this process: its files written into the lake's tables,
     uncommitted."""
-    frames = new_frames(lake, new_files, frames_version)
-    frames = frames.filter(pc.is_in(frames["connection_id"], pa.array(keys, pa.string())))
+    frames = new_frames(lake, new_files, frames_version, keys)
     stored = read_table(lake, STATE_TABLE, schema.ANALYSIS_STATE, columns=["connection_id", *STATE_COLUMNS],
                         where=pc.field("connection_id").isin(keys))
     states = {row["connection_id"]: row for row in stored.to_pylist()} if stored is not None else {}
@@ -109,11 +108,12 @@ def carried_headers(frames: pa.Table, headers: dict[str, str], states: dict[str,
              **{name: states.get(key, {}).get(name) for name in STATE_COLUMNS}} for key in ids]
 
 
-def new_frames(lake: str, new_files: tuple[str, ...], frames_version: int) -> pa.Table:
-    """The rows of these files of `frames` at `frames_version` (as the run's plan names them), in FRAME_COLUMNS."""
+def new_frames(lake: str, new_files: tuple[str, ...], frames_version: int, keys: list[str]) -> pa.Table:
+    """The rows of the connections `keys` in these files of `frames` at `frames_version` (as the
+    run's plan names them), in FRAME_COLUMNS: filtered as the files are read."""
     base = spark_location(os.path.join(lake, "frames"))
-    return read_table(lake, "frames", FRAME_COLUMNS, files={relative_in_table(uri, base) for uri in new_files},
-                      version=frames_version)
+    return read_table(lake, "frames", FRAME_COLUMNS, where=pc.field("connection_id").isin(keys),
+                      files={relative_in_table(uri, base) for uri in new_files}, version=frames_version)
 
 
 def laid_out(frames: pa.Table, headers: list[dict], header_columns: pa.Schema) -> pa.Table:

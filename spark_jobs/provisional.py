@@ -1,6 +1,6 @@
 """Rows a later run may replace, kept in files of their own, so that a carried run rewrites only those.
 
-A connection carried on from its checkpoint (incremental.py) replaces, in the per-connection tables,
+A connection carried on from its checkpoint (carried_pass.py) replaces, in the per-connection tables,
 only what the last run wrote for what was then still open: its open deliveries and publishes, the
 facts and violations of its open channel incarnations, and their channel_metrics buckets from the
 boundary bucket on (analyzer/timeline/carry.py says why nothing else can change). Every run writes

@@ -15,7 +15,7 @@ from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
 
 from .connection_pass import STATE_TABLE, PassSummary, connection_pass, summarised_pass
 from .delta_io import read_delta, read_files
-from .incremental import CarriedPass, carried_summary
+from .carried_pass import CarriedPass, carried_summary
 from .run_scope import RunScope
 from .session import delta_mode as resolve_delta_mode, use_lake
 from .timeline.carried import carry_on

@@ -910,7 +910,7 @@ def test_a_connection_that_fails_a_check_after_its_rows_left_the_carried_pass_is
     over the same lake."""
     import shutil
 
-    from spark_jobs import incremental
+    from spark_jobs import carried_pass
     from spark_jobs.connection_pass import STATE_TABLE
     from spark_jobs.timeline import carried
 
@@ -938,7 +938,7 @@ def test_a_connection_that_fails_a_check_after_its_rows_left_the_carried_pass_is
         dropped.extend(connection_ids)
         return carried.without_fallbacks(wide, connection_ids)
 
-    monkeypatch.setattr(incremental, "without_fallbacks", spied)
+    monkeypatch.setattr(carried_pass, "without_fallbacks", spied)
     monkeypatch.setattr(carried, "FLUSH_RECORDS", 1)
     # Files of a row or two: the rows it sent out are in files written before the check failed.
     monkeypatch.setattr(carried, "FILE_ROWS", 1)
