@@ -571,7 +571,7 @@ def run_analyze(args) -> int:
         print(f"ackscope analyze: no frames table in {args.lake}: run `ackscope ingest` first", file=sys.stderr)
         return 2
     plan = _planned(args, thresholds) if every_s is None else None
-    driver = _Driver(args, quick_start=plan is not None and _quick_start(plan))
+    driver = _Driver(args)
     try:
         if every_s is None:
             return _analyze_once(args, driver, thresholds, plan=plan)
@@ -589,15 +589,14 @@ class _Driver:
     """The command's Spark session, started when a run first needs one: a run the local executor
     makes (spark_jobs/analyze.py's `local_takes`) starts no JVM."""
 
-    def __init__(self, args, quick_start: bool):
-        self.args, self.quick_start, self.spark = args, quick_start, None
+    def __init__(self, args):
+        self.args, self.spark = args, None
 
     def session(self):
         from spark_jobs.session import get_spark
 
         if self.spark is None:
-            self.spark = get_spark(self.args.master, "ackscope-analyze", driver_memory=self.args.driver_memory,
-                                   quick_start=self.quick_start)
+            self.spark = get_spark(self.args.master, "ackscope-analyze", driver_memory=self.args.driver_memory)
         return self.spark
 
     def stop(self) -> None:
@@ -627,14 +626,6 @@ def _local_master(args) -> bool:
     from spark_jobs.session import is_local, resolved_master
 
     return is_local(resolved_master(args.master))
-
-
-def _quick_start(plan) -> bool:
-    """Does the run read few frame rows (a scheduled run's append, a small lake)? Its driver JVM
-    then favours start-up (session.QUICK_START); a long-lived --every driver does not."""
-    from spark_jobs.session import QUICK_START_UP_TO_ROWS
-
-    return plan.rows_to_read is not None and plan.rows_to_read <= QUICK_START_UP_TO_ROWS
 
 
 def _has_frames(lake: str) -> bool:

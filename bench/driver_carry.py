@@ -72,7 +72,7 @@ SPARK_RUN = """
 import json, sys
 from spark_jobs.analyze import analyze
 from spark_jobs.session import get_spark
-spark = get_spark(sys.argv[2], "ackscope-analyze", driver_memory=sys.argv[3], quick_start=True)
+spark = get_spark(sys.argv[2], "ackscope-analyze", driver_memory=sys.argv[3])
 print(json.dumps(analyze(spark, sys.argv[1]).as_json()))
 """
 

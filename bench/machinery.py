@@ -1,15 +1,14 @@
 """The speed machinery, each piece switched off alone, against the figure it targets (issue 58:
 a piece that saves under 10% of its figure goes; docs/analysis.md, "The speed machinery").
 
-    .venv/bin/python bench/machinery.py analyze --runs full|days|append [--frames N --hot-deliveries N]
-        [--tail 0.9] [--master 'local[2]'] [--repeat 3] [--pieces archive,quick_start]
+    .venv/bin/python bench/machinery.py analyze --runs full|append [--frames N --hot-deliveries N]
+        [--tail 0.9] [--master 'local[2]'] [--repeat 3] [--pieces archive]
     .venv/bin/python bench/machinery.py ingest [--capture FILE] [--repeat 7] [--pieces pandas_probe,gc_paused]
 
 `analyze`: the runs Spark makes now that the local executor takes small lakes and small appends
 (local_executor.DRIVER_FRAMES), each `ackscope analyze` in a new process, wall s:
 - full: `--full` on a generated lake just over DRIVER_FRAMES (bench/frames_generator.py; default
   1.2 M frames), the smallest full run Spark takes;
-- days: `--since D --until D` on the demo's lake (the bundled sample ingested): runs by day are Spark's;
 - append: a scheduled run after an append of more than DRIVER_FRAMES new frame rows (the generated
   lake's last `--tail` share, its head analysed first; the lake as it was before the run copied
   in again for each run).
@@ -34,11 +33,10 @@ import sys
 OFF = {
     "none": "",
     "archive": "",  # the environment's ACKSCOPE_JVM_ARCHIVE_DIR, set by the parent
-    "quick_start": "import spark_jobs.session as s; s.QUICK_START_UP_TO_ROWS = -1",
     "pandas_probe": "import analyzer.pandas_probe as p; p.answer_pandas_probe_without_pandas = lambda: None",
     "gc_paused": "import contextlib, analyzer.gcpause as g; g.cyclic_gc_paused = contextlib.nullcontext",
 }
-SPARK_PIECES = ("archive", "quick_start")
+SPARK_PIECES = ("archive",)
 NO_SPARK_EXIT = 3
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
@@ -96,26 +94,6 @@ def report(figures: dict[str, list[float]], unit: str) -> None:
           "< 10% goes)")
 
 
-def demo_lake(out: str) -> str:
-    """The demo's lake: the bundled sample ingested (kept in bench/out between runs)."""
-    lake_dir = os.path.join(out, "machinery", "demo-lake")
-    if not os.path.isdir(os.path.join(lake_dir, "frames")):
-        from analyzer.cli import sample_captures
-        from analyzer.ingest import ingest_file
-        for capture in sample_captures():
-            ingest_file(capture, lake_dir)
-    return lake_dir
-
-
-def first_day(lake_dir: str) -> str:
-    import pyarrow.compute as pc
-
-    from analyzer import schema
-    from analyzer.lake import read_table
-
-    return pc.min(read_table(lake_dir, "frames", schema.FRAMES, columns=["date"])["date"]).as_py()
-
-
 def appended_lake(out: str, args) -> str:
     """The generated lake as a scheduled run finds it: its head committed and analysed (a full run,
     small enough for the local executor), then its last `--tail` share appended. Made once, kept in
@@ -164,14 +142,6 @@ def figure_runs(args) -> tuple[str, Callable[[], tuple[str, list[str]]]]:
             bench.clear_outputs(lake_dir)
             return lake_dir, ["--full"]
         return f"`ackscope analyze --full`, a generated lake of {stats['frames']:,} frames", full
-    if args.runs == "days":
-        lake_dir = demo_lake(out)
-        day = first_day(lake_dir)
-
-        def days() -> tuple[str, list[str]]:
-            bench.clear_outputs(lake_dir)
-            return lake_dir, ["--since", day, "--until", day]
-        return f"`ackscope analyze --since {day} --until {day}` on the demo's lake", days
     template = appended_lake(out, args)
     work = os.path.join(out, "machinery", "append-run", "lake")
 
@@ -247,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     spark = commands.add_parser("analyze")
     generator.add_arguments(spark)
     spark.set_defaults(frames=1_200_000, hot_deliveries=360_000, run=bench_analyze)
-    spark.add_argument("--runs", choices=("full", "days", "append"), required=True,
-                       help="the figure: a full run of the generated lake, a run by day on the demo's lake, "
+    spark.add_argument("--runs", choices=("full", "append"), required=True,
+                       help="the figure: a full run of the generated lake, "
                             "a scheduled run after the generated lake's last --tail share was appended")
     spark.add_argument("--tail", type=float, default=0.9, help="--runs append: the share appended (default %(default)s)")
     spark.add_argument("--master", default="local[2]")

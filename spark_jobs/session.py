@@ -69,18 +69,6 @@ _SESSION_CONF = {
 
 
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
-# A driver JVM for one small run spends most of its life starting and warming up: the JIT's
-# optimising compiler (C2) compiles Spark's code on the cores the run's Python workers need, for
-# code that runs too briefly to pay it back. Stopping at the quick compiler (C1) starts sooner and
-# competes less, but Spark's code runs slower once warm. Each run in a new process
-# (docs/analysis.md, "The speed machinery"): a run by day on the demo's lake 24% less wall time with
-# it; a full run of 1.2 M frame rows and an append of 1.1 M even; a full run of the 10 M-frame bench
-# lake ~10 s more (159.8 s against 149.5, when measured). A long-lived driver (`analyze --every`,
-# the tests) keeps C2.
-QUICK_START = "-XX:TieredStopAtLevel=1"
-# A one-shot run reading at most this many frame rows gets a QUICK_START driver: the largest run
-# measured to gain (the crossover lies near 5 M rows).
-QUICK_START_UP_TO_ROWS = 3_000_000
 
 
 def spark_log_path() -> str:
@@ -196,11 +184,10 @@ def commit_tag() -> str | None:
 
 
 def get_spark(master: str | None = "local[*]", app_name: str = "ackscope", driver_memory: str | None = None,
-              extra_java_options: str = "", class_archive: bool = True, quick_start: bool = False) -> SparkSession:
-    """The session for a job on `master` (None: resolved_master's); `driver_memory` (e.g. "8g"), `extra_java_options`, `class_archive`
-    (a local driver maps the CDS archive of Spark's classes, if one was made: jvm_archive.py) and
-    `quick_start` (a local driver for one small run: QUICK_START) count only if this call starts
-    the driver JVM."""
+              extra_java_options: str = "", class_archive: bool = True) -> SparkSession:
+    """The session for a job on `master` (None: resolved_master's); `driver_memory` (e.g. "8g"),
+    `extra_java_options` and `class_archive` (a local driver maps the CDS archive of Spark's
+    classes, if one was made: jvm_archive.py) count only if this call starts the driver JVM."""
     master = resolved_master(master)
     conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(_SESSION_CONF.items()))
     cores = _local_cores(master)
@@ -220,8 +207,6 @@ def get_spark(master: str | None = "local[*]", app_name: str = "ackscope", drive
                     f"-Dackscope.spark.log={spark_log_path()}", extra_java_options]
     if cores is not None and class_archive:
         java_options.append(jvm_archive.java_options())
-    if cores is not None and quick_start:
-        java_options.append(QUICK_START)
     conf.set("spark.driver.extraJavaOptions", " ".join(option for option in java_options if option))
     if _delta_jars_in_driver(conf):
         conf.set("spark.sql.extensions", DELTA_EXTENSION).set("spark.sql.catalog.spark_catalog", DELTA_CATALOG)

@@ -24,10 +24,12 @@ from pathlib import Path
 
 import pyspark
 
-from spark_jobs.session import QUICK_START
-
 SPARK_HOME = os.path.dirname(pyspark.__file__)
 START_TIMEOUT_S = 120
+# The JIT's quick compiler only: the test cluster's daemons pass messages and its executors run a
+# few seconds of small tasks, and the optimising compiler's threads would take this machine's two
+# cores from the tasks.
+QUICK_START = "-XX:TieredStopAtLevel=1"
 STOP_TIMEOUT_S = 30
 
 
@@ -60,7 +62,6 @@ class Cluster:
 
 
 def _daemon_env(folder: Path) -> dict[str, str]:
-    # The master and workers only pass messages and start executors: the quick compiler is enough.
     return {**os.environ, "SPARK_HOME": SPARK_HOME, "SPARK_CONF_DIR": str(folder / "daemon-conf"),
             "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_MEMORY": "256m", "SPARK_DAEMON_JAVA_OPTS": QUICK_START,
             "PYSPARK_PYTHON": sys.executable}
@@ -108,9 +109,7 @@ def standalone_cluster(folder: Path, workers: int = 2, cores: int = 1, memory: s
     conf_dir.mkdir(exist_ok=True)
     # What a site puts in its spark-defaults.conf: executor size, and the interpreter the executors'
     # Python workers run (here the venv's; on a real cluster the packed environment's, docs/deployment.md).
-    # Each test run starts its executors anew for a few seconds of small tasks: like a small run's
-    # driver (spark_jobs/session.py, QUICK_START), they stop at the quick compiler, whose compile
-    # threads leave this machine's two cores to the tasks.
+    # Each test run starts its executors anew for a few seconds of small tasks (QUICK_START).
     (conf_dir / "spark-defaults.conf").write_text(
         f"spark.executor.memory {executor_memory}\n"
         f"spark.executor.extraJavaOptions {QUICK_START}\n"

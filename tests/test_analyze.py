@@ -17,8 +17,7 @@ import pytest
 from analyzer import cli, lake, schema
 from analyzer.cli import build_parser
 from analyzer.timeline import replay_frames
-from spark_jobs import session
-from spark_jobs.analyze import OUTPUT_TABLES, analyze
+from spark_jobs.analyze import OUTPUT_TABLES, analyze, local_takes
 from analyzer.detectors.thresholds import Thresholds
 
 from .conftest import ROOT
@@ -186,20 +185,16 @@ def test_analyze_command_on_the_bundled_sample(tmp_path):
     assert rerun["connections"] == report["connections"]
 
 
-def test_one_run_over_few_frame_rows_gets_a_quick_start_driver(tmp_path, monkeypatch):
-    """`ackscope analyze` plans its run before it starts Spark, as the run will plan itself: one
-    run over few frame rows gets a driver JVM that favours start-up (session.QUICK_START); more
-    rows, a long-lived --every driver, or a lake it cannot plan (the run then says why) do not."""
+def test_the_command_plans_its_run_before_it_chooses_the_executor(tmp_path):
+    """`ackscope analyze` plans its run before it starts anything, as the run would plan itself,
+    and chooses the executor on that plan (analyze.local_takes: the frame rows it will read); a
+    lake it cannot plan gives no plan (the run then plans itself and says why)."""
     lake_dir = _sample_lake(tmp_path)
     rows = lake.logged_rows(lake.open_table(lake_dir, "frames"))
     args = build_parser().parse_args(["analyze", "--lake", lake_dir])
     plan = cli._planned(args, Thresholds())
     assert plan.scope == "full" and plan.rows_to_read == rows
-    assert cli._quick_start(plan)
-    monkeypatch.setattr(session, "QUICK_START_UP_TO_ROWS", rows - 1)
-    assert not cli._quick_start(plan)
-    monkeypatch.setattr(session, "QUICK_START_UP_TO_ROWS", rows)
-    assert cli._quick_start(plan)
+    assert local_takes(plan, rows) and not local_takes(plan, rows - 1)
     shutil.rmtree(os.path.join(lake_dir, "frames", "_delta_log"))
     assert cli._planned(args, Thresholds()) is None
 
