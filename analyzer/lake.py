@@ -21,6 +21,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import NamedTuple
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -380,11 +381,13 @@ class TableWriter:
             rows = pq.read_table(f"{self.root}/{relative}", filesystem=self.fs, partitioning=None, **READ_CHECKSUMS)
         return _conformed(rows, self.schema, {"date": date})
 
-    def write_merged(self, date: str | None, files: list[str]) -> None:
+    def write_merged(self, date: str | None, files: list[str], values: dict[str, bool] | None = None) -> None:
         """The rows of these data files of the table (paths relative to it, all of partition `date`)
         into one new file, streamed: a batch of a file at a time is read, and at most
         MERGE_ROW_GROUP_BYTES of rows are held before they are written as a row group, so the memory
-        is bounded whatever the files add up to."""
+        is bounded whatever the files add up to. `values`: the one value of each of the `split_by`
+        columns that every row of the files holds, kept in the new file's statistics as `write`
+        keeps them."""
         in_file = pa.schema([f for f in self.schema if f.name not in PARTITION_BY])
         relative, full = self._new_file(date)
         held: list[pa.Table] = []
@@ -400,7 +403,7 @@ class TableWriter:
                         held = []
             if held:
                 out.write_table(pa.concat_tables(held))
-        self._written(relative, date, rows, {})
+        self._written(relative, date, rows, values or {})
 
     def files(self) -> list[tuple]:
         """The files written so far, as plain tuples another process can hand to `adopt()`."""
@@ -446,12 +449,18 @@ def _batches(fs: pafs.FileSystem, path: str):
         yield from pq.ParquetFile(source, **READ_CHECKSUMS).iter_batches(batch_size=MERGE_BATCH_ROWS, use_threads=False)
 
 
-def table_files(table: DeltaTable) -> dict[str, tuple[int, dict]]:
-    """Each data file of the table's snapshot by its path relative to the table (unquoted): its
-    size and partition values."""
+class TableFile(NamedTuple):
+    size: int
+    partition_values: dict
+
+
+def table_files(table: DeltaTable) -> dict[str, TableFile]:
+    """Each data file of the table's loaded snapshot by its path relative to the table as the store
+    names it (the log URI-encodes paths: `%` in a file name is written `%25`): its size and
+    partition values."""
+    partitions = table.metadata().partition_columns
     actions = pa.table(table.get_add_actions(flatten=True))
-    partitions = [c for c in PARTITION_BY if f"partition.{c}" in actions.column_names]
-    return {unquote(row["path"]): (row["size_bytes"], {c: row[f"partition.{c}"] for c in partitions})
+    return {unquote(row["path"]): TableFile(row["size_bytes"], {c: row[f"partition.{c}"] for c in partitions})
             for row in actions.select(["path", "size_bytes"] + [f"partition.{c}" for c in partitions]).to_pylist()}
 
 

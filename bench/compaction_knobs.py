@@ -123,7 +123,9 @@ def step(name, work):
 
 table = step("log loaded (frames)", lambda: lake.open_table(lake_dir, "frames"))
 stored = pyarrow.schema(table.schema().to_arrow())
-for i, (day, paths) in enumerate(compaction.small_file_groups(lake.table_files(table))):
+days = {path: (size, partition.get("date")) for path, (size, partition) in lake.table_files(table).items()}
+groups = compaction.small_file_groups(days, compaction.TARGET_FILE_BYTES, compaction.GROUP_BYTES)
+for i, (day, paths) in enumerate(groups):
     writer = lake.TableWriter(lake_dir, "frames", stored, prefix=compaction.COMPACTED_PREFIX)
     step(f"group {i} merged ({len(paths)} files)", lambda: writer.write_merged(day, paths))
     step(f"group {i} committed", lambda: writer.commit(compaction.COMPACTION_APP_ID, {}, version=i + 1, remove=paths,

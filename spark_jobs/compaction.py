@@ -11,11 +11,14 @@ statistics: provisional.py; every file of findings and analysis_runs, which have
 grouped by partition and by the value of every flag the writers keep files apart by
 (wide_writes.FILE_FLAGS), so the merged file has one value of each flag and its
 statistics still let a read skip it (table_files.files_that_may_hold). delta-rs's OPTIMIZE would
-merge across the flags and lose that. The rows are read and written as they are, with the writers'
-statistics (analyzer.lake.TableWriter), and the commit removes the old files and adds the new one
-with `dataChange` false (no row changed: a reader of changes skips it), tagged with the run's id,
-like the run's other commits (provisional.last_written_by_finished_run). Then, as the agent does
-for `frames`, a checkpoint of the log and a vacuum of the files removed over a week ago.
+merge across the flags and lose that. The groups are cut and merged by the agent's compaction's
+rules (analyzer/agent/compaction.py: small_file_groups, each group streamed into one file by
+TableWriter.write_merged, the flags' values kept in its statistics), with this module's sizes and
+key; unlike the agent's, every group goes in one commit, which removes the old files and adds the
+new ones with `dataChange` false (no row changed: a reader of changes skips it), tagged with the
+run's id like the run's other commits (provisional.last_written_by_finished_run), with no app
+transaction. Then, as the agent does, a checkpoint of the log and a vacuum of the files removed
+over a week ago.
 
 The input tables too (`merge_analysed_input`): after each complete run, the small files of
 `frames` in the snapshot the run analysed, and those of `connections`, are merged by the agent's
@@ -28,8 +31,7 @@ rows not analysed yet makes it analyse everything: run_scope.py).
 from __future__ import annotations
 
 import os
-from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -37,17 +39,16 @@ from deltalake import DeltaTable
 
 from analyzer.agent import compaction as agent_compaction
 from analyzer.lake import TableWriter, open_table, table_files
-from analyzer.schema import PARTITION_BY
 
 from .provisional import PROVISIONAL
-from .table_files import OPEN_COST_BYTES, TableFile, commit_replacing
+from .table_files import OPEN_COST_BYTES
 from .wide_writes import FILE_FLAGS
 
 # A file this small is worth merging: it costs a reader more to open than to read
 # (table_files.OPEN_COST_BYTES). A larger file's bytes dominate its read and merging it saves little;
 # so a full run's files (a pass writes wide_writes.FILE_ROWS rows a file: ~8 MB of deliveries) are
 # not rewritten by the run after it. A group of at least so many is worth a commit; a merged file
-# gathers at most about so many bytes of them (the driver holds one merged file's rows at a time).
+# gathers at most about so many bytes of them (streamed: the driver holds lake.MERGE_ROW_GROUP_BYTES).
 SMALL_FILE_BYTES = OPEN_COST_BYTES
 FILES_TO_MERGE = 16
 MERGED_FILE_BYTES = 64 * 1024 * 1024
@@ -58,82 +59,49 @@ VACUUM_RETENTION_HOURS = 168
 
 @dataclass(frozen=True)
 class SmallFiles:
-    """A table's snapshot as one read of its log saw it, and the groups of its files `compact`
-    would merge in it (paths as the log names them)."""
-    table: DeltaTable | None
-    logged: dict[str, dict] = field(default_factory=dict)   # path -> its add action (flattened)
-    groups: list[list[str]] = field(default_factory=list)
+    """The groups of a table's files `compact` would merge, as one read of its log found them:
+    ((day, the flags' values), paths relative to the table)."""
+    schema: pa.Schema | None = None
+    groups: list[tuple[tuple, list[str]]] = field(default_factory=list)
 
 
 def small_final_files(lake: str, name: str) -> SmallFiles:
     """The groups of at least FILES_TO_MERGE final files under SMALL_FILE_BYTES of one partition
-    and one value of each flag."""
+    and one value of each flag, cut into runs of at most about MERGED_FILE_BYTES, by the agent's
+    rule (agent_compaction.small_file_groups). A file whose statistics do not say one value of each
+    flag is left alone."""
     table = open_table(lake, name)
     if table is None:
-        return SmallFiles(None)
-    logged = {action["path"]: action for action in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
-    groups = _final_small_files(logged.values(), _flags(table), SMALL_FILE_BYTES).values()
-    return SmallFiles(table, logged, [chunk for files in groups if len(files) >= FILES_TO_MERGE
-                                      for chunk in _by_size(files) if len(chunk) > 1])
-
-
-def _by_size(files: list[tuple[str, int]]) -> list[list[str]]:
-    """A group's files (path, bytes) in runs of at most about MERGED_FILE_BYTES."""
-    chunks, size = [[]], 0
-    for path, nbytes in files:
-        if chunks[-1] and size + nbytes > MERGED_FILE_BYTES:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(path)
-        size += nbytes
-    return chunks
+        return SmallFiles()
+    schema = pa.schema(table.schema().to_arrow())
+    flags = tuple(flag for flag in FILE_FLAGS if flag in schema.names)
+    files = {}
+    for action in pa.table(table.get_add_actions(flatten=True)).to_pylist():
+        values = {flag: action.get(f"min.{flag}") for flag in flags}
+        if not values.get(PROVISIONAL) and all(value is not None and value == action.get(f"max.{flag}")
+                                               and not action.get(f"null_count.{flag}") for flag, value in values.items()):
+            files[unquote(action["path"])] = (action["size_bytes"], (action["partition.date"], tuple(values.items())))
+    return SmallFiles(schema, agent_compaction.small_file_groups(files, SMALL_FILE_BYTES, MERGED_FILE_BYTES,
+                                                                 FILES_TO_MERGE))
 
 
 def compact(lake: str, name: str, found: SmallFiles, tag: str | None) -> int:
-    """Merges each group of files (small_final_files) into one file, all in one commit on the
-    snapshot they were found in; returns how many files it removed."""
+    """Merges each group of files (small_final_files) into one file, streamed as the agent merges
+    (TableWriter.write_merged), all in one commit; returns how many files it removed."""
     if not found.groups:
         return 0
-    table, logged = found.table, found.logged
-    stored = pa.schema(table.schema().to_arrow())
-    writer = TableWriter(lake, name, stored, split_by=_flags(table))
-    for paths in found.groups:
-        writer.write(pa.concat_tables([writer.read_file(unquote(path), logged[path]["partition.date"])
-                                       for path in paths]))
-    removed = {path: TableFile({c: logged[path][f"partition.{c}"] for c in PARTITION_BY}, logged[path]["size_bytes"])
-               for paths in found.groups for path in paths}
-    commit_replacing(table, stored, removed, [replace(add, data_change=False) for add in writer.actions], tag,
-                     data_change=False)
+    writer = TableWriter(lake, name, found.schema, prefix=agent_compaction.COMPACTED_PREFIX)
+    for (day, values), paths in found.groups:
+        writer.write_merged(day, paths, dict(values))
+    removed = [path for _, paths in found.groups for path in paths]
+    # No app transaction: the commit is the run's, tagged with its id as its others are.
+    writer.commit([], {"userMetadata": tag} if tag is not None else {}, remove=removed, data_change=False)
     # As the agent does after its compactions: a checkpoint of the log (a run reads the table's log
     # from the last one), then the files removed long enough ago, by every run's patches too.
     table = open_table(lake, name)
     table.create_checkpoint()
     table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, enforce_retention_duration=False, dry_run=False)
     return len(removed)
-
-
-def _flags(table) -> tuple[str, ...]:
-    names = pa.schema(table.schema().to_arrow()).names
-    return tuple(flag for flag in FILE_FLAGS if flag in names)
-
-
-def _final_small_files(actions, flags: tuple[str, ...], small_bytes: int) -> dict[tuple, list[tuple[str, int]]]:
-    """The small files (path, bytes) of these add actions whose every row is final and whose every
-    flag has one value, by (partition, flag values); a file without statistics of a flag is left alone."""
-    groups: dict[tuple, list[tuple[str, int]]] = defaultdict(list)
-    for action in actions:
-        if action["size_bytes"] >= small_bytes:
-            continue
-        values = []
-        for flag in flags:
-            least, most = action.get(f"min.{flag}"), action.get(f"max.{flag}")
-            if least is None or least != most or action.get(f"null_count.{flag}"):
-                break
-            values.append(least)
-        else:
-            if PROVISIONAL not in flags or values[flags.index(PROVISIONAL)] is False:
-                groups[(tuple(action[f"partition.{c}"] for c in PARTITION_BY), tuple(values))].append((action["path"], action["size_bytes"]))
-    return groups
 
 
 def merge_analysed_input(lake: str, frames_version: int, run_id: str) -> dict[str, int]:

@@ -45,7 +45,7 @@ def test_final_files_are_merged_by_partition_and_flag_and_provisional_ones_are_l
     rows_before = sorted(DeltaTable(os.path.join(lake_dir, "deliveries")).to_pyarrow_table().to_pylist(),
                          key=lambda r: r["seq"])
     groups = compaction.small_final_files(lake_dir, "deliveries")
-    assert sorted(len(g) for g in groups.groups) == [3, 4]  # the next day's two are too few; provisional ones never
+    assert sorted(len(paths) for _, paths in groups.groups) == [3, 4]  # the next day's two are too few; provisional ones never
     assert compaction.compact(lake_dir, "deliveries", groups, "run-2") == 7
     table = DeltaTable(os.path.join(lake_dir, "deliveries"))
     after = _files(lake_dir)
@@ -116,7 +116,7 @@ def test_a_big_group_is_merged_into_files_of_a_bounded_size(tmp_path, monkeypatc
     size = max(f["size_bytes"] for f in _files(lake_dir))
     monkeypatch.setattr(compaction, "MERGED_FILE_BYTES", 3 * size)
     groups = compaction.small_final_files(lake_dir, "deliveries")
-    assert [len(g) for g in groups.groups] == [3, 3]  # and the seventh file, alone, stays as it is
+    assert [len(paths) for _, paths in groups.groups] == [3, 3]  # and the seventh file, alone, stays as it is
     compaction.compact(lake_dir, "deliveries", groups, "run-2")
     assert sorted(f["num_records"] for f in _files(lake_dir)) == [1, 3, 3]
 
@@ -153,7 +153,7 @@ def test_a_table_without_flags_is_merged_by_partition(tmp_path, monkeypatch):
         writer.write(pa.Table.from_pylist([{"date": date, "seq": seq}], schema=plain))
         commit(os.path.join(lake_dir, "findings"), plain, writer.actions, PARTITION_BY, tag="run-1")
     found = compaction.small_final_files(lake_dir, "findings")
-    assert [len(g) for g in found.groups] == [3]
+    assert [len(paths) for _, paths in found.groups] == [3]
     assert compaction.compact(lake_dir, "findings", found, "run-2") == 3
     table = DeltaTable(os.path.join(lake_dir, "findings"))
     assert sorted(f["num_records"] for f in pa.table(table.get_add_actions(flatten=True)).to_pylist()) == [1, 3]

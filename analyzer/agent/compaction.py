@@ -38,6 +38,7 @@ once would be wrong if the commit had in fact landed).
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -55,23 +56,27 @@ COMPACTION_APP_ID = "ackscope-compaction"
 log = logging.getLogger("ackscope.agent")
 
 
-def small_file_groups(files: dict[str, tuple[int, dict]]) -> list[tuple[str | None, list[str]]]:
-    """The groups to merge among a table's files (lake.table_files: path -> size, partition
-    values): per day, the files under TARGET_FILE_BYTES in their order, cut before a file that
-    would take the group past GROUP_BYTES; groups of one file are left out."""
-    groups: dict[str | None, list[list[str]]] = {}
-    sizes: dict[str | None, int] = {}
-    for path, (size, partition) in files.items():
-        if size >= TARGET_FILE_BYTES:
-            continue
-        day = partition.get("date")
-        runs = groups.setdefault(day, [[]])
-        if runs[-1] and sizes[day] + size > GROUP_BYTES:
-            runs.append([])
-            sizes[day] = 0
-        runs[-1].append(path)
-        sizes[day] = sizes.get(day, 0) + size
-    return [(day, run) for day, runs in groups.items() for run in runs if len(run) > 1]
+def small_file_groups(files: dict[str, tuple[int, Hashable]], small_bytes: int, group_bytes: int,
+                      at_least: int = 2) -> list[tuple[Hashable, list[str]]]:
+    """The groups to merge among a table's files (path -> size, the key of the files it may merge
+    with: its day; the analysis' files, their day and flags' values): per key, the files under
+    `small_bytes` in their order, if there are at least `at_least`, cut before a file that would
+    take the group past `group_bytes`; groups of one file are left out."""
+    small: dict[Hashable, list[tuple[str, int]]] = {}
+    for path, (size, key) in files.items():
+        if size < small_bytes:
+            small.setdefault(key, []).append((path, size))
+    groups = []
+    for key, listed in small.items():
+        runs, total = [[]], 0
+        for path, size in listed:
+            if runs[-1] and total + size > group_bytes:
+                runs.append([])
+                total = 0
+            runs[-1].append(path)
+            total += size
+        groups += [(key, run) for run in runs if len(run) > 1 and len(listed) >= at_least]
+    return groups
 
 
 def compact_table(lake_dir: str, name: str, metadata: dict, *, written_before_ms: int | None = None,
@@ -87,7 +92,7 @@ def compact_table(lake_dir: str, name: str, metadata: dict, *, written_before_ms
     if table is None:
         return 0, 0
     stored = pa.schema(table.schema().to_arrow())
-    files = {path: file for path, file in lake.table_files(table).items()
+    files = {path: (size, partition.get("date")) for path, (size, partition) in lake.table_files(table).items()
              if not lake.written_with_prefix(path, lake.PROVISIONAL_PREFIX)}
     if among is not None:
         files = {path: file for path, file in files.items() if path in among}
@@ -95,7 +100,7 @@ def compact_table(lake_dir: str, name: str, metadata: dict, *, written_before_ms
         written = written_ms(table)
         files = {path: file for path, file in files.items() if written[path] < written_before_ms}
     merged = failed = 0
-    for day, paths in small_file_groups(files):
+    for day, paths in small_file_groups(files, TARGET_FILE_BYTES, GROUP_BYTES):
         writer = lake.TableWriter(lake_dir, name, stored, prefix=COMPACTED_PREFIX)
         try:
             writer.write_merged(day, paths)
