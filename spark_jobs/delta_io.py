@@ -25,13 +25,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from analyzer.lake import Bounds, TableWriter, any_within, filesystem, open_table, scan
+from analyzer.lake import Bounds, TableFile, TableWriter, any_within, filesystem, open_table, scan, table_files
 from analyzer.schema import PARTITION_BY
 
 from . import session
 from .provisional import files_with_provisional_rows
-from .table_files import (OPEN_COST_BYTES, TableFile, commit, commit_replacing, files_that_may_hold, files_to_read,
-                          snapshot_files, spark_location)
+from .table_files import OPEN_COST_BYTES, commit, files_that_may_hold, files_to_read, spark_location
 from .types import spark_schema
 from .wide_writes import FilesWriter, add_actions
 
@@ -197,13 +196,11 @@ class Rewrite:
     def commit(self, written: list[AddAction] = ()) -> int | None:
         """Removed and added in one commit, with more files already written (`written`); the new
         version, or None when there was nothing to do."""
-        adds, tag = [*self.adds, *written], session.commit_tag()
-        if self.table is None:
-            commit(os.path.join(self.lake, self.name), self.schema, adds, PARTITION_BY, tag=tag)
-        elif adds or self.removed:
-            commit_replacing(self.table, self.schema, self.removed, adds, tag)
-        else:
+        adds = [*self.adds, *written]
+        if self.table is not None and not adds and not self.removed:
             return None
+        commit(os.path.join(self.lake, self.name), self.schema, adds, PARTITION_BY, tag=session.commit_tag(),
+               table=self.table, removed=self.removed)
         return open_table(self.lake, self.name).version()
 
     def discard(self) -> None:
@@ -224,7 +221,7 @@ def rewrite(lake: str, name: str, replaced: Replacement) -> Rewrite:
     table untouched. Searched: every file, or with `provisional_only` those that may hold a
     provisional row; files of REWRITTEN_WHOLE_BYTES at most in all are all rewritten, unsearched."""
     table = open_table(lake, name)
-    searched = snapshot_files(table) if table is not None else {}
+    searched = table_files(table) if table is not None else {}
     if table is not None and replaced.provisional_only:
         provisional = files_with_provisional_rows(table)
         searched = {path: file for path, file in searched.items() if path in provisional}

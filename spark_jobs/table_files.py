@@ -13,17 +13,17 @@ import json
 import os
 import posixpath
 import re
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
-from deltalake.transaction import AddAction, RemoveAction
+from deltalake.transaction import AddAction
 
-from analyzer.lake import NULL_PARTITION, READ_CHECKSUMS, filesystem, is_local, is_s3, open_or_create, reading
-from analyzer.schema import PARTITION_BY
+from analyzer.lake import (NULL_PARTITION, READ_CHECKSUMS, filesystem, is_local, is_s3, open_or_create, reading,
+                           removals, table_files)
 
 # Spark's own estimate of what opening a file costs, in bytes it could have read meanwhile
 # (spark.sql.files.openCostInBytes): below it a file costs a reader more to open than to read.
@@ -44,26 +44,8 @@ def spark_location(path: str) -> str:
     return path
 
 
-@dataclass(frozen=True)
-class TableFile:
-    partition_values: dict
-    size: int
-
-
-def snapshot_files(table: DeltaTable) -> dict[str, TableFile]:
-    """Each data file of the table's loaded snapshot, by its path relative to the table as the store
-    names it (the log URI-encodes paths: `%` in a file name is written `%25`)."""
-    partition_columns = table.metadata().partition_columns
-    actions = pa.table(table.get_add_actions(flatten=True))
-    files = {}
-    for action in actions.select(["path", "size_bytes"] + [f"partition.{c}" for c in partition_columns]).to_pylist():
-        files[unquote(action["path"])] = TableFile(
-            {column: action[f"partition.{column}"] for column in partition_columns}, action["size_bytes"])
-    return files
-
-
 def files_that_may_hold(table: DeltaTable, column: str) -> set[str]:
-    """The files of the table's snapshot (paths relative to it, as snapshot_files names them) that
+    """The files of the table's snapshot (paths relative to it, as lake.table_files names them) that
     may hold a row whose boolean `column` is true: all but those whose statistics say the column's
     largest value is false (a file without them may hold anything)."""
     actions = pa.table(table.get_add_actions(flatten=True))
@@ -110,7 +92,7 @@ class SparkRead:
 def files_to_read(table: DeltaTable, location: str, since: str | None, until: str | None,
                   only: set[str] | None = None) -> SparkRead:
     """The snapshot's files on the `date` partitions from `since` to `until` (inclusive, None: open);
-    `only`: just these of them (paths relative to the table, as snapshot_files names them).
+    `only`: just these of them (paths relative to the table, as lake.table_files names them).
 
     Spark takes partition values from folder names, as a constant per file at no cost per row. Both
     delta-rs and delta-spark lay files out that way, but the log is the truth: a file whose folders
@@ -118,7 +100,7 @@ def files_to_read(table: DeltaTable, location: str, since: str | None, until: st
     check_bridge_can_read(table, location)
     base = spark_location(location)
     files = []
-    for relative, file in snapshot_files(table).items():
+    for relative, file in table_files(table).items():
         if (only is None or relative in only) and _day_selected(file.partition_values.get("date"), since, until):
             _check_partition_folders(relative, file.partition_values)
             files.append(f"{base}/{relative}")
@@ -203,7 +185,7 @@ def changes_between(lake: str, name: str, old_version: int, new_version: int) ->
     base = spark_location(location)
     commits = _commits(location, old_version + 1, new_version)
     if commits is None:
-        old, new = (set(snapshot_files(DeltaTable(location, version=v))) for v in (old_version, new_version))
+        old, new = (set(table_files(DeltaTable(location, version=v))) for v in (old_version, new_version))
         added, removed = new - old, old - new
     else:
         added, removed = set(), set()
@@ -237,23 +219,14 @@ def _commits(location: str, first: int, last: int) -> list[list[dict]] | None:
 # --- write ---------------------------------------------------------------------------------------
 
 def commit(location: str, schema: pa.Schema, actions: list, partition_by: list[str], mode: str = "append",
-           tag: str | None = None) -> None:
+           tag: str | None = None, table: DeltaTable | None = None, removed: Iterable[str] = ()) -> None:
     """Add (with `mode="overwrite"`: replace the snapshot with) these files in one commit, creating
-    the table if there is none; tagged with `tag` (commit_properties)."""
-    table = open_or_create(location, schema, partition_by)
-    table.create_write_transaction(actions, mode=mode, schema=schema, partition_by=partition_by,
-                                   commit_properties=commit_properties(tag))
-
-
-def commit_replacing(table: DeltaTable, schema: pa.Schema, removed: dict[str, TableFile], adds: list[AddAction],
-                     tag: str | None, data_change: bool = True) -> None:
-    """These files of the table's snapshot (by path as the log names them) removed and `adds` added,
-    in one commit tagged with `tag` (`data_change` false: no row changed, as in a compaction). A
-    concurrent writer removing one of these files makes the commit fail rather than lose its rows."""
-    now = int(time.time() * 1000)
-    removes = [RemoveAction(path, data_change, now, file.size, file.partition_values) for path, file in removed.items()]
-    table.create_write_transaction([*removes, *adds], mode="append", schema=schema, partition_by=PARTITION_BY,
-                                   commit_properties=commit_properties(tag))
+    the table if there is none; tagged with `tag` (commit_properties). `removed`: files of `table`
+    (the snapshot they were found in; paths relative to it) removed in the same commit: a
+    concurrent writer removing one of them makes the commit fail rather than lose its rows."""
+    table = table or open_or_create(location, schema, partition_by)
+    table.create_write_transaction([*removals(table, list(removed)), *actions], mode=mode, schema=schema,
+                                   partition_by=partition_by, commit_properties=commit_properties(tag))
 
 
 def commit_properties(tag: str | None) -> CommitProperties:

@@ -16,7 +16,6 @@ import pytest
 
 from analyzer import lake, schema
 from analyzer.agent.sink import LakeSink, app_id_of
-from spark_jobs.table_files import snapshot_files
 from tests.agent_support import AgentProcess, lake_frames, publish_confirmed, rows_of, wait_for
 
 pytestmark = pytest.mark.rabbitmq
@@ -188,7 +187,7 @@ def test_compaction_removes_the_files_the_table_stopped_referencing_after_the_re
         table_dir = os.path.join(lake_dir, "connections")
         written = _parquet_files(table_dir)
         sink.compact()
-        referenced = set(snapshot_files(lake.open_table(lake_dir, "connections")))
+        referenced = set(lake.table_files(lake.open_table(lake_dir, "connections")))
         assert len(referenced) == 1 and not referenced & written  # four small files merged into one
         assert _parquet_files(table_dir) == (referenced | written if replaced_kept else referenced)
         assert len(lake.read_table(lake_dir, "connections", schema.CONNECTIONS)) == 12
