@@ -171,19 +171,13 @@ def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | Non
     read = [f.name for f in wanted if f.name not in PARTITION_BY]
     parts = []
     fs, root = filesystem(os.path.join(lake, name))
-    actions = pa.table(table.get_add_actions(flatten=True))
-    for path, values in zip(actions["path"].to_pylist(),
-                            zip(*(actions[f"partition.{p}"].to_pylist() for p in PARTITION_BY))):
-        if files is not None and unquote(path) not in files:
+    for path, file in table_files(table).items():
+        if files is not None and path not in files:
             continue
-        with reading(f"{root}/{unquote(path)}"):
-            part = pq.read_table(f"{root}/{unquote(path)}", filesystem=fs, partitioning=None,  # the log holds URI-encoded paths
-                                 schema=in_files, columns=read, filters=where, **READ_CHECKSUMS)
-        n = part.num_rows
-        by_name = dict(zip(PARTITION_BY, values))
-        parts.append(pa.Table.from_arrays(
-            [pa.repeat(pa.scalar(by_name[f.name], f.type), n) if f.name in by_name else part[f.name]
-             for f in wanted], schema=pa.schema(wanted)))
+        with reading(f"{root}/{path}"):
+            part = pq.read_table(f"{root}/{path}", filesystem=fs, partitioning=None, schema=in_files, columns=read,
+                                 filters=where, **READ_CHECKSUMS)
+        parts.append(_conformed(part, pa.schema(wanted), file.partition_values))
     if not parts:
         return pa.schema(wanted).empty_table()
     return pa.concat_tables(parts)
