@@ -224,7 +224,7 @@ def commit(location: str, schema: pa.Schema, actions: list, partition_by: list[s
     the table if there is none; tagged with `tag` (commit_properties). `removed`: files of `table`
     (the snapshot they were found in; paths relative to it) removed in the same commit: a
     concurrent writer removing one of them makes the commit fail rather than lose its rows."""
-    table = table or open_or_create(location, schema, partition_by)
+    table = open_or_create(location, schema, partition_by) if table is None else table
     table.create_write_transaction([*removals(table, list(removed)), *actions], mode=mode, schema=schema,
                                    partition_by=partition_by, commit_properties=commit_properties(tag))
 

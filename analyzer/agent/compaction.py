@@ -17,7 +17,9 @@ included, and held what it rewrote: the agent's RSS reached 362, 429 then 480 MB
 
 Who merges what. The scheduled analysis merges, after each complete run, the small files of
 `frames` it has analysed and those of `connections` (spark_jobs/compaction.merge_analysed_input,
-with `compact_table` here: one implementation); the agent merges only small files written longer
+with `compact_table` here: one implementation; its own tables' small files too, grouped by
+`small_file_groups` and merged by `write_merged`, in one commit tagged with the run:
+spark_jobs/compaction.py); the agent merges only small files written longer
 ago than `--compact-min-age`, which a working analysis job never leaves. So beside a running
 analysis the sidecar's compaction merges nothing (a merge's ~35-40 MB of Parquet buffers and log
 state stay out of the sidecar's peak: bench/README.md, soak.py and compaction_knobs.py), and
