@@ -78,8 +78,9 @@ def small_final_files(lake: str, name: str) -> SmallFiles:
     files = {}
     for action in pa.table(table.get_add_actions(flatten=True)).to_pylist():
         values = {flag: action.get(f"min.{flag}") for flag in flags}
-        if not values.get(PROVISIONAL) and all(value is not None and value == action.get(f"max.{flag}")
-                                               and not action.get(f"null_count.{flag}") for flag, value in values.items()):
+        if not values.get(PROVISIONAL) and all(
+                value is not None and value == action.get(f"max.{flag}") and not action.get(f"null_count.{flag}")
+                for flag, value in values.items()):
             files[unquote(action["path"])] = (action["size_bytes"], (action["partition.date"], tuple(values.items())))
     return SmallFiles(schema, agent_compaction.small_file_groups(files, SMALL_FILE_BYTES, MERGED_FILE_BYTES,
                                                                  FILES_TO_MERGE))
