@@ -5,8 +5,8 @@ A bridge read hands Spark exactly the snapshot's files that delta-rs resolves, a
 values Spark sees are checked against the log's (Delta keeps them in the log, not in the files).
 The analysis writes its tables with delta-rs only (pyarrow files, one Delta commit each), so every
 reader (delta-spark, `deltalake`, `analyzer.lake.read_table`) sees the same tables. What the driver
-does with the store's files (listing, sizes, commit logs) is in table_files.py, the same for a local
-and an S3 lake.
+does with the store's files (which to read, commit logs, commits) is in table_files.py, their
+listing in analyzer.lake (`table_files`, as the agent lists them), the same for a local and an S3 lake.
 """
 
 import os
