@@ -42,6 +42,10 @@ READ_CHECKSUMS = {"page_checksum_verification": True}
 
 
 S3_SCHEMES = ("s3", "s3a")
+# Reader features that leave a Parquet file meaning what it says: the only ones a read of a table's
+# files themselves (pyarrow here; Spark through the bridge) may meet. Any other (deletion vectors
+# hiding rows, column mapping renaming columns, ...) needs delta-spark to be read correctly.
+FILE_READER_FEATURES = {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck"}
 
 
 def is_local(path: str) -> bool:
@@ -147,6 +151,20 @@ def set_aside(lake: str, name: str) -> str | None:
     return None
 
 
+def check_files_readable(table: DeltaTable, location: str) -> None:
+    """Refuses a table whose Parquet files do not mean what they say without Delta's reader
+    features (FILE_READER_FEATURES): its rows read from the files would be wrong, not missing."""
+    protocol = table.protocol()
+    if protocol.min_reader_version == 1:
+        return
+    # Reader version 2 is column mapping; 3 lists its features.
+    features = set(protocol.reader_features or []) if protocol.min_reader_version >= 3 else {"columnMapping"}
+    if not features <= FILE_READER_FEATURES:
+        raise RuntimeError(f"{location}: the table uses {sorted(features - FILE_READER_FEATURES)}, which a read of "
+                           f"its Parquet files cannot apply; read it with delta-spark (--delta-mode native, with "
+                           f"--local-up-to 0 for a run the driver would make itself)")
+
+
 def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | None = None,
                where: pc.Expression | None = None, files: set[str] | None = None,
                version: int | None = None) -> pa.Table | None:
@@ -164,6 +182,7 @@ def read_table(lake: str, name: str, schema: pa.Schema, columns: list[str] | Non
         return None
     if version is not None:
         table.load_as_version(version)
+    check_files_readable(table, os.path.join(lake, name))
     wanted = [f for f in schema if columns is None or f.name in columns]
     # Files read in the schema's types (`where` may name columns not wanted); a column a file lacks
     # (written before the table had it) reads as nulls, as in Spark.
@@ -214,6 +233,7 @@ def scan(lake: str, name: str, schema: pa.Schema, columns: list[str], version: i
         return
     if version is not None:
         table.load_as_version(version)
+    check_files_readable(table, os.path.join(lake, name))
     fs, root = filesystem(os.path.join(lake, name))
     actions = pa.table(table.get_add_actions(flatten=True))
     partitions = {column: actions[f"partition.{column}"].to_pylist() if f"partition.{column}" in actions.column_names

@@ -22,15 +22,12 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import AddAction
 
-from analyzer.lake import (NULL_PARTITION, READ_CHECKSUMS, filesystem, is_local, is_s3, open_or_create, reading,
-                           removals, table_files)
+from analyzer.lake import (NULL_PARTITION, READ_CHECKSUMS, check_files_readable, filesystem, is_local, is_s3,
+                           open_or_create, reading, removals, table_files)
 
 # Spark's own estimate of what opening a file costs, in bytes it could have read meanwhile
 # (spark.sql.files.openCostInBytes): below it a file costs a reader more to open than to read.
 OPEN_COST_BYTES = 4 * 1024 * 1024
-# Reader features that leave a Parquet file meaning what it says. Anything else (deletion vectors
-# hiding rows, column mapping renaming columns, ...) needs delta-spark to read correctly.
-BRIDGE_READER_FEATURES = {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck"}
 _ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
 
 
@@ -97,7 +94,7 @@ def files_to_read(table: DeltaTable, location: str, since: str | None, until: st
     Spark takes partition values from folder names, as a constant per file at no cost per row. Both
     delta-rs and delta-spark lay files out that way, but the log is the truth: a file whose folders
     would give Spark anything else stops the read."""
-    check_bridge_can_read(table, location)
+    check_files_readable(table, location)
     base = spark_location(location)
     files = []
     for relative, file in table_files(table).items():
@@ -105,17 +102,6 @@ def files_to_read(table: DeltaTable, location: str, since: str | None, until: st
             _check_partition_folders(relative, file.partition_values)
             files.append(f"{base}/{relative}")
     return SparkRead(base, tuple(files))
-
-
-def check_bridge_can_read(table: DeltaTable, location: str) -> None:
-    protocol = table.protocol()
-    if protocol.min_reader_version == 1:
-        return
-    # Reader version 2 is column mapping; 3 lists its features.
-    features = set(protocol.reader_features or []) if protocol.min_reader_version >= 3 else {"columnMapping"}
-    if not features <= BRIDGE_READER_FEATURES:
-        raise RuntimeError(f"{location}: the table uses {sorted(features - BRIDGE_READER_FEATURES)}, which the "
-                           f"bridge cannot apply to its Parquet files; read it with --delta-mode native")
 
 
 def _day_selected(day: str | None, since: str | None, until: str | None) -> bool:

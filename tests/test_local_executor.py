@@ -184,3 +184,17 @@ def test_ackscope_analyze_carries_a_small_append_on_without_starting_spark(spark
     assert report["carried_connections"] == 1 and report["frames"] == len(a.rows) - held, report
     assert "1 connection(s): analysed by the driver" in done.stderr
     assert _tables(pieces_dir) == _tables(whole_dir)
+
+
+def test_the_local_reads_refuse_a_table_whose_files_need_delta_spark(tmp_path):
+    """Deletion vectors hide rows that are still in the Parquet files: the local executor's reads
+    (pyarrow, analyzer.lake) refuse such a table, as the bridge does, rather than read them back."""
+    DeltaTable.create(str(tmp_path / "frames"), schema.FRAMES, partition_by=["date"],
+                      configuration={"delta.enableDeletionVectors": "true"})
+    refused = "deletionVectors.*--delta-mode native"
+    with pytest.raises(RuntimeError, match=refused):
+        lake.read_table(str(tmp_path), "frames", schema.FRAMES)
+    with pytest.raises(RuntimeError, match=refused):
+        list(lake.scan(str(tmp_path), "frames", schema.FRAMES, ["seq"]))
+    with pytest.raises(RuntimeError, match=refused):
+        analyze(None, str(tmp_path))
