@@ -169,11 +169,6 @@ class PassSummary:
     def connections(self) -> int:
         return self.tally.num_rows
 
-    @property
-    def metrics_redo(self) -> list[str]:
-        """The connections whose channel_metrics were computed again from all their records."""
-        return sorted(row["connection_id"] for row in self.tally.to_pylist() if row["metrics_redo"] is not None)
-
 
 def summarised_pass(wide: DataFrame) -> PassSummary:
     """The pass run and its wide table's rows (small: files, tallies, raw findings, counts)

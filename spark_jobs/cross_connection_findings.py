@@ -47,17 +47,6 @@ class FoundAcross:
     raw: pa.Table             # the raw findings (connection_pass.RAW_FINDINGS), finished with the pass's
     messages: frozenset[str]  # the messages whose stored requeue_loop findings they replace
     places: frozenset[Place]  # the closed incarnations whose stored redelivery_after_close findings they replace
-    candidates: int           # the stored candidates read
-
-    @property
-    def named(self) -> int:
-        """The evidence frames they name."""
-        return sum(len(seqs) for seqs in self.raw["seqs"].to_pylist())
-
-    @property
-    def first_ns(self) -> int | None:
-        """The first instant of the first of them (their evidence frames are no earlier)."""
-        return min((json.loads(f)["first_ts_ns"] for f in self.raw["finding"].to_pylist()), default=None)
 
 
 def candidates_of(deliveries: pa.Table | pa.RecordBatch) -> pa.Table | pa.RecordBatch:
@@ -74,8 +63,7 @@ def findings_across(stored: pa.Table, changed: pa.Table | None, connections: Cal
     of a message some stored candidate or requeue_loop finding names matter: findings.py's
     `_of_connections`); None: every stored candidate, a full run. `connections(ids)`: the
     connection facts (connection_pass.connection_facts) of these connections."""
-    picked = stored.filter(candidates(stored))
-    rows = picked.select(COLUMNS).to_pylist()
+    rows = candidates_of(stored).to_pylist()
     if changed is None:
         changed_rows = rows
     else:
@@ -110,8 +98,7 @@ def findings_across(stored: pa.Table, changed: pa.Table | None, connections: Cal
     raw = [{"connection_id": connection_id,
             "connection": json.dumps(facts.get(connection_id, {"connection_id": connection_id})),
             **finding_fields(finding)} for connection_id, finding in [*loops, *after_close]]
-    return FoundAcross(pa.Table.from_pylist(raw, schema=RAW_FINDINGS), frozenset(came_back), frozenset(places),
-                       len(rows))
+    return FoundAcross(pa.Table.from_pylist(raw, schema=RAW_FINDINGS), frozenset(came_back), frozenset(places))
 
 
 def _journey(deliveries: Iterable[dict], thresholds: Thresholds) -> tuple[str, RawFinding] | None:

@@ -90,7 +90,8 @@ def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, pa
     assert (summary.frames, summary.connections) == (sum(tally.values()), len(tally))
     known = [d for d in got["deliveries"].to_pylist() if d["message_identity"] is not None]
     assert summary.came_back == sum(1 for d in known if d["redelivered"] or (d["x_death_count"] or 0) > 0)
-    return got, states, tally, summary.metrics_redo
+    redone = sorted(row["connection_id"] for row in summary.tally.to_pylist() if row["metrics_redo"] is not None)
+    return got, states, tally, redone
 
 
 def finished(raw: pa.Table, frames: pa.Table, lake_dir: str) -> list[dict]:
