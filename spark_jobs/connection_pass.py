@@ -1,24 +1,14 @@
-"""The one pass over the frames: each connection, in seq order, through the reference state machine.
+"""The one pass over the frames: each connection, in seq order, through the reference state machine
+(docs/analysis.md, "One implementation of the rules, distributed by Spark", 1 and 3).
 
-A channel's timeline is a sequential state machine (DESIGN.md, "Analysis"): Spark moves the data,
-Python runs the machine. The frames are shuffled by connection and sorted by (connection, seq)
-within each partition, each connection's schema.CONNECTIONS row travelling first (a header row, at
-seq HEADER_SEQ); `mapInArrow` then streams every partition's Arrow batches through
-analyzer/connection_analysis.py, one connection after the other, so a connection of millions of
-frames is never held whole: records and metric rows leave as Arrow batches as they become final.
-Every table the pass produces (WRITTEN_TABLES: the four timeline tables, channel_metrics and each
-connection's checkpoint for the next incremental run, `analysis_state`) is written by its tasks as
-uncommitted Parquet files into the lake (wide_writes.FilesWriter), as the carried pass does
-(timeline/carried.py): the records never become Spark rows. What comes back, as one wide table of
-small rows (wide.py; Spark takes one output schema per call), is those files, the connections'
-findings (raw: the capture packets of their evidence are looked up afterwards,
-evidence_packets.py), a tally of the frames read per connection and each flush's count of the
-deliveries the message kinds can start from; `summarised_pass` collects it in one Spark job.
-
-A connection whose frame times went back has its channel_metrics computed again in its task from
-all its records (`_Partition._metrics_again`): the rows it streamed are taken back out of the files.
-
-Connections are independent, so the work scales out by partition; a hot connection is one task.
+The frames are shuffled by connection and sorted by (connection, seq), each connection's
+schema.CONNECTIONS row first (a header row, at seq HEADER_SEQ); `mapInArrow` streams them through
+analyzer/connection_analysis.py one connection after the other, never holding one whole. The tasks
+write every table of WRITTEN_TABLES as uncommitted files (wide_writes.FilesWriter): the records never
+become Spark rows. What comes back, as one wide table of small rows (wide.py: Spark takes one output
+schema per call), is those files, the raw findings (their packets are looked up afterwards:
+evidence_packets.py), a tally per connection and a count of the deliveries the message kinds can
+start from, collected in one Spark job (`summarised_pass`).
 """
 
 from __future__ import annotations
@@ -90,17 +80,21 @@ def connection_pass(frames: DataFrame, connections: DataFrame, settings: Setting
     here are skipped). `write_to`: the lake whose WRITTEN_TABLES the tasks write, uncommitted, in
     files of `file_rows` rows (None: wide_writes.FILE_ROWS), their `files` rows in the wide table
     (docs/analysis.md: the records as Spark rows cost ~30% more)."""
-    spark = frames.sparkSession
-    partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
     file_rows = file_rows or FILE_ROWS
 
     def run_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return _Partition(settings, frames_version, flush_records, advance_every, write_to, file_rows).run(batches)
 
     rows = frames.select(*ANALYSIS_COLUMNS).unionByName(headers(connections), allowMissingColumns=True)
-    return (rows.repartition(partitions, "connection_id")
-            .sortWithinPartitions("connection_id", "seq")
-            .mapInArrow(run_partition, spark_schema(WIDE)))
+    return by_connection(rows, partitions, run_partition, WIDE)
+
+
+def by_connection(rows: DataFrame, partitions: int | None, run_partition, wide: pa.Schema) -> DataFrame:
+    """Frame and header rows through `run_partition` (a ConnectionsPartition's `run`) as it takes
+    them: shuffled by connection into `partitions` (None: Spark's setting), each in seq order."""
+    partitions = partitions or int(rows.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    return (rows.repartition(partitions, "connection_id").sortWithinPartitions("connection_id", "seq")
+            .mapInArrow(run_partition, spark_schema(wide)))
 
 
 def headers(connections: DataFrame) -> DataFrame:
@@ -241,6 +235,12 @@ class ConnectionsPartition:
             self.current = None
         yield from self._flush()
 
+    def _write_records(self, final: dict[str, pa.Table], opened: dict[str, pa.Table]) -> None:
+        """Timeline records by table (final; the checkpoints' open ones, provisional) to their writers."""
+        for name in RECORD_TYPES:
+            rows = pa.concat_tables([as_stored(name, final[name], False), as_stored(name, opened[name], True)])
+            self.writers[name].add(rows.select(TIMELINE_TABLES[name].names))
+
     def _metrics_and_states_out(self, metrics: list[dict], open_from: dict[str, tuple], states: list[dict]) -> None:
         """Metric rows (analyzer/timeline/metrics.py dicts; `open_from`: provisional.open_buckets of
         their connections with a checkpoint) and analysis_state rows to their writers."""
@@ -316,9 +316,7 @@ class _Partition(ConnectionsPartition):
         final, final_back = self.records.take(ordered=False)
         opened, opened_back = self.open_records.take(ordered=False)
         self.came_back += final_back + opened_back
-        for name in RECORD_TYPES:
-            rows = pa.concat_tables([as_stored(name, final[name], False), as_stored(name, opened[name], True)])
-            self.writers[name].add(rows.select(TIMELINE_TABLES[name].names))
+        self._write_records(final, opened)
 
     def _flush(self) -> Iterator[pa.RecordBatch]:
         if not (len(self.records) or len(self.open_records) or self.metrics or any(self.rows.values())):

@@ -1,16 +1,9 @@
-"""Connections carried from run to run on Spark (the rules: analyzer/timeline/carry.py).
-
-A scheduled run hands each connection's new frames, with its checkpoint (the `analysis_state`
-table) and its connections row, to the state machine and detectors resumed from that checkpoint
-(analyzer/connection_analysis.py's `CarriedAnalysis`): only the new frames are read. The rows are
-laid out, streamed and written as files as in the pass over whole connections (connection_pass.py),
-the stored state travelling in the header row; a connection that falls back takes its written
-rows back out. Out come, as one wide table (wide.py): those files (`files`), the timeline rows
-they replace (role `stale`), the incarnations whose channel_metrics are recomputed from the
-boundary bucket on (`touched`: their rows replace those buckets), the connection's findings before
-their evidence packets (`raw_findings`), or why the connection must be analysed whole instead
-(`fallback`; if some of its rows had already left, `streamed`: the caller drops them,
-`without_fallbacks`). Connections analysed whole get their checkpoints from connection_pass.py.
+"""Connections carried from run to run (the rules: analyzer/timeline/carry.py; docs/analysis.md,
+"Incremental"): each connection's new frames, its stored state in its header row, through
+connection_analysis.CarriedAnalysis, laid out, streamed and written as in the pass over whole
+connections (connection_pass.py). Its wide table (CARRIED_TABLES) adds the timeline rows the written
+ones replace (role `stale`), the incarnations whose channel_metrics buckets are recomputed from the
+boundary on (`touched`), and the connections to analyse whole instead (`fallback`).
 """
 
 from __future__ import annotations
@@ -29,8 +22,7 @@ from analyzer.timeline.tables import RECORD_TYPES, to_tables
 
 from ..provisional import open_buckets
 from ..connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, STATE_TABLE, ConnectionsPartition,
-                               headers, raw_finding_rows, state_row)
-from ..types import spark_schema
+                               by_connection, headers, raw_finding_rows, state_row)
 from ..wide_writes import FILE_ROWS, FILES
 from .tables import TIMELINE_TABLES, as_stored
 from .wide import to_wide, wide_schema
@@ -62,8 +54,6 @@ def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, s
     the findings, as the pass reads them: connection_pass.headers). Records leave every
     `flush_records` (None: FLUSH_RECORDS); the tasks write the rows to write into the tables'
     folders of the lake `write_to`, in files of `file_rows` rows (None: wide_writes.FILE_ROWS)."""
-    spark = new_frames.sparkSession
-    partitions = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
     flush_records = flush_records or FLUSH_RECORDS
     file_rows = file_rows or FILE_ROWS
 
@@ -74,9 +64,7 @@ def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, s
               .join(headers(connections).select("connection_id", HEADER), on="connection_id", how="full")
               .withColumn("seq", F.lit(HEADER_SEQ).cast("bigint")))
     rows = new_frames.select(*ANALYSIS_COLUMNS).unionByName(stored, allowMissingColumns=True)
-    return (rows.repartition(partitions, "connection_id")
-            .sortWithinPartitions("connection_id", "seq")
-            .mapInArrow(run_partition, spark_schema(WIDE)))
+    return by_connection(rows, partitions, run_partition, WIDE)
 
 
 def without_fallbacks(rows: pa.Table, connection_ids: list[str]) -> pa.Table:
@@ -179,12 +167,9 @@ class _CarriedPartition(ConnectionsPartition):
             current.marks = (0, 0)
         if not (self.final or self.opened or self.stale or self.metrics or any(self.rows.values())):
             return
-        parts = []
         final, opened, stale = (to_tables(records, ordered=False) for records in (self.final, self.opened, self.stale))
-        for name in RECORD_TYPES:
-            written = pa.concat_tables([as_stored(name, final[name], False), as_stored(name, opened[name], True)])
-            self.writers[name].add(written.select(TIMELINE_TABLES[name].names))
-            parts.append((name, STALE, as_stored(name, stale[name], True)))
+        self._write_records(final, opened)
+        parts = [(name, STALE, as_stored(name, stale[name], True)) for name in RECORD_TYPES]
         self._metrics_and_states_out(self.metrics, self.open_buckets, self.rows[STATE_TABLE])
         parts += [(name, None, pa.Table.from_pylist(self.rows[name], schema=CARRIED_TABLES[name]))
                   for name in ("touched", "tally", "raw_findings", "fallback")]
