@@ -1,22 +1,12 @@
 """The pipeline's findings across connections, over Arrow: requeue_loop and redelivery_after_close
-(analyzer/detectors/messages.py's rules) of the messages a run's rows can change. Both executors
-call it through the one findings step (findings.py), which reads the stored candidates from the
-lake's files and takes the changed rows each executor hands in; neither has a rule of its own.
+(analyzer/detectors/messages.py's rules) of the messages a run's rows can change, for both executors
+through the one findings step (findings.py); neither executor has a rule of its own.
 
-Both kinds read only the candidate deliveries (analyzer.detectors.messages.candidates: in a loop,
-or left at a close), a few in a hundred, stored in files of their own (requeue_related.py). So a
-message's findings can change only where a run adds or deletes a candidate row of it: those rows
-are `changed`. A connection analysed whole has all its rows deleted and written again, so all the
-rows it wrote count (the ones deleted were rows of the same deliveries); a carried connection
-changes the requeue_related rows it wrote and those they replace (carried_pass.py).
-- requeue_loop, one finding per message: computed again for every message identity of a changed
-  delivery, from those identities' candidates;
-- redelivery_after_close, one finding per closed channel incarnation: computed again for the
-  incarnations with a changed closed delivery, and for those whose unacked messages came back
-  (redelivered) in a changed delivery, from their deliveries and every delivery of the same
-  messages (an incarnation's finding names all its messages: it is computed whole or not at all).
-Every other stored finding stays as it was. A full run counts every candidate as changed, and so
-finds what the rules find in the whole table.
+Which findings a run computes again, from the candidate rows it added or deleted (`changed`), is
+docs/analysis.md's ("Incremental": Findings): requeue_loop for every message of a changed row;
+redelivery_after_close for every incarnation with a changed closed delivery, or whose unacked
+messages came back in one, computed whole (its finding names all its messages). Every other stored
+finding stays; a full run counts every candidate as changed.
 """
 
 from __future__ import annotations

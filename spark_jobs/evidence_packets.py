@@ -1,16 +1,8 @@
-"""The last step of the findings: the capture packet of every frame their evidence names.
-
-The pass sees each frame once, and which frames a finding names is known only at its connection's
-end, so the packets are looked up afterwards. A run's findings step (findings.py) first takes
-those it knows without a scan of `frames` (`known_packets`): a carried connection's findings
-mostly name the frames its stored findings named, and the rest are among the run's new frames. A
-frame's packet never changes, and a stored finding's `source` is its first evidence frame's
-(every frame row names its source: the capture file or interface; its evidence's `source_files`
-names each frame's, where they are in several files). So a finding whose every
-evidence frame is a new frame or has its packet in a stored finding, and whose first one has its
-source there too, is finished from those; `frames` is scanned only for the frames of the others.
-Each raw finding is then finished by analyzer/detectors/common.py's `finish`, the one
-implementation, for every kind.
+"""The last step of the findings: the capture packet of every frame their evidence names, looked up
+after the pass, since which frames a finding names is known only at its connection's end. Those
+known without a scan of `frames` first (`known_packets`; docs/analysis.md, "Incremental": Findings):
+a frame's packet never changes, a stored finding's `source` is its first evidence frame's, and the
+run's new frames hold the rest of a finding that grew.
 """
 
 from __future__ import annotations

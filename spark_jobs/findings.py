@@ -1,25 +1,13 @@
-"""The pipeline's findings step, written once for both executors: the findings a run's rows can
-change, computed again and committed (analyze.py calls it after the per-connection tables). It
-runs in the driver, over Arrow, with no Spark session: what it reads of the lake it reads with
-delta-rs and pyarrow, a batch at a time, where it may be big.
-
-In: the raw findings about one connection (connection_pass.RAW_FINDINGS) of the connections the
-run analysed (the pass's or the carried pass's; new thresholds make a full run), and
-the delivery rows it changed (`Changed`; cross_connection_findings.py's docstring). Then:
+"""The pipeline's findings step, written once for both executors (docs/analysis.md, "Incremental":
+Findings): the findings a run's rows can change, computed again and committed in the driver, over
+Arrow, with no Spark session (delta-rs and pyarrow read the lake, a batch at a time where it may be big).
 1. the message kinds' findings (cross_connection_findings.findings_across) from the stored
-   candidates, read from only the deliveries' files that can hold one (requeue_related.py), and
-   the changed rows: those an executor hands in, and of the connections analysed whole (each of
-   their delivery rows was written again: millions, maybe) only what the kinds read, picked from
-   the deliveries table as it streams by (`_of_connections`);
-2. their evidence packets: known from the stored findings and the run's new frames
-   (evidence_packets.known_packets; a full run knows none), the rest found by one scan of the
-   run's snapshot of `frames`, four columns, streamed, the files and row groups whose statistics
-   hold none of the frames wanted left unread (`_scanned`);
+   candidates (requeue_related.py) and the changed rows (`Changed`): those handed in, and of the
+   connections analysed whole only what the kinds read (`_of_connections`);
+2. their evidence packets: those known without a scan (evidence_packets.known_packets), the rest
+   from one scan of the run's snapshot of `frames` (`_scanned`);
 3. each raw finding finished (analyzer.detectors.finish), and the stored findings they replace
-   (every kind about one connection of the analysed connections; requeue_loop of the changed
-   rows' messages; redelivery_after_close of the incarnations computed again) replaced in one
-   commit, the files holding them rewritten by the driver (delta_io.rewrite); a full
-   run replaces the table whole.
+   replaced in one commit (delta_io.rewrite); a full run replaces the table whole.
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
-"""Rows a later run may replace, kept in files of their own, so that a carried run rewrites only those.
+"""Rows a later run may replace, kept in files of their own, so that a carried run rewrites only
+those (docs/analysis.md, "Incremental": Only the provisional rows' files are rewritten).
 
-A connection carried on from its checkpoint (carried_pass.py) replaces, in the per-connection tables,
-only what the last run wrote for what was then still open: its open deliveries and publishes, the
-facts and violations of its open channel incarnations, and their channel_metrics buckets from the
-boundary bucket on (analyzer/timeline/carry.py says why nothing else can change). Every run writes
-those rows with `provisional` = true (a column of the stored tables: "the next run may replace
-this row"), and a table write puts them in files apart from the final rows (delta_io: Spark's write
-is split by the flag). The Delta log keeps each file's min and max of the column, so the files that
-can hold a replaced row are known from the log alone, without reading the table: those whose
-`provisional` may be true (or whose statistics are missing, as after a writer that keeps none). A
-carried run reads and rewrites just those, however large the table. And it needs no key join to
-find the rows it replaces: those are exactly the carried connections' provisional rows. Every
-provisional row of a connection comes from its checkpoint's open records, which the carried run
-writes again (as `stale` keys, their incarnations' facts and violations, and those incarnations'
-buckets from the boundary on), and no final row is ever replaced.
-
-One more kind of row gets replaced: a run cut short after some of its commits and done again
-writes the same rows again, and must first delete what the cut-short run wrote, provisional or
-not. Every commit of a run carries its run id (`userMetadata`, as delta-spark writes it), and
-analysis_runs lists the runs that finished; a table whose latest commit is not a finished run's
-(a run cut short, or another writer) is searched whole, as before this scheme.
+Every run writes with `provisional` true what it wrote for what was still open (a connection's open
+deliveries, publishes and channel incarnations, and those incarnations' channel_metrics buckets from
+the boundary on; analyzer/timeline/carry.py says why nothing else can change), in files apart from
+the final rows. The Delta log's statistics of the column then name the files that can hold a
+replaced row (or lack statistics) without a read of the table, and a carried run needs no key join:
+the rows it replaces are exactly its connections' provisional rows, all of which it writes again. A
+table whose latest commit is not a finished run's (a run cut short, or another writer) is searched
+whole.
 """
 
 from __future__ import annotations

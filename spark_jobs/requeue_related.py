@@ -1,17 +1,11 @@
-"""The deliveries a requeue touches, kept in files of their own, so that the message kinds read only those.
+"""The deliveries a requeue touches, kept in files of their own, so that the message kinds read only
+those (docs/analysis.md, "One implementation of the rules", 2).
 
-requeue_loop and redelivery_after_close (cross_connection_findings.py) read, of the whole
-deliveries table, only what analyzer.detectors.messages.candidates picks: deliveries of a known
-message bounced by nack or reject, delivered again (redelivered, or dead-lettered before), or left
-unacked at a close (which requeues them). They are a few in a hundred (1.6% on bench/jobs.py's 10 M-frame lake), yet finding
-them cost every run a scan of every column of every delivery, however few rows the run changed.
-
-So every write of the deliveries table stores `requeue_related`, true for exactly those rows, and
-puts true and false rows in files apart (analyzer.lake.TableWriter's `split_by`, as `provisional`).
-The Delta log keeps each file's min and max of the column, and the kinds read only its true rows
-of the files whose `requeue_related` may be true (`delta_io.read_delta`'s `files_where`), picking
-theirs among them with `candidates` as before. A file merged by another writer (OPTIMIZE) keeps
-correct statistics and is read; one without statistics is read too.
+requeue_loop and redelivery_after_close read, of the whole deliveries table, only what
+analyzer.detectors.messages.candidates picks (1.6% of the rows on bench/jobs.py's 10 M-frame lake).
+Every write of the deliveries stores `requeue_related`, true for exactly those rows, in files apart
+(analyzer.lake.TableWriter's `split_by`), so the Delta log's statistics of it name the files to read;
+a file merged by another writer (OPTIMIZE) keeps correct statistics, and one without any is read.
 """
 
 from __future__ import annotations

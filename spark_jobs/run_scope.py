@@ -1,25 +1,12 @@
-"""Which connections a run of the analysis (re)computes, and why.
-
-A connection's timeline depends on all its frames and on nothing else, so the output tables are
-kept per connection: a run recomputes the connections that have frames it has not analysed and
-replaces just their rows. The log of runs (`analysis_runs`) says how far the last complete run
-got in the `frames` table (a Delta version); the files the agent appended since then name the
-connections with new data. So a scheduled run reads only the new files to find its work, the
-result never depends on how the data was split into runs, and a run with nothing new changes
-nothing.
-
-Scopes:
-- full: every connection in `frames`, and the output tables replaced whole. The first run; rows
-  of `frames` deleted since the last run (save an ingest's provisional files: new_data, below),
-  or rows it had not read compacted into files with older ones (what changed is not known; a
-  compaction of rows already analysed, as the agent runs them, changes nothing); settings that
-  shape the stored rows or the findings (`--threshold`) changed; or `--full`.
-- new_data: the connections with frames in files added since the last full or new_data run; and,
-  where every frames file removed since is one an ingest committed provisionally and took out
-  again (a capture in pieces: the rows that ended its open flows at the end of a piece;
-  lake.PROVISIONAL_PREFIX), the connections those files held (`whole`), analysed whole.
-- days (`--since` / `--until`): the connections with frames on those UTC days, again. A window
-  for re-analysing, not a limit on the frames: each connection is analysed whole.
+"""Which connections a run of the analysis (re)computes, and why (docs/analysis.md, "Incremental":
+Scopes). A connection's timeline depends on its frames alone, so a run recomputes the connections
+with frames it has not analysed and replaces just their rows: `analysis_runs` says how far the last
+complete run got in `frames` (a Delta version), and the files appended since name the connections
+with new data; a run with nothing new changes nothing.
+- full: every connection, the output tables replaced whole (`_scope` says when);
+- new_data: the connections with frames in files added since the last complete run, and those of
+  the provisional files an ingest took out since (`whole`: analysed whole);
+- days (`--since` / `--until`): the connections with frames on those UTC days, analysed whole again.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""`ackscope analyze --every`: one long-lived driver runs the analysis on a fixed schedule.
-
-Why a driver that stays up: a fresh process's first Spark work runs about twice as slow as the same
-work in a JVM that has run it before (class loading, the JIT, Python workers to fork), and a
-scheduled run after a small append is mostly such fixed work (bench/README.md, session 26). A
-CronJob pays that on every run; a Deployment running `--every` pays it once.
-
-The schedule is Structured Streaming's processing-time trigger: runs start every `interval` from the
-first, never overlap (an incremental run continues from the checkpoints of the one before), and a
-run that overruns its slot is followed at once by the next, the missed slots skipped, not queued.
-
-Stopping: the first SIGTERM or SIGINT lets the run in progress finish (its commits are each atomic,
-but a run cut short leaves its work to be redone) and ends the loop; a second one ends the process
-at once. A run that fails is reported and the next one runs at its time (runs are idempotent: the
-next one redoes what the failed one left), unless the driver itself is gone: then the command
-exits, for its supervisor to start a new one.
+"""`ackscope analyze --every`: one long-lived driver runs the analysis on a fixed schedule, paying
+Spark's start once (docs/analysis.md, "On a schedule, in one driver: `--every`": why, how it stops,
+what a failed run does). The schedule is Structured Streaming's processing-time trigger: runs start
+every `interval` from the first and never overlap; one that overruns its slot is followed at once by
+the next, the missed slots skipped, not queued.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Tables written into a lake as uncommitted Parquet files, by a pass's tasks (either executor's:
-connection_pass.py, timeline/carried.py) or by the driver's rewrites (delta_io.py).
-
-Each task writes its rows of a table straight into the table's folder with the agent's writer
-(analyzer.lake.TableWriter: files by day; provisional rows, and the deliveries a requeue touches,
-in files of their own with the columns' statistics, as provisional.py and requeue_related.py want)
-and hands back only the files (`FilesWriter`, `add_actions`); the caller commits each table's files
-in one Delta commit with delta-rs. Until then no log names a file: the files of a failed or repeated
-task are never committed, and VACUUM removes them.
+"""Tables written into a lake as uncommitted Parquet files by a pass's tasks (either executor's:
+connection_pass.py, timeline/carried.py) or the driver's rewrites (delta_io.py), with the agent's
+writer (analyzer.lake.TableWriter); the caller commits each table's files in one Delta commit
+(docs/analysis.md, "One implementation of the rules", 3). Until then no log names a file: those of a
+failed or repeated task are never committed, and VACUUM removes them.
 """
 
 from __future__ import annotations
