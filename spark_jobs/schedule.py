@@ -34,12 +34,6 @@ def parse_interval(text: str) -> float:
     return seconds
 
 
-def next_start(previous_start: float, interval_s: float, now: float) -> float:
-    """When the run after one started at `previous_start` starts: one interval later, or now if
-    that time has passed (the slots it missed are skipped)."""
-    return max(previous_start + interval_s, now)
-
-
 def run_every(interval_s: float, one_run: Callable[[], bool], stopping: threading.Event,
               clock: Callable[[], float] = time.monotonic) -> None:
     """Calls `one_run` at the schedule's times until `stopping` is set, or `one_run` returns False
@@ -48,7 +42,7 @@ def run_every(interval_s: float, one_run: Callable[[], bool], stopping: threadin
     while not stopping.is_set():
         if not one_run():
             return
-        start = next_start(start, interval_s, clock())
+        start = max(start + interval_s, clock())   # now, if that time has passed: the slots missed are skipped
         stopping.wait(max(0.0, start - clock()))
 
 
@@ -77,22 +71,14 @@ def stop_on_signals() -> Iterator[threading.Event]:
 def driver_alive(spark: SparkSession) -> bool:
     """Can this session still run a job? False when the JVM is gone or its SparkContext stopped
     (an out-of-memory driver stops it)."""
-    try:
-        with _py4j_logs_silenced():
-            return not spark.sparkContext._jsc.sc().isStopped()
-    except Exception:  # noqa: BLE001 - py4j's own errors when the gateway is gone
-        return False
-
-
-@contextmanager
-def _py4j_logs_silenced() -> Iterator[None]:
-    """Before it raises for a command the gone JVM did not answer, py4j logs a traceback on the root
-    logger, or not, as the socket happened to fail (a reset: yes, an empty answer: no): the probe's
-    answer is the exception, which the command reports once, in its own words."""
+    # Before it raises for a command the gone JVM did not answer, py4j logs a traceback on the root logger, or
+    # not, as the socket happened to fail: the answer is the exception, which the command reports once.
     previous = logging.root.manager.disable
     logging.disable(logging.CRITICAL)
     try:
-        yield
+        return not spark.sparkContext._jsc.sc().isStopped()
+    except Exception:  # noqa: BLE001 - py4j's own errors when the gateway is gone
+        return False
     finally:
         logging.disable(previous)
 

@@ -17,7 +17,7 @@ from analyzer.findings import read_findings
 from analyzer.ingest import ingest_file
 from analyzer.lake import open_table
 from spark_jobs.analyze import analyze
-from spark_jobs.schedule import next_start, parse_interval, run_every, stop_on_signals
+from spark_jobs.schedule import parse_interval, run_every, stop_on_signals
 from spark_jobs.timeline.plans import conf_meanwhile
 
 from .conftest import ROOT
@@ -68,7 +68,6 @@ def test_runs_start_on_the_interval_and_a_long_run_is_followed_at_once_without_c
     # 100, 110, 120; the third overran two slots (130, 140): the next starts when it ends (145), and
     # the schedule goes on from there; so again after the fifth.
     assert fake.starts == [100, 110, 120, 145, 155, 166]
-    assert next_start(100, 10, 104) == 110 and next_start(100, 10, 117) == 117
 
 
 def test_the_loop_does_not_start_a_run_once_stopping_is_set():
