@@ -65,7 +65,7 @@ STATE_TABLE = "analysis_state"
 WRITTEN_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, STATE_TABLE: schema.ANALYSIS_STATE}
 PASS_TABLES = {"raw_findings": RAW_FINDINGS, "tally": TALLY, "counts": COUNTS, "files": FILES}
 WIDE = wide_schema(PASS_TABLES)
-# The records channel_metrics reads (`metrics_again`).
+# The records channel_metrics reads (`_Partition._metrics_again`).
 METRIC_RECORDS = ("deliveries", "publishes", "channels")
 # Records (or connections' state rows) gathered before they leave as one Arrow batch: large enough
 # that the Arrow conversion is amortised, small enough that a hot connection streams.
@@ -98,17 +98,12 @@ def by_connection(rows: DataFrame, partitions: int | None, run_partition, wide: 
 
 
 def headers(connections: DataFrame) -> DataFrame:
-    """One header row per connection: its `connection_rows` row at seq HEADER_SEQ."""
-    return connection_rows(connections).select("connection_id", F.lit(HEADER_SEQ).cast("bigint").alias("seq"),
-                                               F.col("connection").alias(HEADER))
-
-
-def connection_rows(connections: DataFrame) -> DataFrame:
-    """(connection_id, connection): each connection's `connection_facts` as JSON, what the
-    detectors' `finish` reads of it: the one function over the connections table in one task (a
+    """One header row per connection at seq HEADER_SEQ: its `connection_facts` as JSON (what the
+    detectors' `finish` reads of it), the one function over the connections table in one task (a
     row per connection and agent: small next to the frames)."""
-    rows = connections.select(*CONNECTION_COLUMNS)
-    return rows.coalesce(1).mapInArrow(_facts_as_json, spark_schema(CONNECTION_FACTS))
+    facts = connections.select(*CONNECTION_COLUMNS).coalesce(1).mapInArrow(_facts_as_json,
+                                                                           spark_schema(CONNECTION_FACTS))
+    return facts.withColumn("seq", F.lit(HEADER_SEQ).cast("bigint"))
 
 
 def _facts_as_json(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -307,9 +302,11 @@ class _Partition(ConnectionsPartition):
         self._records_out()
         self.metrics[:] = [row for row in self.metrics if row["connection_id"] != connection_id]  # in place: fed
         self.writers["channel_metrics"].drop(connection_id)
-        records = {name: self.writers[name].of_connection(connection_id) for name in METRIC_RECORDS}
-        self.writers["channel_metrics"].add(metrics_again(connection_id, records, self.settings.bucket_seconds,
-                                                          checkpoint))
+        metrics = channel_metrics([record for name in METRIC_RECORDS for record in
+                                   as_records(self.writers[name].of_connection(connection_id), RECORD_TYPES[name])],
+                                  self.settings.bucket_seconds)
+        open_from = {} if checkpoint is None else {connection_id: open_buckets(checkpoint)}
+        self.writers["channel_metrics"].add(flagged(metrics_table(metrics), metric_flags(metrics, open_from)))
 
     def _records_out(self) -> None:
         """The records gathered so far to their writers."""
@@ -331,16 +328,6 @@ class _Partition(ConnectionsPartition):
         for gathered in (self.metrics, self.open_buckets, *self.rows.values()):
             gathered.clear()
         yield from wide.to_batches()
-
-
-def metrics_again(connection_id: str, records: dict[str, pa.Table], bucket_seconds: int,
-                  checkpoint: Checkpoint | None) -> pa.Table:
-    """Stored channel_metrics rows of one connection from all its METRIC_RECORDS' stored rows (by
-    table name), flagged provisional by its checkpoint (None: it kept none)."""
-    metrics = channel_metrics([record for name in METRIC_RECORDS
-                               for record in as_records(records[name], RECORD_TYPES[name])], bucket_seconds)
-    open_from = {} if checkpoint is None else {connection_id: open_buckets(checkpoint)}
-    return flagged(metrics_table(metrics), metric_flags(metrics, open_from))
 
 
 def raw_finding_rows(connection: dict, raw_findings: list) -> list[dict]:

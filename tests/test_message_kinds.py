@@ -50,7 +50,7 @@ def raw_message_findings(deliveries: Iterable[Mapping], names: Mapping[str, str 
 
 def message_findings(deliveries: list[dict], connections: list[dict], packets_for, thresholds) -> list[dict]:
     """schema.FINDINGS rows (dicts) of both kinds: `raw_message_findings` finished with the first
-    row of each connection (as connection_pass.connection_rows picks it). `packets_for(connection_id)`:
+    row of each connection (as connection_pass.headers picks it). `packets_for(connection_id)`:
     that connection's `packets_of` (analyzer.detectors.finish)."""
     first = {}
     for c in sorted(connections, key=itemgetter("first_ts_ns", "agent_id")):
