@@ -20,14 +20,12 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from analyzer import schema
 from analyzer.detectors import KINDS, RawFinding, finish
 from analyzer.detectors.messages import COLUMNS, candidates
 from analyzer.detectors.thresholds import Thresholds
-from analyzer.lake import (READ_CHECKSUMS, Bounds, TableWriter, any_within, filesystem, open_table, read_table,
-                           reading, scan)
+from analyzer.lake import Bounds, TableWriter, any_within, open_table, read_table, scan
 
 from .connection_pass import CONNECTION_COLUMNS, connection_facts
 from .cross_connection_findings import CANDIDATES, findings_across
@@ -35,7 +33,7 @@ from .delta_io import Keyed, Listed, Replacement, rewrite
 from .evidence_packets import FRAME_KEYS, PACKETS, Frame, known_packets
 from .requeue_related import REQUEUE_RELATED
 from .session import commit_tag
-from .table_files import commit, files_that_may_hold
+from .table_files import commit, files_that_may_hold, relative_in_table, spark_location
 from .timeline.plans import first_day, utc_day
 from .timeline.tables import TIMELINE_TABLES
 
@@ -66,15 +64,15 @@ def refresh_findings(lake: str, own: pa.Table, keys: list[str] | None, changed: 
         stored = stored_candidates(lake, deliveries)
         rows = None if changed is None else _changed_rows(lake, changed, stored, deliveries.version())
         found = findings_across(stored, rows, facts_in_lake(lake), thresholds)
-    raw = own.to_pylist() + (found.raw.to_pylist() if found is not None else [])
+    own_rows, across = own.to_pylist(), (found.raw.to_pylist() if found is not None else [])
+    raw = own_rows + across
     named = [(row["connection_id"], row["seqs"]) for row in raw if row["seqs"]]
     if keys is None:   # nothing is known without the scan, and every connection's frames are read
         located, unknown = {}, {(c, seq) for c, seqs in named for seq in seqs}
         since = None
     else:
-        located, unknown = _known(lake, named, new_files)
-        since = _first_day(lake, own.to_pylist(), found.raw.to_pylist() if found is not None else []) \
-            if unknown else None
+        located, unknown = _known(lake, named, new_files, frames_version)
+        since = _first_day(lake, own_rows, across) if unknown else None
     if unknown:
         located.update(_scanned(lake, frames_version, since, unknown))
     rows = pa.Table.from_pylist([finish(RawFinding(**json.loads(row["finding"])), json.loads(row["connection"]),
@@ -145,23 +143,20 @@ def facts_in_lake(lake: str) -> Callable[[set[str]], dict[str, dict]]:
     return facts
 
 
-def _known(lake: str, named: list[tuple[str, list[int]]],
-           new_files: tuple[str, ...]) -> tuple[dict[Frame, tuple], set[Frame]]:
+def _known(lake: str, named: list[tuple[str, list[int]]], new_files: tuple[str, ...],
+           version: int | None) -> tuple[dict[Frame, tuple], set[Frame]]:
     """evidence_packets.known_packets of these findings, from the stored findings of their
-    connections and the new frames (read from their files, of those connections only)."""
+    connections and the new frames (`new_files` of the frames' snapshot at `version`, of those
+    connections only)."""
     ids = sorted({connection_id for connection_id, _ in named})
     if not ids:
         return {}, set()
     stored = read_table(lake, "findings", schema.FINDINGS, columns=["connection_id", "source", "evidence"],
                         where=pc.field("connection_id").isin(ids))
-    return known_packets(named, stored, (_frames_file(location, ids) for location in new_files))
-
-
-def _frames_file(location: str, ids: list[str]) -> pa.Table:
-    fs, path = filesystem(location)
-    with reading(location):
-        return pq.read_table(path, filesystem=fs, columns=PACKETS, partitioning=None,
-                             filters=pc.field("connection_id").isin(ids), **READ_CHECKSUMS)
+    base = spark_location(os.path.join(lake, "frames"))
+    new = read_table(lake, "frames", schema.FRAMES, columns=PACKETS, where=pc.field("connection_id").isin(ids),
+                     files={relative_in_table(uri, base) for uri in new_files}, version=version)
+    return known_packets(named, stored, [new] if new is not None else [])
 
 
 def _scanned(lake: str, version: int | None, since: str | None, unknown: set[Frame]) -> dict[Frame, tuple]:
