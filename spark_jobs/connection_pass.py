@@ -54,7 +54,7 @@ CONNECTION_COLUMNS = ["connection_id", *CONNECTION_FIELDS, "last_ts_ns"]
 CONNECTION_FACTS = pa.schema([("connection_id", pa.string()), (HEADER, pa.string())])
 TALLY = pa.schema([("connection_id", pa.string()), ("frames", pa.int64()), ("metrics_redo", pa.string())])
 # A finding of one connection before its evidence packets are known: the RawFinding and the
-# connection row (JSON, for findings.finish_raw), and the frame seqs its evidence names.
+# connection row (JSON, for analyzer.detectors.finish), and the frame seqs its evidence names.
 RAW_FINDINGS = pa.schema([("connection_id", pa.string()), ("connection", pa.string()), ("finding", pa.string()),
                           ("seqs", pa.list_(pa.int64()))])
 # Of the deliveries out of one flush: how many the cross-connection kinds can start from
@@ -184,16 +184,21 @@ class ConnectionsPartition:
     connection being fed.
 
     The rows of WRITTEN_TABLES go to `writers`: files the task writes itself into the lake
-    `write_to` (wide_writes.FilesWriter, `file_rows` rows each), not the wide table `wide`; the
-    partition's files leave last, as `files` rows."""
+    `write_to` (wide_writes.FilesWriter, `file_rows` rows each), not the wide table `wide` (of
+    `tables`); the partition's files leave last, as `files` rows."""
 
+    tables: dict[str, pa.Schema]
     wide: pa.Schema
 
-    def __init__(self, flush_records: int, write_to: str, file_rows: int = FILE_ROWS):
+    def __init__(self, flush_records: int, write_to: str, file_rows: int, gathered: tuple[str, ...]):
         self.flush_records = flush_records
         self.current = None
         self.writers = {name: FilesWriter(write_to, name, table_schema, file_rows, SORT_KEYS.get(name, ()))
                         for name, table_schema in WRITTEN_TABLES.items()}
+        # Emptied in place by each flush, never replaced: a connection's machine keeps appending to them.
+        self.metrics: list[dict] = []
+        self.open_buckets: dict[str, tuple] = {}   # connection -> provisional.open_buckets, till the flush
+        self.rows: dict[str, list[dict]] = {name: [] for name in (STATE_TABLE, *gathered)}   # by table
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from self._run(batches)
@@ -236,11 +241,18 @@ class ConnectionsPartition:
             rows = pa.concat_tables([as_stored(name, final[name], False), as_stored(name, opened[name], True)])
             self.writers[name].add(rows.select(TIMELINE_TABLES[name].names))
 
-    def _metrics_and_states_out(self, metrics: list[dict], open_from: dict[str, tuple], states: list[dict]) -> None:
-        """Metric rows (analyzer/timeline/metrics.py dicts; `open_from`: provisional.open_buckets of
-        their connections with a checkpoint) and analysis_state rows to their writers."""
-        self.writers["channel_metrics"].add(flagged(metrics_table(metrics), metric_flags(metrics, open_from)))
-        self.writers[STATE_TABLE].add(states_table(states))
+    def _rows_out(self, parts: list[tuple[str, str | None, pa.Table]]) -> Iterator[pa.RecordBatch]:
+        """The rows gathered out, all emptied: metric and analysis_state rows to their writers, the
+        others (`rows`) with `parts` as the wide table."""
+        metrics = self.metrics
+        self.writers["channel_metrics"].add(flagged(metrics_table(metrics), metric_flags(metrics, self.open_buckets)))
+        self.writers[STATE_TABLE].add(states_table(self.rows[STATE_TABLE]))
+        parts += [(name, None, pa.Table.from_pylist(rows, schema=self.tables[name]))
+                  for name, rows in self.rows.items() if name != STATE_TABLE]
+        wide = to_wide(self.wide, [part for part in parts if part[2].num_rows])
+        for gathered in (self.metrics, self.open_buckets, *self.rows.values()):
+            gathered.clear()
+        yield from wide.to_batches()
 
     def _start(self, connection_id: str, first: dict, header: dict | None):
         raise NotImplementedError
@@ -258,20 +270,17 @@ class ConnectionsPartition:
 class _Partition(ConnectionsPartition):
     """The pass over whole connections: each through ConnectionAnalysis, records out in batches."""
 
-    wide = WIDE
+    tables, wide = PASS_TABLES, WIDE
 
     def __init__(self, settings: Settings, frames_version: int | None, flush_records: int, advance_every: int,
                  write_to: str, file_rows: int = FILE_ROWS):
-        super().__init__(flush_records, write_to, file_rows)
+        super().__init__(flush_records, write_to, file_rows, ("raw_findings", "tally"))
         self.settings, self.frames_version, self.advance_every = settings, frames_version, advance_every
         # Emptied by each flush, never replaced: a connection's machine keeps appending to them.
         # Each counts the deliveries the cross-connection kinds can start from (cross_connection_findings.py).
         self.records = RecordTables(Delivery, came_back)
         self.open_records = RecordTables(Delivery, came_back)   # the checkpoints' provisional records (provisional.py)
         self.came_back = 0                          # of the records sent to the writers since the last flush
-        self.metrics: list[dict] = []
-        self.open_buckets: dict[str, tuple] = {}   # connection -> provisional.open_buckets, till the flush
-        self.rows: dict[str, list[dict]] = {"raw_findings": [], STATE_TABLE: [], "tally": []}
         self.connection: dict | None = None        # the current connection's schema.CONNECTIONS row
 
     def _start(self, connection_id: str, first: dict, header: dict | None) -> ConnectionAnalysis:
@@ -319,15 +328,9 @@ class _Partition(ConnectionsPartition):
         if not (len(self.records) or len(self.open_records) or self.metrics or any(self.rows.values())):
             return
         self._records_out()
-        self._metrics_and_states_out(self.metrics, self.open_buckets, self.rows[STATE_TABLE])
-        parts = [("counts", None, pa.Table.from_pylist([{"came_back": self.came_back}], schema=COUNTS)),
-                 ("raw_findings", None, pa.Table.from_pylist(self.rows["raw_findings"], schema=RAW_FINDINGS)),
-                 ("tally", None, pa.Table.from_pylist(self.rows["tally"], schema=TALLY))]
-        wide = to_wide(WIDE, parts)
+        counts = pa.Table.from_pylist([{"came_back": self.came_back}], schema=COUNTS)
         self.came_back = 0
-        for gathered in (self.metrics, self.open_buckets, *self.rows.values()):
-            gathered.clear()
-        yield from wide.to_batches()
+        yield from self._rows_out([("counts", None, counts)])
 
 
 def raw_finding_rows(connection: dict, raw_findings: list) -> list[dict]:

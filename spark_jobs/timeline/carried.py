@@ -25,7 +25,7 @@ from ..connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, RAW_FINDINGS, 
                                by_connection, headers, raw_finding_rows, state_row)
 from ..wide_writes import FILE_ROWS, FILES
 from .tables import TIMELINE_TABLES, as_stored
-from .wide import to_wide, wide_schema
+from .wide import wide_schema
 
 STALE = "stale"
 # A connection new to the run has no stored metrics: its incarnations' buckets are all computed here.
@@ -102,19 +102,15 @@ class _Carrying:
 class _CarriedPartition(ConnectionsPartition):
     """The carried pass: each connection through CarriedAnalysis, records out in batches."""
 
-    wide = WIDE
+    tables, wide = CARRIED_TABLES, WIDE
 
     def __init__(self, settings: Settings, frames_version: int, flush_records: int, write_to: str, file_rows: int):
-        super().__init__(flush_records, write_to, file_rows)
+        super().__init__(flush_records, write_to, file_rows, ("touched", "tally", "raw_findings", "fallback"))
         self.settings, self.frames_version = settings, frames_version
         # Emptied in place by each flush, never replaced: a connection's machine keeps appending to them.
         self.final: list = []
         self.opened: list = []
         self.stale: list = []
-        self.metrics: list[dict] = []
-        self.open_buckets: dict[str, tuple] = {}   # connection -> provisional.open_buckets, till the flush
-        self.rows: dict[str, list[dict]] = {name: [] for name in ("touched", STATE_TABLE, "tally", "raw_findings",
-                                                                   "fallback")}
 
     def _start(self, connection_id: str, first: dict, header: dict | None) -> _Carrying:
         checkpoint, refused = None, None
@@ -169,11 +165,6 @@ class _CarriedPartition(ConnectionsPartition):
             return
         final, opened, stale = (to_tables(records, ordered=False) for records in (self.final, self.opened, self.stale))
         self._write_records(final, opened)
-        parts = [(name, STALE, as_stored(name, stale[name], True)) for name in RECORD_TYPES]
-        self._metrics_and_states_out(self.metrics, self.open_buckets, self.rows[STATE_TABLE])
-        parts += [(name, None, pa.Table.from_pylist(self.rows[name], schema=CARRIED_TABLES[name]))
-                  for name in ("touched", "tally", "raw_findings", "fallback")]
-        wide = to_wide(WIDE, [part for part in parts if part[2].num_rows])
-        for gathered in (self.final, self.opened, self.stale, self.metrics, self.open_buckets, *self.rows.values()):
+        for gathered in (self.final, self.opened, self.stale):
             gathered.clear()
-        yield from wide.to_batches()
+        yield from self._rows_out([(name, STALE, as_stored(name, stale[name], True)) for name in RECORD_TYPES])
