@@ -28,6 +28,7 @@ from analyzer import schema
 from analyzer.columns import batch_rows
 from analyzer.connection_analysis import ADVANCE_EVERY_ROWS, ANALYSIS_COLUMNS, ConnectionAnalysis, Settings
 from analyzer.detectors import evidence_seqs
+from analyzer.detectors.common import nulls_first
 from analyzer.detectors.messages import came_back
 from analyzer.rows import dicts_to_table
 from analyzer.timeline.carry import FORMAT, Checkpoint, dump
@@ -51,6 +52,7 @@ HEADER = "connection"        # the header row's column: its schema.CONNECTIONS r
 CONNECTION_FIELDS = ("first_ts_ns", "agent_id", "connection_name", "client_addr", "client_port", "server_addr",
                      "server_port", "source")
 CONNECTION_COLUMNS = ["connection_id", *CONNECTION_FIELDS, "last_ts_ns"]
+CONNECTION_KEY = ("connection_id", *CONNECTION_FIELDS)
 CONNECTION_FACTS = pa.schema([("connection_id", pa.string()), (HEADER, pa.string())])
 TALLY = pa.schema([("connection_id", pa.string()), ("frames", pa.int64()), ("metrics_redo", pa.string())])
 # A finding of one connection before its evidence packets are known: the RawFinding and the
@@ -121,7 +123,7 @@ def connection_facts(rows: pa.Table | None) -> dict[str, dict]:
     time any of them saw it."""
     out = {}
     for connection_id, group in groupby(sorted(rows.select(CONNECTION_COLUMNS).to_pylist() if rows is not None else [],
-                                               key=nulls_first(("connection_id", *CONNECTION_FIELDS))),
+                                               key=lambda row: nulls_first(row[c] for c in CONNECTION_KEY)),
                                         key=lambda row: row["connection_id"]):
         group = list(group)
         last = [row["last_ts_ns"] for row in group if row["last_ts_ns"] is not None]
@@ -129,11 +131,6 @@ def connection_facts(rows: pa.Table | None) -> dict[str, dict]:
                  "last_ts_ns": max(last) if last else None}
         out[connection_id] = {k: v for k, v in first.items() if v is not None}
     return out
-
-
-def nulls_first(columns: tuple[str, ...]):
-    """A sort key on these columns as Spark sorts them ascending: nulls first."""
-    return lambda d: tuple((d[c] is not None, d[c]) for c in columns)
 
 
 @dataclass

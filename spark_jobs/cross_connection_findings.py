@@ -21,11 +21,12 @@ import pyarrow.compute as pc
 
 from analyzer import schema
 from analyzer.detectors import RawFinding
+from analyzer.detectors.common import nulls_first
 from analyzer.detectors.messages import (COLUMNS, JOURNEY_ORDER, Journey, Redelivered, after_close_finding,
                                          candidates, left_at_close, redelivered_after_close)
 from analyzer.detectors.thresholds import Thresholds
 
-from .connection_pass import RAW_FINDINGS, finding_fields, nulls_first
+from .connection_pass import RAW_FINDINGS, finding_fields
 
 Place = tuple[str, int, int]   # (connection_id, channel, incarnation)
 # The deliveries' columns the kinds read, as stored.
@@ -65,8 +66,8 @@ def findings_across(stored: pa.Table, changed: pa.Table | None, connections: Cal
         came_back[d["message_identity"]] = came_back.get(d["message_identity"], False) or d.get("redelivered") is True
 
     journeys = [d for d in rows if d["message_identity"] in came_back]
-    loops = [found for _, group in groupby(sorted(journeys, key=nulls_first(("message_identity", *JOURNEY_ORDER))),
-                                            key=lambda d: d["message_identity"])
+    by_journey = sorted(journeys, key=lambda d: nulls_first(d[c] for c in ("message_identity", *JOURNEY_ORDER)))
+    loops = [found for _, group in groupby(by_journey, key=lambda d: d["message_identity"])
              if (found := _journey(group, thresholds)) is not None]
 
     closed = [d for d in rows if left_at_close(d)]
@@ -79,10 +80,10 @@ def findings_across(stored: pa.Table, changed: pa.Table | None, connections: Cal
     named = {d["connection_id"] for d in involved} | {connection_id for connection_id, _ in loops}
     facts = connections(named) if named else {}
     involved = [{**d, "connection_name": facts.get(d["connection_id"], {}).get("connection_name")} for d in involved]
-    matches = [m for _, group in groupby(sorted(involved, key=nulls_first(("message_identity",))),
+    matches = [m for _, group in groupby(sorted(involved, key=lambda d: nulls_first((d["message_identity"],))),
                                          key=lambda d: d["message_identity"])
                for m in redelivered_after_close(group)]
-    by_place = sorted(matches, key=lambda m: tuple((v is not None, v) for v in (*_as_place(m), m.seq)))
+    by_place = sorted(matches, key=lambda m: nulls_first((*_as_place(m), m.seq)))
     after_close = [found for place, group in groupby(by_place, key=_as_place)
                    if place in places and (found := after_close_finding(group)) is not None]
     raw = [{"connection_id": connection_id,

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from analyzer import schema
 from analyzer.detectors import KINDS, RawFinding, finish
+from analyzer.detectors.common import day
 from analyzer.detectors.messages import COLUMNS, candidates
 from analyzer.detectors.thresholds import Thresholds
 from analyzer.lake import Bounds, TableWriter, any_within, open_table, read_table, scan
@@ -34,7 +35,7 @@ from .evidence_packets import FRAME_KEYS, PACKETS, Frame, known_packets
 from .requeue_related import REQUEUE_RELATED
 from .session import commit_tag
 from .table_files import commit, files_that_may_hold, relative_in_table, spark_location
-from .timeline.plans import first_day, utc_day
+from .timeline.plans import first_day
 from .timeline.tables import TIMELINE_TABLES
 
 
@@ -207,7 +208,7 @@ def _first_day(lake: str, own: list[dict], across: list[dict]) -> str | None:
     `frames`) where the connections table does not know one of them."""
     days = []
     if any(row["seqs"] for row in across):
-        days.append(utc_day(min(json.loads(row["finding"])["first_ts_ns"] for row in across)))
+        days.append(day(min(json.loads(row["finding"])["first_ts_ns"] for row in across)))
     if own:
         keys = sorted({row["connection_id"] for row in own})
         seen = read_table(lake, "connections", schema.CONNECTIONS, columns=["connection_id", "first_ts_ns"],

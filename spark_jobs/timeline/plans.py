@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from datetime import datetime, timezone
 
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
+
+from analyzer.detectors.common import day
 
 # Up to this many connections, "the rows of these connections" is a literal IN filter: no join and
 # so no broadcast, which without adaptive execution is a Spark job of its own each time a query
@@ -58,9 +59,4 @@ def first_day(seen: Row, keys: list[str]) -> str | None:
     on their frames are; None where the connections table does not know them all."""
     if seen["known"] != len(keys) or seen["first_ns"] is None:
         return None
-    return utc_day(seen["first_ns"])
-
-
-def utc_day(ns: int) -> str:
-    """The `date` partition an instant is in."""
-    return datetime.fromtimestamp(ns // 10**9, timezone.utc).date().isoformat()
+    return day(seen["first_ns"])
