@@ -162,11 +162,8 @@ def _known(lake: str, named: list[tuple[str, list[int]]], new_files: tuple[str, 
 
 def _scanned(lake: str, version: int | None, since: str | None, unknown: set[Frame]) -> dict[Frame, tuple]:
     """The (packet, source) of these frames, from one scan of `frames` (its snapshot at `version`,
-    from the UTC day `since` on; None: all of it): PACKETS' columns only, streamed a batch at a time
-    (lake.scan), a file or row group left unread where its connection_id and seq bounds hold none
-    of these frames (`_may_hold`). Each batch's rows are picked by literal lists of the
-    connections and seqs (cheap, a superset), then by a semi-join with the (connection_id, seq)
-    pairs."""
+    from the UTC day `since` on; None: all of it) as docs/analysis.md ("Incremental": Findings)
+    describes it: PACKETS' columns, streamed, unread where statistics rule them out (`_may_hold`)."""
     by_connection: dict[str, list[int]] = {}
     for connection_id, seq in sorted(unknown):
         by_connection.setdefault(connection_id, []).append(seq)

@@ -46,9 +46,8 @@ class FilesWriter:
     files of their own, so the few flagged rows (open items, deliveries a requeue touched) fill
     few files however many the others fill. `order`: columns each file's rows are sorted by, in
     the writer's thread (a sorted file is smaller: ~5% for the deliveries); a file holds one day.
-    `drop(connection_id)` takes back every row of a connection, written or not (a carried
-    connection that falls back after some of its rows left: timeline/carried.py; a connection whose
-    channel_metrics are computed again: connection_pass.py), and `of_connection` reads them."""
+    `drop(connection_id)` takes back every row of a connection, written or not (a carried connection
+    that falls back; channel_metrics computed again), and `of_connection` reads them."""
 
     def __init__(self, lake: str, name: str, table_schema: pa.Schema, file_rows: int = FILE_ROWS,
                  order: tuple[str, ...] = ()):
@@ -125,11 +124,9 @@ class FilesWriter:
 
 
 class Beside:
-    """Work done in a thread beside the caller's, one piece at a time: `run` waits for the piece
-    before (so at most one is held: memory stays bounded) and starts the next; `wait` waits for
-    the last and raises what it raised. What FilesWriter's thread does (pyarrow's casts, filters,
-    Parquet encoding and zstd) releases the GIL, so a pass's state machine runs on meanwhile: the
-    task does no more work, it waits less (bench/README.md, session 40)."""
+    """Work done in a thread beside the caller's (why: docs/analysis.md, "One implementation of the
+    rules", 1), one piece at a time: `run` waits for the piece before (at most one is held: memory
+    stays bounded) and starts the next; `wait` waits for the last and raises what it raised."""
 
     def __init__(self):
         self.thread: threading.Thread | None = None

@@ -37,12 +37,9 @@ def conf_meanwhile(spark: SparkSession, key: str, value: Callable[[str], str]) -
 
 
 def arrow_batches_by_rows(spark: SparkSession) -> AbstractContextManager[None]:
-    """Meanwhile the Arrow batches Spark hands to Python are bounded by rows only
-    (spark.sql.execution.arrow.maxRecordsPerBatch, 10,000 by default), not also by bytes: under a
-    byte bound Spark sizes the batch after every row it adds, walking the buffers of every column,
-    which was a third of the JVM's samples in the pass over whole connections (bench/README.md,
-    "Session 45"). For a plan whose rows are small: frame rows and connection rows, not
-    checkpoints (a batch of 10,000 large rows would then be held at once)."""
+    """Meanwhile the Arrow batches Spark hands to Python are bounded by rows only, not also by bytes
+    (why: docs/analysis.md, "One implementation of the rules", 1). For a plan whose rows are small:
+    frame rows and connection rows, not checkpoints (10,000 large rows would be held at once)."""
     # Int.MaxValue: Spark then never sizes a batch.
     return conf_meanwhile(spark, "spark.sql.execution.arrow.maxBytesPerBatch", lambda _: str(2**31 - 1))
 
