@@ -29,7 +29,7 @@ from analyzer.lake import Bounds, TableFile, TableWriter, any_within, filesystem
 from analyzer.schema import PARTITION_BY
 
 from . import session
-from .provisional import files_with_provisional_rows
+from .provisional import PROVISIONAL
 from .table_files import OPEN_COST_BYTES, commit, files_that_may_hold, files_to_read, spark_location
 from .types import spark_schema
 from .wide_writes import FilesWriter, add_actions
@@ -223,7 +223,7 @@ def rewrite(lake: str, name: str, replaced: Replacement) -> Rewrite:
     table = open_table(lake, name)
     searched = table_files(table) if table is not None else {}
     if table is not None and replaced.provisional_only:
-        provisional = files_with_provisional_rows(table)
+        provisional = files_that_may_hold(table, PROVISIONAL)
         searched = {path: file for path, file in searched.items() if path in provisional}
     files = FilesWriter(lake, name, replaced.schema)
     removed = {}

@@ -19,8 +19,6 @@ from deltalake import DeltaTable
 from analyzer.published import RUN_ID_KEY
 from analyzer.timeline.records import ChannelFacts
 
-from .table_files import files_that_may_hold
-
 PROVISIONAL = "provisional"
 
 
@@ -37,11 +35,6 @@ def flagged(table: pa.Table, provisional: bool | pa.Array) -> pa.Table:
     if isinstance(provisional, bool):
         provisional = pa.array([provisional] * table.num_rows, pa.bool_())
     return table.add_column(1, pa.field(PROVISIONAL, pa.bool_()), provisional)
-
-
-def files_with_provisional_rows(table: DeltaTable) -> set[str]:
-    """The files of the table's snapshot that may hold a provisional row (table_files.files_that_may_hold)."""
-    return files_that_may_hold(table, PROVISIONAL)
 
 
 def last_written_by_finished_run(table: DeltaTable, finished_runs: set[str]) -> bool:

@@ -234,7 +234,8 @@ def test_provisional_rows_are_written_apart_and_only_their_files_searched(spark,
     when those files are rewritten whole, too (delta_io.REWRITTEN_WHOLE_BYTES)."""
     from spark_jobs import delta_io
     from spark_jobs.delta_io import Match, Replacement, replace_all
-    from spark_jobs.provisional import PROVISIONAL, files_with_provisional_rows, stored_schema
+    from spark_jobs.provisional import PROVISIONAL, stored_schema
+    from spark_jobs.table_files import files_that_may_hold
     from spark_jobs.session import commits_tagged
 
     table_schema = stored_schema(pa.schema([("date", pa.string()), ("connection_id", pa.string()), ("seq", pa.int64())]))
@@ -254,7 +255,7 @@ def test_provisional_rows_are_written_apart_and_only_their_files_searched(spark,
         for file in stats:  # the statistics are the file's own
             flags = pq.read_table(os.path.join(lake_dir, "t", file["path"]), columns=[PROVISIONAL])[PROVISIONAL]
             assert set(flags.to_pylist()) == {file["max.provisional"]}
-        assert files_with_provisional_rows(table) == {s["path"] for s in stats if s["max.provisional"]}
+        assert files_that_may_hold(table, PROVISIONAL) == {s["path"] for s in stats if s["max.provisional"]}
         # Replace seq 3 (provisional) and seq 4 (final) of the first day with one new row.
         keys = pa.table({"connection_id": ["c", "c"], "seq": [3, 4]})
         new = pa.Table.from_pylist([{"date": "2026-11-24", "connection_id": "c", "seq": 3, PROVISIONAL: False}],
