@@ -4,8 +4,8 @@ A small run's largest fixed cost is the driver JVM loading and verifying Spark's
 start, SparkContext and SparkSession took 4-8 s of the demo's run, and the first query's planning
 and tasks some more (bench/README.md, session 13). A dynamic CDS archive holds those classes
 already parsed and verified, mapped from one file: the JVM reads them instead of the JARs.
-The runs Spark makes (by day on the demo's lake; a full run or an append of 1.1-1.2 M frame rows),
-each in a new process: 28-35% less wall time with it (docs/analysis.md, "The speed machinery").
+The runs Spark makes on a local master (a full run or an append of 1.1-1.2 M frame rows), each in
+a new process: 28-35% less wall time with it (docs/analysis.md, "The speed machinery").
 
 The archive is made once per Java and Spark installation by a training run (make_jvm_archive.py).
 Its name hashes the `java` Spark starts and Spark's JARs (names, sizes, times), so a different Java
