@@ -15,7 +15,8 @@ the next, each run a new process:
 
 Printed per figure: each checkout's median seconds, the ratio (this / other; issue 58 allows none
 over 1.10), and whether the two left identical output tables (bench/incremental.py's digest, taken
-after each checkout's first run of the figure). `--lock FILE`: each timed run holds that lock
+after each checkout's first run of the figure; the demo's without findings' `source`, the path of
+each checkout's own copy of the sample). `--lock FILE`: each timed run holds that lock
 (flock), so runs of other sessions' Spark on a shared machine take turns with these.
 
     .venv/bin/python bench/acceptance.py --against DIR [--figures demo,demo-lake,lake-1,lake-2,append]
@@ -90,6 +91,8 @@ class Figure:
     """One figure: `prepare(checkout)` once per checkout, then `run(checkout)` (timed) per repeat;
     `lake(checkout)` the lake whose output tables the run leaves."""
 
+    ignored: tuple[str, ...] = ()   # columns left out of the tables' comparison
+
     def __init__(self, name: str, work: str, lock: str | None):
         self.name, self.work, self.lock = name, work, lock
 
@@ -98,6 +101,10 @@ class Figure:
 
 
 class Demo(Figure):
+    # Each checkout's demo ingests its own copy of the bundled sample, and a finding's `source`
+    # names the capture file it came from: that column differs by the checkouts' folders alone.
+    ignored = ("source",)
+
     def lake(self, checkout):
         return os.path.join(self.work, f"demo-{checkout.label}")
 
@@ -223,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                     seconds[checkout.label].append(took)
                     print(f"{figure.name} {checkout.label} run {attempt + 1}: {took:.1f} s", flush=True)
                     if attempt == 0:
-                        same[checkout.label] = tables_digest(figure.lake(checkout))
+                        same[checkout.label] = tables_digest(figure.lake(checkout), ignored=figure.ignored)
             mine, theirs = statistics.median(seconds["this"]), statistics.median(seconds["other"])
             differing = sorted(name for name in same["this"] if same["this"][name] != same["other"].get(name))
             results.append((figure.name, mine, theirs, differing, seconds))

@@ -73,12 +73,14 @@ def run_analyze(lake_dir: str, master: str, driver_memory: str, *extra: str) -> 
     return seconds, json.loads(done.stdout)
 
 
-def tables_digest(lake_dir: str, tables: dict[str, pa.Schema] = OUTPUT_TABLES) -> dict[str, str]:
-    """A digest of each table's rows (by name: the output tables unless told) in a fixed order, hashed
-    a slice at a time: the 10 M-frame lake's deliveries as one list of Python rows would not fit in memory."""
+def tables_digest(lake_dir: str, tables: dict[str, pa.Schema] = OUTPUT_TABLES, ignored: tuple[str, ...] = ()) -> dict[str, str]:
+    """A digest of each table's rows (by name: the output tables unless told; without the `ignored`
+    columns) in a fixed order, hashed a slice at a time: the 10 M-frame lake's deliveries as one list
+    of Python rows would not fit in memory."""
     digests = {}
     for name, table_schema in tables.items():
         table = lake.read_table(lake_dir, name, table_schema)
+        table = table.drop_columns([column for column in ignored if column in table.column_names])
         table = table.sort_by([(k, "ascending") for k in SORT_KEYS if k in table.column_names]).combine_chunks()
         digest = hashlib.sha256()
         for offset in range(0, table.num_rows, DIGEST_ROWS):
