@@ -70,6 +70,8 @@ def small_file_groups(files: dict[str, tuple[int, Hashable]], small_bytes: int, 
             small.setdefault(key, []).append((path, size))
     groups = []
     for key, listed in small.items():
+        if len(listed) < at_least:
+            continue
         runs, total = [[]], 0
         for path, size in listed:
             if runs[-1] and total + size > group_bytes:
@@ -77,7 +79,7 @@ def small_file_groups(files: dict[str, tuple[int, Hashable]], small_bytes: int, 
                 total = 0
             runs[-1].append(path)
             total += size
-        groups += [(key, run) for run in runs if len(run) > 1 and len(listed) >= at_least]
+        groups += [(key, run) for run in runs if len(run) > 1]
     return groups
 
 
