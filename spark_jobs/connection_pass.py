@@ -238,11 +238,15 @@ class ConnectionsPartition:
             rows = pa.concat_tables([as_stored(name, final[name], False), as_stored(name, opened[name], True)])
             self.writers[name].add(rows.select(TIMELINE_TABLES[name].names))
 
+    def _write_metrics(self, metrics: list[dict], open_from: dict[str, tuple]) -> None:
+        """channel_metrics rows to their writer, flagged provisional from `open_from` (connection ->
+        provisional.open_buckets of its checkpoint)."""
+        self.writers["channel_metrics"].add(flagged(metrics_table(metrics), metric_flags(metrics, open_from)))
+
     def _rows_out(self, parts: list[tuple[str, str | None, pa.Table]]) -> Iterator[pa.RecordBatch]:
         """The rows gathered out, all emptied: metric and analysis_state rows to their writers, the
         others (`rows`) with `parts` as the wide table."""
-        metrics = self.metrics
-        self.writers["channel_metrics"].add(flagged(metrics_table(metrics), metric_flags(metrics, self.open_buckets)))
+        self._write_metrics(self.metrics, self.open_buckets)
         self.writers[STATE_TABLE].add(states_table(self.rows[STATE_TABLE]))
         parts += [(name, None, pa.Table.from_pylist(rows, schema=self.tables[name]))
                   for name, rows in self.rows.items() if name != STATE_TABLE]
@@ -312,7 +316,7 @@ class _Partition(ConnectionsPartition):
                                    as_records(self.writers[name].of_connection(connection_id), RECORD_TYPES[name])],
                                   self.settings.bucket_seconds)
         open_from = {} if checkpoint is None else {connection_id: open_buckets(checkpoint)}
-        self.writers["channel_metrics"].add(flagged(metrics_table(metrics), metric_flags(metrics, open_from)))
+        self._write_metrics(metrics, open_from)
 
     def _records_out(self) -> None:
         """The records gathered so far to their writers."""
