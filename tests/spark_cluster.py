@@ -147,8 +147,10 @@ def _wait_for_workers(cluster: Cluster, workers: int) -> None:
             alive = [w for w in cluster.state().get("workers", []) if w.get("state") == "ALIVE"]
             if len(alive) >= workers:
                 return
-        except OSError:
-            pass  # the master's UI is not up yet
+        except (OSError, ValueError):
+            # The master's UI is not up yet, or up before its JSON page: its HTML answered /json/
+            # once in CI (not JSON: a ValueError).
+            pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"{workers} workers did not register in {START_TIMEOUT_S} s\n{cluster.logs()}")
         time.sleep(1)
