@@ -1,20 +1,10 @@
-"""A class-data-sharing archive (AppCDS) of the Spark driver JVM's classes, for local runs.
-
-A small run's largest fixed cost is the driver JVM loading and verifying Spark's classes: JVM
-start, SparkContext and SparkSession took 4-8 s of the demo's run, and the first query's planning
-and tasks some more (bench/README.md, session 13). A dynamic CDS archive holds those classes
-already parsed and verified, mapped from one file: the JVM reads them instead of the JARs.
-The runs Spark makes on a local master (a full run or an append of 1.1-1.2 M frame rows), each in
-a new process: 28-35% less wall time with it (docs/analysis.md, "The speed machinery").
-
-The archive is made once per Java and Spark installation by a training run (make_jvm_archive.py).
-Its name hashes the `java` Spark starts and Spark's JARs (names, sizes, times), so a different Java
-or pyspark finds none and runs as before; the JVM checks the rest itself (its own build, the class
-path) and, with its CDS messages off, silently runs without an archive that does not match. Nothing
-is archived while a run works, so concurrent runs never see a half-written file.
-
-Outside the heap: the archived classes are mapped read-only in place of metaspace, so a 2 GB
-driver keeps its 2 GB. Local masters only: a cluster starts its driver with its own options.
+"""A class-data-sharing archive (AppCDS) of the Spark driver JVM's classes, for local runs
+(docs/analysis.md, "The speed machinery"): loading and verifying Spark's classes is a small run's
+largest fixed cost; the archive holds them parsed and verified in one mapped file (28-35% less wall
+time for the runs Spark makes on a local master). Made once per Java and Spark installation
+(make_jvm_archive.py); its name hashes Spark's `java` and JARs, so another Java or pyspark finds
+none and runs as before, and the JVM silently ignores an archive that does not match. Mapped
+outside the heap. Local masters only: a cluster starts its driver with its own options.
 """
 
 from __future__ import annotations
@@ -38,7 +28,7 @@ def archive_folder() -> str:
 
 
 def archive_path() -> str | None:
-    """Where this Java and Spark's archive is (or would be); None if Spark's `java` is not found."""
+    """This Java and Spark's archive (which may not exist yet); None if Spark's `java` is not found."""
     java = _java()
     if java is None:
         return None

@@ -1,9 +1,7 @@
-"""`python -m spark_jobs.make_jvm_archive [--if-missing]`: the training run that makes the class-data
-archive jvm_archive.py maps (`make venv`, `make test` and `make jvm-archive` run it).
-
-The bundled sample is analysed in a new driver JVM started with `-XX:ArchiveClassesAtExit`; the
-JVM's dump is waited for and the file renamed into place, whole or not at all, so runs starting
-meanwhile never see a half-written archive. Its failure only costs speed.
+"""`python -m spark_jobs.make_jvm_archive [--if-missing]`: the training run that makes the archive
+jvm_archive.py maps (run by `make venv`, `make test` and `make jvm-archive`): the bundled sample
+analysed in a new driver JVM started with `-XX:ArchiveClassesAtExit`, the file renamed into place
+once written whole. Its failure only costs speed.
 """
 
 from __future__ import annotations

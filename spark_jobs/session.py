@@ -1,12 +1,7 @@
-"""The SparkSession the jobs run in, and which Delta path it can take.
-
-`native`: delta-spark reads the tables; needs the Delta Lake JARs on Spark's classpath
-(Databricks, EMR, `--packages io.delta:...` with Maven access, or JARs baked into the image).
-`bridge`: delta-rs resolves snapshots, Spark only reads Parquet; works anywhere, including
-air-gapped sites and the build machines. Either way the analysis commits with delta-rs.
-
-A lake on S3 is read by Spark through Hadoop's s3a connector (the hadoop-aws JAR and the AWS SDK
-bundle), configured from the AWS_* variables delta-rs reads (`use_lake`).
+"""The SparkSession Spark's executor runs in, and which Delta path it can take: `native`
+(delta-spark reads the tables; needs the Delta Lake JARs) or `bridge` (delta-rs resolves snapshots,
+Spark reads only Parquet: works anywhere, air-gapped sites included). Either way the analysis
+commits with delta-rs. An S3 lake is read through Hadoop's s3a connector (`use_lake`).
 """
 
 import os
@@ -34,6 +29,12 @@ from . import jvm_archive
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 DELTA_MODES = ("auto", "native", "bridge")
+LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
+S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+# hadoop-aws 3.4 and later call the AWS SDK v2; 3.3 the v1 SDK.
+AWS_SDK_V2_CLIENT = "software.amazon.awssdk.services.s3.S3Client"
+AWS_SDK_V1_CLIENT = "com.amazonaws.services.s3.AmazonS3"
+LISTING_JOB_THRESHOLD = "spark.sql.sources.parallelPartitionDiscovery.threshold"
 
 _SESSION_CONF = {
     # Partition dates and every timestamp the agent writes are UTC.
@@ -47,20 +48,16 @@ _SESSION_CONF = {
     # Adaptive execution runs every shuffle and broadcast of a plan as a job of its own. The pass
     # fixes its partitions itself, so it has little to adapt, and a small run pays for each extra job.
     "spark.sql.adaptive.enabled": "false",
-    # A run's shuffle files deleted when its query ends. Otherwise Spark's ContextCleaner deletes
-    # them only once the JVM has collected the objects that reference them, and a long-lived
-    # `analyze --every` driver collects seldom (every 30 minutes). A System.gc() right after each
-    # run did not do: in 15 of 35 trials the carried run's shuffle files outlived it, until a
-    # later collection.
+    # A run's shuffle files deleted when its query ends, not when the JVM collects what references
+    # them: an `analyze --every` driver collects seldom (a System.gc() after each run left them in
+    # 15 of 35 trials).
     "spark.sql.classic.shuffleDependency.fileCleanup.enabled": "true",
-    # Spark's sorts and window buffers, when they spill, open every piece at once with a 1 MB read
-    # buffer, two with read-ahead: one buffer per piece keeps a big spill (the pass sorts a hot
-    # connection in one task) within a small driver (bench/README.md).
+    # A spill's pieces are opened at once, each with one 1 MB read buffer instead of two: a big
+    # spill (the pass sorts a hot connection in one task) stays within a small driver.
     "spark.unsafe.sorter.spill.read.ahead.enabled": "false",
-    # PySpark 4 otherwise records the Python call site of every DataFrame and Column function in
-    # the driver (a stack walk, a failed IPython import and several py4j round trips per call),
-    # only to name that line in an error's DataFrame context. Measured without it: `analyze --full`
-    # of the demo's lake in a new driver 18 s instead of 24 (bench/README.md, "Session 30").
+    # PySpark 4 otherwise records the Python call site of every DataFrame call (a stack walk and
+    # py4j round trips each), only for error messages: `analyze --full` of the demo's lake in a new
+    # driver took 18 s without it instead of 24.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
     # Each page's CRC32 checked, as pyarrow does (analyzer/lake.py): bytes damaged inside a data
     # file fail the read naming the file, never read as other values.
@@ -68,12 +65,8 @@ _SESSION_CONF = {
 }
 
 
-LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
-
-
 def spark_log_path() -> str:
-    """Where the driver Spark starts here writes its log (ACKSCOPE_SPARK_LOG, else a file per user
-    in the temporary folder): error messages point there."""
+    """Where the driver's log goes: ACKSCOPE_SPARK_LOG, else a file per user in the temporary folder."""
     return os.environ.get("ACKSCOPE_SPARK_LOG") or os.path.join(tempfile.gettempdir(),
                                                                  f"ackscope-spark-{os.getuid()}.log")
 
@@ -86,26 +79,15 @@ class ObjectStoreUnavailable(RuntimeError):
     """The lake is on S3, but this Spark has no s3a connector to reach it."""
 
 
-S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
-# hadoop-aws 3.4 and later call the AWS SDK v2; 3.3 the v1 SDK.
-AWS_SDK_V2_CLIENT = "software.amazon.awssdk.services.s3.S3Client"
-AWS_SDK_V1_CLIENT = "com.amazonaws.services.s3.AmazonS3"
-
-
-LISTING_JOB_THRESHOLD = "spark.sql.sources.parallelPartitionDiscovery.threshold"
-
 
 def use_lake(spark: SparkSession, lake: str) -> None:
-    """Make the session able to read `lake`: on S3, check that the s3a connector is on
-    Spark's classpath (before any work, so a missing JAR is one clear error, not a failure halfway)
-    and give Hadoop's configuration the settings delta-rs takes from the environment. They go into
-    the running context's Hadoop configuration, which every later read ships to its tasks,
-    and not into SparkConf, which Spark's UI and event log list."""
+    """Make the session able to read `lake`. On S3: the s3a connector checked for before any work
+    (a missing JAR is one clear error, not a failure halfway), and the settings delta-rs takes from
+    the environment set in the running context's Hadoop configuration, not in SparkConf, which
+    Spark's UI and event log list (they may hold keys)."""
     if not is_s3(lake):
-        # The bridge names every file a read takes, and past 32 paths Spark lists them in a Spark
-        # job of its own: a job a table read, and more of them as an analysis table's files pile up
-        # run after run (bench/README.md, session 26). In a folder, a file's status costs the driver
-        # microseconds. On S3 each is a request, which the job spreads over the executors.
+        # Past 32 paths Spark lists a read's files in a job of its own: worth it on S3 (a request a
+        # file, spread over the executors), not for a local folder (microseconds a file).
         spark.conf.set(LISTING_JOB_THRESHOLD, str(2**31 - 1))
         return
     spark.conf.unset(LISTING_JOB_THRESHOLD)
@@ -119,10 +101,8 @@ def use_lake(spark: SparkSession, lake: str) -> None:
 
 def s3a_settings(environ) -> dict[str, str]:
     """Hadoop's s3a settings that reach the store delta-rs reaches with these AWS_* variables.
-
-    delta-rs (object_store) sends path-style requests unless AWS_VIRTUAL_HOSTED_STYLE_REQUEST is
-    true; s3a's default is the other way round, so it is always said. Without keys in the
-    environment, s3a's own provider chain (instance roles, IRSA web identity, profiles) is left alone."""
+    Path-style is always said: delta-rs's default, not s3a's. Without keys in the environment,
+    s3a's own provider chain (instance roles, IRSA, profiles) is left alone."""
     def flag(name: str) -> bool:
         return environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -169,8 +149,7 @@ _COMMIT_TAG: ContextVar[str | None] = ContextVar("ackscope_commit_tag", default=
 
 @contextmanager
 def commits_tagged(tag: str) -> Iterator[None]:
-    """Every Delta commit made meanwhile carries `tag` (provisional.py: the run id) as its
-    `userMetadata` (table_files.commit_properties)."""
+    """Every Delta commit made meanwhile carries `tag` (the run id: provisional.py) as its `userMetadata`."""
     token = _COMMIT_TAG.set(tag)
     try:
         yield
@@ -185,20 +164,17 @@ def commit_tag() -> str | None:
 
 def get_spark(master: str | None = "local[*]", app_name: str = "ackscope", driver_memory: str | None = None,
               extra_java_options: str = "", class_archive: bool = True) -> SparkSession:
-    """The session for a job on `master` (None: resolved_master's); `driver_memory` (e.g. "8g"),
-    `extra_java_options` and `class_archive` (a local driver maps the CDS archive of Spark's
-    classes, if one was made: jvm_archive.py) count only if this call starts the driver JVM."""
+    """The session for a job on `master` (None: resolved_master's). `driver_memory`,
+    `extra_java_options` and `class_archive` (jvm_archive.py) count only if this call starts the JVM."""
     master = resolved_master(master)
     conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(_SESSION_CONF.items()))
     cores = _local_cores(master)
     if cores is not None:
-        # 200 shuffle partitions of a few KB each dominate small local runs; two per core keep
-        # every core busy.
+        # 200 shuffle partitions of a few KB each dominate small local runs; two per core keep all busy.
         conf.set("spark.sql.shuffle.partitions", str(2 * cores))
         # Local runs are batch jobs and tests, often several at once: no UI, no fight over port 4040.
         conf.set("spark.ui.enabled", "false")
-        # Local Python workers (grouped Arrow functions) need this interpreter's packages: pyarrow,
-        # analyzer. PySpark reads the variable when the context starts; a cluster sets its own.
+        # Local Python workers need this interpreter's packages (a cluster sets its own).
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if driver_memory:
         conf.set("spark.driver.memory", driver_memory)
@@ -220,10 +196,9 @@ class DriverDidNotStart(RuntimeError):
 
 
 def _start_driver(conf: SparkConf) -> None:
-    """Starts the driver JVM `conf` describes, unless this process has one already (or runs under
-    spark-submit, which started it). As PySpark does, but with the JVM's standard error appended to
-    Spark's log: Spark's launcher has the JVM load an incubator module, which the JVM announces on
-    stderr before any logging starts. A JVM that cannot start says why there too: that is raised."""
+    """Starts the driver JVM as PySpark does, unless one runs already (or spark-submit started it),
+    but with its stderr appended to Spark's log: the JVM announces an incubator module there before
+    any logging starts. A JVM that cannot start says why there too: that is raised."""
     if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         SparkContext._ensure_initialized(conf=conf)
         return
@@ -273,11 +248,8 @@ def _native_delta_problem(spark: SparkSession) -> str | None:
 
 
 def _delta_jars_in_driver(conf: SparkConf) -> bool:
-    """Are the Delta classes loadable in the driver this conf starts?
-
-    Delta's session extension must be configured before the session exists, and only the driver
-    JVM knows its final classpath (`--packages`, `spark.jars`, JARs in SPARK_HOME), so start that
-    JVM first (PySpark reuses it for the session) and ask it."""
+    """Are the Delta classes loadable in the driver this conf starts? Delta's extension is set before
+    the session exists, and only the driver JVM knows its classpath: it is started first and asked."""
     _start_driver(conf)
     return _class_loadable(SparkContext._jvm, DELTA_EXTENSION)
 
@@ -294,9 +266,7 @@ def _class_loadable(jvm, name: str) -> bool:
 
 
 def resolved_master(master: str | None) -> str:
-    """The master a run uses: the one it names, else under spark-submit the one spark-submit was
-    given (`spark-submit --master spark://... spark_jobs/job.py`: its driver JVM holds it), else
-    local[*]."""
+    """The master a run names, else under spark-submit the one spark-submit was given, else local[*]."""
     if master is not None:
         return master
     if "PYSPARK_GATEWAY_PORT" in os.environ:
