@@ -170,7 +170,7 @@ _COMMIT_TAG: ContextVar[str | None] = ContextVar("ackscope_commit_tag", default=
 @contextmanager
 def commits_tagged(tag: str) -> Iterator[None]:
     """Every Delta commit made meanwhile carries `tag` (provisional.py: the run id) as its
-    `userMetadata` (table_files.commit)."""
+    `userMetadata` (table_files.commit_properties)."""
     token = _COMMIT_TAG.set(tag)
     try:
         yield
