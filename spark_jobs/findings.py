@@ -30,7 +30,7 @@ from analyzer.lake import Bounds, TableWriter, any_within, open_table, read_tabl
 
 from .connection_pass import CONNECTION_COLUMNS, connection_facts
 from .cross_connection_findings import CANDIDATES, findings_across
-from .delta_io import Keyed, Listed, Replacement, rewrite
+from .delta_io import Listed, Match, Replacement, rewrite
 from .evidence_packets import FRAME_KEYS, PACKETS, Frame, known_packets
 from .requeue_related import REQUEUE_RELATED
 from .session import commit_tag
@@ -89,8 +89,9 @@ def refresh_findings(lake: str, own: pa.Table, keys: list[str] | None, changed: 
     if found is not None and found.messages:
         replaces.append(Listed({"kind": ("requeue_loop",), "message_identity": tuple(sorted(found.messages))}))
     if found is not None and found.places:
-        replaces.append(Keyed(("kind", "connection_id", "channel", "incarnation"),
-                              frozenset(("redelivery_after_close", *place) for place in found.places)))
+        on = ("kind", "connection_id", "channel", "incarnation")
+        places = [dict(zip(on, ("redelivery_after_close", *place))) for place in found.places]
+        replaces.append(Match(pa.Table.from_pylist(places), on))
     rewrite(lake, "findings", Replacement(rows, schema.FINDINGS, replaces)).commit()
 
 

@@ -1,14 +1,10 @@
 """Rows a later run may replace, kept in files of their own, so that a carried run rewrites only
 those (docs/analysis.md, "Incremental": Only the provisional rows' files are rewritten).
 
-Every run writes with `provisional` true what it wrote for what was still open (a connection's open
-deliveries, publishes and channel incarnations, and those incarnations' channel_metrics buckets from
-the boundary on; analyzer/timeline/carry.py says why nothing else can change), in files apart from
-the final rows. The Delta log's statistics of the column then name the files that can hold a
-replaced row (or lack statistics) without a read of the table, and a carried run needs no key join:
-the rows it replaces are exactly its connections' provisional rows, all of which it writes again. A
-table whose latest commit is not a finished run's (a run cut short, or another writer) is searched
-whole.
+`provisional` is true on what a run wrote for what was still open (deliveries, publishes and channel
+incarnations, and those incarnations' channel_metrics buckets from the boundary on; carry.py says
+why nothing else can change): the rows a carried run replaces are exactly its connections'
+provisional rows, all of which it writes again, so it needs no key join.
 """
 
 from __future__ import annotations
@@ -23,15 +19,13 @@ PROVISIONAL = "provisional"
 
 
 def stored_schema(table_schema: pa.Schema) -> pa.Schema:
-    """A per-connection table as stored: `provisional` after the partition column, then its columns.
-    Near the front because Delta writers keep per-file statistics of the first 32 columns only
-    (`delta.dataSkippingNumIndexedCols`): delta-rs, delta-spark and their OPTIMIZE all keep these."""
+    """A per-connection table as stored: `provisional` after the partition column, as Delta writers
+    keep per-file statistics of the first 32 columns only (`delta.dataSkippingNumIndexedCols`)."""
     return table_schema.insert(1, pa.field(PROVISIONAL, pa.bool_()))
 
 
 def flagged(table: pa.Table, provisional: bool | pa.Array) -> pa.Table:
-    """`table` with the `provisional` column (where stored_schema puts it): one value for every
-    row, or one per row."""
+    """`table` with the `provisional` column where stored_schema puts it: one value or one per row."""
     if isinstance(provisional, bool):
         provisional = pa.array([provisional] * table.num_rows, pa.bool_())
     return table.add_column(1, pa.field(PROVISIONAL, pa.bool_()), provisional)
@@ -51,8 +45,8 @@ def open_buckets(checkpoint) -> tuple[int, frozenset]:
 
 
 def metric_flags(rows: list[dict], open_from: dict[str, tuple[int, frozenset]]) -> pa.Array:
-    """`provisional` of channel_metrics rows (analyzer/timeline/metrics.py dicts); `open_from`:
-    `open_buckets` of each connection with a checkpoint (the others' rows are all final)."""
+    """`provisional` of channel_metrics rows (dicts); `open_from`: `open_buckets` of each connection
+    with a checkpoint (the others' rows are all final)."""
     flags = []
     for row in rows:
         where = open_from.get(row["connection_id"])

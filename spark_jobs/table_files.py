@@ -1,10 +1,7 @@
 """The driver's side of the delta-rs bridge, without Spark: which files a table's snapshot holds
 (named as Spark reads them), what changed between two versions, and the commits of files written.
-
-A lake is a folder, a file:// URI or an S3 URL (analyzer/lake.py). Every look at the store goes
-through delta-rs or analyzer.lake's pyarrow file system, never `os` on a lake path, so the local
-tests run the code an S3 lake runs. Spark gets the same locations with the scheme its Hadoop file
-systems want (`spark_location`).
+Every look at the store goes through delta-rs or analyzer.lake's file system, never `os` on a lake
+path, so the local tests run the code an S3 lake runs.
 """
 
 from __future__ import annotations
@@ -42,9 +39,8 @@ def spark_location(path: str) -> str:
 
 
 def files_that_may_hold(table: DeltaTable, column: str) -> set[str]:
-    """The files of the table's snapshot (paths relative to it, as lake.table_files names them) that
-    may hold a row whose boolean `column` is true: all but those whose statistics say the column's
-    largest value is false (a file without them may hold anything)."""
+    """The snapshot's files (paths relative to the table) that may hold a row whose boolean `column`
+    is true, by their statistics."""
     actions = pa.table(table.get_add_actions(flatten=True))
     paths = [unquote(path) for path in actions.column("path").to_pylist()]
     most = f"max.{column}"
@@ -54,8 +50,7 @@ def files_that_may_hold(table: DeltaTable, column: str) -> set[str]:
 
 
 def adds_that_may_hold(adds: list[AddAction], column: str) -> list[AddAction]:
-    """Of files written and not committed yet (their add actions), those that may hold a row whose
-    boolean `column` is true, by the same rule as files_that_may_hold."""
+    """files_that_may_hold of files written and not committed yet (their add actions)."""
     return [add for add in adds if _may_be_true(json.loads(add.stats or "{}").get("maxValues", {}).get(column))]
 
 
@@ -65,18 +60,14 @@ def rows_in(adds: list[AddAction]) -> int:
 
 
 def _may_be_true(largest: bool | None) -> bool:
-    """A file's largest value of a boolean column, from its statistics (None: not kept): only a
-    false one says no row of the file is true."""
+    """Only a false largest value says no row of the file is true (None: no statistics kept)."""
     return largest is not False
 
 
 def relative_in_table(file_uri: str, base: str) -> str:
-    """A file as Spark names it (`_metadata.file_path`, a URI) back to its path relative to the table
-    at `base` (a `spark_location`)."""
+    """A file as Spark names it (a URI) back to its path relative to the table at `base` (a `spark_location`)."""
     return posixpath.relpath(unquote(urlparse(file_uri).path), urlparse(base).path)
 
-
-# --- read -----------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class SparkRead:
@@ -86,19 +77,16 @@ class SparkRead:
     files: tuple[str, ...]
 
 
-def files_to_read(table: DeltaTable, location: str, since: str | None, until: str | None,
-                  only: set[str] | None = None) -> SparkRead:
-    """The snapshot's files on the `date` partitions from `since` to `until` (inclusive, None: open);
-    `only`: just these of them (paths relative to the table, as lake.table_files names them).
-
-    Spark takes partition values from folder names, as a constant per file at no cost per row. Both
-    delta-rs and delta-spark lay files out that way, but the log is the truth: a file whose folders
-    would give Spark anything else stops the read."""
+def files_to_read(table: DeltaTable, location: str, since: str | None, until: str | None) -> SparkRead:
+    """The snapshot's files on the `date` partitions from `since` to `until` (inclusive, None: open).
+    Spark takes partition values from folder names (a constant per file, at no cost per row), as both
+    delta-rs and delta-spark lay files out; but the log is the truth: a file whose folders would
+    give Spark anything else stops the read."""
     check_files_readable(table, location)
     base = spark_location(location)
     files = []
     for relative, file in table_files(table).items():
-        if (only is None or relative in only) and _day_selected(file.partition_values.get("date"), since, until):
+        if _day_selected(file.partition_values.get("date"), since, until):
             _check_partition_folders(relative, file.partition_values)
             files.append(f"{base}/{relative}")
     return SparkRead(base, tuple(files))
@@ -110,31 +98,23 @@ def _day_selected(day: str | None, since: str | None, until: str | None) -> bool
     return day is not None and (since is None or day >= since) and (until is None or day <= until)
 
 
-def folder_partition_values(relative: str) -> dict[str, str | None]:
-    """Partition values as Spark reads them from the `column=value/` folders of a file's path.
-
-    Spark escapes a few ASCII characters in folder names (`:` as `%3A`) and unescapes every `%XX`
-    as one character; it never decodes UTF-8 sequences, so neither does this."""
-    values = {}
+def _check_partition_folders(relative: str, logged: dict) -> None:
+    """The partition values Spark reads from the `column=value/` folders of a file's path are the
+    log's: Spark unescapes every `%XX` as one character, never decoding UTF-8 sequences; so does this."""
+    from_folders = {}
     for folder in relative.split("/")[:-1]:
         column, _, value = folder.partition("=")
-        values[column] = None if value == NULL_PARTITION else _ESCAPE.sub(lambda m: chr(int(m[1], 16)), value)
-    return values
-
-
-def _check_partition_folders(relative: str, logged: dict) -> None:
+        from_folders[column] = None if value == NULL_PARTITION else _ESCAPE.sub(lambda m: chr(int(m[1], 16)), value)
     logged_as_text = {column: None if value is None else str(value) for column, value in logged.items()}
-    from_folders = folder_partition_values(relative)
     if from_folders != logged_as_text:
         raise RuntimeError(f"{relative}: the Delta log gives partition values {logged_as_text}, its folders "
                            f"{from_folders}; the bridge cannot read this table, --delta-mode native can")
 
 
 def distinct_strings(files: tuple[str, ...], column: str) -> list[str]:
-    """The distinct non-null values of a string column in these Parquet files (named as Spark
-    reads them: `spark_location`), sorted: read by the driver one row group at a time, as a
-    dictionary, so a column of few values (a frame's connection_id) costs it an index a row, not
-    a string, and no Spark job (whose planning and tasks would cost more than the read)."""
+    """The distinct non-null values of a string column in these files (`spark_location`s), sorted:
+    read by the driver a row group at a time, as a dictionary, so a column of few values (a frame's
+    connection_id) costs an index a row, not a string, and no Spark job (which would cost more)."""
     values: set[str] = set()
     for location in files:
         fs, path = filesystem(location)
@@ -149,8 +129,6 @@ def distinct_strings(files: tuple[str, ...], column: str) -> list[str]:
     return sorted(values)
 
 
-# --- changes between versions ---------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class FileChanges:
     """What happened to a table's data between two versions, as files Spark can read (`spark_location`)."""
@@ -159,14 +137,10 @@ class FileChanges:
 
 
 def changes_between(lake: str, name: str, old_version: int, new_version: int) -> FileChanges:
-    """The files of rows added after `old_version` (up to `new_version`), and the files whose rows
-    changed or whose new rows cannot be read alone any more.
-
-    Read from the commits in between: a compaction (the agent's, analyzer/agent/compaction.py, or
-    delta-rs `optimize`) rewrites files without changing their rows (`dataChange: false`), so it neither adds new rows
-    nor loses any, unless it swallowed a file of rows added since `old_version`: those rows now sit
-    in a file with older ones. Where a commit is no longer in the log (cleaned up), the two
-    snapshots are compared instead, and every rewritten file counts as removed."""
+    """Read from the commits after `old_version` up to `new_version`: a compaction's rewrite
+    (`dataChange: false`) neither adds rows nor loses any, unless it swallowed a file of rows added
+    since `old_version` (they now sit with older ones). Where a commit is gone from the log, the
+    two snapshots are compared instead, and every rewritten file counts as removed."""
     location = os.path.join(lake, name)
     base = spark_location(location)
     commits = _commits(location, old_version + 1, new_version)
@@ -202,20 +176,14 @@ def _commits(location: str, first: int, last: int) -> list[list[dict]] | None:
     return commits
 
 
-# --- write ---------------------------------------------------------------------------------------
-
 def commit(location: str, schema: pa.Schema, actions: list, partition_by: list[str], mode: str = "append",
            tag: str | None = None, table: DeltaTable | None = None, removed: Iterable[str] = ()) -> None:
-    """Add (with `mode="overwrite"`: replace the snapshot with) these files in one commit, creating
-    the table if there is none; tagged with `tag` (commit_properties). `removed`: files of `table`
-    (the snapshot they were found in; paths relative to it) removed in the same commit: a
-    concurrent writer removing one of them makes the commit fail rather than lose its rows."""
+    """Add (`mode="overwrite"`: replace the snapshot with) these files in one commit tagged `tag`,
+    creating the table if there is none. `removed`: files of `table` (the snapshot they were found
+    in) removed in the same commit: a concurrent writer removing one makes the commit fail rather
+    than lose its rows."""
     table = open_or_create(location, schema, partition_by) if table is None else table
+    # `userMetadata`: where delta-spark keeps its session's spark.databricks.delta.commitInfo.userMetadata.
+    properties = CommitProperties(custom_metadata={"userMetadata": tag} if tag is not None else None)
     table.create_write_transaction([*removals(table, list(removed)), *actions], mode=mode, schema=schema,
-                                   partition_by=partition_by, commit_properties=commit_properties(tag))
-
-
-def commit_properties(tag: str | None) -> CommitProperties:
-    """`tag` as a commit's `userMetadata` (where delta-spark keeps its session's
-    spark.databricks.delta.commitInfo.userMetadata)."""
-    return CommitProperties(custom_metadata={"userMetadata": tag} if tag is not None else None)
+                                   partition_by=partition_by, commit_properties=properties)

@@ -1,8 +1,6 @@
-"""Tables written into a lake as uncommitted Parquet files by a pass's tasks (either executor's:
-connection_pass.py, timeline/carried.py) or the driver's rewrites (delta_io.py), with the agent's
-writer (analyzer.lake.TableWriter); the caller commits each table's files in one Delta commit
-(docs/analysis.md, "One implementation of the rules", 3). Until then no log names a file: those of a
-failed or repeated task are never committed, and VACUUM removes them.
+"""Tables written into a lake as uncommitted Parquet files, by a pass's tasks or the driver's
+rewrites (delta_io.py), for the caller to commit (docs/analysis.md, "One implementation of the
+rules", 3): a failed or repeated task's files are never committed, and VACUUM removes them.
 """
 
 from __future__ import annotations
@@ -40,14 +38,11 @@ def add_actions(files: list) -> dict[str, list[AddAction]]:
 
 
 class FilesWriter:
-    """One task's rows of table `name` written as Parquet files `file_rows` at a time (the agent's
-    TableWriter: files by day); `files()` writes what is left and gives the files as FILES rows.
-    Rows of each combination of FILE_FLAGS' values gather apart (up to `file_rows` each) and make
-    files of their own, so the few flagged rows (open items, deliveries a requeue touched) fill
-    few files however many the others fill. `order`: columns each file's rows are sorted by, in
-    the writer's thread (a sorted file is smaller: ~5% for the deliveries); a file holds one day.
-    `drop(connection_id)` takes back every row of a connection, written or not (a carried connection
-    that falls back; channel_metrics computed again), and `of_connection` reads them."""
+    """One task's rows of table `name` written as Parquet files `file_rows` at a time, a day a file;
+    `files()` writes what is left and gives the files as FILES rows. Rows of each combination of
+    FILE_FLAGS' values gather apart, so the few flagged rows fill few files however many the others
+    fill. `order`: the columns each file's rows are sorted by (a sorted file is ~5% smaller for the
+    deliveries)."""
 
     def __init__(self, lake: str, name: str, table_schema: pa.Schema, file_rows: int = FILE_ROWS,
                  order: tuple[str, ...] = ()):
@@ -60,8 +55,7 @@ class FilesWriter:
         self.beside = Beside()
 
     def add(self, rows: pa.Table) -> None:
-        """Takes the rows; they are cast, sorted into piles and written in the writer's thread, so
-        that the task goes on meanwhile (`Beside`); `drop` and `files` wait for it."""
+        """The rows cast, piled and written in the writer's thread (`Beside`) while the task goes on."""
         self.beside.run(self._add, rows)
 
     def _add(self, rows: pa.Table) -> None:
@@ -74,8 +68,8 @@ class FilesWriter:
                 self._write(key)
 
     def drop(self, connection_id: str) -> None:
-        """Every row of this connection out: of the rows not written yet, and of the files written
-        (each rewritten without them, the old file deleted: it is in no log)."""
+        """Every row of this connection out, written or not (a carried connection that falls back;
+        channel_metrics computed again): each file holding one rewritten without them."""
         self.beside.wait()
 
         def others(rows: pa.Table) -> pa.Table:

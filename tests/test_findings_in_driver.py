@@ -18,7 +18,7 @@ from analyzer import lake, schema
 from analyzer.detectors import KINDS
 from analyzer.detectors.messages import COLUMNS, candidates
 from spark_jobs import delta_io, findings
-from spark_jobs.delta_io import Keyed, Listed, Replacement, rewrite
+from spark_jobs.delta_io import Listed, Match, Replacement, rewrite
 from spark_jobs.evidence_packets import PACKETS
 from spark_jobs.table_files import commit
 from spark_jobs.timeline.tables import TIMELINE_TABLES
@@ -183,8 +183,8 @@ def _findings_lake(lake_dir: str) -> tuple[list[str], list, pa.Table]:
     writer.commit("setup")
     matches = [Listed({"connection_id": (CONNECTIONS[0], CONNECTIONS[3]), "kind": KINDS}),
                Listed({"kind": ("requeue_loop",), "message_identity": ("looping",)}),
-               Keyed(("kind", "connection_id", "channel", "incarnation"),
-                     frozenset({("redelivery_after_close", CONNECTIONS[1], 2, 1)}))]
+               Match(pa.table({"kind": ["redelivery_after_close"], "connection_id": [CONNECTIONS[1]], "channel": [2],
+                               "incarnation": [1]}), ("kind", "connection_id", "channel", "incarnation"))]
     return sorted(lake.table_files(lake.open_table(lake_dir, "findings"))), matches, _findings(5, 99, CONNECTIONS)
 
 

@@ -652,7 +652,7 @@ def _carry_on(spark, lake_dir: str, rows: list[dict]) -> None:
 def _spy(monkeypatch, module, name: str, calls: list) -> None:
     """`module.name` called as before, each call's arguments kept in `calls`."""
     original = getattr(module, name)
-    monkeypatch.setattr(module, name, lambda *args: calls.append(args) or original(*args))
+    monkeypatch.setattr(module, name, lambda *args, **kw: calls.append(args) or original(*args, **kw))
 
 
 def findings_searched(monkeypatch, searches: list) -> None:
@@ -669,7 +669,7 @@ def findings_searched(monkeypatch, searches: list) -> None:
             return rewrite(*args)
 
     monkeypatch.setattr(findings, "rewrite", searched)
-    _spy(monkeypatch, delta_io, "_search", searches)
+    _spy(monkeypatch, delta_io, "scan", searches)
 
 
 def _stray_files(lake_dir: str) -> list[str]:

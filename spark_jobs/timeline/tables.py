@@ -1,6 +1,5 @@
-"""The per-connection tables as stored, by name: the four timeline tables and channel_metrics,
-each with the `provisional` column (provisional.py), and the deliveries with `requeue_related`
-(requeue_related.py): what both paths produce, column for column."""
+"""The per-connection tables as stored, with `provisional` (and the deliveries with `requeue_related`):
+what both paths produce, column for column."""
 
 import pyarrow as pa
 
@@ -20,7 +19,6 @@ CHANNEL_METRICS = stored_schema(schema.CHANNEL_METRICS)
 
 
 def as_stored(name: str, rows: pa.Table, provisional: bool) -> pa.Table:
-    """A timeline table's rows (analyzer.timeline.tables.to_tables) with the columns it is stored
-    with, every row `provisional` or none."""
+    """A timeline table's rows with the columns it is stored with, every row `provisional` or none."""
     rows = flagged(rows, provisional)
     return requeue_related.with_flags(rows) if name == "deliveries" else rows
