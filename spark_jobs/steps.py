@@ -21,14 +21,13 @@ class Step:
 class Steps:
     """`spark`: None for a run that starts no Spark (its steps start no Spark job)."""
 
-    def __init__(self, spark: SparkSession | None, progress: TextIO | None = None, label: str = "ackscope analyze"):
-        self.context = None
-        self.progress, self.label = progress, label
+    def __init__(self, spark: SparkSession | None, progress: TextIO | None = None):
+        self.context, self.progress = None, progress
         # Every job of this run carries the group, so the status tracker can count them.
         self.group = f"ackscope-{uuid.uuid4().hex[:12]}"
         if spark is not None:
             self.context = spark.sparkContext
-            self.context.setJobGroup(self.group, self.label)
+            self.context.setJobGroup(self.group, "ackscope analyze")
         self.seconds: dict[str, float] = {}
 
     @contextmanager
@@ -42,7 +41,7 @@ class Steps:
         self.seconds[name] = round(self.seconds.get(name, 0.0) + seconds, 2)
         if self.progress is not None:
             said = f": {printable(detail, LINE_LIMIT)}" if detail else ""  # may quote a refused checkpoint
-            print(f"{self.label}: {name} ({seconds:.1f}s, {spark_jobs} Spark jobs){said}", file=self.progress,
+            print(f"ackscope analyze: {name} ({seconds:.1f}s, {spark_jobs} Spark jobs){said}", file=self.progress,
                   flush=True)
 
     def spark_jobs(self) -> int:
