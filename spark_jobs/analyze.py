@@ -34,8 +34,7 @@ from spark_jobs.findings import Changed, refresh_findings
 from spark_jobs.carried_pass import CarriedPass
 from spark_jobs.local_executor import LocalExecutor
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
-from spark_jobs.run_scope import (COMPLETE_SCOPES, DAYS, FULL, NEW_DATA, RunScope, plan_run, set_aside_damaged,
-                                  thresholds_json)
+from spark_jobs.run_scope import COMPLETE_SCOPES, FULL, NEW_DATA, RunScope, plan_run, set_aside_damaged, thresholds_json
 from spark_jobs.session import commit_tag, commits_tagged
 from spark_jobs.spark_executor import SparkExecutor
 from spark_jobs.steps import Steps
@@ -91,8 +90,7 @@ class _Run:
 
 def planned_run(lake: str, since: str | None, until: str | None, full: bool, bucket_seconds: int, overdue_ns: int,
                 thresholds: Thresholds) -> RunScope:
-    """What a run with these options would analyse now (run_scope.py), without Spark: its first
-    step, which also chooses its executor (`local_takes`)."""
+    """What a run with these options would analyse now (run_scope.py), without Spark."""
     return plan_run(lake, since, until, full, bucket_seconds, overdue_ns, thresholds, [*OUTPUT_TABLES, STATE_TABLE],
                     flagged_tables=FLAGGED_TABLES)
 
@@ -144,9 +142,7 @@ def _whole_after_damage(lake: str, error: Exception, set_aside: list[str], setti
     where the failure was another. After as many tables as the analysis writes, the next failure is
     raised (a disk that damages every file written is not written to forever)."""
     written = [*OUTPUT_TABLES, STATE_TABLE, RUNS_TABLE]
-    if len(set_aside) >= len(written):
-        return None
-    note = set_aside_damaged(lake, error, written)
+    note = set_aside_damaged(lake, error, written) if len(set_aside) < len(written) else None
     if note is None:
         return None
     set_aside.append(note)
@@ -253,9 +249,8 @@ def _per_connection_tables(run: _Run, report: AnalysisReport) -> tuple[pa.Table,
 
 
 def _carried_with_rewrites(run: _Run, keys: list[str]) -> tuple[CarriedPass, dict[str, Rewrite]]:
-    """The carried pass, and beside it the files holding the rows it replaces rewritten without
-    them, where those are known before it (docs/analysis.md, "Incremental": A carried run's writes
-    are commits): none of the run's connections planned whole."""
+    """The carried pass, and beside it, where none of the run's connections is planned whole, the files
+    holding the rows it replaces rewritten (docs/analysis.md, "Incremental": A carried run's writes are commits)."""
     if run.plan.whole:
         return run.executor.carried_pass(keys), {}
     with ThreadPoolExecutor(1) as beside:
@@ -294,8 +289,6 @@ def _connections_in_scope(lake: str, plan: RunScope) -> list[str]:
     scheduled run's new files; a days run's files of those days in its snapshot of `frames`."""
     if plan.scope == NEW_DATA:
         return sorted({*distinct_strings(plan.new_files, "connection_id"), *plan.whole})
-    if plan.scope != DAYS:
-        raise ValueError(f"scope {plan.scope!r} has no list of connections")
     frames = open_table(lake, "frames")
     frames.load_as_version(plan.frames_version)
     since, until = (None if day is None else date.fromisoformat(day).isoformat() for day in (plan.since, plan.until))

@@ -123,7 +123,6 @@ def _of_connections(lake: str, version: int, keys: tuple[str, ...], among: set[s
 
 
 def facts_in_lake(lake: str) -> Callable[[set[str]], dict[str, dict]]:
-    """connection_pass.connection_facts of some connections, read from the lake's connections table."""
     def facts(ids: set[str]) -> dict[str, dict]:
         return connection_facts(read_table(lake, "connections", schema.CONNECTIONS, columns=CONNECTION_COLUMNS,
                                            where=pc.field("connection_id").isin(sorted(ids))) if ids else None)

@@ -134,7 +134,9 @@ def _scope(lake: str, frames: DeltaTable, version: int, since: str | None, until
         return RunScope(FULL, "asked for (--full)", version)
     if since is not None or until is not None:
         return RunScope(DAYS, "asked for (--since/--until)", version, since=since, until=until)
-    last = last_complete_run(lake)
+    runs = read_table(lake, RUNS_TABLE, schema.ANALYSIS_RUNS)
+    complete = [run for run in (runs.to_pylist() if runs is not None else []) if run["scope"] in COMPLETE_SCOPES]
+    last = max(complete, key=lambda run: (run["frames_version"], run["finished_ts"]), default=None)
     if last is None:
         return RunScope(FULL, "first run", version)
     missing = [name for name in output_tables if open_table(lake, name) is None]
@@ -182,14 +184,6 @@ def _taken_out_provisionally(removed: tuple[str, ...]) -> tuple[str, ...] | None
         return tuple(distinct_strings(removed, "connection_id"))
     except UnreadableFile:
         return None
-
-
-def last_complete_run(lake: str) -> dict | None:
-    runs = read_table(lake, RUNS_TABLE, schema.ANALYSIS_RUNS)
-    if runs is None or runs.num_rows == 0:
-        return None
-    complete = [r for r in runs.to_pylist() if r["scope"] in COMPLETE_SCOPES]
-    return max(complete, key=lambda r: (r["frames_version"], r["finished_ts"]), default=None)
 
 
 def thresholds_json(thresholds: Thresholds) -> str:

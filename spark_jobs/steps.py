@@ -45,7 +45,6 @@ class Steps:
                   flush=True)
 
     def spark_jobs(self) -> int:
-        """Spark jobs this run started so far."""
         if self.context is None:
             return 0
         return len(self.context.statusTracker().getJobIdsForGroup(self.group))
