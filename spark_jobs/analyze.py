@@ -26,13 +26,12 @@ from analyzer.lake import TableWriter, open_table, read_table
 from analyzer.published import RUNS_TABLE, finished_runs
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
-from spark_jobs import local_executor
 from spark_jobs.compaction import compact, merge_analysed_input, small_final_files
 from spark_jobs.connection_pass import RAW_FINDINGS, STATE_TABLE, WRITTEN_TABLES
 from spark_jobs.delta_io import Replacement, Rewrite, connections_match, replace_all, rewrite_all
 from spark_jobs.findings import Changed, refresh_findings
 from spark_jobs.carried_pass import CarriedPass
-from spark_jobs.local_executor import LocalExecutor
+from spark_jobs.local_executor import DRIVER_FRAMES, LocalExecutor
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
 from spark_jobs.run_scope import COMPLETE_SCOPES, FULL, NEW_DATA, RunScope, plan_run, set_aside_damaged, thresholds_json
 from spark_jobs.session import commit_tag, commits_tagged
@@ -98,7 +97,7 @@ def planned_run(lake: str, since: str | None, until: str | None, full: bool, buc
 def local_takes(plan: RunScope, up_to: int | None = None) -> bool:
     """Is the run the local executor's, where the machine the run was given is this one: nothing
     new, or at most `up_to` frame rows to read (the Delta log's count; None: DRIVER_FRAMES)?"""
-    up_to = local_executor.DRIVER_FRAMES if up_to is None else up_to
+    up_to = DRIVER_FRAMES if up_to is None else up_to
     return plan.nothing_new or (plan.rows_to_read is not None and plan.rows_to_read <= up_to)
 
 
@@ -153,15 +152,14 @@ def _whole_after_damage(lake: str, error: Exception, set_aside: list[str], setti
     return replace(plan, reason="; ".join(set_aside) + ": rebuilt by a whole analysis" + also)
 
 
-def _run(run: _Run, started: float, report_started: float) -> AnalysisReport:
-    """`started`: when this attempt's planning started; `report_started`: the run's (its seconds)."""
+def _run(run: _Run, attempt_started: float, run_started: float) -> AnalysisReport:
     started_ts = datetime.now(timezone.utc)
     plan = run.plan
     # What the run is about to do, said before it does it (a watcher knows a run is under way).
     detail = f"{plan.scope}, " + ("every connection" if run.keys is None else f"{len(run.keys)} connection(s)")
     if run.executor.spark is None:
         detail += ": no Spark" if run.keys == [] else ": analysed by the driver"
-    run.steps.took("plan", time.monotonic() - started, detail=detail)
+    run.steps.took("plan", time.monotonic() - attempt_started, detail=detail)
     report = AnalysisReport(lake=run.lake, delta_mode=run.executor.delta_mode, scope=plan.scope, reason=plan.reason,
                             frames_version=plan.frames_version)
     if run.keys == []:
@@ -188,7 +186,7 @@ def _run(run: _Run, started: float, report_started: float) -> AnalysisReport:
                 if report.files_compacted:
                     run.steps.took("compact tables", time.monotonic() - compacting)
         _log_run(run, report, started_ts)
-    report.seconds = round(time.monotonic() - report_started, 2)
+    report.seconds = round(time.monotonic() - run_started, 2)
     report.seconds_by_step, report.spark_jobs = run.steps.seconds, run.steps.spark_jobs()
     return report
 

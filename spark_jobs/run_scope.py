@@ -142,12 +142,10 @@ def _scope(lake: str, frames: DeltaTable, version: int, since: str | None, until
     missing = [name for name in output_tables if open_table(lake, name) is None]
     if missing:
         return RunScope(FULL, f"output table(s) {', '.join(missing)} missing", version)
-    lacking = {name: [column for column in columns
-                      if column not in pa.schema(open_table(lake, name).schema().to_arrow()).names]
-               for name, columns in flagged_tables.items()}
-    older = [name for name, columns in lacking.items() if columns]
-    if older:
-        columns = sorted({column for name in older for column in lacking[name]})
+    lacking = [(name, column) for name, columns in flagged_tables.items() for column in columns
+               if column not in pa.schema(open_table(lake, name).schema().to_arrow()).names]
+    if lacking:
+        older, columns = dict.fromkeys(name for name, _ in lacking), sorted({column for _, column in lacking})
         return RunScope(FULL, f"output table(s) {', '.join(older)} written by an older ackscope "
                               f"(no {' or '.join(columns)} column)", version)
     if (last["bucket_seconds"], last["overdue_ns"]) != (bucket_seconds, overdue_ns):

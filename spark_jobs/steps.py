@@ -13,11 +13,6 @@ from pyspark.sql import SparkSession
 from analyzer.terminal import LINE_LIMIT, printable
 
 
-class Step:
-    """What a step says of itself on its progress line, after its time (`detail`, set while it runs)."""
-    detail: str = ""
-
-
 class Steps:
     """`spark`: None for a run that starts no Spark (its steps start no Spark job)."""
 
@@ -32,9 +27,9 @@ class Steps:
 
     @contextmanager
     def step(self, name: str):
-        jobs_before, started, step = self.spark_jobs(), time.monotonic(), Step()
-        yield step
-        self.took(name, time.monotonic() - started, self.spark_jobs() - jobs_before, step.detail)
+        jobs_before, started = self.spark_jobs(), time.monotonic()
+        yield
+        self.took(name, time.monotonic() - started, self.spark_jobs() - jobs_before)
 
     def took(self, name: str, seconds: float, spark_jobs: int = 0, detail: str = "") -> None:
         """A step timed by its caller (one known to have taken place only once it is over)."""
@@ -45,6 +40,4 @@ class Steps:
                   flush=True)
 
     def spark_jobs(self) -> int:
-        if self.context is None:
-            return 0
-        return len(self.context.statusTracker().getJobIdsForGroup(self.group))
+        return 0 if self.context is None else len(self.context.statusTracker().getJobIdsForGroup(self.group))
