@@ -76,7 +76,6 @@ class AnalysisReport:
 
 @dataclass(frozen=True)
 class _Run:
-    """What every step of one run reads."""
     lake: str
     run_id: str
     plan: RunScope

@@ -95,7 +95,6 @@ def stored_candidates(lake: str, deliveries) -> pa.Table:
 
 
 def _changed_rows(lake: str, changed: Changed, stored: pa.Table, version: int) -> pa.Table:
-    """The changed rows: those handed in, and those `_of_connections` picks."""
     parts = [part.select(list(COLUMNS)) for part in changed.rows]
     if changed.whole:
         loops = read_table(lake, "findings", schema.FINDINGS, columns=["message_identity"],
