@@ -1,13 +1,7 @@
-"""The pipeline's findings step, written once for both executors (docs/analysis.md, "Incremental":
-Findings): the findings a run's rows can change, computed again and committed in the driver, over
-Arrow, with no Spark session (delta-rs and pyarrow read the lake, a batch at a time where it may be big).
-1. the message kinds' findings (cross_connection_findings.findings_across) from the stored
-   candidates (requeue_related.py) and the changed rows (`Changed`): those handed in, and of the
-   connections analysed whole only what the kinds read (`_of_connections`);
-2. their evidence packets: those known without a scan (evidence_packets.known_packets), the rest
-   from one scan of the run's snapshot of `frames` (`_scanned`);
-3. each raw finding finished (analyzer.detectors.finish), and the stored findings they replace
-   replaced in one commit (delta_io.rewrite); a full run replaces the table whole.
+"""The pipeline's findings step, written once for both executors and run in the driver over Arrow,
+with no Spark session (docs/analysis.md, "Incremental": Findings): the message kinds' findings from
+the stored candidates and the changed rows, their evidence packets, then every raw finding finished
+and committed, replacing the stored findings it replaces (a full run: the table whole).
 """
 
 from __future__ import annotations
@@ -41,9 +35,8 @@ from .timeline.tables import TIMELINE_TABLES
 
 @dataclass(frozen=True)
 class Changed:
-    """The delivery rows a run added or deleted that the message kinds can read: `rows`, handed in
-    (Arrow, at least COLUMNS), and every stored row of the connections `whole`, analysed whole
-    (all their rows written again), of which the step reads only what the kinds read."""
+    """The delivery rows a run added or deleted that the message kinds can read: `rows` (at least
+    COLUMNS), and every stored row of the connections `whole`, analysed whole."""
     rows: tuple[pa.Table, ...] = ()
     whole: tuple[str, ...] = ()
 
@@ -53,12 +46,9 @@ class Changed:
 
 def refresh_findings(lake: str, own: pa.Table, keys: list[str] | None, changed: Changed | None,
                      thresholds: Thresholds, new_files: tuple[str, ...], frames_version: int | None) -> None:
-    """The findings table after a run (the module's docstring). `own`: the raw findings about one
-    connection of `keys`, the connections analysed (None: every connection; the table is
-    replaced whole). `changed`: the delivery rows the run changed; empty where there are none (the
-    kinds have nothing to do and read nothing); None: every stored candidate counts as changed.
-    `new_files`: the run's new frames files, where packets are looked for before a scan;
-    `frames_version`: the run's snapshot of `frames` (None: the current one), scanned for the rest."""
+    """`own`: the raw findings about one connection of `keys` (None: every connection, the table
+    replaced whole). `changed` empty: the kinds have nothing to do and read nothing; None: every
+    stored candidate counts as changed. `frames_version` None: the current snapshot."""
     deliveries = open_table(lake, "deliveries")
     found = None
     if deliveries is not None and (changed is None or changed):
@@ -96,9 +86,8 @@ def refresh_findings(lake: str, own: pa.Table, keys: list[str] | None, changed: 
 
 
 def stored_candidates(lake: str, deliveries) -> pa.Table:
-    """The stored deliveries that may be candidates (CANDIDATES' columns, with REQUEUE_RELATED),
-    read from only the files that can hold one, of the deliveries' snapshot `deliveries` (whatever
-    a compaction beside commits meanwhile)."""
+    """The stored deliveries that may be candidates, read from only the files that can hold one, of
+    the snapshot `deliveries` (whatever a compaction beside commits meanwhile)."""
     files = files_that_may_hold(deliveries, REQUEUE_RELATED)
     stored = read_table(lake, "deliveries", TIMELINE_TABLES["deliveries"], columns=[*COLUMNS, REQUEUE_RELATED],
                         where=pc.field(REQUEUE_RELATED).is_null() | pc.field(REQUEUE_RELATED), files=files,
@@ -107,8 +96,6 @@ def stored_candidates(lake: str, deliveries) -> pa.Table:
 
 
 def _changed_rows(lake: str, changed: Changed, stored: pa.Table, version: int) -> pa.Table:
-    """The changed rows in Arrow (their COLUMNS): those handed in, and of the connections analysed
-    whole those `_of_connections` picks from the deliveries' snapshot at `version`."""
     parts = [part.select(list(COLUMNS)) for part in changed.rows]
     if changed.whole:
         loops = read_table(lake, "findings", schema.FINDINGS, columns=["message_identity"],
@@ -120,10 +107,8 @@ def _changed_rows(lake: str, changed: Changed, stored: pa.Table, version: int) -
 
 
 def _of_connections(lake: str, version: int, keys: tuple[str, ...], among: set[str]) -> pa.Table:
-    """Of the delivery rows of these connections (the deliveries' snapshot at `version`): the
-    candidates (the one rule), and the rows of the messages `among` names (the stored candidates'
-    and requeue_loop findings'), the only others findings_across reads. Streamed (lake.scan), the
-    files and row groups whose connection_id bounds hold none of `keys` left unread."""
+    """Of the delivery rows of these connections: the candidates, and the rows of the messages `among`
+    names (the stored candidates' and requeue_loop findings'), the only others findings_across reads."""
     ids = sorted(keys)
     listed, messages = pa.array(ids, pa.string()), pa.array(sorted(among), pa.string())
     picked = [CANDIDATES.empty_table()]
@@ -138,7 +123,6 @@ def _of_connections(lake: str, version: int, keys: tuple[str, ...], among: set[s
 
 
 def facts_in_lake(lake: str) -> Callable[[set[str]], dict[str, dict]]:
-    """connection_pass.connection_facts of some connections, read from the lake's connections table."""
     def facts(ids: set[str]) -> dict[str, dict]:
         return connection_facts(read_table(lake, "connections", schema.CONNECTIONS, columns=CONNECTION_COLUMNS,
                                            where=pc.field("connection_id").isin(sorted(ids))) if ids else None)
@@ -148,8 +132,7 @@ def facts_in_lake(lake: str) -> Callable[[set[str]], dict[str, dict]]:
 def _known(lake: str, named: list[tuple[str, list[int]]], new_files: tuple[str, ...],
            version: int | None) -> tuple[dict[Frame, tuple], set[Frame]]:
     """evidence_packets.known_packets of these findings, from the stored findings of their
-    connections and the new frames (`new_files` of the frames' snapshot at `version`, of those
-    connections only)."""
+    connections and their frames in `new_files`."""
     ids = sorted({connection_id for connection_id, _ in named})
     if not ids:
         return {}, set()
@@ -162,9 +145,8 @@ def _known(lake: str, named: list[tuple[str, list[int]]], new_files: tuple[str, 
 
 
 def _scanned(lake: str, version: int | None, since: str | None, unknown: set[Frame]) -> dict[Frame, tuple]:
-    """The (packet, source) of these frames, from one scan of `frames` (its snapshot at `version`,
-    from the UTC day `since` on; None: all of it) as docs/analysis.md ("Incremental": Findings)
-    describes it: PACKETS' columns, streamed, unread where statistics rule them out (`_may_hold`)."""
+    """The (packet, source) of these frames, from one scan of `frames` from the UTC day `since` on
+    (None: all of it)."""
     by_connection: dict[str, list[int]] = {}
     for connection_id, seq in sorted(unknown):
         by_connection.setdefault(connection_id, []).append(seq)
@@ -183,8 +165,7 @@ def _scanned(lake: str, version: int | None, since: str | None, unknown: set[Fra
 
 
 def _may_hold(by_connection: dict[str, list[int]]) -> Callable[[Bounds], bool]:
-    """Statistics' test (lake.scan's `may_hold`) of frames whose connection_id and seq bounds are
-    these: may they hold one of the wanted seqs (sorted) of a wanted connection?"""
+    """lake.scan's `may_hold`: may frames with these connection_id and seq bounds hold a wanted frame?"""
     ids = sorted(by_connection)
 
     def may_hold(bounds: Bounds) -> bool:

@@ -1,12 +1,5 @@
-"""Which connections a run of the analysis (re)computes, and why (docs/analysis.md, "Incremental":
-Scopes). A connection's timeline depends on its frames alone, so a run recomputes the connections
-with frames it has not analysed and replaces just their rows: `analysis_runs` says how far the last
-complete run got in `frames` (a Delta version), and the files appended since name the connections
-with new data; a run with nothing new changes nothing.
-- full: every connection, the output tables replaced whole (`_scope` says when);
-- new_data: the connections with frames in files added since the last complete run, and those of
-  the provisional files an ingest took out since (`whole`: analysed whole);
-- days (`--since` / `--until`): the connections with frames on those UTC days, analysed whole again.
+"""Which connections a run of the analysis (re)computes, and why: the scopes full, new_data and days
+(docs/analysis.md, "Incremental": Scopes), planned from the Delta logs alone.
 """
 
 from __future__ import annotations
@@ -47,23 +40,19 @@ class RunScope:
 
     @property
     def nothing_new(self) -> bool:
-        """A new_data run with no frames file added and none taken out: it changes nothing."""
         return self.scope == NEW_DATA and not self.new_files and not self.whole
 
     @property
     def rows_to_read(self) -> int | None:
-        """The frame rows the run reads, as the log counts them (None: not known): a new_data run
-        its new files' (more only if a connection must be analysed whole), any other run, and one
-        with connections planned whole (`whole`), at most the snapshot's."""
+        """The frame rows the run reads, as the log counts them (None: not known); at most the snapshot's."""
         return self.new_rows if self.scope == NEW_DATA and not self.whole else self.frames_rows
 
 
 def plan_run(lake: str, since: str | None, until: str | None, full: bool, bucket_seconds: int,
              overdue_ns: int, thresholds: Thresholds, output_tables: list[str],
              flagged_tables: dict[str, tuple[str, ...]] | None = None) -> RunScope:
-    """`flagged_tables`: output tables and the columns a carried run relies on in them (each
-    table's `provisional`, provisional.py; the deliveries' `requeue_related`, requeue_related.py):
-    a table written before one of them existed is replaced whole."""
+    """`flagged_tables`: output tables and the columns a carried run relies on in them: a table
+    written before one of them existed is replaced whole."""
     frames = open_table(lake, "frames")
     if frames is None:
         raise FileNotFoundError(f"no frames table in {lake}")
@@ -80,20 +69,12 @@ def plan_run(lake: str, since: str | None, until: str | None, full: bool, bucket
 
 
 def _set_aside_unreadable(lake: str, tables: list[str]) -> str:
-    """The tables the analysis writes that cannot be read (a damaged log entry or data file), each
-    set aside (lake.set_aside), as one reason; "" if every one reads. They hold only what the
-    analysis derives from frames, so a whole analysis writes them again; a run that read them
-    would fail, and so would every run after it."""
-    said = []
-    for name in tables:
-        why = unreadable(lake, name)
-        if why is not None:
-            said.append(_set_aside(lake, name, why))
-    return "; ".join(said)
+    """The tables the analysis writes that cannot be read, each set aside, as one reason ("": none).
+    A whole analysis writes them again; a run that read them would fail, and so would every run after."""
+    return "; ".join(_set_aside(lake, name, why) for name in tables if (why := unreadable(lake, name)) is not None)
 
 
 def _set_aside(lake: str, name: str, why: str) -> str:
-    """The table set aside (lake.set_aside), and the reason."""
     aside = set_aside(lake, name)
     return f"table {name} unreadable ({why})" + (f", set aside as {os.path.basename(aside)}" if aside else "")
 
@@ -106,13 +87,10 @@ class DamagedInput(Exception):
 
 
 def set_aside_damaged(lake: str, error: BaseException, tables: list[str]) -> str | None:
-    """After a run failed: if what it failed on is a data file of one of `tables` (the ones the
-    analysis writes) that cannot be read whole (damaged inside its pages: its footer passed
-    `unreadable` at plan time), that table set aside and the reason, as `_set_aside_unreadable`
-    gives it; else None (the run's own failure). A damaged file of frames or connections raises
-    DamagedInput naming it. The file is found by its path in the error (lake.UnreadableFile's, or
-    Spark's message, which names the file it failed to read), then read again here, checked: an
-    error that merely names a file cannot set a table aside."""
+    """After a run failed on a data file of one of `tables` damaged inside its pages (its footer
+    passed `unreadable` at plan time): that table set aside, and the reason; None: the run's own
+    failure. The file the error names is read again here, checked: an error that merely names a
+    file cannot set a table aside. A damaged file of the input raises DamagedInput."""
     for name, relative in _files_named(lake, error):
         if name not in tables and name not in INPUT_TABLES:
             continue
@@ -156,18 +134,18 @@ def _scope(lake: str, frames: DeltaTable, version: int, since: str | None, until
         return RunScope(FULL, "asked for (--full)", version)
     if since is not None or until is not None:
         return RunScope(DAYS, "asked for (--since/--until)", version, since=since, until=until)
-    last = last_complete_run(lake)
+    runs = read_table(lake, RUNS_TABLE, schema.ANALYSIS_RUNS)
+    complete = [run for run in (runs.to_pylist() if runs is not None else []) if run["scope"] in COMPLETE_SCOPES]
+    last = max(complete, key=lambda run: (run["frames_version"], run["finished_ts"]), default=None)
     if last is None:
         return RunScope(FULL, "first run", version)
     missing = [name for name in output_tables if open_table(lake, name) is None]
     if missing:
         return RunScope(FULL, f"output table(s) {', '.join(missing)} missing", version)
-    lacking = {name: [column for column in columns
-                      if column not in pa.schema(open_table(lake, name).schema().to_arrow()).names]
-               for name, columns in flagged_tables.items()}
-    older = [name for name, columns in lacking.items() if columns]
-    if older:
-        columns = sorted({column for name in older for column in lacking[name]})
+    lacking = [(name, column) for name, columns in flagged_tables.items() for column in columns
+               if column not in pa.schema(open_table(lake, name).schema().to_arrow()).names]
+    if lacking:
+        older, columns = dict.fromkeys(name for name, _ in lacking), sorted({column for _, column in lacking})
         return RunScope(FULL, f"output table(s) {', '.join(older)} written by an older ackscope "
                               f"(no {' or '.join(columns)} column)", version)
     if (last["bucket_seconds"], last["overdue_ns"]) != (bucket_seconds, overdue_ns):
@@ -178,7 +156,8 @@ def _scope(lake: str, frames: DeltaTable, version: int, since: str | None, until
         return RunScope(FULL, "--threshold settings differ from the last run's", version)
     baseline = last["frames_version"]
     if baseline > version:
-        return RunScope(FULL, f"the frames table is at version {version}, older than the last run's {baseline}", version)
+        return RunScope(FULL, f"the frames table is at version {version}, older than the last run's {baseline}",
+                        version)
     changes = changes_between(lake, "frames", baseline, version)
     whole, taken_out = (), ""
     if changes.removed:
@@ -194,25 +173,15 @@ def _scope(lake: str, frames: DeltaTable, version: int, since: str | None, until
 
 
 def _taken_out_provisionally(removed: tuple[str, ...]) -> tuple[str, ...] | None:
-    """The connections whose frames were in these removed files, where every one is a file an
-    ingest committed provisionally (its name says so: lake.PROVISIONAL_PREFIX), which the ingest
-    of the capture's next piece takes out as it continues those flows: what changed is those
-    connections, which a run analyses whole. None where one is not, or can no longer be read
-    (removed files stay until a VACUUM): what changed cannot be told."""
+    """The connections whose frames were in these removed files, where every one is a file an ingest
+    committed provisionally (lake.PROVISIONAL_PREFIX); None where one is not, or can no longer be
+    read (removed files stay until a VACUUM): what changed cannot be told."""
     if not all(written_with_prefix(path, PROVISIONAL_PREFIX) for path in removed):
         return None
     try:
         return tuple(distinct_strings(removed, "connection_id"))
     except UnreadableFile:
         return None
-
-
-def last_complete_run(lake: str) -> dict | None:
-    runs = read_table(lake, RUNS_TABLE, schema.ANALYSIS_RUNS)
-    if runs is None or runs.num_rows == 0:
-        return None
-    complete = [r for r in runs.to_pylist() if r["scope"] in COMPLETE_SCOPES]
-    return max(complete, key=lambda r: (r["frames_version"], r["finished_ts"]), default=None)
 
 
 def thresholds_json(thresholds: Thresholds) -> str:

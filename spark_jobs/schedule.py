@@ -1,8 +1,7 @@
 """`ackscope analyze --every`: one long-lived driver runs the analysis on a fixed schedule, paying
-Spark's start once (docs/analysis.md, "On a schedule, in one driver: `--every`": why, how it stops,
-what a failed run does). The schedule is Structured Streaming's processing-time trigger: runs start
-every `interval` from the first and never overlap; one that overruns its slot is followed at once by
-the next, the missed slots skipped, not queued.
+Spark's start once (docs/analysis.md, "On a schedule, in one driver: `--every`"): runs start every
+`interval` from the first and never overlap; one that overruns its slot is followed at once by the
+next, the missed slots skipped, not queued (Structured Streaming's processing-time trigger).
 """
 
 from __future__ import annotations
