@@ -1,7 +1,5 @@
-"""Spark's executor: the pass over the frames shuffled by connection and sorted by seq
-(connection_pass.py, timeline/carried.py), on `local[N]` or any cluster. Its passes give what the
-local executor's give (local_executor.py): the files they wrote into the lake, uncommitted, and
-their wide table's small rows collected in one Spark job.
+"""Spark's executor: the passes (connection_pass.py, timeline/carried.py) on `local[N]` or any
+cluster; they give what the local executor's give (local_executor.py).
 """
 
 from __future__ import annotations
@@ -9,6 +7,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from analyzer import schema
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
@@ -19,7 +18,7 @@ from .carried_pass import CarriedPass, carried_summary
 from .run_scope import RunScope
 from .session import delta_mode as resolve_delta_mode, use_lake
 from .timeline.carried import carry_on
-from .timeline.plans import first_day, first_seen, of_connections
+from .timeline.plans import first_day, of_connections
 
 
 class SparkExecutor:
@@ -56,7 +55,9 @@ class SparkExecutor:
     def _frames_of(self, keys: list[str]) -> DataFrame:
         """Every frame of these connections: from the first day any of them was seen (the
         connections table says; one Spark job), else from the start."""
-        return of_connections(self._frames_since(first_day(first_seen(self.connections, keys).first(), keys)), keys)
+        seen = of_connections(self.connections, keys).agg(F.countDistinct("connection_id").alias("known"),
+                                                          F.min("first_ts_ns").alias("first_ns")).first()
+        return of_connections(self._frames_since(first_day(seen, keys)), keys)
 
     def _frames_since(self, day: str | None) -> DataFrame:
         """The run's snapshot of `frames` from this UTC day on (None: all of it)."""

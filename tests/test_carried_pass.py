@@ -93,7 +93,7 @@ def test_a_fallback_after_rows_left_is_dropped_and_the_rest_is_as_if_none_left(s
     assert len(kept["tally"]) == len(by_connection) - len(fallbacks)
 
     # Arrow batches of 7 rows, records out after every one of them, each table's in a file of its own.
-    with conf_meanwhile(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", lambda _: "7"):
+    with conf_meanwhile(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", "7"):
         one_by_one, again, one_by_one_dir = carried_pass(1, file_rows=1)
     assert {k: v["reason"] for k, v in again.items()} == {k: v["reason"] for k, v in fallbacks.items()}
     streamed = sorted(k for k, v in again.items() if v["streamed"])

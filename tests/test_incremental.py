@@ -942,7 +942,7 @@ def test_a_connection_that_fails_a_check_after_its_rows_left_the_carried_pass_is
     monkeypatch.setattr(carried, "FLUSH_RECORDS", 1)
     # Files of a row or two: the rows it sent out are in files written before the check failed.
     monkeypatch.setattr(carried, "FILE_ROWS", 1)
-    with conf_meanwhile(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", lambda _: "7"):
+    with conf_meanwhile(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", "7"):
         report = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
     assert report.scope == NEW_DATA
     assert f"{hot}: a new frame (seq {rows[late]['seq']}) is older than the carried bucket" in report.reason
