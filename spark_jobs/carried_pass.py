@@ -1,29 +1,6 @@
-"""A new_data run's connections, carried on from their checkpoints (timeline/carried.py): only
-their new frames are read. What they write, and which stored rows that replaces:
-
-- deliveries, publishes: rows of the same (connection, seq). That is the last run's provisional
-  rows (items then open, now settled or still open) and, so that a run cut short and done again
-  never writes a row twice, the rows written themselves.
-- channels: the same incarnation's row; violations: every row of an incarnation whose facts are
-  written (the state machine emits an incarnation's violations with its facts, when it ends or
-  when the data does).
-- channel_metrics: the buckets of the touched incarnations from the boundary bucket on (the
-  bucket of the connection's last frame analysed before), recomputed from the records the
-  checkpoint kept for them plus the run's own. The buckets before are final: carry.py sends a
-  connection whose new frames would change one to the whole-connection path.
-- analysis_state: the connection's checkpoint (its timeline and its detectors' state).
-
-The pass writes every row to write as files itself (uncommitted, as the pass over whole
-connections does: `written`, committed by the caller with the rows they replace deleted); what it
-says of them and of the rows they replace are rows of its wide table, whichever executor ran it:
-Spark collects them in one job (they are few: files, the rows replaced, tallies, findings), the
-local executor has them in Arrow, and both make the run's facts of them with `carried_summary`.
-
-Their findings about one connection come out of the same pass (`raw_findings`), from the
-detectors resumed from the checkpoint: nothing of the connection's history is read again.
-
-Connections that cannot be carried exactly (`fallbacks`, with the reason) are left to the caller's
-whole-connection path.
+"""What the carried pass (timeline/carried.py) gives a run, from its wide table, whichever executor
+ran it: the files it wrote, uncommitted, the stored rows they replace, its findings about one
+connection, and the connections to analyse whole instead (docs/analysis.md, "Incremental").
 """
 
 from __future__ import annotations
@@ -49,8 +26,10 @@ from .wide_writes import FILES, add_actions
 
 INCARNATION = ["connection_id", "channel", "incarnation"]
 # The stored rows a carried run's rows of each timeline table replace: those equal on these
-# columns to the rows it writes, and replaces, of this table (violations: every row of an
-# incarnation whose channels row is written).
+# columns to the rows it writes, and replaces, of this table. Of deliveries and publishes, those
+# are the last run's provisional rows and, so that a run redone never writes a row twice, the rows
+# written themselves. Violations: every row of an incarnation whose channels row is written (the
+# machine emits an incarnation's violations with its facts).
 REPLACED_BY = {"deliveries": ("deliveries", ["connection_id", "seq"]),
                "publishes": ("publishes", ["connection_id", "seq"]),
                "channels": ("channels", INCARNATION), "violations": ("channels", INCARNATION)}
@@ -58,10 +37,8 @@ REPLACED_BY = {"deliveries": ("deliveries", ["connection_id", "seq"]),
 
 @dataclass
 class CarriedPass:
-    """What the carried pass gives the run, for all its carried connections (what carrying one
-    connection on gives: analyzer.connection_analysis.Carried), from its wide table's rows in
-    Arrow (`carried_summary`), whichever executor ran it."""
-    written: dict[str, list[AddAction]]   # the files of the rows to write, per table, written by the pass
+    """What the carried pass gives the run (`carried_summary`)."""
+    written: dict[str, list[AddAction]]   # per table of WRITTEN_TABLES
     stale: pa.Table                       # the wide table's stored timeline rows the written ones replace
     touched: pa.Table                     # TOUCHED: incarnations whose channel_metrics are recomputed
     raw: pa.Table                         # their findings about one connection (RAW_FINDINGS)
@@ -86,7 +63,7 @@ class CarriedPass:
     def replaced(self, lake: str, name: str) -> list[Match | Listed]:
         """The stored rows of table `name` its written rows replace, their keys in Arrow: the keys
         of the rows it wrote (read from its files by the driver) and of the stale rows."""
-        if name == "channel_metrics":
+        if name == "channel_metrics":   # the touched incarnations' buckets from the carried one on
             return [Match(self.touched, tuple(INCARNATION), ("bucket_start_ns", "from_ns"))]
         if name == STATE_TABLE:
             return [connections_match(self.carried_keys)]
@@ -116,10 +93,9 @@ class CarriedPass:
 
 
 def carried_summary(rows: pa.Table, keys: list[str]) -> CarriedPass:
-    """The carried pass's wide table's rows (timeline/carried.WIDE: Spark's collected, or the local
-    executor's) over the connections `keys`, as the run reads them. The rows of a connection that
-    fell back after some of its rows had left the pass (`streamed`: the pass took those it wrote
-    back out of its files) are dropped."""
+    """The carried pass's wide table (Spark's collected, or the local executor's) over the
+    connections `keys`, without the rows of a connection that fell back after some had left the pass
+    (`streamed`: the pass took those it wrote back out of its files)."""
     fallback = rows_from_wide(rows, "fallback")
     rows = without_fallbacks(rows, pc.filter(fallback["connection_id"], fallback["streamed"]).to_pylist())
     fallbacks = dict(zip(fallback["connection_id"].to_pylist(), fallback["reason"].to_pylist()))

@@ -1,9 +1,6 @@
-"""Connections carried from run to run (the rules: analyzer/timeline/carry.py; docs/analysis.md,
-"Incremental"): each connection's new frames, its stored state in its header row, through
-connection_analysis.CarriedAnalysis, laid out, streamed and written as in the pass over whole
-connections (connection_pass.py). Its wide table (CARRIED_TABLES) adds the timeline rows the written
-ones replace (role `stale`), the incarnations whose channel_metrics buckets are recomputed from the
-boundary on (`touched`), and the connections to analyse whole instead (`fallback`).
+"""The carried pass: each connection's new frames, its stored state in its header row, through
+connection_analysis.CarriedAnalysis, laid out and written as the pass over whole connections
+(connection_pass.py; docs/analysis.md, "Incremental", Carried connections).
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ TOUCHED = pa.schema([("connection_id", pa.string()), ("channel", pa.int32()), ("
 FALLBACK = pa.schema([("connection_id", pa.string()), ("reason", pa.string()), ("streamed", pa.bool_())])
 # A carried connection's new frame rows, and the records its checkpoint held (the run's report).
 TALLY = pa.schema([("connection_id", pa.string()), ("frames", pa.int64()), ("carried_records", pa.int64())])
-# The wide table's: the timeline tables' rows a carried connection's written rows replace.
+# The timeline tables' rows (role STALE) are those a carried connection's written rows replace.
 CARRIED_TABLES = {**TIMELINE_TABLES, "touched": TOUCHED, "fallback": FALLBACK, "raw_findings": RAW_FINDINGS,
                   "tally": TALLY, "files": FILES}
 # The header row's column saying the connection has an analysis_state row (it may have only a connections row).
@@ -49,12 +46,9 @@ WIDE = wide_schema(CARRIED_TABLES)
 def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, settings: Settings,
              frames_version: int, write_to: str, partitions: int | None = None, flush_records: int | None = None,
              file_rows: int | None = None) -> DataFrame:
-    """The wide table for every connection of `new_frames` (ANALYSIS_COLUMNS), for the caller to
-    collect. `states`: their analysis_state rows; `connections`: their schema.CONNECTIONS rows (for
-    the findings, as the pass reads them: connection_pass.headers). Records leave every
-    `flush_records` (None: FLUSH_RECORDS); the tasks write the rows to write into the tables'
-    folders of the lake `write_to`, in files of `file_rows` rows (None: wide_writes.FILE_ROWS)."""
-    flush_records = flush_records or FLUSH_RECORDS
+    """The wide table (CARRIED_TABLES) of every connection of `new_frames` (ANALYSIS_COLUMNS), from
+    their analysis_state rows (`states`) and connections rows; the tasks write into `write_to`."""
+    flush_records = flush_records or FLUSH_RECORDS   # read here: tests set them lower
     file_rows = file_rows or FILE_ROWS
 
     def run_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -68,8 +62,7 @@ def carry_on(new_frames: DataFrame, states: DataFrame, connections: DataFrame, s
 
 
 def without_fallbacks(rows: pa.Table, connection_ids: list[str]) -> pa.Table:
-    """The wide table's rows (in Arrow) without any row of these connections (fallbacks whose rows
-    had left the pass)."""
+    """The wide table's rows without any row of these connections."""
     if not connection_ids:
         return rows
     of_connection = pc.coalesce(*[pc.struct_field(rows[name], "connection_id")
@@ -93,14 +86,14 @@ class _Carrying:
         self.frames = 0
 
     def feed_from(self, rows: list, at: int, stop: int) -> int:
-        """ConnectionsPartition's protocol: CarriedAnalysis.feed_from (one row at a time if refused)."""
+        """CarriedAnalysis.feed_from (one row at a time if refused), counted."""
         done = at + 1 if self.analysis is None else self.analysis.feed_from(rows, at, stop)
         self.frames += done - at
         return done
 
 
 class _CarriedPartition(ConnectionsPartition):
-    """The carried pass: each connection through CarriedAnalysis, records out in batches."""
+    """Each connection through CarriedAnalysis, records out in batches."""
 
     tables, wide = CARRIED_TABLES, WIDE
 
@@ -116,7 +109,6 @@ class _CarriedPartition(ConnectionsPartition):
         checkpoint, refused = None, None
         if header is not None and header.get(STORED):
             if header["checkpoint"] is None:
-                # The last run kept none: it had ended, or its frame times went back (carry.py's `no_checkpoint`).
                 refused = "no checkpoint: it had ended (closed or FIN/RST) or its frame times went back"
             elif header["format"] != FORMAT:
                 refused = f"checkpoint format {header['format']}, not {FORMAT}"
