@@ -22,11 +22,9 @@ from analyzer.lake import read_table
 from .connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, STATE_TABLE, WIDE, ConnectionsPartition,
                               PassSummary, _Partition, pass_summary)
 from .findings import facts_in_lake
-from .carried_pass import CarriedPass, carried_summary
+from .carried_pass import STATE_COLUMNS, STORED, WIDE as CARRIED_WIDE, CarriedPass, _CarriedPartition, carried_summary
 from .table_files import relative_in_table, spark_location
-from .timeline import carried
 from .run_scope import RunScope
-from .timeline.carried import STATE_COLUMNS, STORED, _CarriedPartition
 from .wide_writes import FILE_ROWS
 
 # Frame rows up to which a run is this executor's: on these machines its one core replays ~150,000
@@ -38,7 +36,7 @@ DRIVER_FRAMES = 1_000_000
 BATCH_ROWS = 10_000
 # The frames' columns as the pass reads them (Spark reads them in the table's types).
 FRAME_COLUMNS = pa.schema([schema.FRAMES.field(name) for name in ANALYSIS_COLUMNS])
-# The carried pass's header rows' columns, as timeline/carried.py's `carry_on` makes them.
+# The carried pass's header rows' columns, as carried_pass.carry_on makes them.
 CARRIED_HEADER_COLUMNS = pa.schema([schema.ANALYSIS_STATE.field(name) for name in STATE_COLUMNS]
                                    + [(STORED, pa.bool_()), (HEADER, pa.string())])
 
@@ -68,7 +66,7 @@ class LocalExecutor:
         rows = laid_out(frames, carried_headers(frames, headers, states), CARRIED_HEADER_COLUMNS)
         del frames
         partition = _CarriedPartition(self.settings, self.plan.frames_version, FLUSH_RECORDS, self.lake, FILE_ROWS)
-        return carried_summary(run(partition, rows, carried.WIDE), keys)
+        return carried_summary(run(partition, rows, CARRIED_WIDE), keys)
 
 
 def whole_pass(lake: str, keys: list[str] | None, settings: Settings, frames_version: int) -> pa.Table:

@@ -1,4 +1,4 @@
-"""Spark's executor: the passes (connection_pass.py, timeline/carried.py) on `local[N]` or any
+"""Spark's executor: the passes (connection_pass.py, carried_pass.py) on `local[N]` or any
 cluster; they give what the local executor's give (local_executor.py).
 """
 
@@ -14,10 +14,9 @@ from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
 
 from .connection_pass import STATE_TABLE, PassSummary, connection_pass, summarised_pass
 from .delta_io import read_delta, read_files
-from .carried_pass import CarriedPass, carried_summary
+from .carried_pass import CarriedPass, carried_summary, carry_on
 from .run_scope import RunScope
 from .session import delta_mode as resolve_delta_mode, use_lake
-from .timeline.carried import carry_on
 from .timeline.plans import first_day, of_connections
 
 

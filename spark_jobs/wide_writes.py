@@ -1,5 +1,5 @@
 """Tables written into a lake as uncommitted Parquet files by a pass's tasks (either executor's:
-connection_pass.py, timeline/carried.py) or the driver's rewrites (delta_io.py), with the agent's
+connection_pass.py, carried_pass.py) or the driver's rewrites (delta_io.py), with the agent's
 writer (analyzer.lake.TableWriter); the caller commits each table's files in one Delta commit
 (docs/analysis.md, "One implementation of the rules", 3). Until then no log names a file: those of a
 failed or repeated task are never committed, and VACUUM removes them.

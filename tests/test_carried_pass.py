@@ -1,4 +1,4 @@
-"""The carried pass (spark_jobs/timeline/carried.py) on a real local Spark: connections resumed
+"""The carried pass (spark_jobs/carried_pass.py) on a real local Spark: connections resumed
 from their checkpoints stream through the state machine, their records leaving in batches (the
 rows to write as files the tasks write); a connection that falls back after some
 of its rows have left is named (`streamed`), takes its rows back out of the files, and the caller
@@ -16,7 +16,7 @@ from analyzer import lake, schema
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, ConnectionAnalysis, Settings
 from analyzer.ingest import ingest_file
 from spark_jobs.connection_pass import WRITTEN_TABLES, state_row, states_table
-from spark_jobs.timeline.carried import CARRIED_TABLES, carry_on, without_fallbacks
+from spark_jobs.carried_pass import CARRIED_TABLES, carry_on, without_fallbacks
 from spark_jobs.timeline.plans import conf_meanwhile
 from spark_jobs.timeline.wide import rows_from_wide
 from spark_jobs.wide_writes import add_actions
