@@ -215,8 +215,10 @@ class CarriedPass:
             return [connections_match(self.carried_keys)]
         table, columns = REPLACED_BY[name]
         keys = pa.schema([TIMELINE_TABLES[table].field(column) for column in columns])
-        stale = rows_from_wide(self.stale, table, keys)
-        return [Match(pa.concat_tables([written_columns(lake, table, self.written.get(table, []), keys), stale]),
+        fs, root = filesystem(f"{lake.rstrip('/')}/{table}")
+        written = [pq.read_table(f"{root}/{add.path}", columns=keys.names, filesystem=fs, partitioning=None,
+                                 **READ_CHECKSUMS).cast(keys) for add in self.written.get(table, [])]
+        return [Match(pa.concat_tables([keys.empty_table(), *written, rows_from_wide(self.stale, table, keys)]),
                       tuple(columns))]
 
     def changed(self, lake: str) -> pa.Table:
@@ -252,11 +254,3 @@ def carried_summary(rows: pa.Table, keys: list[str]) -> CarriedPass:
                        rows_from_wide(rows, "raw_findings", RAW_FINDINGS), fallbacks,
                        [key for key in keys if key not in fallbacks], frames=pc.sum(tally["frames"]).as_py() or 0,
                        records=pc.sum(tally["carried_records"]).as_py() or 0)
-
-
-def written_columns(lake: str, name: str, adds: list[AddAction], columns: pa.Schema) -> pa.Table:
-    """These data columns of the rows of table `name` in files written and not committed yet."""
-    fs, root = filesystem(f"{lake.rstrip('/')}/{name}")
-    return pa.concat_tables([columns.empty_table(), *[
-        pq.read_table(f"{root}/{add.path}", columns=columns.names, filesystem=fs, partitioning=None,
-                      **READ_CHECKSUMS).cast(columns) for add in adds]])

@@ -1,10 +1,7 @@
-"""The local executor: the passes in the driver's own process, with pyarrow and delta-rs, no JVM.
-
-It reads the rows Spark's executor would hand a partition, lays them out in the order Spark's shuffle
-and sort give (`laid_out`) and runs the same partition code over them: the same wide table, the same
-files written into the lake, uncommitted. One core, and every row of the run in memory: for runs of
-at most DRIVER_FRAMES frame rows on a local master, where starting Spark costs more than the pass
-(docs/analysis.md, "One implementation of the rules, distributed by Spark"; bench/driver_carry.py).
+"""The local executor: the passes in the driver's own process (pyarrow and delta-rs, no JVM; one core,
+every row of the run in memory), for runs of at most DRIVER_FRAMES frame rows on a local master, where
+starting Spark costs more than the pass (docs/analysis.md, "One implementation of the rules"). The rows
+Spark would hand a partition, laid out in its order (`laid_out`), go through the same partition code.
 """
 
 from __future__ import annotations

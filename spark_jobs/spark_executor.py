@@ -33,9 +33,14 @@ class SparkExecutor:
         return read_delta(self.spark, self.lake, "connections", schema.CONNECTIONS, self.delta_mode)
 
     def whole_pass(self, keys: list[str] | None) -> PassSummary:
-        """These connections (None: all) analysed from all their frames."""
-        connections = self.connections if keys is None else of_connections(self.connections, keys)
-        frames = self._frames_since(None) if keys is None else self._frames_of(keys)
+        """These connections (None: all) analysed from all their frames: from the first day any of them
+        was seen (the connections table says; one Spark job), else from the start."""
+        connections, frames = self.connections, self._frames_since(None)
+        if keys is not None:
+            connections = of_connections(self.connections, keys)
+            seen = connections.agg(F.countDistinct("connection_id").alias("known"),
+                                   F.min("first_ts_ns").alias("first_ns")).first()
+            frames = of_connections(self._frames_since(first_day(seen, keys)), keys)
         return summarised_pass(connection_pass(frames, connections, self.settings, self.plan.frames_version,
                                                write_to=self.lake))
 
@@ -50,13 +55,6 @@ class SparkExecutor:
         wide = carry_on(new, states, of_connections(self.connections, keys), self.settings, self.plan.frames_version,
                         write_to=self.lake)
         return carried_summary(wide.toArrow(), keys)
-
-    def _frames_of(self, keys: list[str]) -> DataFrame:
-        """Every frame of these connections: from the first day any of them was seen (the
-        connections table says; one Spark job), else from the start."""
-        seen = of_connections(self.connections, keys).agg(F.countDistinct("connection_id").alias("known"),
-                                                          F.min("first_ts_ns").alias("first_ns")).first()
-        return of_connections(self._frames_since(first_day(seen, keys)), keys)
 
     def _frames_since(self, day: str | None) -> DataFrame:
         """The run's snapshot of `frames` from this UTC day on (None: all of it)."""
