@@ -119,8 +119,7 @@ class _CarriedPartition(ConnectionsPartition):
     def __init__(self, settings: Settings, frames_version: int, flush_records: int, write_to: str, file_rows: int):
         super().__init__(flush_records, write_to, file_rows, ("touched", "tally", "raw_findings", "fallback"))
         self.settings, self.frames_version = settings, frames_version
-        # Emptied in place by each flush, never replaced: a connection's machine keeps appending to them.
-        self.final: list = []
+        self.final: list = []   # these three as `metrics`: emptied in place, never replaced
         self.opened: list = []
         self.stale: list = []
 

@@ -153,13 +153,11 @@ def pass_summary(rows: pa.Table) -> PassSummary:
 
 
 class ConnectionsPartition:
-    """A partition's rows, each connection's header row (if any) then its frames in seq order, one
-    connection after the other. A subclass's `_start(connection_id, first_row, header)` makes what
-    takes a connection's rows (with `connection_id` and `feed_from(rows, at, stop)`: it feeds rows[at]
-    and any next rows of its connection it takes, and returns where it stopped), `_finish(current)`
-    ends it, and what they gather leaves through `_flush()` once `_buffered()` reaches
-    `flush_records`, checked between Arrow batches. WRITTEN_TABLES go to the task's own files
-    (`writers`), which leave last as `files` rows; the rest as the wide table `wide` (of `tables`)."""
+    """A partition's rows, each connection's header row (if any) then its frames in seq order. A
+    subclass's `_start(connection_id, first_row, header)` makes what takes a connection's rows: its
+    `feed_from(rows, at, stop)` feeds rows[at] and any next rows of its connection, and returns where
+    it stopped. `_finish(current)` ends it; between Arrow batches, `_flush()` sends out what they
+    gathered once `_buffered()` reaches `flush_records`: WRITTEN_TABLES to the task's own files."""
 
     tables: dict[str, pa.Schema]
     wide: pa.Schema
