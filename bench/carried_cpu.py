@@ -3,7 +3,7 @@
 Generates frames in memory (frames_generator.py), analyses the capture window up to its last
 `--tail` share (split by time, as incremental.py splits the lake) with the pass over whole
 connections (pass_cpu.py's input and `_Partition`), then lays out what the carried pass's
-`mapInArrow` receives for the rest (spark_jobs/timeline/carried.py's `carry_on`: each connection
+`mapInArrow` receives for the rest (spark_jobs/carried_pass.py's `carry_on`: each connection
 with new frames, its header row holding its analysis_state row's checkpoint and its connections
 row, then its new frames in seq order, in Arrow batches of Spark's default 10,000 rows) and runs
 `_CarriedPartition.run` over it in this process, its files written to a temporary folder as the
@@ -44,7 +44,7 @@ from analyzer.connection_analysis import ANALYSIS_COLUMNS  # noqa: E402
 from spark_jobs.local_executor import CARRIED_HEADER_COLUMNS, carried_headers, laid_out  # noqa: E402
 from spark_jobs.connection_pass import HEADER, HEADER_SEQ, STATE_TABLE, Settings  # noqa: E402
 from analyzer.detectors.thresholds import Thresholds  # noqa: E402
-from spark_jobs.timeline.carried import _CarriedPartition  # noqa: E402
+from spark_jobs.carried_pass import _CarriedPartition  # noqa: E402
 from spark_jobs.timeline.wide import RECORD  # noqa: E402
 
 FILE_ROWS = 1_000_000    # wide_writes.FILE_ROWS's order: a carried run's few rows make one file a table

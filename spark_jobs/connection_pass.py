@@ -1,14 +1,6 @@
-"""The one pass over the frames: each connection, in seq order, through the reference state machine
-(docs/analysis.md, "One implementation of the rules, distributed by Spark", 1 and 3).
-
-The frames are shuffled by connection and sorted by (connection, seq), each connection's
-schema.CONNECTIONS row first (a header row, at seq HEADER_SEQ); `mapInArrow` streams them through
-analyzer/connection_analysis.py one connection after the other, never holding one whole. The tasks
-write every table of WRITTEN_TABLES as uncommitted files (wide_writes.FilesWriter): the records never
-become Spark rows. What comes back, as one wide table of small rows (wide.py: Spark takes one output
-schema per call), is those files, the raw findings (their packets are looked up afterwards:
-evidence_packets.py), a tally per connection and a count of the deliveries the message kinds can
-start from, collected in one Spark job (`summarised_pass`).
+"""The one pass over whole connections, each in seq order through the reference state machine
+(docs/analysis.md, "One implementation of the rules, distributed by Spark", 1 and 3). Its tasks write
+WRITTEN_TABLES as uncommitted files; the few rows left come back as one wide table (timeline/wide.py).
 """
 
 from __future__ import annotations
@@ -41,7 +33,7 @@ from .provisional import flagged, metric_flags, open_buckets
 from .table_files import rows_in
 from .timeline.tables import CHANNEL_METRICS, TIMELINE_TABLES, as_stored
 from .timeline.plans import arrow_batches_by_rows
-from .timeline.wide import as_records, rows_from_wide, to_wide, wide_schema
+from .timeline.wide import rows_from_wide, to_wide, wide_schema
 from .types import spark_schema
 from .wide_writes import FILE_ROWS, FILES, FilesWriter, add_actions
 
@@ -59,16 +51,13 @@ TALLY = pa.schema([("connection_id", pa.string()), ("frames", pa.int64()), ("met
 # connection row (JSON, for analyzer.detectors.finish), and the frame seqs its evidence names.
 RAW_FINDINGS = pa.schema([("connection_id", pa.string()), ("connection", pa.string()), ("finding", pa.string()),
                           ("seqs", pa.list_(pa.int64()))])
-# Of the deliveries out of one flush: how many the cross-connection kinds can start from
-# (cross_connection_findings.py).
+# Deliveries out of a flush the cross-connection kinds can start from (cross_connection_findings.py).
 COUNTS = pa.schema([("came_back", pa.int64())])
 STATE_TABLE = "analysis_state"
 # The tables whose rows the passes' tasks write as files (their wide tables hold none of them).
 WRITTEN_TABLES = {**TIMELINE_TABLES, "channel_metrics": CHANNEL_METRICS, STATE_TABLE: schema.ANALYSIS_STATE}
 PASS_TABLES = {"raw_findings": RAW_FINDINGS, "tally": TALLY, "counts": COUNTS, "files": FILES}
 WIDE = wide_schema(PASS_TABLES)
-# The records channel_metrics reads (`_Partition._metrics_again`).
-METRIC_RECORDS = ("deliveries", "publishes", "channels")
 # Records (or connections' state rows) gathered before they leave as one Arrow batch: large enough
 # that the Arrow conversion is amortised, small enough that a hot connection streams.
 FLUSH_RECORDS = 50_000
@@ -77,11 +66,8 @@ FLUSH_RECORDS = 50_000
 def connection_pass(frames: DataFrame, connections: DataFrame, settings: Settings, frames_version: int | None,
                     write_to: str, partitions: int | None = None, flush_records: int = FLUSH_RECORDS,
                     advance_every: int = ADVANCE_EVERY_ROWS, file_rows: int | None = None) -> DataFrame:
-    """The wide table (PASS_TABLES) of every connection in `frames` (schema.FRAMES, or at least
-    ANALYSIS_COLUMNS). `connections`: schema.CONNECTIONS rows (any number; those without frames
-    here are skipped). `write_to`: the lake whose WRITTEN_TABLES the tasks write, uncommitted, in
-    files of `file_rows` rows (None: wide_writes.FILE_ROWS), their `files` rows in the wide table
-    (docs/analysis.md: the records as Spark rows cost ~30% more)."""
+    """The wide table (PASS_TABLES) of every connection in `frames` (at least ANALYSIS_COLUMNS);
+    `connections` without frames here are skipped. The tasks write WRITTEN_TABLES into `write_to`."""
     file_rows = file_rows or FILE_ROWS
 
     def run_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -92,17 +78,15 @@ def connection_pass(frames: DataFrame, connections: DataFrame, settings: Setting
 
 
 def by_connection(rows: DataFrame, partitions: int | None, run_partition, wide: pa.Schema) -> DataFrame:
-    """Frame and header rows through `run_partition` (a ConnectionsPartition's `run`) as it takes
-    them: shuffled by connection into `partitions` (None: Spark's setting), each in seq order."""
+    """Frame and header rows shuffled by connection, in seq order, through a ConnectionsPartition's `run`."""
     partitions = partitions or int(rows.sparkSession.conf.get("spark.sql.shuffle.partitions"))
     return (rows.repartition(partitions, "connection_id").sortWithinPartitions("connection_id", "seq")
             .mapInArrow(run_partition, spark_schema(wide)))
 
 
 def headers(connections: DataFrame) -> DataFrame:
-    """One header row per connection at seq HEADER_SEQ: its `connection_facts` as JSON (what the
-    detectors' `finish` reads of it), the one function over the connections table in one task (a
-    row per connection and agent: small next to the frames)."""
+    """One header row per connection: its `connection_facts` as JSON, made in one task (the
+    connections table has a row per connection and agent: small next to the frames)."""
     facts = connections.select(*CONNECTION_COLUMNS).coalesce(1).mapInArrow(_facts_as_json,
                                                                            spark_schema(CONNECTION_FACTS))
     return facts.withColumn("seq", F.lit(HEADER_SEQ).cast("bigint"))
@@ -117,10 +101,8 @@ def _facts_as_json(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
 
 
 def connection_facts(rows: pa.Table | None) -> dict[str, dict]:
-    """What a finding takes of its connection, per connection of these schema.CONNECTIONS rows (at
-    least CONNECTION_COLUMNS), as the dict its JSON reads back as (nulls left out): the row first
-    seen (CONNECTION_FIELDS' order, nulls first), should two agents have seen it, with the last
-    time any of them saw it."""
+    """What a finding takes of its connection, per connection, as its JSON reads back (nulls left
+    out): the row first seen (should two agents have seen it), with the last time any of them saw it."""
     out = {}
     for connection_id, group in groupby(sorted(rows.select(CONNECTION_COLUMNS).to_pylist() if rows is not None else [],
                                                key=lambda row: nulls_first(row[c] for c in CONNECTION_KEY)),
@@ -136,14 +118,14 @@ def connection_facts(rows: pa.Table | None) -> dict[str, dict]:
 @dataclass
 class PassSummary:
     """What the pass gives the run (its wide table, collected)."""
-    written: dict[str, list[AddAction]]   # the files the tasks wrote, per table of WRITTEN_TABLES
+    written: dict[str, list[AddAction]]   # per table of WRITTEN_TABLES
     raw_findings: pa.Table         # RAW_FINDINGS
-    tally: pa.Table                # TALLY: a row per connection
-    came_back: int                 # deliveries the cross-connection kinds can start from (cross_connection_findings.py)
+    tally: pa.Table                # TALLY
+    came_back: int                 # COUNTS' sum
 
     @property
     def rows(self) -> dict[str, int]:
-        """Rows of each table written (from the files' statistics), and of raw findings."""
+        """Rows of each table written (the files' statistics), and of raw findings."""
         return {**{name: rows_in(self.written.get(name, [])) for name in WRITTEN_TABLES},
                 "raw_findings": self.raw_findings.num_rows}
 
@@ -157,32 +139,25 @@ class PassSummary:
 
 
 def summarised_pass(wide: DataFrame) -> PassSummary:
-    """The pass run and its wide table's rows (small: files, tallies, raw findings, counts)
-    collected, in one Spark job; each table in one chunk (Spark 4.2 drops every chunk after an
-    empty one of a chunked Arrow table it is given)."""
+    """The pass run and its wide table collected, in one Spark job; each table in one chunk (Spark 4.2
+    drops every chunk after an empty one of a chunked Arrow table it is given)."""
     with arrow_batches_by_rows(wide.sparkSession):   # its input rows: frames and connection rows
         return pass_summary(wide.toArrow().combine_chunks())
 
 
 def pass_summary(rows: pa.Table) -> PassSummary:
-    """The pass's wide table's rows (WIDE: Spark's collected, or the local executor's) as the run reads them."""
+    """The pass's wide table (Spark's collected, or the local executor's) as the run reads it."""
     return PassSummary(add_actions(rows_from_wide(rows, "files", FILES).to_pylist()),
                        rows_from_wide(rows, "raw_findings", RAW_FINDINGS), rows_from_wide(rows, "tally", TALLY),
                        pc.sum(rows_from_wide(rows, "counts", COUNTS)["came_back"]).as_py() or 0)
 
 
 class ConnectionsPartition:
-    """A partition's rows, each connection's header row (seq HEADER_SEQ, if it has one) then its
-    frames in seq order, handed on one connection after the other: `_start` makes what takes a
-    connection's rows (anything with `connection_id` and `feed_from(rows, at, stop)`, which feeds
-    rows[at] and any of the next rows of its connection it takes, and says where it stopped),
-    `_finish` ends it, and what they gather leaves through `_flush` (Arrow batches) once
-    `_buffered()` reaches `flush_records`, checked between Arrow batches. `current` is the
-    connection being fed.
-
-    The rows of WRITTEN_TABLES go to `writers`: files the task writes itself into the lake
-    `write_to` (wide_writes.FilesWriter, `file_rows` rows each), not the wide table `wide` (of
-    `tables`); the partition's files leave last, as `files` rows."""
+    """A partition's rows, each connection's header row (if any) then its frames in seq order. A
+    subclass's `_start(connection_id, first_row, header)` makes what takes a connection's rows: its
+    `feed_from(rows, at, stop)` feeds rows[at] and any next rows of its connection, and returns where
+    it stopped. `_finish(current)` ends it; between Arrow batches, `_flush()` sends out what they
+    gathered once `_buffered()` reaches `flush_records`: WRITTEN_TABLES to the task's own files."""
 
     tables: dict[str, pa.Schema]
     wide: pa.Schema
@@ -233,19 +208,18 @@ class ConnectionsPartition:
         yield from self._flush()
 
     def _write_records(self, final: dict[str, pa.Table], opened: dict[str, pa.Table]) -> None:
-        """Timeline records by table (final; the checkpoints' open ones, provisional) to their writers."""
+        """Timeline records by table (`opened`: the checkpoints' open ones, provisional) to their writers."""
         for name in RECORD_TYPES:
             rows = pa.concat_tables([as_stored(name, final[name], False), as_stored(name, opened[name], True)])
             self.writers[name].add(rows.select(TIMELINE_TABLES[name].names))
 
     def _write_metrics(self, metrics: list[dict], open_from: dict[str, tuple]) -> None:
-        """channel_metrics rows to their writer, flagged provisional from `open_from` (connection ->
-        provisional.open_buckets of its checkpoint)."""
+        """channel_metrics rows to their writer, flagged provisional from `open_from` (provisional.open_buckets)."""
         self.writers["channel_metrics"].add(flagged(metrics_table(metrics), metric_flags(metrics, open_from)))
 
     def _rows_out(self, parts: list[tuple[str, str | None, pa.Table]]) -> Iterator[pa.RecordBatch]:
-        """The rows gathered out, all emptied: metric and analysis_state rows to their writers, the
-        others (`rows`) with `parts` as the wide table."""
+        """Everything gathered out and emptied: metric and analysis_state rows to their writers, the
+        others with `parts` as the wide table."""
         self._write_metrics(self.metrics, self.open_buckets)
         self.writers[STATE_TABLE].add(states_table(self.rows[STATE_TABLE]))
         parts += [(name, None, pa.Table.from_pylist(rows, schema=self.tables[name]))
@@ -254,18 +228,6 @@ class ConnectionsPartition:
         for gathered in (self.metrics, self.open_buckets, *self.rows.values()):
             gathered.clear()
         yield from wide.to_batches()
-
-    def _start(self, connection_id: str, first: dict, header: dict | None):
-        raise NotImplementedError
-
-    def _finish(self, current) -> None:
-        raise NotImplementedError
-
-    def _buffered(self) -> int:
-        raise NotImplementedError
-
-    def _flush(self) -> Iterator[pa.RecordBatch]:
-        raise NotImplementedError
 
 
 class _Partition(ConnectionsPartition):
@@ -277,10 +239,9 @@ class _Partition(ConnectionsPartition):
                  write_to: str, file_rows: int = FILE_ROWS):
         super().__init__(flush_records, write_to, file_rows, ("raw_findings", "tally"))
         self.settings, self.frames_version, self.advance_every = settings, frames_version, advance_every
-        # Emptied by each flush, never replaced: a connection's machine keeps appending to them.
-        # Each counts the deliveries the cross-connection kinds can start from (cross_connection_findings.py).
+        # Each counts the deliveries the cross-connection kinds can start from (COUNTS).
         self.records = RecordTables(Delivery, came_back)
-        self.open_records = RecordTables(Delivery, came_back)   # the checkpoints' provisional records (provisional.py)
+        self.open_records = RecordTables(Delivery, came_back)   # the checkpoints' provisional records
         self.came_back = 0                          # of the records sent to the writers since the last flush
         self.connection: dict | None = None        # the current connection's schema.CONNECTIONS row
 
@@ -307,19 +268,20 @@ class _Partition(ConnectionsPartition):
 
     def _metrics_again(self, connection_id: str, checkpoint: Checkpoint | None) -> None:
         """The connection's channel_metrics computed again from all its records, in place of the
-        rows it streamed (its frame times went back: analyzer/timeline/metrics.py's HorizonError
-        says a streamed bucket would have changed). Rare (merged captures, a clock stepped back)."""
+        rows it streamed, which its frame times going back would have changed (metrics.HorizonError).
+        Rare: merged captures, a clock stepped back."""
         self._records_out()
         self.metrics[:] = [row for row in self.metrics if row["connection_id"] != connection_id]  # in place: fed
         self.writers["channel_metrics"].drop(connection_id)
-        metrics = channel_metrics([record for name in METRIC_RECORDS for record in
-                                   as_records(self.writers[name].of_connection(connection_id), RECORD_TYPES[name])],
-                                  self.settings.bucket_seconds)
+        records = []
+        for name in ("deliveries", "publishes", "channels"):   # what channel_metrics reads
+            rows = self.writers[name].of_connection(connection_id)
+            records += map(RECORD_TYPES[name], *[rows[slot].to_pylist() for slot in RECORD_TYPES[name].__slots__])
+        metrics = channel_metrics(records, self.settings.bucket_seconds)
         open_from = {} if checkpoint is None else {connection_id: open_buckets(checkpoint)}
         self._write_metrics(metrics, open_from)
 
     def _records_out(self) -> None:
-        """The records gathered so far to their writers."""
         final, final_back = self.records.take(ordered=False)
         opened, opened_back = self.open_records.take(ordered=False)
         self.came_back += final_back + opened_back
@@ -335,21 +297,15 @@ class _Partition(ConnectionsPartition):
 
 
 def raw_finding_rows(connection: dict, raw_findings: list) -> list[dict]:
-    """RAW_FINDINGS rows of one connection's raw findings; `connection`: its schema.CONNECTIONS row."""
+    """RAW_FINDINGS rows of one connection's raw findings."""
     connection_json = json.dumps(connection)
-    return [{"connection_id": connection["connection_id"], "connection": connection_json, **finding_fields(raw)}
-            for raw in raw_findings]
-
-
-def finding_fields(raw) -> dict:
-    """A raw finding's RAW_FINDINGS fields of its own: the finding as JSON and the frames it names."""
-    return {"finding": json.dumps(asdict(raw)), "seqs": evidence_seqs([raw])}
+    return [{"connection_id": connection["connection_id"], "connection": connection_json,
+             "finding": json.dumps(asdict(raw)), "seqs": evidence_seqs([raw])} for raw in raw_findings]
 
 
 def state_row(checkpoint: Checkpoint | None, timeline, frames_version: int | None) -> dict:
-    """The analysis_state row of a connection after its last frame (`timeline`: its state): the
-    checkpoint the next run carries it on from, or none (it ended: new frames of it are analysed
-    whole)."""
+    """A connection's analysis_state row after its last frame: no checkpoint once it ended (new
+    frames of it are then analysed whole)."""
     row = {"connection_id": timeline.id, "frames_version": frames_version, "last_seq": timeline.last_seq,
            "last_ts_ns": timeline.last_ts_ns, "carried_records": 0}
     if checkpoint is None:

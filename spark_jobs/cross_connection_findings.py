@@ -1,17 +1,11 @@
-"""The pipeline's findings across connections, over Arrow: requeue_loop and redelivery_after_close
-(analyzer/detectors/messages.py's rules) of the messages a run's rows can change, for both executors
-through the one findings step (findings.py); neither executor has a rule of its own.
-
-Which findings a run computes again, from the candidate rows it added or deleted (`changed`), is
-docs/analysis.md's ("Incremental": Findings): requeue_loop for every message of a changed row;
-redelivery_after_close for every incarnation with a changed closed delivery, or whose unacked
-messages came back in one, computed whole (its finding names all its messages). Every other stored
-finding stays; a full run counts every candidate as changed.
+"""The findings across connections, over Arrow: requeue_loop and redelivery_after_close
+(analyzer/detectors/messages.py's rules) of the messages a run's changed rows can change, for both
+executors (docs/analysis.md, "One implementation of the rules", 2, and "Incremental", Findings). An
+incarnation's redelivery_after_close is computed whole: its finding names all its messages.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import groupby
@@ -26,7 +20,7 @@ from analyzer.detectors.messages import (COLUMNS, JOURNEY_ORDER, Journey, Redeli
                                          candidates, left_at_close, redelivered_after_close)
 from analyzer.detectors.thresholds import Thresholds
 
-from .connection_pass import RAW_FINDINGS, finding_fields
+from .connection_pass import RAW_FINDINGS, raw_finding_rows
 
 Place = tuple[str, int, int]   # (connection_id, channel, incarnation)
 # The deliveries' columns the kinds read, as stored.
@@ -47,13 +41,10 @@ def candidates_of(deliveries: pa.Table | pa.RecordBatch) -> pa.Table | pa.Record
 
 def findings_across(stored: pa.Table, changed: pa.Table | None, connections: Callable[[set[str]], dict[str, dict]],
                     thresholds: Thresholds) -> FoundAcross:
-    """The two kinds' raw findings of what `changed` can change (the module's docstring), from
-    `stored`, the candidates as stored after the run's commits (CANDIDATES, or any table of
-    deliveries: only its candidates are read). `changed`: the delivery rows the run added or
-    deleted (CANDIDATES; of a non-candidate row only the message identity is read, and only rows
-    of a message some stored candidate or requeue_loop finding names matter: findings.py's
-    `_of_connections`); None: every stored candidate, a full run. `connections(ids)`: the
-    connection facts (connection_pass.connection_facts) of these connections."""
+    """The two kinds' raw findings of what `changed` can change, from `stored`, the deliveries as
+    stored after the run's commits (only its candidates are read). `changed`: the delivery rows the
+    run added or deleted (of a non-candidate row only the message identity is read); None: every
+    stored candidate, a full run. `connections(ids)`: connection_pass.connection_facts of those."""
     rows = candidates_of(stored).to_pylist()
     if changed is None:
         changed_rows = rows
@@ -86,9 +77,8 @@ def findings_across(stored: pa.Table, changed: pa.Table | None, connections: Cal
     by_place = sorted(matches, key=lambda m: nulls_first((*_as_place(m), m.seq)))
     after_close = [found for place, group in groupby(by_place, key=_as_place)
                    if place in places and (found := after_close_finding(group)) is not None]
-    raw = [{"connection_id": connection_id,
-            "connection": json.dumps(facts.get(connection_id, {"connection_id": connection_id})),
-            **finding_fields(finding)} for connection_id, finding in [*loops, *after_close]]
+    raw = [row for connection_id, finding in [*loops, *after_close]
+           for row in raw_finding_rows(facts.get(connection_id, {"connection_id": connection_id}), [finding])]
     return FoundAcross(pa.Table.from_pylist(raw, schema=RAW_FINDINGS), frozenset(came_back), frozenset(places))
 
 

@@ -1,8 +1,6 @@
-"""The last step of the findings: the capture packet of every frame their evidence names, looked up
-after the pass, since which frames a finding names is known only at its connection's end. Those
-known without a scan of `frames` first (`known_packets`; docs/analysis.md, "Incremental": Findings):
-a frame's packet never changes, a stored finding's `source` is its first evidence frame's, and the
-run's new frames hold the rest of a finding that grew.
+"""The capture packets of the frames a run's findings name that are known without a scan of `frames`
+(docs/analysis.md, "Incremental", Findings): a frame's packet never changes, a stored finding's
+`source` is its first evidence frame's, and the run's new frames hold the rest of a finding that grew.
 """
 
 from __future__ import annotations
@@ -22,13 +20,10 @@ Frame = tuple[str, int]   # (connection_id, seq)
 
 def known_packets(named: Iterable[tuple[str, Sequence[int]]], stored: pa.Table | None,
                   frames: Iterable[pa.Table]) -> tuple[dict[Frame, tuple], set[Frame]]:
-    """The packets a scoped run's findings take without a scan of `frames` (the module's
-    docstring), for either executor. `named`: each finding's connection_id and evidence seqs;
-    `stored`: findings stored before the run (at least connection_id, source, evidence); `frames`:
-    tables of the run's new frames (PACKETS; others are ignored). Out: the (packet, source) of
-    the frames of every finding whose frames all have a packet so, and whose first has a source
-    too; and the (connection_id, seq) of the others' frames, to scan for (the scan gives all of
-    theirs, with their source)."""
+    """`named`: each finding's connection_id and evidence seqs; `stored`: the findings stored before
+    the run; `frames`: the run's new frames. Out: the (packet, source) of the frames of every finding
+    whose frames all have a packet so, and whose first has a source too; and the others' frames, to
+    scan for (the scan gives all of theirs, with their source)."""
     named = {(connection_id, tuple(seqs)) for connection_id, seqs in named if seqs}
     wanted = {(connection_id, seq) for connection_id, seqs in named for seq in seqs}
     if not wanted:

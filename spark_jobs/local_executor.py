@@ -1,18 +1,7 @@
-"""The local executor: the pass in the driver's own process, with pyarrow and delta-rs, no JVM.
-
-Spark's executor (spark_executor.py) hands the pass its rows shuffled by connection and sorted by
-(connection, seq), each connection's header row first (connection_pass.py, timeline/carried.py);
-this one reads the same rows from the lake, lays them out in that same order (`laid_out`) and runs
-the same partition code over them, one connection after another, in Spark's batch size. What comes
-out is the same wide table, the same files written into the lake, uncommitted. One core instead of
-all of them, and every row of the run in memory at once: for the work one process does fastest
-(a small lake, a small append), where starting Spark would cost more than the pass.
-
-A scheduled run in a fresh process (a CronJob's) spent most of its time starting what Spark needs:
-on the 10 M-frame bench lake a 5% append's carried pass was ~3 CPU s of Python and the rest the JVM,
-the session, plans made cold and the Python worker (bench/driver_carry.py). So a run that reads at
-most DRIVER_FRAMES frame rows is this executor's where the machine is this one (analyze.py's
-`local_takes`).
+"""The local executor: the passes in the driver's own process (pyarrow and delta-rs, no JVM; one core,
+every row of the run in memory), for runs of at most DRIVER_FRAMES frame rows on a local master, where
+starting Spark costs more than the pass (docs/analysis.md, "One implementation of the rules"). The rows
+Spark would hand a partition, laid out in its order (`laid_out`), go through the same partition code.
 """
 
 from __future__ import annotations
@@ -30,11 +19,9 @@ from analyzer.lake import read_table
 from .connection_pass import (FLUSH_RECORDS, HEADER, HEADER_SEQ, STATE_TABLE, WIDE, ConnectionsPartition,
                               PassSummary, _Partition, pass_summary)
 from .findings import facts_in_lake
-from .carried_pass import CarriedPass, carried_summary
+from .carried_pass import STATE_COLUMNS, STORED, WIDE as CARRIED_WIDE, CarriedPass, _CarriedPartition, carried_summary
 from .table_files import relative_in_table, spark_location
-from .timeline import carried
 from .run_scope import RunScope
-from .timeline.carried import STATE_COLUMNS, STORED, _CarriedPartition
 from .wide_writes import FILE_ROWS
 
 # Frame rows up to which a run is this executor's: on these machines its one core replays ~150,000
@@ -46,8 +33,7 @@ DRIVER_FRAMES = 1_000_000
 BATCH_ROWS = 10_000
 # The frames' columns as the pass reads them (Spark reads them in the table's types).
 FRAME_COLUMNS = pa.schema([schema.FRAMES.field(name) for name in ANALYSIS_COLUMNS])
-# The carried pass's header rows' columns: its connections row as the pass's header JSON, whether
-# it has an analysis_state row, and that row's STATE_COLUMNS (timeline/carried.py's `carry_on`).
+# The carried pass's header rows' columns, as carried_pass.carry_on makes them.
 CARRIED_HEADER_COLUMNS = pa.schema([schema.ANALYSIS_STATE.field(name) for name in STATE_COLUMNS]
                                    + [(STORED, pa.bool_()), (HEADER, pa.string())])
 
@@ -66,13 +52,23 @@ class LocalExecutor:
 
     def carried_pass(self, keys: list[str]) -> CarriedPass:
         """These connections carried on from their checkpoints over the plan's new files."""
-        return carried_pass(self.lake, self.plan.new_files, keys, self.settings, self.plan.frames_version)
+        base = spark_location(os.path.join(self.lake, "frames"))
+        frames = read_table(self.lake, "frames", FRAME_COLUMNS, where=pc.field("connection_id").isin(keys),
+                            files={relative_in_table(uri, base) for uri in self.plan.new_files},
+                            version=self.plan.frames_version)
+        stored = read_table(self.lake, STATE_TABLE, schema.ANALYSIS_STATE, columns=["connection_id", *STATE_COLUMNS],
+                            where=pc.field("connection_id").isin(keys))
+        states = {row["connection_id"]: row for row in stored.to_pylist()} if stored is not None else {}
+        headers = {key: json.dumps(row) for key, row in facts_in_lake(self.lake)(set(keys)).items()}
+        rows = laid_out(frames, carried_headers(frames, headers, states), CARRIED_HEADER_COLUMNS)
+        del frames
+        partition = _CarriedPartition(self.settings, self.plan.frames_version, FLUSH_RECORDS, self.lake, FILE_ROWS)
+        return carried_summary(run(partition, rows, CARRIED_WIDE), keys)
 
 
 def whole_pass(lake: str, keys: list[str] | None, settings: Settings, frames_version: int) -> pa.Table:
-    """connection_pass.connection_pass with `write_to=lake`, in this process: every frame of these
-    connections (None: of every connection) at `frames_version`, from the start, through the pass
-    over whole connections."""
+    """connection_pass.connection_pass with `write_to=lake` in this process: the wide table of these
+    connections (None: all) from all their frames at `frames_version`."""
     where = None if keys is None else pc.field("connection_id").isin(keys)
     frames = read_table(lake, "frames", FRAME_COLUMNS, where=where, version=frames_version)
     if frames is None:
@@ -84,43 +80,17 @@ def whole_pass(lake: str, keys: list[str] | None, settings: Settings, frames_ver
     return run(_Partition(settings, frames_version, FLUSH_RECORDS, ADVANCE_EVERY_ROWS, lake), rows, WIDE)
 
 
-def carried_pass(lake: str, new_files: tuple[str, ...], keys: list[str], settings: Settings,
-                 frames_version: int) -> CarriedPass:
-    """The carried pass over the frames of `new_files` of the connections `keys` (their other
-    connections are analysed whole), in this process: its files written into the lake's tables,
-    uncommitted."""
-    frames = new_frames(lake, new_files, frames_version, keys)
-    stored = read_table(lake, STATE_TABLE, schema.ANALYSIS_STATE, columns=["connection_id", *STATE_COLUMNS],
-                        where=pc.field("connection_id").isin(keys))
-    states = {row["connection_id"]: row for row in stored.to_pylist()} if stored is not None else {}
-    headers = {key: json.dumps(row) for key, row in facts_in_lake(lake)(set(keys)).items()}
-    rows = laid_out(frames, carried_headers(frames, headers, states), CARRIED_HEADER_COLUMNS)
-    del frames
-    wide = run(_CarriedPartition(settings, frames_version, FLUSH_RECORDS, lake, FILE_ROWS), rows, carried.WIDE)
-    return carried_summary(wide, keys)
-
-
 def carried_headers(frames: pa.Table, headers: dict[str, str], states: dict[str, dict]) -> list[dict]:
-    """The carried pass's header row of each connection of `frames` (CARRIED_HEADER_COLUMNS): its
-    connections row as the pass's header JSON (`headers`), and its analysis_state row (`states`) if stored."""
+    """The carried pass's header row (CARRIED_HEADER_COLUMNS) of each connection of `frames`."""
     ids = sorted(set(pc.unique(frames["connection_id"]).to_pylist()) - {None})
     return [{"connection_id": key, HEADER: headers.get(key), STORED: key in states,
              **{name: states.get(key, {}).get(name) for name in STATE_COLUMNS}} for key in ids]
 
 
-def new_frames(lake: str, new_files: tuple[str, ...], frames_version: int, keys: list[str]) -> pa.Table:
-    """The rows of the connections `keys` in these files of `frames` at `frames_version` (as the
-    run's plan names them), in FRAME_COLUMNS: filtered as the files are read."""
-    base = spark_location(os.path.join(lake, "frames"))
-    return read_table(lake, "frames", FRAME_COLUMNS, where=pc.field("connection_id").isin(keys),
-                      files={relative_in_table(uri, base) for uri in new_files}, version=frames_version)
-
-
 def laid_out(frames: pa.Table, headers: list[dict], header_columns: pa.Schema) -> pa.Table:
-    """The pass's input as Spark's executor hands it to a partition: frame rows (their columns)
-    and one header row per connection (`headers`: its connection_id and values of
-    `header_columns`, null in frame rows; at seq HEADER_SEQ), by connection then seq, nulls first
-    as Spark sorts them."""
+    """The pass's input as Spark's executor hands it to a partition: frame rows and one header row
+    per connection (`headers`: its connection_id and `header_columns`), by connection then seq, nulls
+    first as Spark sorts them."""
     for field in header_columns:
         frames = frames.append_column(field, pa.nulls(frames.num_rows, field.type))
     header_rows = pa.Table.from_pylist([{**row, "seq": HEADER_SEQ} for row in headers], schema=frames.schema)

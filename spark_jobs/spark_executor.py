@@ -1,7 +1,5 @@
-"""Spark's executor: the pass over the frames shuffled by connection and sorted by seq
-(connection_pass.py, timeline/carried.py), on `local[N]` or any cluster. Its passes give what the
-local executor's give (local_executor.py): the files they wrote into the lake, uncommitted, and
-their wide table's small rows collected in one Spark job.
+"""Spark's executor: the passes (connection_pass.py, carried_pass.py) on `local[N]` or any
+cluster; they give what the local executor's give (local_executor.py).
 """
 
 from __future__ import annotations
@@ -9,17 +7,17 @@ from __future__ import annotations
 from functools import cached_property
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from analyzer import schema
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
 
 from .connection_pass import STATE_TABLE, PassSummary, connection_pass, summarised_pass
 from .delta_io import read_delta, read_files
-from .carried_pass import CarriedPass, carried_summary
+from .carried_pass import CarriedPass, carried_summary, carry_on
 from .run_scope import RunScope
 from .session import delta_mode as resolve_delta_mode, use_lake
-from .timeline.carried import carry_on
-from .timeline.plans import first_day, first_seen, of_connections
+from .timeline.plans import first_day, of_connections
 
 
 class SparkExecutor:
@@ -35,9 +33,14 @@ class SparkExecutor:
         return read_delta(self.spark, self.lake, "connections", schema.CONNECTIONS, self.delta_mode)
 
     def whole_pass(self, keys: list[str] | None) -> PassSummary:
-        """These connections (None: all) analysed from all their frames."""
-        connections = self.connections if keys is None else of_connections(self.connections, keys)
-        frames = self._frames_since(None) if keys is None else self._frames_of(keys)
+        """These connections (None: all) analysed from all their frames: from the first day any of them
+        was seen (the connections table says; one Spark job), else from the start."""
+        connections, frames = self.connections, self._frames_since(None)
+        if keys is not None:
+            connections = of_connections(self.connections, keys)
+            seen = connections.agg(F.countDistinct("connection_id").alias("known"),
+                                   F.min("first_ts_ns").alias("first_ns")).first()
+            frames = of_connections(self._frames_since(first_day(seen, keys)), keys)
         return summarised_pass(connection_pass(frames, connections, self.settings, self.plan.frames_version,
                                                write_to=self.lake))
 
@@ -52,11 +55,6 @@ class SparkExecutor:
         wide = carry_on(new, states, of_connections(self.connections, keys), self.settings, self.plan.frames_version,
                         write_to=self.lake)
         return carried_summary(wide.toArrow(), keys)
-
-    def _frames_of(self, keys: list[str]) -> DataFrame:
-        """Every frame of these connections: from the first day any of them was seen (the
-        connections table says; one Spark job), else from the start."""
-        return of_connections(self._frames_since(first_day(first_seen(self.connections, keys).first(), keys)), keys)
 
     def _frames_since(self, day: str | None) -> DataFrame:
         """The run's snapshot of `frames` from this UTC day on (None: all of it)."""

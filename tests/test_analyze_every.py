@@ -263,7 +263,7 @@ def test_a_long_lived_driver_keeps_no_runs_shuffle_files(spark, tmp_path):
     for cleanup, lake_dir in [("false", tmp_path / "kept"), ("true", tmp_path / "deleted")]:
         for name in ("confirm_nacks", "requeue_loop"):
             ingest_file(_example(name), str(lake_dir))
-        with conf_meanwhile(spark, "spark.sql.classic.shuffleDependency.fileCleanup.enabled", lambda _: cleanup):
+        with conf_meanwhile(spark, "spark.sql.classic.shuffleDependency.fileCleanup.enabled", cleanup):
             analyze(spark, str(lake_dir))
             ingest_file(_example("flow_control"), str(lake_dir))
             analyze(spark, str(lake_dir))  # an incremental run: the carried pass's shuffle

@@ -1,4 +1,4 @@
-"""The carried pass (spark_jobs/timeline/carried.py) on a real local Spark: connections resumed
+"""The carried pass (spark_jobs/carried_pass.py) on a real local Spark: connections resumed
 from their checkpoints stream through the state machine, their records leaving in batches (the
 rows to write as files the tasks write); a connection that falls back after some
 of its rows have left is named (`streamed`), takes its rows back out of the files, and the caller
@@ -16,7 +16,7 @@ from analyzer import lake, schema
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, ConnectionAnalysis, Settings
 from analyzer.ingest import ingest_file
 from spark_jobs.connection_pass import WRITTEN_TABLES, state_row, states_table
-from spark_jobs.timeline.carried import CARRIED_TABLES, carry_on, without_fallbacks
+from spark_jobs.carried_pass import CARRIED_TABLES, carry_on, without_fallbacks
 from spark_jobs.timeline.plans import conf_meanwhile
 from spark_jobs.timeline.wide import rows_from_wide
 from spark_jobs.wide_writes import add_actions
@@ -93,7 +93,7 @@ def test_a_fallback_after_rows_left_is_dropped_and_the_rest_is_as_if_none_left(s
     assert len(kept["tally"]) == len(by_connection) - len(fallbacks)
 
     # Arrow batches of 7 rows, records out after every one of them, each table's in a file of its own.
-    with conf_meanwhile(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", lambda _: "7"):
+    with conf_meanwhile(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", "7"):
         one_by_one, again, one_by_one_dir = carried_pass(1, file_rows=1)
     assert {k: v["reason"] for k, v in again.items()} == {k: v["reason"] for k, v in fallbacks.items()}
     streamed = sorted(k for k, v in again.items() if v["streamed"])

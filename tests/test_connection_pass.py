@@ -58,7 +58,7 @@ BUCKET_NS = BUCKET_SECONDS * 10**9
 @pytest.fixture
 def small_batches(spark):
     """Arrow batches of 7 rows: connections cross batch boundaries everywhere."""
-    with conf_meanwhile(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", lambda _: "7"):
+    with conf_meanwhile(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", "7"):
         yield
 
 
@@ -274,7 +274,7 @@ def test_the_pass_hands_python_arrow_batches_bounded_by_rows_only_and_gives_the_
         return sorted(row.rows for row in df.mapInArrow(batch_sizes, "rows long").collect())
 
     rows = spark.range(0, 300, numPartitions=1).selectExpr("id", "repeat('x', 100) AS text")   # ~30 KB
-    with conf_meanwhile(spark, key, lambda _: "4k"):
+    with conf_meanwhile(spark, key, "4k"):
         bounded = sizes(rows)
         assert sum(bounded) == 300 and max(bounded) < 300   # the 4 KB bound cuts batches of ~30 rows
         with arrow_batches_by_rows(spark):

@@ -912,7 +912,6 @@ def test_a_connection_that_fails_a_check_after_its_rows_left_the_carried_pass_is
 
     from spark_jobs import carried_pass
     from spark_jobs.connection_pass import STATE_TABLE
-    from spark_jobs.timeline import carried
 
     frames, connections = traffic
     lake_dir, full_dir = str(tmp_path / "lake"), str(tmp_path / "full")
@@ -933,16 +932,17 @@ def test_a_connection_that_fails_a_check_after_its_rows_left_the_carried_pass_is
     shutil.copytree(lake_dir, full_dir)
 
     dropped = []
+    without_fallbacks = carried_pass.without_fallbacks
 
     def spied(wide, connection_ids):
         dropped.extend(connection_ids)
-        return carried.without_fallbacks(wide, connection_ids)
+        return without_fallbacks(wide, connection_ids)
 
     monkeypatch.setattr(carried_pass, "without_fallbacks", spied)
-    monkeypatch.setattr(carried, "FLUSH_RECORDS", 1)
+    monkeypatch.setattr(carried_pass, "FLUSH_RECORDS", 1)
     # Files of a row or two: the rows it sent out are in files written before the check failed.
-    monkeypatch.setattr(carried, "FILE_ROWS", 1)
-    with conf_meanwhile(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", lambda _: "7"):
+    monkeypatch.setattr(carried_pass, "FILE_ROWS", 1)
+    with conf_meanwhile(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", "7"):
         report = analyze(spark, lake_dir, thresholds=LAB_THRESHOLDS)
     assert report.scope == NEW_DATA
     assert f"{hot}: a new frame (seq {rows[late]['seq']}) is older than the carried bucket" in report.reason

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -25,11 +25,11 @@ def of_connections(df: DataFrame, keys: list[str]) -> DataFrame:
 
 
 @contextmanager
-def conf_meanwhile(spark: SparkSession, key: str, value: Callable[[str], str]) -> Iterator[None]:
-    """Meanwhile the session's SQL setting `key` is `value(what it was)`; it is given back after,
-    even after a failure. Spark reads these settings when a plan runs."""
+def conf_meanwhile(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    """The session's SQL setting `key` is `value` meanwhile, given back after, even after a failure
+    (Spark reads them when a plan runs)."""
     before = spark.conf.get(key)
-    spark.conf.set(key, value(before))
+    spark.conf.set(key, value)
     try:
         yield
     finally:
@@ -41,19 +41,13 @@ def arrow_batches_by_rows(spark: SparkSession) -> AbstractContextManager[None]:
     (why: docs/analysis.md, "One implementation of the rules", 1). For a plan whose rows are small:
     frame rows and connection rows, not checkpoints (10,000 large rows would be held at once)."""
     # Int.MaxValue: Spark then never sizes a batch.
-    return conf_meanwhile(spark, "spark.sql.execution.arrow.maxBytesPerBatch", lambda _: str(2**31 - 1))
+    return conf_meanwhile(spark, "spark.sql.execution.arrow.maxBytesPerBatch", str(2**31 - 1))
 
 
-def first_seen(connections: DataFrame, keys: list[str]) -> DataFrame:
-    """One row: how many of these connections the connections table knows (`known`), and the
-    first instant any of them was seen (`first_ns`); read with `first_day`."""
-    return of_connections(connections, keys).agg(F.countDistinct("connection_id").alias("known"),
-                                                 F.min("first_ts_ns").alias("first_ns"))
-
-
-def first_day(seen: Row, keys: list[str]) -> str | None:
-    """The UTC day the first of these connections was seen (`seen`: first_seen's row), from which
-    on their frames are; None where the connections table does not know them all."""
+def first_day(seen: Row | dict, keys: list[str]) -> str | None:
+    """The UTC day the first of these connections was seen (`seen`: how many the connections table
+    knows, `known`, and the first instant of any, `first_ns`), from which on their frames are; None
+    where the connections table does not know them all."""
     if seen["known"] != len(keys) or seen["first_ns"] is None:
         return None
     return day(seen["first_ns"])

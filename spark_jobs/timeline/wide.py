@@ -1,11 +1,8 @@
-"""Several tables through one grouped Arrow function: Spark takes one output schema per call, so
-the tables travel as one wide table. A `record` column names each row's table (and `role` what the
-caller is to do with it); each table's row is a struct column named after the table, null in the
-other tables' rows.
-
-A struct per table, not a flat column per table column: Spark keeps a row (in memory, and on disk
-when it spills) with a fixed-width slot for each top-level field, null or not, so a
-row of one table in ~170 flat columns costs ~1.4 KB before its values; a null struct costs one slot."""
+"""Several tables through one Arrow function (Spark takes one output schema per call) as one wide
+table: `record` names each row's table, `role` what the caller is to do with it, and each table's
+row is a struct column named after the table, null in the other tables' rows. A struct, not a flat
+column per table column: Spark keeps a row (in memory, and on disk when it spills) with a slot per
+top-level field, null or not: a row of one table in ~170 flat columns cost ~1.4 KB before its values."""
 
 from __future__ import annotations
 
@@ -42,11 +39,3 @@ def rows_from_wide(rows: pa.Table, name: str, table_schema: pa.Schema | None = N
     fields = table_schema if table_schema is not None else pa.schema(list(mine.type))
     return pa.Table.from_arrays([pc.struct_field(mine, field.name).cast(field.type) for field in fields],
                                 schema=pa.schema(fields))
-
-
-def as_records(rows: pa.Table, record_type) -> list:
-    """A table's rows back as the frozen records whose fields are its columns (a timeline table's
-    stored rows: analyzer/timeline/records.py)."""
-    if not rows.num_rows:
-        return []
-    return [record_type(*values) for values in zip(*[rows[slot].to_pylist() for slot in record_type.__slots__])]
