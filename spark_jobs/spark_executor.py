@@ -35,8 +35,9 @@ class SparkExecutor:
     def whole_pass(self, keys: list[str] | None) -> PassSummary:
         """These connections (None: all) analysed from all their frames: from the first day any of them
         was seen (the connections table says; one Spark job), else from the start."""
-        connections, frames = self.connections, self._frames_since(None)
-        if keys is not None:
+        if keys is None:
+            connections, frames = self.connections, self._frames_since(None)
+        else:
             connections = of_connections(self.connections, keys)
             seen = connections.agg(F.countDistinct("connection_id").alias("known"),
                                    F.min("first_ts_ns").alias("first_ns")).first()
