@@ -35,7 +35,7 @@ class Steps:
         """A step timed by its caller (one known to have taken place only once it is over)."""
         self.seconds[name] = round(self.seconds.get(name, 0.0) + seconds, 2)
         if self.progress is not None:
-            said = f": {printable(detail, LINE_LIMIT)}" if detail else ""  # may quote a refused checkpoint
+            said = f": {printable(detail, LINE_LIMIT)}" if detail else ""  # may quote an error, paths and all
             print(f"ackscope analyze: {name} ({seconds:.1f}s, {spark_jobs} Spark jobs){said}", file=self.progress,
                   flush=True)
 
