@@ -116,15 +116,15 @@ def test_a_sigkill_loses_at_most_the_documented_window(tmp_path, round_number):
     # time since that flush started: one flush interval plus the flush under way so far. The flush under
     # way never finishes, so the durations of the finished ones cannot stand in for it (a loaded CI
     # machine had one run 14 ms past them).
-    committed = last_flush_commit(lake)
-    bound = killed_at - committed + slowest_flush_bound(metrics) + TICK_S
+    committed, slowest = last_flush_commit(lake), slowest_flush_bound(metrics)
+    bound = killed_at - committed + slowest + TICK_S
     print(f"killed after {kill_after:.2f}s: {len(lost)} of {len(before_kill)} publishes lost, "
           f"the oldest {window:.2f}s before the kill (bound {bound:.2f}s; the last flush committed "
           f"{killed_at - committed:.2f}s before it, interval {FLUSH_INTERVAL}s)")
     assert window <= bound, (window, bound)
     # ... and the flushes kept their schedule: the last commit came at most two intervals before the kill
     # (one, and a flush under way that may run long on a loaded machine but not stop).
-    assert killed_at - committed <= 2 * FLUSH_INTERVAL + slowest_flush_bound(metrics) + TICK_S
+    assert killed_at - committed <= 2 * FLUSH_INTERVAL + slowest + TICK_S
     if lost:  # what was kept is everything up to a point: no hole before the lost tail
         first_lost = min(lost.values())
         assert all(t <= first_lost for message_id, t in before_kill.items() if message_id in kept)
