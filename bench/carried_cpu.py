@@ -3,10 +3,10 @@
 Generates frames in memory (frames_generator.py), analyses the capture window up to its last
 `--tail` share (split by time, as incremental.py splits the lake) with the pass over whole
 connections (pass_cpu.py's input and `_Partition`), then lays out what the carried pass's
-`mapInArrow` receives for the rest (spark_jobs/carried_pass.py's `carry_on`: each connection
-with new frames, its header row holding its analysis_state row's checkpoint and its connections
-row, then its new frames in seq order, in Arrow batches of Spark's default 10,000 rows) and runs
-`_CarriedPartition.run` over it in this process, its files written to a temporary folder as the
+`mapInArrow` receives for the rest (spark_jobs/connection_pass.py's `connection_pass` with `states`:
+each connection with new frames, its header row holding its analysis_state row's checkpoint and its
+connections row, then its new frames in seq order, in Arrow batches of Spark's default 10,000 rows)
+and runs `_Partition.run` (a carried one) over it in this process, its files written to a temporary folder as the
 tasks write them into the lake. Spark's part (reading, the join with analysis_state, shuffle,
 sort) is not in it.
 
@@ -41,19 +41,21 @@ from pass_cpu import SPARK_BATCH_ROWS, pass_input, run_pass, written  # noqa: E4
 
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS  # noqa: E402
 from analyzer.connection_analysis import ANALYSIS_COLUMNS  # noqa: E402
-from spark_jobs.local_executor import CARRIED_HEADER_COLUMNS, carried_headers, laid_out  # noqa: E402
-from spark_jobs.connection_pass import HEADER, HEADER_SEQ, STATE_TABLE, Settings  # noqa: E402
+from spark_jobs.local_executor import laid_out  # noqa: E402
+from spark_jobs.connection_pass import (ADVANCE_EVERY_ROWS, HEADER, HEADER_SEQ, STATE_TABLE, Settings,  # noqa: E402
+                                        _Partition)
 from analyzer.detectors.thresholds import Thresholds  # noqa: E402
-from spark_jobs.carried_pass import _CarriedPartition  # noqa: E402
-from spark_jobs.timeline.wide import RECORD  # noqa: E402
+from spark_jobs.carried_pass import STATE_COLUMNS, STORED  # noqa: E402
+from spark_jobs.timeline.wide import RECORD, ROLE  # noqa: E402
 
 FILE_ROWS = 1_000_000    # wide_writes.FILE_ROWS's order: a carried run's few rows make one file a table
 FLUSH_RECORDS = 50_000   # connection_pass.FLUSH_RECORDS
 # Where the profile's CPU goes, by the functions that bound each phase (cumulative time; the rest
 # is the partition's loop and its batches made rows).
-PHASES = {"connections started": ("carried.py", "_start"), "of which checkpoints read": ("carry.py", "load"),
-          "new rows fed": ("carried.py", "feed_from"), "connections finished": ("carried.py", "_finish"),
-          "of which checkpoints written": ("carry.py", "dump"), "flushes": ("carried.py", "_flush"),
+PHASES = {"connections started": ("connection_pass.py", "_start"), "of which checkpoints read": ("carry.py", "load"),
+          "new rows fed": ("connection_analysis.py", "feed_from"),
+          "connections finished": ("connection_pass.py", "_finish"),
+          "of which checkpoints written": ("carry.py", "dump"), "flushes": ("connection_pass.py", "_flush"),
           "files written": ("wide_writes.py", "files")}
 
 
@@ -77,20 +79,24 @@ def carried_input(rows: pa.Table, head_states: pa.Table, tail: pa.Table) -> tupl
     touched = set(tail["connection_id"].to_pylist())
     checkpoints = [state for c, state in states.items() if c in touched and state["checkpoint"] is not None]
     tail = tail.select(list(ANALYSIS_COLUMNS))
-    return (laid_out(tail, carried_headers(tail, headers, states), CARRIED_HEADER_COLUMNS),
+    header_rows = [{"connection_id": key, HEADER: headers.get(key), STORED: key in states,
+                    **{name: states.get(key, {}).get(name) for name in STATE_COLUMNS}}
+                   for key in sorted(set(tail["connection_id"].to_pylist()))]
+    return (laid_out(tail, header_rows, carried=True),
             sum(len(s["checkpoint"]) for s in checkpoints),
             sum(s["carried_records"] for s in checkpoints))
 
 
 def run_carried(batches: list[pa.RecordBatch], settings: Settings, folder: str) -> list[pa.RecordBatch]:
-    partition = _CarriedPartition(settings, 1, FLUSH_RECORDS, folder, FILE_ROWS)
+    partition = _Partition(settings, 1, FLUSH_RECORDS, ADVANCE_EVERY_ROWS, folder, FILE_ROWS, carried=True)
     return list(partition.run(iter(batches)))
 
 
 def digest(out: list[pa.RecordBatch], folder: str) -> str:
-    """Of the rows written and of the wide rows, in any order, but what says what the checkpoints
-    hold (analysis_state's checkpoint, format and carried_records, the tally's carried_records: a
-    checkpoint's shape may change alone) and the files' names."""
+    """Of the rows written and of the wide rows (each as its table's row: the wide table's shape
+    aside), in any order, but what says what the checkpoints hold (analysis_state's checkpoint,
+    format and carried_records, the tally's carried_records: a checkpoint's shape may change alone),
+    the tally's metrics_redo (a whole pass's), the files' names and the flushes' counts."""
     lines = []
     for name, table in written(out, folder).items():
         if name == STATE_TABLE:
@@ -98,10 +104,12 @@ def digest(out: list[pa.RecordBatch], folder: str) -> str:
         lines += [f"{name} {row!r}" for row in table.to_pylist()]
     for batch in out:
         for row in batch.to_pylist():
-            if row[RECORD] == "tally":
-                row["tally"].pop("carried_records")
-            if row[RECORD] != "files":
-                lines.append(repr(row))
+            own = row[row[RECORD]]
+            if row[RECORD] in ("tally", "fallback"):
+                for column in ("carried_records", "metrics_redo", "streamed"):
+                    own.pop(column, None)
+            if row[RECORD] not in ("files", "counts"):
+                lines.append(repr((row[RECORD], row[ROLE], own)))
     return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()[:16]
 
 

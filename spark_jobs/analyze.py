@@ -26,11 +26,11 @@ from analyzer.lake import TableWriter, open_table, read_table
 from analyzer.published import RUNS_TABLE, finished_runs
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 
+from spark_jobs import carried_pass
 from spark_jobs.compaction import compact, merge_analysed_input, small_final_files
-from spark_jobs.connection_pass import RAW_FINDINGS, STATE_TABLE, WRITTEN_TABLES
+from spark_jobs.connection_pass import RAW_FINDINGS, STATE_TABLE, WRITTEN_TABLES, PassSummary
 from spark_jobs.delta_io import Replacement, Rewrite, connections_match, replace_all, rewrite_all
 from spark_jobs.findings import Changed, refresh_findings
-from spark_jobs.carried_pass import CarriedPass
 from spark_jobs.local_executor import DRIVER_FRAMES, LocalExecutor
 from spark_jobs.provisional import PROVISIONAL, last_written_by_finished_run
 from spark_jobs.run_scope import COMPLETE_SCOPES, FULL, NEW_DATA, RunScope, plan_run, set_aside_damaged, thresholds_json
@@ -175,7 +175,7 @@ def _run(run: _Run, attempt_started: float, run_started: float) -> AnalysisRepor
                       if run.keys is not None and "native" not in (run.delta_mode, run.executor.delta_mode) else None)
             with run.steps.step("findings"):
                 if carried is not None:
-                    changed = Changed((carried.changed(run.lake),), changed.whole)
+                    changed = Changed((carried_pass.changed(carried, run.lake),), changed.whole)
                 refresh_findings(run.lake, own, run.keys, changed, run.settings.thresholds, plan.new_files,
                                  plan.frames_version)
                 report.rows["findings"] = _count_findings(run.lake, report)
@@ -191,13 +191,13 @@ def _run(run: _Run, attempt_started: float, run_started: float) -> AnalysisRepor
 
 
 def _per_connection_tables(run: _Run, report: AnalysisReport) -> tuple[pa.Table, Changed | None,
-                                                                       CarriedPass | None]:
+                                                                       PassSummary | None]:
     """The per-connection tables of the run's connections written, and what the findings step is
     handed: their raw findings about one connection, the delivery rows changed (None: every stored
     candidate), and the carried pass whose changed rows it reads, where it carried some on."""
     if run.keys is None:
         with run.steps.step("timelines"):
-            summary = run.executor.whole_pass(None)
+            summary = run.executor.connection_pass(None)
             report.frames, report.connections = summary.frames, summary.connections
         with run.steps.step("write tables"):
             for name, table_schema in WRITTEN_TABLES.items():
@@ -212,18 +212,18 @@ def _per_connection_tables(run: _Run, report: AnalysisReport) -> tuple[pa.Table,
         with run.steps.step("carry on from checkpoints"):
             carried, ahead = _carried_with_rewrites(run, to_carry)
             report.frames, report.connections = carried.frames, carried.connections
-            report.carried_connections, report.carried_records = carried.connections, carried.records
+            report.carried_connections, report.carried_records = carried.connections, carried.carried_records
             if carried.fallbacks:
                 report.reason += f"; {len(carried.fallbacks)} connection(s) analysed whole: " + "; ".join(
                     f"{k}: {why}" for k, why in sorted(carried.fallbacks.items())[:5])
-    whole_keys = run.keys if carried is None else sorted({*run.plan.whole, *carried.whole_keys})
+    whole_keys = run.keys if carried is None else sorted({*run.plan.whole, *carried.fallbacks})
     summary = None
     if whole_keys:
         for rewrite in ahead.values():  # made for carried connections only
             rewrite.discard()
         ahead = {}
         with run.steps.step("timelines"):
-            summary = run.executor.whole_pass(whole_keys)
+            summary = run.executor.connection_pass(whole_keys)
             report.frames += summary.frames
             report.connections += summary.connections
     passes = [part for part in (summary, carried) if part is not None]
@@ -231,29 +231,30 @@ def _per_connection_tables(run: _Run, report: AnalysisReport) -> tuple[pa.Table,
     replaced = [connections_match(whole_keys)] if whole_keys else []
     with run.steps.step("write tables"):
         # The tables rewritten `ahead` are written by their commit alone.
-        replace_all(run.lake, {name: Replacement(None, WRITTEN_TABLES[name],
-                                                 replaced + (carried.replaced(run.lake, name) if carried else []))
-                               for name in written if name not in ahead}, written=written)
+        replace_all(run.lake, {
+            name: Replacement(None, WRITTEN_TABLES[name],
+                              replaced + (carried_pass.replaced(carried, run.lake, name) if carried else []))
+            for name in written if name not in ahead}, written=written)
         for name, rewrite in ahead.items():
             rewrite.commit(written[name])
         report.rows = {name: (summary.rows[name] if summary else 0) + (carried.rows[name] if carried else 0)
                        for name in PER_CONNECTION_TABLES}
     carried_on = carried if carried is not None and carried.connections else None
-    own = ([summary.raw_findings] if summary is not None else []) + ([carried_on.raw] if carried_on else [])
+    own = ([summary.raw_findings] if summary is not None else []) + ([carried_on.raw_findings] if carried_on else [])
     # Of the connections analysed whole, every delivery row: the findings step reads them from the table.
     whole = tuple(whole_keys) if summary is not None and summary.rows["deliveries"] else ()
     return pa.concat_tables(own) if own else RAW_FINDINGS.empty_table(), Changed((), whole), carried_on
 
 
-def _carried_with_rewrites(run: _Run, keys: list[str]) -> tuple[CarriedPass, dict[str, Rewrite]]:
+def _carried_with_rewrites(run: _Run, keys: list[str]) -> tuple[PassSummary, dict[str, Rewrite]]:
     """The carried pass, and beside it, where none of the run's connections is planned whole, the files
     holding the rows it replaces rewritten (docs/analysis.md, "Incremental": A carried run's writes are commits)."""
     if run.plan.whole:
-        return run.executor.carried_pass(keys), {}
+        return run.executor.connection_pass(keys, carried=True), {}
     with ThreadPoolExecutor(1) as beside:
         rewriting = beside.submit(lambda: rewrite_all(run.lake, _replaced_ahead(run.lake, run.keys)))
         try:
-            carried = run.executor.carried_pass(keys)
+            carried = run.executor.connection_pass(keys, carried=True)
         except BaseException:
             if rewriting.exception() is None:   # waits for it
                 for rewrite in rewriting.result().values():

@@ -1,5 +1,5 @@
-"""Spark's executor: the passes (connection_pass.py, carried_pass.py) on `local[N]` or any
-cluster; they give what the local executor's give (local_executor.py).
+"""Spark's executor: the pass (connection_pass.py) on `local[N]` or any cluster; it gives what the
+local executor's gives (local_executor.py).
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ from analyzer.connection_analysis import ANALYSIS_COLUMNS, Settings
 
 from .connection_pass import STATE_TABLE, PassSummary, connection_pass, summarised_pass
 from .delta_io import read_delta, read_files
-from .carried_pass import CarriedPass, carried_summary, carry_on
 from .run_scope import RunScope
 from .session import delta_mode as resolve_delta_mode, use_lake
 from .timeline.plans import first_day, of_connections
 
 
 class SparkExecutor:
-    """The passes of one run on this session, over the run's snapshot of `frames`."""
+    """The pass of one run on this session, over the run's snapshot of `frames`."""
 
     def __init__(self, spark: SparkSession, lake: str, plan: RunScope, settings: Settings, delta_mode: str):
         use_lake(spark, lake)  # a lake Spark cannot reach fails here, before any step
@@ -32,30 +31,28 @@ class SparkExecutor:
     def connections(self) -> DataFrame:
         return read_delta(self.spark, self.lake, "connections", schema.CONNECTIONS, self.delta_mode)
 
-    def whole_pass(self, keys: list[str] | None) -> PassSummary:
+    def connection_pass(self, keys: list[str] | None, carried: bool = False) -> PassSummary:
         """These connections (None: all) analysed from all their frames: from the first day any of them
-        was seen (the connections table says; one Spark job), else from the start."""
-        if keys is None:
-            connections, frames = self.connections, self._frames_since(None)
+        was seen (the connections table says; one Spark job), else from the start. Or (`carried`)
+        carried on from their checkpoints over the plan's new files; the connections planned whole
+        (`RunScope.whole`) are then not read."""
+        connections, states = self.connections, None
+        if keys is not None:
+            connections = of_connections(connections, keys)
+        if carried:
+            frames = read_files(self.spark, self.lake, "frames", self.plan.new_files, list(ANALYSIS_COLUMNS))
+            if self.plan.whole:
+                frames = of_connections(frames, keys)
+            states = of_connections(read_delta(self.spark, self.lake, STATE_TABLE, schema.ANALYSIS_STATE,
+                                               self.delta_mode), keys)
+        elif keys is None:
+            frames = self._frames_since(None)
         else:
-            connections = of_connections(self.connections, keys)
             seen = connections.agg(F.countDistinct("connection_id").alias("known"),
                                    F.min("first_ts_ns").alias("first_ns")).first()
             frames = of_connections(self._frames_since(first_day(seen, keys)), keys)
         return summarised_pass(connection_pass(frames, connections, self.settings, self.plan.frames_version,
-                                               write_to=self.lake))
-
-    def carried_pass(self, keys: list[str]) -> CarriedPass:
-        """These connections carried on from their checkpoints over the plan's new files; the
-        connections planned whole (`RunScope.whole`) are not read."""
-        new = read_files(self.spark, self.lake, "frames", self.plan.new_files, list(ANALYSIS_COLUMNS))
-        if self.plan.whole:
-            new = of_connections(new, keys)
-        states = of_connections(read_delta(self.spark, self.lake, STATE_TABLE, schema.ANALYSIS_STATE,
-                                           self.delta_mode), keys)
-        wide = carry_on(new, states, of_connections(self.connections, keys), self.settings, self.plan.frames_version,
-                        write_to=self.lake)
-        return carried_summary(wide.toArrow(), keys)
+                                               write_to=self.lake, states=states), carried)
 
     def _frames_since(self, day: str | None) -> DataFrame:
         """The run's snapshot of `frames` from this UTC day on (None: all of it)."""

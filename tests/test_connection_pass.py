@@ -71,7 +71,7 @@ def run_pass(spark, frames: pa.Table, connections: pa.Table, overdue_ns: int, pa
     summary = summarised_pass(connection_pass(
         frames_df, spark.createDataFrame(connections.combine_chunks()),
         Settings(BUCKET_SECONDS, overdue_ns, LAB_THRESHOLDS), frames_version=7, write_to=write_to,
-        partitions=partitions, flush_records=flush_records, advance_every=advance_every, file_rows=file_rows))
+        partitions=partitions, flush_records=flush_records, advance_every=advance_every, file_rows=file_rows), carried=False)
     written = {name: pa.concat_tables([table_schema.empty_table(), *[
         lake.TableWriter(write_to, name, table_schema).read_file(add.path, add.partition_values["date"])
         for add in summary.written.get(name, [])]]) for name, table_schema in WRITTEN_TABLES.items()}

@@ -9,9 +9,8 @@ import json
 import os
 import subprocess
 from dataclasses import fields
+from types import SimpleNamespace
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
@@ -21,10 +20,9 @@ from analyzer.connection_analysis import Settings
 from analyzer.timeline.records import DEFAULT_OVERDUE_NS
 from spark_jobs import local_executor
 from spark_jobs.analyze import NO_SPARK, analyze, local_takes, planned_run
-from spark_jobs.connection_pass import PASS_TABLES, STATE_TABLE, WRITTEN_TABLES, connection_pass
+from spark_jobs.connection_pass import STATE_TABLE, WRITTEN_TABLES, PassSummary, connection_pass, summarised_pass
 from spark_jobs.delta_io import read_delta
 from spark_jobs.timeline.tables import TIMELINE_TABLES
-from spark_jobs.timeline.wide import rows_from_wide
 from spark_jobs import findings
 
 from .findings_check import LAB_THRESHOLDS
@@ -122,20 +120,20 @@ def test_the_drivers_findings_need_no_spark(spark, tmp_path, monkeypatch, needs)
     assert _tables(pieces_dir) == _tables(whole_dir)
 
 
-def _pass_tables(wide: pa.Table, lake_dir: str) -> dict[str, list[str]]:
-    """Every table a pass gives, sorted: its rows in the wide table (connection_pass.PASS_TABLES) and
-    in the files it wrote into the lake (WRITTEN_TABLES; Delta keeps their `date` in the log: left out)."""
+def _pass_tables(summary: PassSummary, lake_dir: str) -> dict[str, list[str]]:
+    """Every table a pass gives, sorted: its rows in the summary and in the files it wrote into the
+    lake (WRITTEN_TABLES; Delta keeps their `date` in the log: left out)."""
     rows = {name: [] for name in WRITTEN_TABLES}
-    rows.update({name: rows_from_wide(wide, name).to_pylist() for name in PASS_TABLES if name not in ("files", "counts")})
-    for file in rows_from_wide(wide, "files").to_pylist():
-        rows[file["table"]] += pq.read_table(os.path.join(lake_dir, file["table"], file["path"])).to_pylist()
-    rows["came_back"] = [pc.sum(rows_from_wide(wide, "counts")["came_back"]).as_py()]
-    return {name: sorted(json.dumps({k: v for k, v in row.items() if k != "date"}, sort_keys=True, default=str)
-                         for row in table) if name != "came_back" else table for name, table in rows.items()}
+    rows.update(raw_findings=summary.raw_findings.to_pylist(), tally=summary.tally.to_pylist())
+    for name, adds in summary.written.items():
+        rows[name] += [row for add in adds for row in pq.read_table(os.path.join(lake_dir, name, add.path)).to_pylist()]
+    return {"came_back": [summary.came_back], "fallbacks": summary.fallbacks,
+            **{name: sorted(json.dumps({k: v for k, v in row.items() if k != "date"}, sort_keys=True, default=str)
+                            for row in table) for name, table in rows.items()}}
 
 
 def test_the_pass_over_whole_connections_gives_sparks_tables_in_process(spark, traffic, tmp_path):  # noqa: F811
-    """local_executor.whole_pass: the frames laid out as Spark's shuffle and sort hand them to the
+    """LocalExecutor.connection_pass: the frames laid out as Spark's shuffle and sort hand them to the
     pass, through the same partition code: every table and checkpoint as Spark's pass gives them."""
     frames, connections = traffic
     settings = Settings(10, DEFAULT_OVERDUE_NS, LAB_THRESHOLDS)
@@ -144,14 +142,15 @@ def test_the_pass_over_whole_connections_gives_sparks_tables_in_process(spark, t
         _append(lake_dir, "frames", frames, schema.FRAMES, "all")
         _append(lake_dir, "connections", connections, schema.CONNECTIONS, "all")
     version = DeltaTable(os.path.join(local_dir, "frames")).version()
-    local = _pass_tables(local_executor.whole_pass(local_dir, None, settings, version), local_dir)
+    executor = local_executor.LocalExecutor(local_dir, SimpleNamespace(frames_version=version, new_files=()), settings)
+    local = _pass_tables(executor.connection_pass(None), local_dir)
     on_spark = connection_pass(read_delta(spark, spark_dir, "frames", schema.FRAMES, version=version),
                                read_delta(spark, spark_dir, "connections", schema.CONNECTIONS), settings, version,
                                write_to=spark_dir)
-    assert local == _pass_tables(on_spark.toArrow(), spark_dir)
+    assert local == _pass_tables(summarised_pass(on_spark, carried=False), spark_dir)
     assert all(local[name] for name in (*TIMELINE_TABLES, "channel_metrics", STATE_TABLE, "raw_findings"))
     keys = sorted(set(frames["connection_id"].to_pylist()))[:3]
-    some = _pass_tables(local_executor.whole_pass(local_dir, keys, settings, version), local_dir)
+    some = _pass_tables(executor.connection_pass(keys), local_dir)
     assert sorted(json.loads(row)["connection_id"] for row in some[STATE_TABLE]) == keys
 
 
