@@ -211,7 +211,6 @@ def _per_connection_tables(run: _Run, report: AnalysisReport) -> tuple[pa.Table,
     if run.plan.scope == NEW_DATA and to_carry:
         with run.steps.step("carry on from checkpoints"):
             carried, ahead = _carried_with_rewrites(run, to_carry)
-            report.frames, report.connections = carried.frames, carried.connections
             report.carried_connections, report.carried_records = carried.connections, carried.carried_records
             if carried.fallbacks:
                 report.reason += f"; {len(carried.fallbacks)} connection(s) analysed whole: " + "; ".join(
@@ -224,9 +223,8 @@ def _per_connection_tables(run: _Run, report: AnalysisReport) -> tuple[pa.Table,
         ahead = {}
         with run.steps.step("timelines"):
             summary = run.executor.connection_pass(whole_keys)
-            report.frames += summary.frames
-            report.connections += summary.connections
     passes = [part for part in (summary, carried) if part is not None]
+    report.frames, report.connections = sum(part.frames for part in passes), sum(part.connections for part in passes)
     written = {name: [add for part in passes for add in part.written.get(name, [])] for name in WRITTEN_TABLES}
     replaced = [connections_match(whole_keys)] if whole_keys else []
     with run.steps.step("write tables"):
@@ -237,13 +235,11 @@ def _per_connection_tables(run: _Run, report: AnalysisReport) -> tuple[pa.Table,
             for name in written if name not in ahead}, written=written)
         for name, rewrite in ahead.items():
             rewrite.commit(written[name])
-        report.rows = {name: (summary.rows[name] if summary else 0) + (carried.rows[name] if carried else 0)
-                       for name in PER_CONNECTION_TABLES}
-    carried_on = carried if carried is not None and carried.connections else None
-    own = ([summary.raw_findings] if summary is not None else []) + ([carried_on.raw_findings] if carried_on else [])
+        report.rows = {name: sum(part.rows[name] for part in passes) for name in PER_CONNECTION_TABLES}
+    own = pa.concat_tables([RAW_FINDINGS.empty_table(), *[part.raw_findings for part in passes]])
     # Of the connections analysed whole, every delivery row: the findings step reads them from the table.
     whole = tuple(whole_keys) if summary is not None and summary.rows["deliveries"] else ()
-    return pa.concat_tables(own) if own else RAW_FINDINGS.empty_table(), Changed((), whole), carried_on
+    return own, Changed((), whole), carried if carried is not None and carried.connections else None
 
 
 def _carried_with_rewrites(run: _Run, keys: list[str]) -> tuple[PassSummary, dict[str, Rewrite]]:
