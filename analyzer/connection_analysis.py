@@ -176,7 +176,8 @@ class CarriedAnalysis(ConnectionAnalysis):
     ConnectionAnalysis streams one analysed whole: its timeline (carry.ResumedConnection), its
     channel_metrics from the boundary bucket on (the buckets before are stored and final), and its
     detectors resumed from the checkpoint's state. `fallback` says why it cannot be carried: the
-    caller then analyses it whole and drops whatever came out of it here.
+    caller then analyses it whole and drops whatever came out of it here; `refused` is why the
+    caller could not read its checkpoint (then none of its rows is read).
 
         analysis = CarriedAnalysis(checkpoint, connection_id, agent_id, settings, records.append, metrics.extend)
         for row in new_rows:
@@ -185,12 +186,13 @@ class CarriedAnalysis(ConnectionAnalysis):
 
     def __init__(self, checkpoint: Checkpoint | None, connection_id: str, agent_id: str | None, settings: Settings,
                  out_record: Callable, out_metrics: Callable[[list[dict]], None],
-                 advance_every: int = ADVANCE_EVERY_ROWS, out_open_record: Callable | None = None):
+                 advance_every: int = ADVANCE_EVERY_ROWS, out_open_record: Callable | None = None,
+                 refused: str | None = None):
         self.checkpoint = checkpoint
         super().__init__(connection_id, agent_id, settings, out_record, self._from_boundary, advance_every,
                          out_open_record)
         self.out_stored_metrics = out_metrics
-        self.fallback: str | None = None
+        self.fallback: str | None = refused
         if checkpoint is not None:
             self.metrics.feed(self.whole.kept)  # the boundary's records: its buckets are computed again
             if checkpoint.detectors is None:

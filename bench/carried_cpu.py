@@ -45,7 +45,6 @@ from spark_jobs.local_executor import laid_out  # noqa: E402
 from spark_jobs.connection_pass import (ADVANCE_EVERY_ROWS, HEADER, HEADER_SEQ, STATE_TABLE, Settings,  # noqa: E402
                                         _Partition)
 from analyzer.detectors.thresholds import Thresholds  # noqa: E402
-from spark_jobs.carried_pass import STATE_COLUMNS, STORED  # noqa: E402
 from spark_jobs.timeline.wide import RECORD, ROLE  # noqa: E402
 
 FILE_ROWS = 1_000_000    # wide_writes.FILE_ROWS's order: a carried run's few rows make one file a table
@@ -79,10 +78,7 @@ def carried_input(rows: pa.Table, head_states: pa.Table, tail: pa.Table) -> tupl
     touched = set(tail["connection_id"].to_pylist())
     checkpoints = [state for c, state in states.items() if c in touched and state["checkpoint"] is not None]
     tail = tail.select(list(ANALYSIS_COLUMNS))
-    header_rows = [{"connection_id": key, HEADER: headers.get(key), STORED: key in states,
-                    **{name: states.get(key, {}).get(name) for name in STATE_COLUMNS}}
-                   for key in sorted(set(tail["connection_id"].to_pylist()))]
-    return (laid_out(tail, header_rows, carried=True),
+    return (laid_out(tail, {key: headers.get(key) for key in set(tail["connection_id"].to_pylist())}, states),
             sum(len(s["checkpoint"]) for s in checkpoints),
             sum(s["carried_records"] for s in checkpoints))
 

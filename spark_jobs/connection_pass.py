@@ -237,9 +237,7 @@ class _Partition:
         if not self.carried:
             return ConnectionAnalysis(connection_id, first["agent_id"], *out)
         checkpoint, refused = resumed(header)
-        analysis = CarriedAnalysis(checkpoint, connection_id, first["agent_id"], *out)
-        analysis.fallback = analysis.fallback or refused   # refused: it reads none of its rows
-        return analysis
+        return CarriedAnalysis(checkpoint, connection_id, first["agent_id"], *out, refused=refused)
 
     def _buffered(self) -> int:
         return (len(self.records) + len(self.open_records) + len(self.stale) + len(self.metrics)

@@ -62,10 +62,8 @@ class LocalExecutor:
             stored = read_table(self.lake, STATE_TABLE, schema.ANALYSIS_STATE,
                                 columns=["connection_id", *STATE_COLUMNS], where=pc.field("connection_id").isin(ids))
             states = {row["connection_id"]: row for row in stored.to_pylist()} if stored is not None else {}
-        headers = [{"connection_id": key, HEADER: json.dumps(facts[key]) if key in facts else None,
-                    STORED: key in states, **{name: states.get(key, {}).get(name) for name in STATE_COLUMNS}}
-                   for key in ids]
-        rows = laid_out(frames, headers, carried)
+        headers = {key: json.dumps(facts[key]) if key in facts else None for key in ids}
+        rows = laid_out(frames, headers, states if carried else None)
         del frames
         partition = _Partition(self.settings, self.plan.frames_version, FLUSH_RECORDS, ADVANCE_EVERY_ROWS, self.lake,
                                carried=carried)
@@ -73,13 +71,17 @@ class LocalExecutor:
                                                   schema=WIDE))
 
 
-def laid_out(frames: pa.Table, headers: list[dict], carried: bool) -> pa.Table:
-    """The pass's input as Spark's executor hands it to a partition: frame rows and one header row
-    per connection (`headers`: its connection_id and HEADER_COLUMNS, a whole pass's only HEADER), by
-    connection then seq, nulls first as Spark sorts them. Its columns are Spark's: the checkpoints
-    keep some rows whole."""
-    for field in HEADER_COLUMNS if carried else [HEADER_COLUMNS.field(HEADER)]:
+def laid_out(frames: pa.Table, headers: dict[str, str | None], states: dict[str, dict] | None = None) -> pa.Table:
+    """The pass's input as Spark's executor hands it to a partition: frame rows and a header row per
+    connection of `headers` (its connection facts as JSON, and in a carried pass its analysis_state
+    row's columns from `states`, where it has one), by connection then seq, nulls first as Spark
+    sorts them. Its columns are Spark's (a whole pass's header has HEADER only): the checkpoints keep
+    some rows whole."""
+    for field in HEADER_COLUMNS if states is not None else [HEADER_COLUMNS.field(HEADER)]:
         frames = frames.append_column(field, pa.nulls(frames.num_rows, field.type))
-    header_rows = pa.Table.from_pylist([{**row, "seq": HEADER_SEQ} for row in headers], schema=frames.schema)
+    header_rows = pa.Table.from_pylist([
+        {"connection_id": key, "seq": HEADER_SEQ, HEADER: facts, STORED: key in (states or {}),
+         **{name: (states or {}).get(key, {}).get(name) for name in STATE_COLUMNS}}
+        for key, facts in sorted(headers.items())], schema=frames.schema)
     return pa.concat_tables([header_rows, frames]).sort_by(
         [("connection_id", "ascending", "at_start"), ("seq", "ascending", "at_start")])

@@ -17,9 +17,8 @@ from analyzer import lake, schema
 from analyzer.connection_analysis import ANALYSIS_COLUMNS, ConnectionAnalysis, Settings
 from analyzer.ingest import ingest_file
 from spark_jobs import wide_writes
-from spark_jobs.connection_pass import (ADVANCE_EVERY_ROWS, HEADER, PASS_TABLES, WIDE, WRITTEN_TABLES, _Partition,
+from spark_jobs.connection_pass import (ADVANCE_EVERY_ROWS, PASS_TABLES, WIDE, WRITTEN_TABLES, _Partition,
                                         connection_facts, connection_pass, state_row, states_table)
-from spark_jobs.carried_pass import STATE_COLUMNS, STORED
 from spark_jobs.local_executor import laid_out
 from spark_jobs.timeline.plans import conf_meanwhile
 from spark_jobs.timeline.wide import rows_from_wide
@@ -119,9 +118,8 @@ def test_a_fallback_after_rows_left_is_dropped_and_the_rest_is_as_if_none_left(s
     monkeypatch.setattr(wide_writes.FilesWriter, "drop", watched)
     state_of = {state["connection_id"]: state for state in states}
     facts = connection_facts(connections)
-    rows = laid_out(pa.Table.from_pylist(new, schema=frames.schema), [
-        {"connection_id": key, HEADER: json.dumps(facts[key]), STORED: True,
-         **{name: state_of[key][name] for name in STATE_COLUMNS}} for key in sorted(by_connection)], carried=True)
+    rows = laid_out(pa.Table.from_pylist(new, schema=frames.schema),
+                    {key: json.dumps(facts[key]) for key in by_connection}, state_of)
     in_process_dir = str(tmp_path / "in-process")
     partition = _Partition(SETTINGS, 2, 1, ADVANCE_EVERY_ROWS, in_process_dir, file_rows=1, carried=True)
     wide = pa.Table.from_batches(list(partition.run(iter(rows.to_batches(max_chunksize=7)))), schema=WIDE)
