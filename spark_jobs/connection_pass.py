@@ -217,9 +217,10 @@ class _Partition:
                         header = row
                         at += 1
                         continue
-                    mine = header if header is not None and header["connection_id"] == connection_id else None
-                    header = None   # a carried one's holds its checkpoint's bytes: read once, by _start
-                    current = self._start(connection_id, row, mine or {})
+                    if header is None or header["connection_id"] != connection_id:
+                        header = {}   # none (a header with no frames here was skipped)
+                    # Not kept: a carried one's holds its checkpoint's bytes, read once by _start.
+                    current, header = self._start(connection_id, row, header), None
                     current_id, feed_from = current.connection_id, current.feed_from
                 at = feed_from(rows, at, stop)
             if self._buffered() >= self.flush_records:
