@@ -15,8 +15,8 @@ import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from analyzer.lake import open_table
 from analyzer.agent.run import TICK_S
+from analyzer.lake import open_table
 from tests.agent_support import AgentProcess, lake_frames
 from tests.lab import broker
 from tests.port_recording import PortRecording
