@@ -16,6 +16,8 @@ from pathlib import Path
 import aio_pika
 import pika
 
+from tests.lab.broker import frozen
+
 HOST, TLS_PORT, PLAIN_PORT, USER, PASSWORD = "127.0.0.1", 5671, 5672, "guest", "guest"
 CA = "/var/lib/ackscope-test-tls/ca.pem"
 DRAIN_BEFORE_STOP = 0.6
@@ -233,10 +235,12 @@ def lost_confirms(name: str, context: ssl.SSLContext | None, exchange: str, burs
         items += [(commands.Basic.Publish(exchange=exchange, routing_key=""), 1),
                   (header.ContentHeader(body_size=len(content), properties=commands.Basic.Properties(
                       delivery_mode=2, message_id=f"{name}-{number}")), 1), (body.ContentBody(content), 1)]
-    sock.sendall(_frames(*items))
-    # SO_LINGER 0: close() sends RST at once, without waiting for the confirms on their way.
+    # SO_LINGER 0: close() sends RST at once, without waiting for the confirms on their way. The
+    # broker is frozen meanwhile, or it may confirm the burst while a busy machine holds the client.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()
+    with frozen():
+        sock.sendall(_frames(*items))
+        sock.close()
     setup.close()
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+import signal
 import subprocess
 from contextlib import contextmanager
 
@@ -65,3 +67,28 @@ def memory_alarm():
         yield
     finally:
         rabbitmqctl("set_vm_memory_high_watermark", NORMAL_MEMORY_WATERMARK)
+
+
+@contextmanager
+def frozen():
+    """The broker's VM stopped (SIGSTOP) while the block runs, and always let go again. The kernel
+    still takes what clients send, and their resets, but the broker answers nothing: a client
+    that writes publishes and resets inside the block has them unconfirmed on the wire however
+    long a busy machine deschedules it between the two, where a broker left running would
+    confirm them in the pause, within milliseconds."""
+    found = subprocess.run(["pgrep", "-u", "rabbitmq", "-x", "beam.smp"], capture_output=True, text=True)
+    pids = [int(pid) for pid in found.stdout.split()]
+    if not pids:
+        raise LabError("no beam.smp of user rabbitmq to stop: is rabbitmq-server running?")
+    stopped = []
+    try:
+        try:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        except PermissionError as refused:
+            raise LabError(f"cannot stop the broker's VM (run the tests as root, as CI does): {refused}") from refused
+        yield
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
