@@ -260,7 +260,7 @@ class CarriedOn:
     done: Carried
     final: list = field(default_factory=list)      # records no later run changes
     open: list = field(default_factory=list)       # records of what is still open (the next run replaces them)
-    metrics: list = field(default_factory=list)    # channel_metrics rows of the touched incarnations from boundary_ns on
+    metrics: list = field(default_factory=list)    # channel_metrics of the touched incarnations from boundary_ns on
 
 
 def carry_on_connection(checkpoint: Checkpoint | None, rows: Iterable[Mapping], settings: Settings,
