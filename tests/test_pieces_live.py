@@ -9,9 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-import select
 import shutil
-import signal
 import subprocess
 import time
 
@@ -24,6 +22,7 @@ from tests.findings_check import analysed_as_the_command_does
 from tests.pieces_support import packet_count
 from tests.lab import broker
 from tests.lab.lab import Lab, connection_name
+from tests.lab.recording import start_dumpcap, stop_dumpcap
 from tests.lab.runner import exclusive_lab
 from tests.lab.scenarios import SCENARIOS
 
@@ -35,25 +34,6 @@ RINGS = {  # scenario -> dumpcap's ring option
 }
 
 
-def start_ring(ring_dir: str, option: str) -> subprocess.Popen:
-    dumpcap = subprocess.Popen(["dumpcap", "-i", "lo", "-f", f"tcp port {broker.PORT}", "-b", option,
-                                "-w", os.path.join(ring_dir, "ring.pcapng"), "-q"],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:  # dumpcap names its first file once the interface is open
-        if select.select([dumpcap.stderr], [], [], 0.1)[0] and dumpcap.stderr.readline().startswith("File:"):
-            return dumpcap
-        assert dumpcap.poll() is None, dumpcap.stderr.read()
-    dumpcap.kill()
-    raise AssertionError("the ring's dumpcap did not start")
-
-
-def stop_ring(dumpcap: subprocess.Popen) -> None:
-    time.sleep(0.6)  # dumpcap reads the kernel's ring in 250 ms blocks
-    dumpcap.send_signal(signal.SIGINT)
-    dumpcap.wait(timeout=20)
-
-
 @pytest.fixture(scope="module")
 def recordings(tmp_path_factory) -> dict:
     """scenario -> (the lab's single-file raw capture, the ring's files oldest first)."""
@@ -63,13 +43,13 @@ def recordings(tmp_path_factory) -> dict:
             workdir = tmp_path_factory.mktemp(scenario)
             ring_dir = workdir / "ring"
             ring_dir.mkdir()
-            ring = start_ring(str(ring_dir), option)
+            ring = start_dumpcap("-f", f"tcp port {broker.PORT}", "-b", option, "-w", str(ring_dir / "ring.pcapng"))
             lab = Lab(scenario, workdir)
             try:
                 SCENARIOS[scenario].drive(lab)
             finally:
                 lab.cleanup()
-                stop_ring(ring)
+                stop_dumpcap(ring)
             out[scenario] = (str(lab.recording.raw_path), sorted(glob.glob(str(ring_dir / "ring_*.pcapng"))))
     return out
 

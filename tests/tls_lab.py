@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import select
-import shutil
-import signal
 import ssl
 import subprocess
 import time
@@ -17,10 +14,10 @@ import aio_pika
 import pika
 
 from tests.lab.broker import frozen
+from tests.lab.recording import start_dumpcap, stop_dumpcap
 
 HOST, TLS_PORT, PLAIN_PORT, USER, PASSWORD = "127.0.0.1", 5671, 5672, "guest", "guest"
 CA = "/var/lib/ackscope-test-tls/ca.pem"
-DRAIN_BEFORE_STOP = 0.6
 VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 
 
@@ -46,20 +43,11 @@ def pika_connection(name: str, context: ssl.SSLContext | None) -> pika.BlockingC
 @contextmanager
 def recorded(path: Path, port: int = TLS_PORT):
     """dumpcap on lo for the broker port while the block runs."""
-    dumpcap = subprocess.Popen([shutil.which("dumpcap"), "-i", "lo", "-f", f"tcp port {port}", "-w", str(path), "-q"],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([dumpcap.stderr], [], [], 0.1)
-        if ready and dumpcap.stderr.readline().startswith("File:"):
-            break
-        assert dumpcap.poll() is None, f"dumpcap exited: {dumpcap.stderr.read()}"
+    dumpcap = start_dumpcap("-f", f"tcp port {port}", "-w", str(path))
     try:
         yield
-        time.sleep(DRAIN_BEFORE_STOP)
     finally:
-        dumpcap.send_signal(signal.SIGINT)
-        dumpcap.wait(timeout=20)
+        stop_dumpcap(dumpcap)
 
 
 def clean_traffic(name: str, context: ssl.SSLContext, queue: str, messages: int = 20) -> None:

@@ -6,10 +6,14 @@ interface is open, and a probe TCP connection to the broker (a "fence") made rig
 start and right before the stop must appear in the file. The kernel hands packets over in
 order, so a captured start fence proves the capture was live before the scenario's traffic,
 and a captured end fence proves nothing before it was lost when dumpcap was stopped.
+
+`start_dumpcap` and `stop_dumpcap` are how every test runs dumpcap on lo, the lab's recording
+and the others (tests/port_recording.py, tests/tls_lab.py, tests/test_pieces_live.py).
 """
 
 from __future__ import annotations
 
+import os
 import select
 import shutil
 import signal
@@ -24,8 +28,6 @@ from tests.lab.errors import LabError, NotObserved
 
 CAPTURE_FILTER = f"tcp port {broker.PORT}"
 # How long dumpcap may take to open its file (a readiness wait: it returns at once when ready).
-# 20 s was not enough once in CI, while the cluster test packed a virtualenv (pip, tar) and
-# started three JVMs on the same two cores: dumpcap had said "Capturing on" but not "File:".
 STARTUP_TIMEOUT = 60.0
 # dumpcap reads the kernel's packet ring in blocks with a 250 ms timeout; give it two.
 DRAIN_BEFORE_STOP = 0.6
@@ -38,14 +40,8 @@ class Recording:
         self._dumpcap: subprocess.Popen | None = None
 
     def start(self) -> None:
-        dumpcap = shutil.which("dumpcap")
-        if dumpcap is None:
-            raise LabError("dumpcap is not installed (apt-get install tshark)")
         self.raw_path.unlink(missing_ok=True)
-        self._dumpcap = subprocess.Popen(
-            [dumpcap, "-i", "lo", "-f", CAPTURE_FILTER, "-w", str(self.raw_path), "-q"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self._wait_until_writing()
+        self._dumpcap = start_dumpcap("-f", CAPTURE_FILTER, "-w", str(self.raw_path))
         self.fence_ports.append(fence_probe())
 
     def stop(self) -> None:
@@ -54,35 +50,12 @@ class Recording:
         dumpcap, self._dumpcap = self._dumpcap, None
         try:
             self.fence_ports.append(fence_probe())
-            time.sleep(DRAIN_BEFORE_STOP)
         finally:
-            dumpcap.send_signal(signal.SIGINT)
-            try:
-                dumpcap.wait(timeout=STARTUP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                dumpcap.kill()
-                raise LabError("dumpcap did not stop on SIGINT")
-        if dumpcap.returncode != 0:
-            raise LabError(f"dumpcap failed ({dumpcap.returncode}): {dumpcap.stderr.read().strip()}")
+            stop_dumpcap(dumpcap)
 
     @property
     def active(self) -> bool:
         return self._dumpcap is not None
-
-    def _wait_until_writing(self) -> None:
-        stderr, deadline, seen = self._dumpcap.stderr, time.monotonic() + STARTUP_TIMEOUT, []
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([stderr], [], [], 0.1)
-            if ready:
-                line = stderr.readline()
-                seen.append(line.strip())
-                if line.startswith("File:"):
-                    return
-            if self._dumpcap.poll() is not None:
-                raise LabError(f"dumpcap exited ({self._dumpcap.returncode}): {' '.join(seen)} "
-                               f"{stderr.read().strip()}")
-        self._dumpcap.kill()
-        raise LabError(f"dumpcap did not start capturing within {STARTUP_TIMEOUT:.0f}s: {' '.join(seen)}")
 
     def keep_streams(self, final_path: Path, connection_prefix: str, client_ports: set[int]) -> None:
         """Write to `final_path` only the TCP connections of one scenario: those whose
@@ -117,6 +90,59 @@ class Recording:
 def one_of(field: str, values: set[int]) -> str:
     """A display filter; tshark 4.0 wants commas between set members."""
     return f"{field} in {{{','.join(str(value) for value in sorted(values))}}}"
+
+
+def start_dumpcap(*options: str, timeout: float = STARTUP_TIMEOUT) -> subprocess.Popen:
+    """dumpcap on lo with `options` (a filter, the file), returned once it says "File: ..."."""
+    dumpcap = shutil.which("dumpcap")
+    if dumpcap is None:
+        raise LabError("dumpcap is not installed (apt-get install tshark)")
+    process = subprocess.Popen([dumpcap, "-i", "lo", *options, "-q"], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    said_file(process, timeout)
+    return process
+
+
+def said_file(process: subprocess.Popen, timeout: float) -> None:
+    """Wait until `process` has written a line starting "File:" to its stderr pipe.
+
+    The pipe is read with os.read, never through a buffered reader: one read can take that line
+    together with the one before it ("Capturing on ..."), and a select() on the pipe would then
+    wait for bytes already read. dumpcap writes the two lines within milliseconds, so on a busy
+    machine they arrive together, and the wait ran out in CI while test_spark_cluster started."""
+    pipe, said, deadline = process.stderr.fileno(), b"", time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if select.select([pipe], [], [], max(0.0, min(left, 0.1)))[0]:
+            chunk = os.read(pipe, 4096)
+            said += chunk
+            if any(line.startswith(b"File:") for line in said.split(b"\n")[:-1]):
+                return
+            if chunk:
+                continue
+        if process.poll() is not None:
+            raise LabError(f"dumpcap exited ({process.returncode}): {said.decode(errors='replace').strip()}")
+        if left <= 0:
+            process.kill()
+            raise LabError(f"dumpcap did not start capturing within {timeout:.0f}s: "
+                           f"{said.decode(errors='replace').strip()}")
+
+
+def stop_dumpcap(process: subprocess.Popen) -> None:
+    """dumpcap given DRAIN_BEFORE_STOP to read the kernel's ring, then stopped (SIGINT); a LabError
+    where it does not stop or fails."""
+    try:
+        time.sleep(DRAIN_BEFORE_STOP)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=STARTUP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise LabError("dumpcap did not stop on SIGINT")
+    if process.returncode != 0:
+        said = process.stderr.read().decode(errors="replace").strip()
+        raise LabError(f"dumpcap failed ({process.returncode}): {said}")
 
 
 def fence_probe() -> int:
