@@ -13,7 +13,7 @@ from pathlib import Path
 import aio_pika
 import pika
 
-from tests.lab.broker import frozen
+from tests.lab.broker import sent_then_reset
 from tests.lab.recording import start_dumpcap, stop_dumpcap
 
 HOST, TLS_PORT, PLAIN_PORT, USER, PASSWORD = "127.0.0.1", 5671, 5672, "guest", "guest"
@@ -203,7 +203,6 @@ def lost_confirms(name: str, context: ssl.SSLContext | None, exchange: str, burs
     """A publisher in confirm mode sends a burst of persistent messages to a fanout of durable queues
     and resets its TCP connection at once (tests/lab/scenarios/lost_confirms.py, over TLS or not)."""
     import socket
-    import struct
     from pamqp import body, commands, header
     setup = pika_connection(f"{name}-setup", context)
     channel = setup.channel()
@@ -223,12 +222,7 @@ def lost_confirms(name: str, context: ssl.SSLContext | None, exchange: str, burs
         items += [(commands.Basic.Publish(exchange=exchange, routing_key=""), 1),
                   (header.ContentHeader(body_size=len(content), properties=commands.Basic.Properties(
                       delivery_mode=2, message_id=f"{name}-{number}")), 1), (body.ContentBody(content), 1)]
-    # SO_LINGER 0: close() sends RST at once, without waiting for the confirms on their way. The
-    # broker is frozen meanwhile, or it may confirm the burst while a busy machine holds the client.
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    with frozen():
-        sock.sendall(_frames(*items))
-        sock.close()
+    sent_then_reset(sock, lambda: sock.sendall(_frames(*items)))
     setup.close()
 
 

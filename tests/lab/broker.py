@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
+import struct
 import subprocess
+from collections.abc import Callable
 from contextlib import contextmanager
 
 from tests.lab.errors import LabError
@@ -92,3 +95,13 @@ def frozen():
     finally:
         for pid in stopped:
             os.kill(pid, signal.SIGCONT)
+
+
+def sent_then_reset(sock: socket.socket, send: Callable[[], None]) -> None:
+    """`send()` (publishes, say), then `sock` reset (SO_LINGER 0: close() sends RST at once, without
+    waiting for the confirms on their way), the broker frozen across the two: whatever `send` wrote
+    is on the wire unanswered, however long a busy machine holds the client in between."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with frozen():
+        send()
+        sock.close()

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
-import struct
 from contextlib import contextmanager
 
 import aio_pika
@@ -63,13 +61,13 @@ def expected_close_not_logged():
 def _cut_after_burst(exchange: str) -> None:
     connection = amqp_connection(TCP_CUT)
     publisher = ConfirmingPublisher(connection)
-    # SO_LINGER 0: close() sends RST at once, without waiting for the confirms on their way.
-    connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    with broker.frozen():  # else a busy machine may hold the client while the broker confirms the burst
+
+    def burst() -> None:
         for number in range(CUT_BURST):
             publisher.publish(b"order %d" % number, "", exchange=exchange, message_id=f"cut-{number}",
                               persistent=True)
-        connection.sock.close()
+
+    broker.sent_then_reset(connection.sock, burst)
     connection.collect()
 
 
