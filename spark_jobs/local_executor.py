@@ -79,9 +79,10 @@ def laid_out(frames: pa.Table, headers: dict[str, str | None], states: dict[str,
     some rows whole."""
     for field in HEADER_COLUMNS if states is not None else [HEADER_COLUMNS.field(HEADER)]:
         frames = frames.append_column(field, pa.nulls(frames.num_rows, field.type))
+    stored = states or {}
     header_rows = pa.Table.from_pylist([
-        {"connection_id": key, "seq": HEADER_SEQ, HEADER: facts, STORED: key in (states or {}),
-         **{name: (states or {}).get(key, {}).get(name) for name in STATE_COLUMNS}}
+        {"connection_id": key, "seq": HEADER_SEQ, HEADER: facts, STORED: key in stored,
+         **{name: stored.get(key, {}).get(name) for name in STATE_COLUMNS}}
         for key, facts in sorted(headers.items())], schema=frames.schema)
     return pa.concat_tables([header_rows, frames]).sort_by(
         [("connection_id", "ascending", "at_start"), ("seq", "ascending", "at_start")])
