@@ -17,6 +17,7 @@ from collections import Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from analyzer import lake, schema
+from tests.child_output import ChildOutput
 from tests.lab.broker import HOST as BROKER_HOST, PORT as BROKER_PORT
 
 STARTUP_TIMEOUT = 60.0
@@ -54,10 +55,11 @@ class AgentProcess:
         if self.relay is not None:
             self.relay.start()
         self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.output = ChildOutput(self.process)
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the agent exited at start ({self.process.returncode}): {self.process.stderr.read()}")
+                raise RuntimeError(f"the agent exited at start ({self.process.returncode}): {self.exited(10)[1]}")
             try:
                 self.get("/healthz")  # served only once the capture socket is open
                 return self
@@ -88,9 +90,28 @@ class AgentProcess:
         """Sum of the samples of `name` whose labels include `labels` (0 if none)."""
         return sum(v for n, l, v in self.samples() if n == name and all(l.get(k) == x for k, x in labels.items()))
 
+    def exited(self, timeout: float) -> tuple[str, str]:
+        """(stdout, stderr) once the agent has exited. Both are read as they come (ChildOutput): an
+        agent logging more than a pipe holds would otherwise block in its write."""
+        self.output.wait(timeout)
+        return self.output.stdout(), self.output.stderr()
+
+    def describe(self) -> str:
+        """What the agent says of itself, for the message of a wait that ran out: its readiness, its
+        own counters that are not zero, and its last log lines."""
+        try:
+            ready = self.answer("/readyz")
+            counters = [(n.removeprefix("ackscope_agent_"), l, v) for n, l, v in self.samples()
+                        if n.startswith("ackscope_agent_") and v
+                        and not n.endswith(("_created", "_bucket", "_sum", "_count"))]
+        except OSError as error:  # not answering: hung, or gone
+            ready, counters = f"no answer: {error}", []
+        return (f"the agent: exit {self.process.poll()}, readyz {ready}, counters {counters}, "
+                f"log: {self.output.stderr()[-3000:]}")
+
     def stop(self, sig=signal.SIGTERM, timeout: float = 120.0) -> dict:
         self.process.send_signal(sig)
-        out, err = self.process.communicate(timeout=timeout)
+        out, err = self.exited(timeout)
         self.stderr = err
         if sig == signal.SIGKILL:
             return {}

@@ -33,7 +33,7 @@ def test_an_unplaced_row_stops_the_agent_after_a_flush_of_what_is_consistent(tmp
             except OSError:  # the server is gone: the process is on its way out
                 break
             time.sleep(0.02)
-        out, err = agent.process.communicate(timeout=60)
+        out, err = agent.exited(60)
     assert agent.process.returncode == EXIT_AGENT_FAILED, err
     failing = [reason for status, reason in answers if status == 503]
     assert failing and failing[-1].startswith("internal error, exiting to be restarted: UnplacedRow: "), answers[-3:]

@@ -20,6 +20,7 @@ from spark_jobs.analyze import analyze
 from spark_jobs.schedule import parse_interval, run_every, stop_on_signals
 from spark_jobs.timeline.plans import conf_meanwhile
 
+from .child_output import ChildOutput
 from .conftest import ROOT
 from .prometheus_stack import pushgateway, pushgateway_series, settle
 
@@ -112,22 +113,14 @@ class _Command:
         self.process = subprocess.Popen([ACKSCOPE, "analyze", "--lake", lake_dir, "--master", "local[1]",
                                          "--every", "1s", "--json", *extra], text=True,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        self.out, self.err = [], []
-        self._readers = [threading.Thread(target=self._read, args=(pipe, lines), daemon=True)
-                         for pipe, lines in ((self.process.stdout, self.out), (self.process.stderr, self.err))]
-        for reader in self._readers:
-            reader.start()
-
-    @staticmethod
-    def _read(pipe, lines: list) -> None:
-        for line in pipe:
-            lines.append(line.rstrip("\n"))
+        self.output = ChildOutput(self.process)
+        self.out, self.err = self.output.out, self.output.err  # the lines so far
 
     def reports(self) -> list[dict]:
         return [json.loads(line) for line in list(self.out)]
 
     def errors(self) -> str:
-        return "\n".join(self.err)
+        return self.output.stderr()
 
     def report_of_version(self, version: int, timeout: float = 180) -> dict:
         def found():
@@ -137,10 +130,7 @@ class _Command:
         return settle(found, f"no run of frames version {version}: {self.errors()[-2000:]}", timeout)
 
     def wait(self, timeout: float = 180) -> int:
-        status = self.process.wait(timeout)
-        for reader in self._readers:
-            reader.join(10)
-        return status
+        return self.output.wait(timeout)
 
     def stop(self) -> None:
         if self.process.poll() is None:
