@@ -17,6 +17,7 @@ import pytest
 
 from tests.agent_support import AgentProcess, lake_connections, lake_frames
 from tests.churn import Churn
+from tests.lab.recording import start_dumpcap, stop_dumpcap
 from tests.tshark import frames_by_client_port
 
 pytestmark = pytest.mark.rabbitmq
@@ -27,23 +28,19 @@ LINGER_S = 5.0
 TRAFFIC_S = 30.0
 
 
-def test_under_churn_every_publish_is_filed_once_under_its_connection(tmp_path, dumpcap):
+def test_under_churn_every_publish_is_filed_once_under_its_connection(tmp_path):
     lake_dir, capture = str(tmp_path / "lake"), str(tmp_path / "churn.pcapng")
     with AgentProcess(lake_dir, agent_id="churn", relayed=True, flush_interval=2.0,
                       entry=("tests.agent_linger", str(LINGER_S))) as agent:
-        recorder = subprocess.Popen([dumpcap, "-i", "lo", "-f", f"tcp port {agent.broker_port}", "-B", "64",
-                                     "-w", capture, "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        recorder = start_dumpcap("-f", f"tcp port {agent.broker_port}", "-B", "64", "-w", capture)
         try:
-            time.sleep(1.0)  # dumpcap's filter is on before the first SYN
             churn = Churn(agent.broker_port, f"churn{os.getpid()}").start()
             time.sleep(TRAFFIC_S)
             churn.stop()
-            assert agent.process.poll() is None, agent.process.stderr.read()
+            assert agent.process.poll() is None, agent.exited(10)[1]
             assert agent.answer("/readyz")[0] == 200
-            time.sleep(1.0)
         finally:
-            recorder.terminate()
-            recorder.wait(timeout=30)
+            stop_dumpcap(recorder)
         report = agent.stop()
     assert churn.errors == []
     assert churn.opened >= 0.8 * 5 * TRAFFIC_S and churn.resets >= 2  # the shape asked for, on a busy machine

@@ -5,6 +5,7 @@ from, and several agents append to one lake at once."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,26 +98,35 @@ def _fill(directory) -> str:
     return filler
 
 
+def _usage(directory) -> str:
+    """The disk's use and the lake's files, for the message of a wait that ran out."""
+    files = sorted(os.path.relpath(os.path.join(folder, name), directory)
+                   for folder, _, names in os.walk(directory) for name in names)
+    return f"{shutil.disk_usage(directory)}, files: {files}"
+
+
 def test_a_full_disk_keeps_capture_going_with_bounded_memory_and_writes_resume(small_disk):
     lake_dir = str(small_disk / "lake")
     # Relayed: 150 rows are fewer than other tests' traffic on the broker can make in a flush interval.
     with AgentProcess(lake_dir, agent_id="full", flush_interval=0.3, extra=("--max-buffered-rows", "150"),
                       relayed=True) as agent:
         publish_confirmed("agent-test-first", 5, port=agent.broker_port)
-        assert wait_for(lambda: len(rows_of(lake_dir, "agent-test-first")) > 0)  # both tables exist
+        # Both tables exist before the disk fills.
+        assert wait_for(lambda: len(rows_of(lake_dir, "agent-test-first")) > 0), agent.describe()
         filler = _fill(small_disk)
         publish_confirmed("agent-test-while-full", 200, port=agent.broker_port)  # ~400 rows: more than the buffer keeps
-        assert wait_for(lambda: agent.value("ackscope_agent_flushes_total", outcome="error") >= 2)
-        assert wait_for(lambda: agent.value("ackscope_agent_rows_dropped_total", table="frames") > 0)
+        assert wait_for(lambda: agent.value("ackscope_agent_flushes_total", outcome="error") >= 2), agent.describe()
+        assert wait_for(lambda: agent.value("ackscope_agent_rows_dropped_total", table="frames") > 0), agent.describe()
         assert agent.value("ackscope_agent_buffered_rows") <= 150
-        assert agent.value("ackscope_agent_frames_total", method="basic.publish") == 205  # capture went on
+        # Capture went on.
+        assert agent.value("ackscope_agent_frames_total", method="basic.publish") == 205, agent.describe()
         os.remove(filler)
         errors = agent.value("ackscope_agent_flushes_total", outcome="error")
         ok = agent.value("ackscope_agent_flushes_total", outcome="ok")
         publish_confirmed("agent-test-after", 10, port=agent.broker_port)
-        assert wait_for(lambda: len(rows_of(lake_dir, "agent-test-after")) > 0)
+        assert wait_for(lambda: len(rows_of(lake_dir, "agent-test-after")) > 0), (agent.describe(), _usage(small_disk))
         # Counted just after the commit the rows came with: wait for it too.
-        assert wait_for(lambda: agent.value("ackscope_agent_flushes_total", outcome="ok") > ok)
+        assert wait_for(lambda: agent.value("ackscope_agent_flushes_total", outcome="ok") > ok), agent.describe()
         assert agent.status("/readyz") == 200
         report = agent.stop()
     assert report["rows_dropped"]["frames"] > 0
