@@ -107,6 +107,14 @@ def unreadable(lake: str, name: str) -> str | None:
     return None
 
 
+def is_failure(error: BaseException) -> bool:
+    """A failure of the store or of its libraries, for a caller that counts it and tries again: any
+    Exception, and a panic in delta-rs's Rust code, which pyo3 raises as `PanicException`, a
+    BaseException. Let through, a panic ends the thread it meets: in the agent, the sink's, and the
+    capture would go on with nothing flushed again."""
+    return isinstance(error, Exception) or type(error).__name__ == "PanicException"
+
+
 class UnreadableFile(OSError):
     """A data file of a table that cannot be read (missing, cut short, damaged inside its pages):
     `path` names it, `why` is the reader's reason."""

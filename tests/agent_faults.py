@@ -1,19 +1,22 @@
 """`ackscope capture` with a fault planted from outside the product, for
-tests/test_agent_internal_error.py: `python -m tests.agent_faults <capture flags>`.
+tests/test_agent_internal_error.py: `python -m tests.agent_faults FAULT <capture flags>`.
 
-The agent's own code runs unchanged, with two of its parts replaced by subclasses here:
-- a row sink that loses the constants of every connection but the first, as the bug of issue 62
-  did (a row waiting for its body held a position that was renumbered): the real RowSink.take then
-  meets rows it cannot place, the internal error under test;
-- a lake whose final flush (the main thread's, after the loop stopped) takes two seconds, as a slow
-  store does, so the test can read /readyz while the failing agent is still up.
+The agent's own code runs unchanged, with some of its parts replaced by subclasses here. FAULT is
+- `unplaced-row`: a row sink that loses the constants of every connection but the first, as the
+  bug of issue 62 did (a row waiting for its body held a position that was renumbered): the real
+  RowSink.take then meets rows it cannot place, the internal error under test; and a lake whose
+  final flush (the main thread's, after the loop stopped) takes two seconds, as a slow store does,
+  so the test can read /readyz while the failing agent is still up;
+- `lake-panic`: delta-rs panics once, just after the sink thread's first commit to the frames
+  table landed: pyo3 raises a Rust panic as `PanicException`, a BaseException, and the sink meets
+  a commit whose call failed but whose rows are in the table.
 """
 
 import sys
 import threading
 import time
 
-from analyzer import cli, rows
+from analyzer import cli, lake, rows
 from analyzer.agent import decoder, run, sink
 
 FINAL_FLUSH_DELAY_S = 2.0
@@ -34,7 +37,33 @@ class SlowFinalFlushSink(sink.LakeSink):
         return super().flush(metadata)
 
 
-if __name__ == "__main__":
+class PanicException(BaseException):
+    """As pyo3 names the exception a Rust panic becomes; like it, not an Exception."""
+
+
+class PanicAfterCommitWriter(lake.TableWriter):
+    panicked = False
+
+    def commit(self, *args, **kwargs) -> int:
+        version = super().commit(*args, **kwargs)
+        if self.path.endswith("frames") and threading.current_thread().name == "ackscope-sink" \
+                and not PanicAfterCommitWriter.panicked:
+            PanicAfterCommitWriter.panicked = True
+            raise PanicException("planted: a panic in delta-rs after the commit landed")
+        return version
+
+
+def unplaced_row() -> None:
     decoder.RowSink = ForgetfulRowSink
     run.LakeSink = SlowFinalFlushSink
-    sys.exit(cli.main(["capture", *sys.argv[1:]]))
+
+
+def lake_panic() -> None:
+    lake.TableWriter = PanicAfterCommitWriter
+
+
+FAULTS = {"unplaced-row": unplaced_row, "lake-panic": lake_panic}
+
+if __name__ == "__main__":
+    FAULTS[sys.argv[1]]()
+    sys.exit(cli.main(["capture", *sys.argv[2:]]))

@@ -113,7 +113,9 @@ def compact_table(lake_dir: str, name: str, metadata: dict, *, written_before_ms
             version = (lake.open_table(lake_dir, name).transaction_version(COMPACTION_APP_ID) or 0) + 1
             writer.commit(COMPACTION_APP_ID, metadata, version=version, remove=paths, data_change=False)
             merged += len(paths)
-        except Exception as exc:
+        except BaseException as exc:  # noqa: B036 - lake.is_failure
+            if not lake.is_failure(exc):
+                raise
             failed += 1
             log.warning("compaction of %s: a group of %d files was not merged (tried again later): %s: %s",
                         name, len(paths), type(exc).__name__, exc)

@@ -135,9 +135,11 @@ class LakeSink:
         for t in self.tables.values():
             try:
                 self._flush_table(t, metadata or {})
-            except Exception as exc:
+            except BaseException as exc:  # noqa: B036 - an interrupt too may come after the commit landed
                 t.uncertain = True
                 t.delta = None  # what the failure left in it is not trusted: loaded anew
+                if not lake.is_failure(exc):
+                    raise
                 errors.append(f"{t.name}: {type(exc).__name__}: {exc}")
                 kinds.add(type(exc).__name__)
         elapsed = time.perf_counter() - started
@@ -218,7 +220,9 @@ class LakeSink:
                 table.vacuum(retention_hours=math.ceil(self.retention_hours), enforce_retention_duration=False,
                              dry_run=False)
                 self.compactions += 1
-            except Exception as exc:
+            except BaseException as exc:  # noqa: B036 - lake.is_failure
+                if not lake.is_failure(exc):
+                    raise
                 log.warning("compaction of %s failed (tried again later): %s: %s", name, type(exc).__name__, exc)
 
     def flush_histogram(self) -> tuple[list, float]:
