@@ -8,7 +8,8 @@ order, so a captured start fence proves the capture was live before the scenario
 and a captured end fence proves nothing before it was lost when dumpcap was stopped.
 
 `start_dumpcap` and `stop_dumpcap` are how every test runs dumpcap on lo, the lab's recording
-and the others (tests/port_recording.py, tests/tls_lab.py, tests/test_pieces_live.py).
+and the others (tests/port_recording.py, tests/tls_lab.py, tests/test_pieces_live.py,
+tests/test_agent_churn.py).
 """
 
 from __future__ import annotations
